@@ -3,13 +3,17 @@
 # several GB of CUDA wheels), then the project with every extra.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x .venv/bin/python ]; then
-  python3 -m venv .venv
-fi
+pip_install() {
+  # pip warns about absent local mirrors on some machines; keep the log readable.
+  .venv/bin/python -m pip install -q --disable-pip-version-check "$@" 2>&1 \
+    | { grep -vE '^WARNING: Location|BuildBackendWarning|^\s*$' || true; }
+  return "${PIPESTATUS[0]}"
+}
+[ -x .venv/bin/python ] || python3 -m venv .venv
 stamp=.venv/.trackside-setup
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q torch==2.13.0
-  .venv/bin/python -m pip install -q -e '.[train,dev]'
+  echo "setting up .venv (first run takes a minute or two)…" >&2
+  pip_install torch==2.13.0
+  pip_install -e '.[train,dev]'
   touch "$stamp"
 fi

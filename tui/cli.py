@@ -1,0 +1,32 @@
+"""The `trackside` command: one entry point that hands each subcommand to its layer.
+
+Imports are deferred so that `trackside train` on a GPU box needs torch only, and the
+headless commands never load textual.
+"""
+
+from __future__ import annotations
+
+import sys
+
+TRAINING_COMMANDS = {"train", "extract", "fit"}
+BACKEND_COMMANDS = {"launch", "runs", "kill", "relaunch"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv else ""
+    if command in TRAINING_COMMANDS:
+        from training.cli import main as training_main
+
+        return training_main(argv)
+    if command in BACKEND_COMMANDS:
+        from backends.cli import main as backends_main
+
+        return backends_main(argv)
+    from tui.app_cli import main as dashboard_main
+
+    return dashboard_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
