@@ -1,0 +1,55 @@
+"""metrics.jsonl: the trainer's half of the contract with the dashboard (DESIGN.md).
+
+One JSON object per line, appended and flushed as it happens, so `tail -F` over SSH sees
+every event the moment it exists. Only rank 0 writes; other ranks get a writer that
+drops everything, so the loop needs no `if rank == 0` around each event.
+
+Events and fields:
+  start       time, config, steps_per_epoch, world_size
+  step        time, step, epoch, loss, loss_ttt, acc_ttt, lr, grad_norm, tokens,
+              tokens_per_s, samples_per_row, pad_frac, peak_mem_gib
+  checkpoint  time, step, path
+  oom         time, max_seq_len, ttt_steps, tried_gib, peak_mem_gib
+  end         time, status ("completed", "stopped", "oom", "failed")
+
+`step` counts optimizer steps done (the first is 1); `epoch` is the 0-based epoch the step's
+batch came from; `tokens` are the step's non-padding tokens over all ranks.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    "start": ("config", "steps_per_epoch", "world_size"),
+    "step": ("step", "epoch", "loss", "loss_ttt", "acc_ttt", "lr", "grad_norm", "tokens",
+             "tokens_per_s", "samples_per_row", "pad_frac", "peak_mem_gib"),
+    "checkpoint": ("step", "path"),
+    "oom": ("max_seq_len", "ttt_steps", "tried_gib", "peak_mem_gib"),
+    "end": ("status",),
+}
+
+
+class MetricsWriter:
+    def __init__(self, path: Path | None):
+        """path None: a writer for ranks other than 0, which writes nothing."""
+        self._file = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a", encoding="utf-8")
+
+    def write(self, event: str, **fields) -> None:
+        expected = EVENT_FIELDS[event]
+        if set(fields) != set(expected):
+            raise ValueError(f"{event} event needs exactly {expected}, got {sorted(fields)}")
+        if self._file is None:
+            return
+        record = {"event": event, "time": time.time(), **fields}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
