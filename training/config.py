@@ -1,0 +1,65 @@
+"""The drafter's shape: what a checkpoint, an export and the memory model agree on."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)  # presets are shared: derive with dataclasses.replace
+class DrafterConfig:
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int  # the verifier's full vocabulary
+    draft_vocab_size: int
+    head_dim: int | None = None  # None: hidden_size // num_heads
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(
+                    f"hidden_size {self.hidden_size} is not divisible by num_heads "
+                    f"{self.num_heads}; set head_dim")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        for name in ("hidden_size", "num_heads", "num_kv_heads", "intermediate_size",
+                     "vocab_size", "draft_vocab_size", "head_dim"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of "
+                             f"num_kv_heads {self.num_kv_heads}")
+        if self.draft_vocab_size > self.vocab_size:
+            raise ValueError(f"draft_vocab_size {self.draft_vocab_size} exceeds "
+                             f"vocab_size {self.vocab_size}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DrafterConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown drafter config keys: {', '.join(unknown)}")
+        return cls(**d)
+
+
+PRESETS: dict[str, DrafterConfig] = {
+    # The CPU demo and tests; the synthetic verifier is built with the same numbers.
+    "tiny": DrafterConfig(hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=192,
+                          vocab_size=512, draft_vocab_size=256, rope_theta=10000.0),
+    "llama3-8b": DrafterConfig(hidden_size=4096, num_heads=32, num_kv_heads=8,
+                               intermediate_size=14336, vocab_size=128256,
+                               draft_vocab_size=32000),
+    # Kimi-K2 attends with MLA; its EAGLE-3 drafters are plain Llama layers with full
+    # multi-head KV and head_dim 128 (7168 is not a multiple of 128).
+    "kimi-k2": DrafterConfig(hidden_size=7168, num_heads=64, num_kv_heads=64, head_dim=128,
+                             intermediate_size=18432, vocab_size=163840,
+                             draft_vocab_size=32000, rms_norm_eps=1e-6,
+                             rope_theta=50000.0),
+}

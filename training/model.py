@@ -1,0 +1,207 @@
+"""The EAGLE-3 drafter and its training-time-test (TTT) unroll.
+
+Parameter names follow the EAGLE-3 checkpoint layout (fc, midlayer.*, norm, lm_head, d2t,
+t2d) so an export is a rename-free copy of the state dict.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from training.attention import DocLayout, ttt_attention
+from training.config import DrafterConfig
+from training.loss import soft_cross_entropy
+from training.packing import PackedBatch
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * self.weight.float()).to(x.dtype)
+
+
+def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """Rotary embedding of x [B, heads, L, D] at positions [B, L] (half-split layout)."""
+    D = x.shape[-1]
+    inv_freq = theta ** (-torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)
+    angles = positions[:, None, :, None].float() * inv_freq
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+class _KV:
+    """Keys and values of one TTT unroll: step 0's, and each later step's own."""
+
+    def __init__(self):
+        self.k0: Tensor | None = None
+        self.v0: Tensor | None = None
+        self.diag_k: list[Tensor] = []
+        self.diag_v: list[Tensor] = []
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        H2, d = 2 * cfg.hidden_size, cfg.head_dim
+        self.q_proj = nn.Linear(H2, cfg.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(H2, cfg.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(H2, cfg.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor, positions: Tensor, layout: DocLayout, kv: _KV) -> Tensor:
+        B, L, _ = x.shape
+        d = self.cfg.head_dim
+        q = self.q_proj(x).view(B, L, -1, d).transpose(1, 2)
+        k = self.k_proj(x).view(B, L, -1, d).transpose(1, 2)
+        v = self.v_proj(x).view(B, L, -1, d).transpose(1, 2)
+        q = rope(q, positions, self.cfg.rope_theta)
+        k = rope(k, positions, self.cfg.rope_theta)
+        if kv.k0 is None:
+            kv.k0, kv.v0 = k, v
+        else:
+            kv.diag_k.append(k)
+            kv.diag_v.append(v)
+        out = ttt_attention(q, kv.k0, kv.v0, kv.diag_k, kv.diag_v, layout)
+        return self.o_proj(out.transpose(1, 2).reshape(B, L, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """EAGLE-3's one layer: attention reads [norm(token embedding) ; norm(hidden)]."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        H, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.input_layernorm = RMSNorm(H, eps)
+        self.hidden_norm = RMSNorm(H, eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(H, eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, embeds: Tensor, hidden: Tensor, positions: Tensor, layout: DocLayout,
+                kv: _KV) -> Tensor:
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        hidden = hidden + self.self_attn(x, positions, layout, kv)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+@dataclass
+class DraftOutput:
+    loss: Tensor  # sum_k decay^k * mean soft-CE at step k; what backward() is called on
+    loss_ttt: list[Tensor]  # per-step mean loss, detached
+    acc_ttt: list[Tensor]  # per-step share of positions whose argmax matches the verifier
+    positions: list[int]  # positions that count at each step
+
+
+@dataclass
+class StepLoss:
+    """One TTT step's per-position results, for callers that aggregate differently."""
+    losses: Tensor  # [P] float32, differentiable
+    agree: Tensor  # [P] bool
+    index: Tensor  # [P, 2] (row, column) of each position in the batch
+
+
+def _shift(x: Tensor, s: int, fill) -> Tensor:
+    """x[:, i + s] at column i; fill past the end of the row."""
+    out = torch.full_like(x, fill)
+    out[:, :-s] = x[:, s:]
+    return out
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        H = cfg.hidden_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(3 * H, H, bias=False)
+        self.midlayer = DecoderLayer(cfg)
+        self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.arange(cfg.draft_vocab_size))
+        self.register_buffer("t2d", torch.arange(cfg.vocab_size) < cfg.draft_vocab_size)
+        # The verifier's head restricted to the draft vocabulary: it makes the targets.
+        # Not persistent: it is the verifier's, and load_verifier restores it.
+        self.register_buffer("target_head", torch.zeros(cfg.draft_vocab_size, H),
+                             persistent=False)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+
+    @torch.no_grad()
+    def load_verifier(self, embed_tokens: Tensor, lm_head: Tensor, d2t: Tensor,
+                      t2d: Tensor) -> None:
+        V, H, D = self.cfg.vocab_size, self.cfg.hidden_size, self.cfg.draft_vocab_size
+        for name, t, shape in (("embed_tokens", embed_tokens, (V, H)),
+                               ("lm_head", lm_head, (V, H)), ("d2t", d2t, (D,)),
+                               ("t2d", t2d, (V,))):
+            if tuple(t.shape) != shape:
+                raise ValueError(f"verifier {name} has shape {tuple(t.shape)}, "
+                                 f"the drafter config wants {shape}")
+        self.embed_tokens.weight.copy_(embed_tokens)
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+        self.target_head.copy_(lm_head[d2t.to(lm_head.device)])
+
+    def step_losses(self, batch: PackedBatch, ttt_steps: int,
+                    loss_chunk: int = 2048) -> list[StepLoss]:
+        """Unroll TTT over the batch and return each step's per-position losses."""
+        if ttt_steps < 1:
+            raise ValueError(f"ttt_steps must be at least 1, got {ttt_steps}")
+        ids, doc = batch.input_ids, batch.doc_ids
+        layout = DocLayout(doc)
+        hidden = self.fc(batch.aux_hidden.to(self.fc.weight.dtype))
+        kv = _KV()
+        results = []
+        for k in range(ttt_steps):
+            s = k + 1
+            # Index i holds the chain whose step k reads token x_{i+k+1} and is scored
+            # against the verifier at i+k+1; past its own sample nothing counts.
+            same_doc = (_shift(doc, s, -1) == doc) & (doc >= 0)
+            tokens = torch.where(same_doc, _shift(ids, s, 0), 0)
+            hidden = self.midlayer(self.embed_tokens(tokens), hidden, batch.position_ids + k,
+                                   layout, kv)
+            valid = same_doc & _shift(batch.loss_mask, s, False)
+            index = valid.nonzero()
+            rows, cols = index.unbind(1)
+            losses, agree = soft_cross_entropy(
+                self.norm(hidden[rows, cols]), self.lm_head.weight,
+                batch.final_hidden[rows, cols + s], self.target_head, loss_chunk)
+            results.append(StepLoss(losses, agree, index))
+        return results
+
+    def forward(self, batch: PackedBatch, ttt_steps: int, ttt_decay: float = 0.8,
+                loss_chunk: int = 2048) -> DraftOutput:
+        steps = self.step_losses(batch, ttt_steps, loss_chunk)
+        loss = 0.0
+        loss_ttt, acc_ttt, positions = [], [], []
+        for k, step in enumerate(steps):
+            n = step.losses.shape[0]
+            mean = step.losses.sum() / max(n, 1)
+            loss = loss + ttt_decay ** k * mean
+            loss_ttt.append(mean.detach())
+            acc_ttt.append(step.agree.sum() / max(n, 1))
+            positions.append(n)
+        return DraftOutput(loss, loss_ttt, acc_ttt, positions)
