@@ -1,0 +1,158 @@
+"""The typed launch parameters a relaunch may change, and their place in a trainer argv.
+
+Values are checked against a strict literal grammar before conversion (Python's `int()`
+would accept surrounding whitespace, newlines and underscores), so nothing but a plain
+number ever reaches an argv.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+_INT = re.compile(r"[0-9]{1,12}")
+_FLOAT = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?")
+_KEY = re.compile(r"[a-z][a-z0-9_]*")
+
+
+class ParamError(ValueError):
+    """A parameter is unknown, malformed or out of range; `key` names it."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: type  # int or float
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False  # low itself excluded, as in (0, 1]
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def describe(self) -> str:
+        low = "" if self.low is None else f"{'>' if self.low_open else '≥'} {self.low:g}"
+        high = "" if self.high is None else f"≤ {self.high:g}"
+        return f"{self.kind.__name__} {' and '.join(filter(None, [low, high]))}".strip()
+
+    def parse(self, text: str) -> int | float:
+        grammar = _INT if self.kind is int else _FLOAT
+        if not isinstance(text, str) or not grammar.fullmatch(text):
+            raise ParamError(self.name, f"{text!r} is not a plain {self.kind.__name__} ({self.describe()})")
+        return self.check(self.kind(text))
+
+    def check(self, value: int | float) -> int | float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ParamError(self.name, f"{value!r} is not a number")
+        if self.kind is int and not float(value).is_integer():
+            raise ParamError(self.name, f"{value!r} is not an int")
+        value = self.kind(value)
+        if not math.isfinite(value):
+            raise ParamError(self.name, f"{value!r} is not finite")
+        too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
+        too_high = self.high is not None and value > self.high
+        if too_low or too_high:
+            raise ParamError(self.name, f"{value:g} is out of range ({self.describe()})")
+        return value
+
+
+PARAMS: dict[str, Param] = {
+    p.name: p
+    for p in [
+        Param("max_seq_len", int, 128, 1048576),
+        Param("ttt_steps", int, 1, 16),
+        Param("ttt_decay", float, 0, 1, low_open=True),
+        Param("lr", float, 0, None, low_open=True),
+        Param("steps", int, 1),
+        Param("epochs", int, 1),
+        Param("batch_rows", int, 1),
+        Param("draft_vocab_size", int, 1),
+        Param("loss_chunk", int, 1),
+        Param("warmup_steps", int, 0),
+        Param("grad_clip", float, 0, None, low_open=True),
+        Param("save_every", int, 1),
+        Param("seed", int, 0),
+    ]
+}
+
+
+def _param(key: str) -> Param:
+    if not _KEY.fullmatch(key) or key not in PARAMS:
+        raise ParamError(key, f"unknown parameter (known: {', '.join(PARAMS)})")
+    return PARAMS[key]
+
+
+def parse_sets(items: Iterable[str]) -> dict[str, int | float]:
+    """`["max_seq_len=16384", "ttt_steps=5"]` -> typed, range-checked values."""
+    values: dict[str, int | float] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep:
+            raise ParamError(key or item, "expected key=value")
+        values[key] = _param(key).parse(text)
+    return values
+
+
+def check(params: dict) -> dict[str, int | float]:
+    """Validate an already-typed mapping (a manifest's params, an API caller's changes)."""
+    return {key: _param(key).check(value) for key, value in params.items()}
+
+
+def _flag_index(argv: Sequence[str], flag: str) -> tuple[int, bool] | None:
+    """Where `flag` last occurs in argv, and whether it is the `--flag=value` form."""
+    for i in range(len(argv) - 1, -1, -1):
+        if argv[i] == flag:
+            return i, False
+        if argv[i].startswith(flag + "="):
+            return i, True
+    return None
+
+
+def read(argv: Sequence[str]) -> dict[str, int | float]:
+    """The known parameters an argv sets; malformed ones raise ParamError."""
+    values: dict[str, int | float] = {}
+    for param in PARAMS.values():
+        found = _flag_index(argv, param.flag)
+        if found is None:
+            continue
+        i, joined = found
+        if joined:
+            text = argv[i].split("=", 1)[1]
+        elif i + 1 < len(argv):
+            text = argv[i + 1]
+        else:
+            raise ParamError(param.name, f"{param.flag} has no value")
+        values[param.name] = param.parse(text)
+    return values
+
+
+def set_flag(argv: Sequence[str], flag: str, value: str) -> list[str]:
+    """argv with `flag value` replaced where present, else appended."""
+    argv = list(argv)
+    found = _flag_index(argv, flag)
+    if found is None:
+        return argv + [flag, value]
+    i, joined = found
+    if joined:
+        argv[i] = f"{flag}={value}"
+    elif i + 1 < len(argv):
+        argv[i + 1] = value
+    else:
+        argv.append(value)
+    return argv
+
+
+def apply(argv: Sequence[str], params: dict) -> list[str]:
+    """A trainer argv with each parameter set to its (validated) value."""
+    argv = list(argv)
+    for key, value in check(params).items():
+        argv = set_flag(argv, PARAMS[key].flag, repr(value) if isinstance(value, float) else str(value))
+    return argv

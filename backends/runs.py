@@ -1,0 +1,301 @@
+"""Runs: commands started in tmux with a run directory, and every other tmux session.
+
+A run directory `<runs_root>/<run_id>/` holds `manifest.json` (what was launched, where,
+and how it ended), `console.log` (the pane's output via pipe-pane) and, for the trainer,
+`metrics.jsonl` and `checkpoints/`. Files on the host are written and read by commands
+with fixed scripts and the paths as arguments, so no path or value is ever spliced into
+shell text.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from backends import params as run_params
+from backends import tmux
+from backends.hosts import Host, HostError
+
+RUN_ID = re.compile(r"[0-9]{8}-[0-9]{4}-[0-9a-f]{4}")
+TRAIN_COMMAND = ["trackside", "train"]
+OOM_EXIT_STATUS = 3  # the trainer's exit code after an `oom` event
+METRICS_TAIL_LINES = 64
+
+# Write stdin to "$1" atomically, creating its directory.
+_WRITE_FILE = 'mkdir -p "$(dirname "$1")" && cat > "$1.tmp" && mv -f "$1.tmp" "$1"'
+
+# For each run dir under "$1": a record-separator line with the dir, the manifest, a
+# group-separator line, then the first and last lines of metrics.jsonl. JSON lines never
+# contain raw control characters, so the separators cannot collide with content.
+_READ_RUNS = r"""
+for d in "$1"/*/; do
+  [ -f "${d}manifest.json" ] || continue
+  printf '\036%s\n' "$d"
+  cat "${d}manifest.json"; echo
+  printf '\035\n'
+  if [ -f "${d}metrics.jsonl" ]; then head -n 1 "${d}metrics.jsonl"; tail -n "$2" "${d}metrics.jsonl"; fi
+done
+"""
+
+
+class RunError(Exception):
+    """A run could not be found, started or read."""
+
+
+class RunState(enum.Enum):
+    RUNNING = "running"
+    EXITED = "exited"
+    OOM = "oom"
+    UNKNOWN = "unknown"
+
+
+@dataclass
+class RunInfo:
+    run_id: str | None  # None: a tmux session trackside did not launch
+    session: str
+    host: str
+    state: RunState
+    exit_status: int | None = None
+    params: dict = field(default_factory=dict)
+    last_step: int | None = None
+    last_loss: float | None = None
+    steps_per_epoch: int | None = None
+    pids: list[int] = field(default_factory=list)
+    run_dir: str | None = None
+    parent: str | None = None
+    started: str | None = None
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "state": self.state.value}
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M", time.gmtime()) + "-" + secrets.token_hex(2)
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def check_run_id(run_id: str) -> str:
+    if not RUN_ID.fullmatch(run_id):
+        raise RunError(f"{run_id!r} is not a run id (like 20261129-0930-ab12)")
+    return run_id
+
+
+async def runs_root(host: Host) -> str:
+    root = host.runs_root
+    if root == "~" or root.startswith("~/"):
+        root = (await host.home()).rstrip("/") + root[1:]
+    return root.rstrip("/")
+
+
+async def run_dir(host: Host, run_id: str) -> str:
+    return f"{await runs_root(host)}/{check_run_id(run_id)}"
+
+
+async def write_file(host: Host, path: str, text: str) -> None:
+    result = await host.run(["sh", "-c", _WRITE_FILE, "sh", path], input=text)
+    if not result.ok:
+        raise HostError(host.name, f"cannot write {path}: {result.stderr.strip()}")
+
+
+async def read_manifest(host: Host, run_id: str) -> dict:
+    path = f"{await run_dir(host, run_id)}/manifest.json"
+    result = await host.run(["cat", path])
+    if not result.ok:
+        raise RunError(f"no run {run_id} on {host.name} ({path}: {result.stderr.strip()})")
+    try:
+        return json.loads(result.stdout)
+    except ValueError as e:
+        raise RunError(f"{path} is not valid JSON: {e}")
+
+
+async def write_manifest(host: Host, manifest: dict) -> None:
+    await write_file(host, f"{manifest['run_dir']}/manifest.json", json.dumps(manifest) + "\n")
+
+
+async def record_end(host: Host, manifest: dict, exit_status: int | None) -> dict:
+    """Fill the manifest's end once; later calls leave the first record in place."""
+    if manifest.get("ended") is None:
+        manifest = {**manifest, "ended": now(), "exit_status": exit_status}
+        await write_manifest(host, manifest)
+    return manifest
+
+
+def train_args_start(argv: Sequence[str], train_command: Sequence[str] | None = None) -> int | None:
+    """Index just past the trainer's `train` subcommand, or None if argv is not the trainer.
+
+    Recognised: the host's configured train command, `trackside train`, and
+    `python -m training train`.
+    """
+    argv = list(argv)
+    for prefix in filter(None, [list(train_command or []), TRAIN_COMMAND]):
+        if argv[: len(prefix)] == prefix:
+            return len(prefix)
+    for i in range(len(argv) - 2):
+        if argv[i : i + 3] == ["-m", "training", "train"]:
+            return i + 3
+    return None
+
+
+def launch_command(argv: Sequence[str], params: dict, out_dir: str, train_command: Sequence[str] | None) -> list[str]:
+    """The argv actually run: the host's train command in place of `trackside train`,
+    params applied and `--out` pointing at the run dir (trainer argvs only)."""
+    argv = list(argv)
+    if train_command and argv[:2] == TRAIN_COMMAND:
+        argv = list(train_command) + argv[2:]
+    if train_args_start(argv, train_command) is None:
+        return argv
+    return run_params.set_flag(run_params.apply(argv, params), "--out", out_dir)
+
+
+async def launch(
+    host: Host,
+    argv: Sequence[str],
+    *,
+    session: str | None = None,
+    params: dict | None = None,
+    parent: str | None = None,
+    train_command: Sequence[str] | None = None,
+) -> RunInfo:
+    """Start argv (executed as given, no shell) in a new detached tmux session with a run dir."""
+    argv = list(argv)
+    if not argv:
+        raise RunError("nothing to launch: the command is empty")
+    run_id = new_run_id()
+    session = tmux.check_session_name(session or f"ts-{run_id}")
+    is_train = train_args_start(argv, train_command) is not None
+    params = run_params.check(params) if params is not None else (run_params.read(argv) if is_train else {})
+    directory = await run_dir(host, run_id)
+    command = launch_command(argv, params, directory, train_command)
+    manifest = {
+        "run_id": run_id,
+        "host": host.name,
+        "session": session,
+        "argv": argv,
+        "command": command,
+        "trainer": is_train,
+        "params": params,
+        "parent": parent,
+        "run_dir": directory,
+        "started": now(),
+        "ended": None,
+        "exit_status": None,
+        "pane_pid": None,
+    }
+    await write_manifest(host, manifest)
+    pane_pid = await tmux.new_session(host, session, command, f"{directory}/console.log")
+    manifest["pane_pid"] = pane_pid
+    await write_manifest(host, manifest)
+    return RunInfo(
+        run_id, session, host.name, RunState.RUNNING, params=params, pids=[pane_pid],
+        run_dir=directory, parent=parent, started=manifest["started"],
+    )  # fmt: skip
+
+
+def _metrics_summary(lines: list[str]) -> dict:
+    summary: dict = {"oom": False, "last_step": None, "last_loss": None, "steps_per_epoch": None}
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue  # a line being written as we read, or garbage: not ours to judge
+        if not isinstance(event, dict):
+            continue
+        kind = event.get("event")
+        if kind == "start" and isinstance(event.get("steps_per_epoch"), int):
+            summary["steps_per_epoch"] = event["steps_per_epoch"]
+        elif kind == "step":
+            summary["last_step"] = event.get("step", summary["last_step"])
+            summary["last_loss"] = event.get("loss", summary["last_loss"])
+        elif kind == "oom":
+            summary["oom"] = True
+    return summary
+
+
+async def _read_run_dirs(host: Host) -> list[tuple[dict, dict]]:
+    """(manifest, metrics summary) for every run dir on the host."""
+    result = await host.run(["sh", "-c", _READ_RUNS, "sh", await runs_root(host), str(METRICS_TAIL_LINES)])
+    if not result.ok:
+        raise HostError(host.name, f"cannot read run dirs: {result.stderr.strip()}")
+    runs = []
+    for record in result.stdout.split("\036")[1:]:
+        head, _, metrics = record.partition("\035\n")
+        _dir, _, manifest_text = head.partition("\n")
+        try:
+            manifest = json.loads(manifest_text)
+        except ValueError:
+            continue  # a manifest being replaced right now; it will be back next time
+        if isinstance(manifest, dict) and manifest.get("run_id"):
+            runs.append((manifest, _metrics_summary(metrics.splitlines())))
+    return runs
+
+
+def _state(exit_status: int | None, oom: bool, trainer: bool) -> RunState:
+    # Exit code 3 means OOM only for our trainer; other programs use it freely.
+    if oom or (trainer and exit_status == OOM_EXIT_STATUS):
+        return RunState.OOM
+    return RunState.UNKNOWN if exit_status is None else RunState.EXITED
+
+
+async def list_runs(host: Host) -> list[RunInfo]:
+    """Our runs (newest first), then every tmux session we did not launch."""
+    panes = await tmux.list_panes(host)
+    by_session: dict[str, list[tmux.Pane]] = {}
+    for pane in panes:
+        by_session.setdefault(pane.session, []).append(pane)
+    claimed: set[str] = set()
+    infos = []
+    for manifest, metrics in sorted(await _read_run_dirs(host), key=lambda r: r[0]["run_id"], reverse=True):
+        session = manifest.get("session", "")
+        own = [p for p in by_session.get(session, []) if p.pid == manifest.get("pane_pid")]
+        exit_status = manifest.get("exit_status")
+        if own:
+            claimed.add(session)
+            alive = [p.pid for p in own if not p.dead]
+            if not alive and manifest.get("ended") is None:
+                exit_status = own[0].exit_status
+                manifest = await record_end(host, manifest, exit_status)
+            state = RunState.RUNNING if alive else _state(exit_status, metrics["oom"], bool(manifest.get("trainer")))
+        else:
+            alive = []
+            # A session that vanished before we saw it end stays UNKNOWN (no exit status).
+            state = _state(exit_status, metrics["oom"], bool(manifest.get("trainer")))
+        infos.append(
+            RunInfo(
+                manifest["run_id"], session, host.name, state, exit_status, manifest.get("params", {}),
+                metrics["last_step"], metrics["last_loss"], metrics["steps_per_epoch"], alive,
+                manifest.get("run_dir"), manifest.get("parent"), manifest.get("started"),
+            )  # fmt: skip
+        )
+    for session, session_panes in by_session.items():
+        if session in claimed:
+            continue
+        alive = [p.pid for p in session_panes if not p.dead]
+        status = None if alive else session_panes[0].exit_status
+        infos.append(RunInfo(None, session, host.name, RunState.RUNNING if alive else _state(status, False, False), status, pids=alive))
+    return infos
+
+
+async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False, *, train_command: Sequence[str] | None = None) -> RunInfo:
+    """The parent's argv with changed params, in a new run dir linked to its parent.
+
+    With `resume`, the trainer starts from the parent's latest checkpoint
+    (`--resume <parent run dir>/checkpoints`).
+    """
+    changes = run_params.check(changes)
+    parent = await read_manifest(host, run_id)
+    argv = list(parent["argv"])
+    if train_args_start(argv, train_command) is None:
+        raise RunError(f"run {run_id} is not a trainer run ({' '.join(argv)}): its parameters cannot be changed")
+    params = {**parent.get("params", {}), **changes}
+    argv = run_params.apply(argv, params)
+    if resume:
+        argv = run_params.set_flag(argv, "--resume", f"{parent['run_dir']}/checkpoints")
+    return await launch(host, argv, params=params, parent=run_id, train_command=train_command)

@@ -1,0 +1,142 @@
+"""tmux over a Host: argv builders and the few async operations runs and kill need.
+
+Every target is written `=NAME` so tmux matches the session name exactly (a bare name
+would also match any session it is a prefix of). The user's default tmux server is used
+unless the host asks for a dedicated socket (`host.tmux_socket`), so sessions trackside
+did not launch are visible too.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from backends.hosts import Host, HostError
+
+# tmux reads ':' and '.' in a target as window/pane separators; keep names plain.
+SESSION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
+
+_PANE_FORMAT = "\t".join(
+    [
+        "#{pane_pid}",
+        "#{pane_dead}",
+        "#{pane_dead_status}",
+        "#{pane_dead_signal}",
+        "#{pane_current_command}",
+        "#{session_name}",
+    ]
+)
+
+
+class TmuxError(HostError):
+    """tmux refused a command; the message carries tmux's own words."""
+
+
+@dataclass(frozen=True)
+class Pane:
+    session: str
+    pid: int
+    dead: bool
+    # Exit status of a dead pane: the code, or minus the signal that ended it.
+    exit_status: int | None
+    command: str
+
+
+def check_session_name(name: str) -> str:
+    if not SESSION_NAME.fullmatch(name):
+        raise ValueError(
+            f"session name {name!r}: use letters, digits, '_' and '-' (up to 64, not starting with '-')"
+        )
+    return name
+
+
+def tmux_argv(host: Host, *args: str) -> list[str]:
+    socket = getattr(host, "tmux_socket", None)
+    return ["tmux", *(["-L", socket] if socket else []), *args]
+
+
+def new_session_argv(host: Host, session: str, command: Sequence[str], console_log: str) -> list[str]:
+    """One tmux invocation: create the session, keep the pane after exit, pipe its output.
+
+    Chained with `;` so the options are in place before the server handles the pane's
+    first output or its exit, however fast the command is. Prints the pane pid.
+    """
+    target = f"={session}:"
+    return tmux_argv(
+        host,
+        "new-session", "-d", "-s", session, "-x", "200", "-y", "50", "-P", "-F", "#{pane_pid}",
+        "--", *command,
+        ";", "set-option", "-w", "-t", target, "remain-on-exit", "on",
+        # tmux runs the pipe command with sh -c: the path is quoted here, once.
+        ";", "pipe-pane", "-o", "-t", target, f"cat >> {shlex.quote(console_log)}",
+    )  # fmt: skip
+
+
+async def new_session(host: Host, session: str, command: Sequence[str], console_log: str) -> int:
+    """Start `command` (argv, executed without a shell) in a new detached session; its pane pid."""
+    check_session_name(session)
+    result = await host.run(new_session_argv(host, session, command, console_log))
+    if not result.ok:
+        raise TmuxError(host.name, f"tmux new-session {session}: {result.stderr.strip()}")
+    try:
+        return int(result.stdout.strip().splitlines()[0])
+    except (ValueError, IndexError):
+        raise TmuxError(host.name, f"tmux new-session {session} printed no pane pid: {result.stdout!r}")
+
+
+def _parse_pane(line: str) -> Pane | None:
+    # The session name is last so a tab inside it cannot shift the other fields.
+    fields = line.split("\t", 5)
+    if len(fields) != 6 or not fields[0].isdigit():
+        return None
+    pid, dead, status, signal, command, session = fields
+    exit_status = None
+    if dead == "1":
+        if signal.isdigit() and signal != "0":
+            exit_status = -int(signal)
+        elif status.lstrip("-").isdigit():
+            exit_status = int(status)
+    return Pane(session, int(pid), dead == "1", exit_status, command)
+
+
+def _no_server(stderr: str) -> bool:
+    return "no server running" in stderr or "error connecting to" in stderr
+
+
+async def list_panes(host: Host, session: str | None = None) -> list[Pane]:
+    """Every pane on the host's tmux server (or of one session); [] when no server runs."""
+    scope = ["-s", "-t", f"={session}"] if session is not None else ["-a"]
+    result = await host.run(tmux_argv(host, "list-panes", *scope, "-F", _PANE_FORMAT))
+    if not result.ok:
+        if _no_server(result.stderr) or (session is not None and "can't find" in result.stderr):
+            return []
+        raise TmuxError(host.name, f"tmux list-panes: {result.stderr.strip()}")
+    return [pane for line in result.stdout.splitlines() if (pane := _parse_pane(line))]
+
+
+async def list_sessions(host: Host) -> list[str]:
+    return list(dict.fromkeys(pane.session for pane in await list_panes(host)))
+
+
+async def pane_pids(host: Host, session: str) -> list[int]:
+    """Pids of the session's live panes."""
+    return [pane.pid for pane in await list_panes(host, session) if not pane.dead]
+
+
+async def capture_pane(host: Host, session: str, lines: int = 200) -> str:
+    result = await host.run(tmux_argv(host, "capture-pane", "-p", "-J", "-S", f"-{lines}", "-t", f"={session}:"))
+    if not result.ok:
+        raise TmuxError(host.name, f"tmux capture-pane {session}: {result.stderr.strip()}")
+    return result.stdout
+
+
+async def kill_session(host: Host, session: str) -> bool:
+    """Kill the session; False if it was already gone."""
+    result = await host.run(tmux_argv(host, "kill-session", "-t", f"={session}"))
+    if result.ok:
+        return True
+    if _no_server(result.stderr) or "can't find" in result.stderr:
+        return False
+    raise TmuxError(host.name, f"tmux kill-session {session}: {result.stderr.strip()}")

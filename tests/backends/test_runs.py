@@ -1,0 +1,197 @@
+"""Runs in real tmux: launch, list, relaunch. Each test gets its own tmux server
+(TMUX_TMPDIR per test), so no test sees or touches another's sessions, or the user's."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from backends import runs, tmux
+from backends.hosts import LocalHost
+from backends.runs import RunState
+
+PY = sys.executable
+
+
+@pytest.fixture
+def tmux_dir(monkeypatch):
+    # Short and under /tmp: tmux's socket path must stay within 107 bytes.
+    directory = tempfile.mkdtemp(prefix="ts-tmux-", dir="/tmp")
+    monkeypatch.setenv("TMUX_TMPDIR", directory)
+    monkeypatch.delenv("TMUX", raising=False)
+    yield directory
+    subprocess.run(["tmux", "kill-server"], capture_output=True)  # this test's server only
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def host(tmux_dir, runs_root):
+    return LocalHost(runs_root=runs_root)
+
+
+async def eventually(check, timeout: float = 10.0, interval: float = 0.05):
+    """Poll a check (plain or async) until it returns something truthy; fail after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(interval)
+
+
+async def run_named(host, run_id):
+    return next(r for r in await runs.list_runs(host) if r.run_id == run_id)
+
+
+async def ended(host, run_id):
+    run = await run_named(host, run_id)
+    return run if run.state is not RunState.RUNNING else None
+
+
+def written(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def argv_echo(out: Path) -> list[str]:
+    """A command that writes the argv it received as JSON to `out`, then lingers."""
+    script = "import json,sys,time; open(sys.argv[1],'w').write(json.dumps(sys.argv[2:])); time.sleep(30)"
+    return [PY, "-c", script, str(out)]
+
+
+HOSTILE = ["8192; touch {pwned}", "$(touch {pwned})", "`touch {pwned}`", "a\nb", "it's", '"q"', "--out", "*", ""]
+
+
+async def test_argv_arrives_literally_and_nothing_is_executed(host, tmp_path):
+    pwned = tmp_path / "pwned"
+    hostile = [s.format(pwned=pwned) for s in HOSTILE]
+    out = tmp_path / "argv.json"
+    await runs.launch(host, argv_echo(out) + hostile)
+    assert json.loads(await eventually(lambda: written(out))) == hostile
+    assert not pwned.exists()
+
+
+async def test_launch_writes_manifest_and_console_and_list_follows_state(host):
+    script = "import sys,time\nfor i in range(3): print(f'line {i}', flush=True)\ntime.sleep(0.5)\nsys.exit(7)"
+    info = await runs.launch(host, [PY, "-c", script], session="ts-test-state")
+    assert info.state is RunState.RUNNING and info.session == "ts-test-state"
+    assert runs.RUN_ID.fullmatch(info.run_id) and info.run_dir.endswith(info.run_id)
+    manifest = json.loads(Path(info.run_dir, "manifest.json").read_text())
+    assert manifest["argv"] == [PY, "-c", script] and manifest["pane_pid"] == info.pids[0]
+    assert manifest["session"] == "ts-test-state" and manifest["ended"] is None
+
+    listed = await run_named(host, info.run_id)
+    assert listed.state is RunState.RUNNING and listed.pids == info.pids
+
+    done = await eventually(lambda: ended(host, info.run_id))
+    assert done.exit_status == 7 and done.pids == []
+    assert Path(info.run_dir, "console.log").read_text().split() == ["line", "0", "line", "1", "line", "2"]
+    manifest = json.loads(Path(info.run_dir, "manifest.json").read_text())
+    assert manifest["exit_status"] == 7 and manifest["ended"]
+
+
+async def test_a_command_that_exits_at_once_still_leaves_its_status(host):
+    # remain-on-exit is set in the same tmux invocation, so even `false` keeps its pane.
+    info = await runs.launch(host, ["false"])
+    done = await eventually(lambda: ended(host, info.run_id))
+    assert (done.state, done.exit_status) == (RunState.EXITED, 1)
+
+
+async def test_foreign_sessions_are_listed_without_run_id(host):
+    subprocess.run(["tmux", "new-session", "-d", "-s", "someone-else", "sleep", "30"], check=True)
+    mine = await runs.launch(host, ["sleep", "30"])
+    listed = await runs.list_runs(host)
+    foreign = [r for r in listed if r.run_id is None]
+    assert [r.session for r in foreign] == ["someone-else"]
+    assert foreign[0].state is RunState.RUNNING and len(foreign[0].pids) == 1
+    assert [r.run_id for r in listed if r.run_id] == [mine.run_id]
+    assert await tmux.list_sessions(host) == sorted(["someone-else", mine.session])
+
+
+async def test_metrics_tail_gives_step_loss_and_oom(host):
+    info = await runs.launch(host, ["sleep", "30"])
+    events = [
+        {"event": "start", "steps_per_epoch": 40, "config": {}},
+        *({"event": "step", "step": s, "loss": 5.0 - s / 10} for s in range(1, 200)),
+        {"event": "oom", "max_seq_len": 32768, "ttt_steps": 3},
+    ]
+    Path(info.run_dir, "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events) + '{"event": "st')
+    run = await run_named(host, info.run_id)
+    assert (run.last_step, run.last_loss, run.steps_per_epoch) == (199, pytest.approx(5.0 - 19.9), 40)
+    assert run.state is RunState.RUNNING  # the pane is alive: an oom event alone does not end it
+    tmux_kill = subprocess.run(["tmux", "kill-session", "-t", f"={info.session}"])
+    assert tmux_kill.returncode == 0
+    assert (await run_named(host, info.run_id)).state is RunState.OOM
+
+
+async def test_session_names_are_checked_and_duplicates_refused(host):
+    with pytest.raises(ValueError, match="session name"):
+        await runs.launch(host, ["true"], session="a:b")
+    await runs.launch(host, ["sleep", "30"], session="dup")
+    with pytest.raises(tmux.TmuxError, match="duplicate session"):
+        await runs.launch(host, ["sleep", "30"], session="dup")
+
+
+def fake_trainer(tmp_path: Path) -> list[str]:
+    """A stand-in train command for the argv plumbing: records the argv it was given."""
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        textwrap.dedent(
+            """\
+            import json, sys, time
+            out = sys.argv[sys.argv.index("--out") + 1]
+            open(out + "/argv.json", "w").write(json.dumps(sys.argv[1:]))
+            time.sleep(30)
+            """
+        )
+    )
+    return [PY, str(script)]
+
+
+async def test_trainer_argv_gets_out_params_and_relaunch_links_parent(host, tmp_path):
+    train = fake_trainer(tmp_path)
+    first = await runs.launch(host, train + ["--synthetic", "--ttt-steps", "3", "--lr=1e-4"], train_command=train)
+    assert first.params == {"ttt_steps": 3, "lr": 1e-4}
+    argv_file = Path(first.run_dir, "argv.json")
+    assert json.loads(await eventually(lambda: written(argv_file))) == ["--synthetic", "--ttt-steps", "3", "--lr=0.0001", "--out", first.run_dir]
+
+    second = await runs.relaunch(host, first.run_id, {"ttt_steps": 5, "max_seq_len": 16384}, resume=True, train_command=train)
+    assert second.parent == first.run_id and second.run_id != first.run_id
+    assert second.params == {"ttt_steps": 5, "lr": 1e-4, "max_seq_len": 16384}
+    argv_file = Path(second.run_dir, "argv.json")
+    assert json.loads(await eventually(lambda: written(argv_file))) == [
+        "--synthetic", "--ttt-steps", "5", "--lr=0.0001", "--max-seq-len", "16384",
+        "--resume", f"{first.run_dir}/checkpoints", "--out", second.run_dir,
+    ]  # fmt: skip
+    listed = await run_named(host, second.run_id)
+    assert listed.parent == first.run_id and listed.params["ttt_steps"] == 5
+
+
+def test_launch_command_maps_trackside_train_to_the_hosts_train_command():
+    command = runs.launch_command(["trackside", "train", "--synthetic"], {"ttt_steps": 4}, "/r/x", ["/opt/py", "-m", "training", "train"])
+    assert command == ["/opt/py", "-m", "training", "train", "--synthetic", "--ttt-steps", "4", "--out", "/r/x"]
+    assert runs.launch_command(["sleep", "5"], {}, "/r/x", None) == ["sleep", "5"]
+    assert runs.train_args_start(["python3", "-m", "training", "train", "--steps", "3"]) == 4
+
+
+async def test_relaunch_refuses_unknown_runs_and_non_trainer_runs(host):
+    with pytest.raises(runs.RunError, match="not a run id"):
+        await runs.relaunch(host, "../../etc", {})
+    with pytest.raises(runs.RunError, match="no run"):
+        await runs.relaunch(host, "20260101-0000-abcd", {})
+    plain = await runs.launch(host, ["sleep", "30"])
+    with pytest.raises(runs.RunError, match="not a trainer run"):
+        await runs.relaunch(host, plain.run_id, {"ttt_steps": 5})
