@@ -281,7 +281,8 @@ def _text(value) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _read_nvml_blocking(nv) -> GpuSnapshot:
+def read_nvml(nv) -> GpuSnapshot:
+    """Every GPU and compute process as the initialised pynvml module `nv` reports them (blocking)."""
     def get(fn, *args):
         try:
             return fn(*args)
@@ -334,7 +335,7 @@ async def _read_nvml() -> GpuSnapshot | None:
     if nv is None:
         return None
     try:
-        return await asyncio.to_thread(_read_nvml_blocking, nv)
+        return await asyncio.to_thread(read_nvml, nv)
     except nv.NVMLError:
         return None  # let nvidia-smi say what is wrong, in its words
 
