@@ -8,12 +8,18 @@ containers: `pct exec 129 --`, `docker exec NAME`) to every argv.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import shlex
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+import asyncssh
+
 DEFAULT_RUNS_ROOT = "~/.trackside/runs"
+CHUNK_BYTES = 1 << 16
 
 
 class HostError(Exception):
@@ -59,7 +65,7 @@ def check_argv(argv: Sequence[str]) -> list[str]:
 
 
 class Host(ABC):
-    """A machine that runs argv lists. Subclasses implement `run` and `lines`."""
+    """A machine that runs argv lists. Subclasses implement `run` and `chunks`."""
 
     def __init__(self, name: str, *, prefix: Sequence[str] = (), runs_root: str = DEFAULT_RUNS_ROOT):
         self.name = name
@@ -84,11 +90,26 @@ class Host(ABC):
         """Run argv to completion; raise HostError if the host cannot be reached."""
 
     @abstractmethod
-    def lines(self, argv: Sequence[str]) -> AsyncIterator[str]:
-        """Run argv and yield its stdout line by line (without the newline) until it exits.
+    def chunks(self, argv: Sequence[str]) -> AsyncIterator[bytes]:
+        """Run argv and yield its stdout as raw byte chunks until it exits.
 
         Closing the iterator stops the process. Raises HostError when the host is lost.
         """
+
+    async def lines(self, argv: Sequence[str]) -> AsyncIterator[str]:
+        """Run argv and yield its stdout line by line (without the newline) until it exits.
+
+        A last line without a newline is yielded when the process exits. Closing the
+        iterator stops the process. Raises HostError when the host is lost.
+        """
+        pending = b""
+        async with contextlib.aclosing(self.chunks(argv)) as chunks:
+            async for chunk in chunks:
+                *complete, pending = (pending + chunk).split(b"\n")
+                for line in complete:
+                    yield line.decode(errors="replace")
+        if pending:
+            yield pending.decode(errors="replace")
 
     async def home(self) -> str:
         """The home directory on the host (inside the prefix's container), for `~` paths."""
@@ -131,7 +152,7 @@ class LocalHost(Host):
             raise HostError(self.name, f"command timed out after {timeout}s: {shlex.join(full)}")
         return CommandResult(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
-    async def lines(self, argv):
+    async def chunks(self, argv):
         full = self.full_argv(argv)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -140,15 +161,221 @@ class LocalHost(Host):
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.DEVNULL,
                 start_new_session=True,
-                limit=1 << 20,
             )
         except FileNotFoundError:
             raise HostError(self.name, f"{full[0]}: command not found")
         try:
             assert proc.stdout is not None
-            while line := await proc.stdout.readline():
-                yield line.decode(errors="replace").rstrip("\n")
+            while chunk := await proc.stdout.read(CHUNK_BYTES):
+                yield chunk
         finally:
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+
+
+# Runs argv with stdin from /dev/null; SIGTERMs it when our stdin (the channel) closes.
+# (A background job's stdin is /dev/null unless redirected, hence fd 3.)
+_WATCHDOG = [
+    "sh",
+    "-c",
+    'exec 3<&0; (cat <&3 >/dev/null 2>&1; kill -TERM $$ 2>/dev/null) & exec "$@" </dev/null 3<&-',
+    "sh",
+]
+
+
+async def _read_all(process: asyncssh.SSHClientProcess) -> tuple[str, str]:
+    """stdout and stderr to EOF, leaving stdin open (communicate() would close it)."""
+    out, err = await asyncio.gather(process.stdout.read(), process.stderr.read())
+    await process.wait()
+    return out, err
+
+
+class SSHHost(Host):
+    """A host reached over SSH: one connection, opened on first use and shared by every
+    command (at most `max_channels` at once, within sshd's MaxSessions, default 10).
+
+    After a drop, the next call reconnects; while reconnecting keeps failing, calls fail
+    fast with HostUnreachable until the next attempt is due (backoff doubling up to
+    `backoff_cap` seconds). Host keys are checked against `known_hosts` (default
+    ~/.ssh/known_hosts; a missing file trusts nothing). ~/.ssh/config supplies what is
+    not given here (user, port, identity files, ...). `jump` is another SSHHost whose
+    connection carries this one.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        address: str,
+        *,
+        user: str | None = None,
+        port: int | None = None,
+        jump: SSHHost | None = None,
+        known_hosts: str | None = None,
+        client_keys: Sequence[str] | None = None,
+        prefix: Sequence[str] = (),
+        runs_root: str = DEFAULT_RUNS_ROOT,
+        connect_timeout: float = 10.0,
+        keepalive: float = 15.0,
+        max_channels: int = 8,
+        backoff_cap: float = 30.0,
+    ):
+        super().__init__(name, prefix=prefix, runs_root=runs_root)
+        self.address = address
+        self.user = user
+        self.port = port
+        self.jump = jump
+        self.known_hosts = os.path.expanduser(known_hosts or "~/.ssh/known_hosts")
+        self.client_keys = list(client_keys) if client_keys else None
+        self.connect_timeout = connect_timeout
+        self.keepalive = keepalive
+        self.max_channels = max_channels
+        self.backoff_cap = backoff_cap
+        self.connects = 0  # connections made so far: observable reuse and reconnects
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._connect_lock = asyncio.Lock()
+        self._channels = asyncio.Semaphore(max_channels)
+        self._failures = 0
+        self._retry_at = 0.0
+        self._last_error: HostError | None = None
+
+    @property
+    def target(self) -> str:
+        user = f"{self.user}@" if self.user else ""
+        port = f":{self.port}" if self.port else ""
+        return f"{user}{self.address}{port}"
+
+    async def connection(self) -> asyncssh.SSHClientConnection:
+        """The live connection, made (or remade after a drop) if needed."""
+        async with self._connect_lock:
+            if self._conn is not None and not self._conn.is_closed():
+                return self._conn
+            self._conn = None
+            wait = self._retry_at - time.monotonic()
+            if wait > 0 and self._last_error is not None:
+                raise type(self._last_error)(
+                    self.name, f"{self._last_error.reason} (next attempt in {wait:.1f}s)"
+                )
+            try:
+                self._conn = await self._connect()
+            except HostError as e:
+                self._failures += 1
+                self._retry_at = time.monotonic() + min(0.25 * 2 ** (self._failures - 1), self.backoff_cap)
+                self._last_error = e
+                raise
+            self._failures = 0
+            self._last_error = None
+            self.connects += 1
+            return self._conn
+
+    async def _connect(self) -> asyncssh.SSHClientConnection:
+        tunnel = ()
+        if self.jump is not None:
+            try:
+                tunnel = await self.jump.connection()
+            except HostError as e:
+                raise type(e)(self.name, f"via jump host {e}") from None
+        # An empty trust store, not asyncssh's fallback to ~/.ssh/known_hosts or to no checks.
+        if os.path.isfile(self.known_hosts):
+            known_hosts = asyncssh.read_known_hosts(self.known_hosts)
+        else:
+            known_hosts = asyncssh.import_known_hosts("")
+        try:
+            return await asyncssh.connect(
+                self.address,
+                port=self.port or (),
+                username=self.user or (),
+                known_hosts=known_hosts,
+                client_keys=self.client_keys or (),
+                tunnel=tunnel,
+                connect_timeout=self.connect_timeout,
+                keepalive_interval=self.keepalive,
+                keepalive_count_max=3,
+            )
+        except asyncssh.HostKeyNotVerifiable:
+            raise HostKeyRejected(self.name, self._host_key_problem()) from None
+        except asyncssh.PermissionDenied as e:
+            raise AuthFailed(self.name, f"{self.target} refused our keys: {e.reason}") from None
+        except (OSError, asyncio.TimeoutError, asyncssh.Error) as e:
+            reason = getattr(e, "reason", None) or str(e) or type(e).__name__
+            raise HostUnreachable(self.name, f"cannot connect to {self.target}: {reason}") from None
+
+    def _host_key_problem(self) -> str:
+        port = self.port if self.port and self.port != 22 else None
+        entry = f"[{self.address}]:{port}" if port else self.address
+        recorded = False
+        if os.path.isfile(self.known_hosts):
+            recorded = bool(asyncssh.read_known_hosts(self.known_hosts).match(self.address, "", port)[0])
+        if recorded:
+            return (
+                f"host key of {entry} does not match the one recorded in {self.known_hosts}; "
+                "refusing to connect (the host was reinstalled, or someone is in the middle)"
+            )
+        return (
+            f"host key of {entry} is not in {self.known_hosts}; refusing to connect. If the host "
+            f"is genuine, record its key: ssh-keyscan {'-p ' + str(port) + ' ' if port else ''}"
+            f"{self.address} >> {self.known_hosts}"
+        )
+
+    def _lost(self, conn: asyncssh.SSHClientConnection, error: BaseException) -> HostUnreachable:
+        if self._conn is conn:
+            self._conn = None
+        conn.abort()
+        reason = getattr(error, "reason", None) or str(error) or type(error).__name__
+        return HostUnreachable(self.name, f"connection to {self.target} lost: {reason}")
+
+    @contextlib.asynccontextmanager
+    async def _process(self, argv: Sequence[str], input: str | None, **kwargs) -> AsyncIterator[asyncssh.SSHClientProcess]:
+        """A remote process on its own channel of the shared connection.
+
+        sshd does not end a command when its channel closes, and cannot signal it for root
+        logins; so unless stdin carries input, a watchdog holds stdin open and sends the
+        command SIGTERM when it reaches EOF, i.e. when the channel closes early.
+        """
+        if input is None:
+            command, stdin = shlex.join(_WATCHDOG + self.full_argv(argv)), asyncssh.PIPE
+        else:
+            command, stdin = self.shell_command(argv), asyncssh.PIPE
+        async with self._channels:
+            conn = await self.connection()
+            try:
+                process = await conn.create_process(command, stdin=stdin, **kwargs)
+            except asyncssh.ChannelOpenError as e:
+                if conn.is_closed():
+                    raise self._lost(conn, e) from None
+                raise HostError(self.name, f"cannot open a channel: {e.reason}") from None
+            except (OSError, asyncssh.Error) as e:
+                raise self._lost(conn, e) from None
+            try:
+                yield process
+            except (OSError, asyncssh.DisconnectError, asyncssh.ConnectionLost) as e:
+                raise self._lost(conn, e) from None
+            finally:
+                process.close()
+
+    async def run(self, argv, *, input=None, timeout=30.0):
+        async with self._process(argv, input, encoding="utf-8", errors="replace") as process:
+            try:
+                if input is None:
+                    out, err = await asyncio.wait_for(_read_all(process), timeout)
+                else:
+                    out, err = await asyncio.wait_for(process.communicate(input), timeout)
+            except asyncio.TimeoutError:
+                raise HostError(self.name, f"command timed out after {timeout}s: {self.shell_command(argv)}") from None
+            if process.returncode is None:
+                raise asyncssh.ConnectionLost("the command ended without an exit status")
+            return CommandResult(process.returncode, out, err)
+
+    async def chunks(self, argv):
+        async with self._process(argv, None, encoding=None, stderr=asyncssh.DEVNULL) as process:
+            while chunk := await process.stdout.read(CHUNK_BYTES):
+                yield chunk
+            await process.wait()
+            if process.returncode is None:
+                raise asyncssh.ConnectionLost("the command ended without an exit status")
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+            await conn.wait_closed()

@@ -1,0 +1,49 @@
+"""LocalHost and the Host API shared by every host."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import pytest
+
+from backends.hosts import HostError, LocalHost
+
+
+async def test_run_returns_status_and_output():
+    result = await LocalHost().run(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert (result.returncode, result.stdout, result.stderr) == (3, "out\n", "err\n")
+
+
+async def test_run_missing_command_is_127():
+    result = await LocalHost().run(["trackside-no-such-command"])
+    assert result.returncode == 127
+
+
+async def test_run_timeout_raises_host_error():
+    with pytest.raises(HostError, match="timed out"):
+        await LocalHost().run(["sleep", "5"], timeout=0.2)
+
+
+async def test_lines_yields_lines_and_a_last_partial_one():
+    lines = [line async for line in LocalHost().lines(["printf", "a\nb\n\nc"])]
+    assert lines == ["a", "b", "", "c"]
+
+
+async def test_closing_lines_ends_the_process():
+    stream = LocalHost().lines(["sh", "-c", "echo $$; exec sleep 60"])
+    async with contextlib.aclosing(stream):
+        pid = int(await anext(stream))
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_shell_command_quotes_each_argument_once():
+    host = LocalHost(prefix=["pct", "exec", "129", "--"])
+    assert host.shell_command(["echo", "a b", "$(id)"]) == "pct exec 129 -- echo 'a b' '$(id)'"
+
+
+@pytest.mark.parametrize("argv", [[], ["ok", 3], ["nul\x00byte"]])
+def test_bad_argv_is_refused(argv):
+    with pytest.raises((TypeError, ValueError)):
+        LocalHost().shell_command(argv)

@@ -1,0 +1,37 @@
+"""Shared fixtures: a real OpenSSH sshd on 127.0.0.1 (`sshd`), an SSHHost pointed at it
+(`ssh_host`), and a temporary runs root (`runs_root`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.sshd import Sshd, sshd_available
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory):
+    """The session's sshd (see tests/sshd.py). Tests that stop or sever it restart it."""
+    if not sshd_available():
+        pytest.skip("OpenSSH sshd is not installed (/usr/sbin/sshd); SSH tests need a real server")
+    server = Sshd(tmp_path_factory.mktemp("sshd"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def ssh_host(sshd):
+    """An SSHHost on the session's sshd; its connection is closed after the test."""
+    if not sshd.running:
+        sshd.start()
+    host = sshd.host()
+    yield host
+    await host.close()
+
+
+@pytest.fixture
+def runs_root(tmp_path):
+    """A fresh runs root directory (absolute path, as a str) for run directories."""
+    root = tmp_path / "runs"
+    root.mkdir()
+    return str(root)
