@@ -13,6 +13,7 @@ card cannot report (`[N/A]`, `[Not Supported]`, `[Unknown Error]`) is None.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import re
 import time
@@ -358,24 +359,24 @@ class SampleGrouper:
     """Groups a `-lms` stream's rows into samples, one reading per GPU.
 
     nvidia-smi prints one row per GPU per interval with nothing between intervals, so a
-    sample ends when it has as many rows as the host has GPUs, or when the index sequence
-    restarts (a GPU fell off the bus; the count is relearned).
+    sample ends at the row of the highest GPU index, or, should a GPU have fallen off the
+    bus, when the index sequence restarts (and the highest index is relearned).
     """
 
-    def __init__(self, gpu_count: int):
-        self.gpu_count = gpu_count
+    def __init__(self, last_index: int):
+        self.last_index = last_index
         self._batch: list[GpuReading] = []
 
     def push(self, row: GpuReading) -> list[tuple[GpuReading, ...]]:
-        """Add a row; return the samples it completed (usually none or one)."""
+        """Add a row; return the samples it completed (none, one, or rarely two)."""
         done = []
         if self._batch and row.index <= self._batch[-1].index:
             done.append(tuple(self._batch))
-            self.gpu_count, self._batch = len(self._batch), []
+            self.last_index, self._batch = self._batch[-1].index, []
         self._batch.append(row)
-        if len(self._batch) >= self.gpu_count:
+        if row.index >= self.last_index:
             done.append(tuple(self._batch))
-            self._batch = []
+            self.last_index, self._batch = row.index, []
         return done
 
 
@@ -383,12 +384,12 @@ class SampleGrouper:
 MAX_BAD_LINES = 20
 
 
-async def _stream_smi(host: Host, interval_ms: int, smi: str, gpu_count: int) -> AsyncIterator[GpuSnapshot]:
+async def _stream_smi(host: Host, interval_ms: int, smi: str, last_index: int) -> AsyncIterator[GpuSnapshot]:
     """Snapshots from one `-lms` channel until it ends or turns to garbage.
 
     Raises HostError if the host is lost.
     """
-    grouper = SampleGrouper(gpu_count)
+    grouper = SampleGrouper(last_index)
     bad = 0
     lines = host.lines(_smi_argv(smi, "-lms", str(interval_ms)))
     try:
@@ -427,9 +428,10 @@ async def stream_gpus(
         streamed = False
         if snapshot.ok:
             try:
-                async for streamed_snapshot in _stream_smi(host, interval_ms, smi, len(snapshot.gpus)):
-                    streamed = True
-                    yield streamed_snapshot
+                async with contextlib.aclosing(_stream_smi(host, interval_ms, smi, snapshot.gpus[-1].index)) as samples:
+                    async for sample in samples:
+                        streamed = True
+                        yield sample
             except HostError:
                 pass  # the next read_gpus says what happened
         failures = 0 if streamed else failures + 1
