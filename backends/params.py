@@ -75,9 +75,7 @@ PARAMS: dict[str, Param] = {
         Param("batch_rows", int, 1),
         Param("draft_vocab_size", int, 1),
         Param("loss_chunk", int, 1),
-        Param("warmup_steps", int, 0),
-        Param("grad_clip", float, 0, None, low_open=True),
-        Param("save_every", int, 1),
+        Param("save_every", int, 0),
         Param("seed", int, 0),
     ]
 }

@@ -32,6 +32,12 @@ _WRITE_FILE = 'mkdir -p "$(dirname "$1")" && cat > "$1.tmp" && mv -f "$1.tmp" "$
 # For each run dir under "$1": a record-separator line with the dir, the manifest, a
 # group-separator line, then the first and last lines of metrics.jsonl. JSON lines never
 # contain raw control characters, so the separators cannot collide with content.
+# Hard-link checkpoint "$1" (a step dir) into the checkpoints dir "$2" and point `latest` at it.
+_LINK_CHECKPOINT = 'mkdir -p "$2" && cp -al "$1" "$2/" && basename "$1" > "$2/latest"'
+
+# The newest step-<N> directory under the checkpoints dir "$1", as the trainer picks it.
+_LATEST_CHECKPOINT = r"""ls "$1" 2>/dev/null | grep -E '^step-[0-9]+$' | sort -t- -k2 -n | tail -n 1"""
+
 _READ_RUNS = r"""
 for d in "$1"/*/; do
   [ -f "${d}manifest.json" ] || continue
@@ -163,8 +169,14 @@ async def launch(
     params: dict | None = None,
     parent: str | None = None,
     train_command: Sequence[str] | None = None,
+    resume_from: str | None = None,
 ) -> RunInfo:
-    """Start argv (executed as given, no shell) in a new detached tmux session with a run dir."""
+    """Start argv (executed as given, no shell) in a new detached tmux session with a run dir.
+
+    `resume_from`, a checkpoint step directory on the host, is hard-linked into the new
+    run's checkpoints (the trainer never rewrites a step's files, only replaces whole
+    directories) and the trainer is started with `--resume`.
+    """
     argv = list(argv)
     if not argv:
         raise RunError("nothing to launch: the command is empty")
@@ -173,6 +185,10 @@ async def launch(
     is_train = train_args_start(argv, train_command) is not None
     params = run_params.check(params) if params is not None else (run_params.read(argv) if is_train else {})
     directory = await run_dir(host, run_id)
+    if resume_from:
+        if not is_train:
+            raise RunError("only trainer runs can resume from a checkpoint")
+        argv = [a for a in argv if a != "--resume"] + ["--resume"]
     command = launch_command(argv, params, directory, train_command)
     manifest = {
         "run_id": run_id,
@@ -183,6 +199,7 @@ async def launch(
         "trainer": is_train,
         "params": params,
         "parent": parent,
+        "resume_from": resume_from,
         "run_dir": directory,
         "started": now(),
         "ended": None,
@@ -190,6 +207,8 @@ async def launch(
         "pane_pid": None,
     }
     await write_manifest(host, manifest)
+    if resume_from:
+        await _link_checkpoint(host, resume_from, f"{directory}/checkpoints")
     pane_pid = await tmux.new_session(host, session, command, f"{directory}/console.log")
     manifest["pane_pid"] = pane_pid
     await write_manifest(host, manifest)
@@ -197,6 +216,19 @@ async def launch(
         run_id, session, host.name, RunState.RUNNING, params=params, pids=[pane_pid],
         run_dir=directory, parent=parent, started=manifest["started"],
     )  # fmt: skip
+
+
+async def _link_checkpoint(host: Host, step_dir: str, checkpoints: str) -> None:
+    result = await host.run(["sh", "-c", _LINK_CHECKPOINT, "sh", step_dir.rstrip("/"), checkpoints])
+    if not result.ok:
+        raise RunError(f"cannot link checkpoint {step_dir} into {checkpoints}: {result.stderr.strip()}")
+
+
+async def latest_checkpoint(host: Host, run_dir: str) -> str | None:
+    checkpoints = f"{run_dir}/checkpoints"
+    result = await host.run(["sh", "-c", _LATEST_CHECKPOINT, "sh", checkpoints])
+    name = result.stdout.strip()
+    return f"{checkpoints}/{name}" if name else None
 
 
 def _metrics_summary(lines: list[str]) -> dict:
@@ -286,16 +318,21 @@ async def list_runs(host: Host) -> list[RunInfo]:
 async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False, *, train_command: Sequence[str] | None = None) -> RunInfo:
     """The parent's argv with changed params, in a new run dir linked to its parent.
 
-    With `resume`, the trainer starts from the parent's latest checkpoint
-    (`--resume <parent run dir>/checkpoints`).
+    With `resume`, the new run starts from the parent's latest checkpoint (the trainer's
+    `--resume`, on a hard-linked copy of that checkpoint in the new run dir).
     """
     changes = run_params.check(changes)
     parent = await read_manifest(host, run_id)
-    argv = list(parent["argv"])
+    argv = [a for a in parent["argv"] if a != "--resume"]
     if train_args_start(argv, train_command) is None:
         raise RunError(f"run {run_id} is not a trainer run ({' '.join(argv)}): its parameters cannot be changed")
-    params = {**parent.get("params", {}), **changes}
-    argv = run_params.apply(argv, params)
+    resume_from = None
     if resume:
-        argv = run_params.set_flag(argv, "--resume", f"{parent['run_dir']}/checkpoints")
-    return await launch(host, argv, params=params, parent=run_id, train_command=train_command)
+        resume_from = await latest_checkpoint(host, parent["run_dir"])
+        if resume_from is None:
+            raise RunError(f"run {run_id} has no checkpoint to resume from in {parent['run_dir']}/checkpoints")
+    params = {**parent.get("params", {}), **changes}
+    return await launch(
+        host, run_params.apply(argv, params), params=params, parent=run_id,
+        train_command=train_command, resume_from=resume_from,
+    )  # fmt: skip

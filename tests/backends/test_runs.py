@@ -168,14 +168,23 @@ async def test_trainer_argv_gets_out_params_and_relaunch_links_parent(host, tmp_
     argv_file = Path(first.run_dir, "argv.json")
     assert json.loads(await eventually(lambda: written(argv_file))) == ["--synthetic", "--ttt-steps", "3", "--lr=0.0001", "--out", first.run_dir]
 
+    with pytest.raises(runs.RunError, match="no checkpoint"):
+        await runs.relaunch(host, first.run_id, {}, resume=True, train_command=train)
+    for step in (2, 10):  # numeric order, not text order, picks the latest
+        Path(first.run_dir, "checkpoints", f"step-{step}").mkdir(parents=True)
+        Path(first.run_dir, "checkpoints", f"step-{step}", "state.pt").write_text(f"state {step}")
+
     second = await runs.relaunch(host, first.run_id, {"ttt_steps": 5, "max_seq_len": 16384}, resume=True, train_command=train)
     assert second.parent == first.run_id and second.run_id != first.run_id
     assert second.params == {"ttt_steps": 5, "lr": 1e-4, "max_seq_len": 16384}
     argv_file = Path(second.run_dir, "argv.json")
     assert json.loads(await eventually(lambda: written(argv_file))) == [
         "--synthetic", "--ttt-steps", "5", "--lr=0.0001", "--max-seq-len", "16384",
-        "--resume", f"{first.run_dir}/checkpoints", "--out", second.run_dir,
+        "--resume", "--out", second.run_dir,
     ]  # fmt: skip
+    linked = Path(second.run_dir, "checkpoints")
+    assert sorted(p.name for p in linked.iterdir()) == ["latest", "step-10"]
+    assert (linked / "step-10" / "state.pt").stat().st_ino == Path(first.run_dir, "checkpoints/step-10/state.pt").stat().st_ino
     listed = await run_named(host, second.run_id)
     assert listed.parent == first.run_id and listed.params["ttt_steps"] == 5
 

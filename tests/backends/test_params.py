@@ -1,0 +1,80 @@
+"""Relaunch parameters: typed, range-checked, and only plain numbers reach an argv."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends.params import ParamError, apply, check, parse_sets, read, set_flag
+
+
+def test_parse_sets_types_values():
+    assert parse_sets(["max_seq_len=16384", "ttt_steps=5", "ttt_decay=1", "lr=3e-4"]) == {
+        "max_seq_len": 16384,
+        "ttt_steps": 5,
+        "ttt_decay": 1.0,
+        "lr": 3e-4,
+    }
+    assert isinstance(parse_sets(["ttt_decay=1"])["ttt_decay"], float)
+
+
+@pytest.mark.parametrize(
+    "item, key",
+    [
+        ("max_seq_len=8192; touch /tmp/pwned", "max_seq_len"),
+        ("max_seq_len=$(id)", "max_seq_len"),
+        ("max_seq_len=`id`", "max_seq_len"),
+        ("max_seq_len=8192\n", "max_seq_len"),
+        ("max_seq_len= 8192", "max_seq_len"),
+        ("max_seq_len='8192'", "max_seq_len"),
+        ('max_seq_len="8192"', "max_seq_len"),
+        ("max_seq_len=8_192", "max_seq_len"),
+        ("max_seq_len=8192.0", "max_seq_len"),
+        ("max_seq_len=64", "max_seq_len"),  # below 128
+        ("max_seq_len=2097152", "max_seq_len"),  # above 1M
+        ("ttt_steps=0", "ttt_steps"),
+        ("ttt_steps=17", "ttt_steps"),
+        ("ttt_decay=0", "ttt_decay"),  # (0, 1]: zero is out
+        ("ttt_decay=1.5", "ttt_decay"),
+        ("lr=0", "lr"),
+        ("lr=-1e-4", "lr"),
+        ("lr=nan", "lr"),
+        ("lr=inf", "lr"),
+        ("steps=0", "steps"),
+        ("batch_rows=", "batch_rows"),
+        ("colour=red", "colour"),
+        ("max_seq_len", "max_seq_len"),
+        ("$(id)=1", "$(id)"),
+    ],
+)
+def test_parse_sets_rejects_naming_the_key(item, key):
+    with pytest.raises(ParamError) as err:
+        parse_sets([item])
+    assert err.value.key == key and str(err.value).startswith(f"{key}:")
+
+
+def test_check_validates_typed_values():
+    assert check({"ttt_steps": 4.0, "lr": 1}) == {"ttt_steps": 4, "lr": 1.0}
+    for bad in [{"ttt_steps": 4.5}, {"ttt_steps": True}, {"lr": "1e-4"}, {"lr": float("nan")}, {"nope": 1}]:
+        with pytest.raises(ParamError):
+            check(bad)
+
+
+def test_apply_replaces_or_adds_flags_in_both_forms():
+    argv = ["trackside", "train", "--synthetic", "--max-seq-len", "8192", "--lr=1e-4"]
+    assert apply(argv, {"max_seq_len": 16384, "lr": 3e-4, "ttt_steps": 5}) == [
+        "trackside", "train", "--synthetic", "--max-seq-len", "16384", "--lr=0.0003", "--ttt-steps", "5",
+    ]  # fmt: skip
+    assert read(apply(argv, {"ttt_decay": 0.5})) == {"max_seq_len": 8192, "lr": 1e-4, "ttt_decay": 0.5}
+
+
+def test_read_rejects_malformed_values_in_an_argv():
+    with pytest.raises(ParamError, match="ttt_steps"):
+        read(["trackside", "train", "--ttt-steps", "$(id)"])
+    with pytest.raises(ParamError, match="has no value"):
+        read(["trackside", "train", "--ttt-steps"])
+
+
+def test_set_flag_keeps_other_arguments_literal():
+    argv = ["x", "--note", "--out", "a; rm -rf /"]
+    assert set_flag(argv, "--out", "/runs/r1") == ["x", "--note", "--out", "/runs/r1"]
+    assert set_flag(["x"], "--out", "/runs/r1") == ["x", "--out", "/runs/r1"]
