@@ -1,0 +1,268 @@
+"""The configuration file: which hosts to supervise, and defaults for launches.
+
+`~/.config/trackside/config.toml` (or `--config PATH`):
+
+    [defaults]
+    grace_s = 30            # kill: seconds between SIGTERM and SIGKILL
+    poll_ms = 1000          # dashboard refresh
+    runs_root = "~/.trackside/runs"
+
+    [hosts.bastion]
+    address = "bastion.example.org"
+
+    [hosts.gpu1]
+    address = "10.0.0.5"    # omitted: this machine
+    user = "root"
+    port = 22
+    jump = "bastion"        # another host of this file
+    prefix = "pct exec 129 --"      # or ["pct", "exec", "129", "--"]
+    train_command = ["trackside", "train"]
+    nvidia_smi = "nvidia-smi"
+    known_hosts = "~/.ssh/known_hosts"
+    identity_file = "~/.ssh/id_ed25519"
+
+Host tables may also set runs_root, train_command, nvidia_smi, user, known_hosts and
+identity_file in [defaults]. Without a file, the one host is this machine. Every mistake
+is a ConfigError naming the key: `hosts.gpu1.port: expected an integer 1-65535, got "abc"`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from backends.hosts import DEFAULT_RUNS_ROOT, Host, LocalHost, SSHHost
+
+
+class ConfigError(Exception):
+    def __init__(self, key: str, problem: str, path: str | None = None):
+        where = f"{path}: " if path else ""
+        super().__init__(f"{where}{key}: {problem}")
+        self.key = key
+        self.problem = problem
+
+
+def _show(value: Any) -> str:
+    try:
+        return json.dumps(value)
+    except TypeError:
+        return str(value)
+
+
+def _string(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(key, f"expected a non-empty string, got {_show(value)}")
+    return value
+
+
+def _argv(key: str, value: Any) -> list[str]:
+    """A command: a list of strings, or one string split as a shell would."""
+    if isinstance(value, str):
+        try:
+            return shlex.split(value)
+        except ValueError as e:
+            raise ConfigError(key, f"cannot split {_show(value)}: {e}") from None
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise ConfigError(key, f"expected a list of strings or a string, got {_show(value)}")
+
+
+def _command(key: str, value: Any) -> list[str]:
+    argv = _argv(key, value)
+    if not argv:
+        raise ConfigError(key, "expected a command, got an empty one")
+    return argv
+
+
+def _int(low: int, high: int | None):
+    def check(key: str, value: Any) -> int:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high):
+            return value
+        bounds = f"{low}-{high}" if high is not None else f">= {low}"
+        raise ConfigError(key, f"expected an integer {bounds}, got {_show(value)}")
+
+    return check
+
+
+def _seconds(key: str, value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    raise ConfigError(key, f"expected a number of seconds >= 0, got {_show(value)}")
+
+
+# Settings a host table may take from [defaults], with their checks and built-in values.
+_SHARED = {
+    "runs_root": (_string, DEFAULT_RUNS_ROOT),
+    "train_command": (_command, ["trackside", "train"]),
+    "nvidia_smi": (_string, "nvidia-smi"),
+    "user": (_string, None),
+    "known_hosts": (_string, None),
+    "identity_file": (_string, None),
+}
+_DEFAULTS = {
+    **_SHARED,
+    "grace_s": (_seconds, 30.0),
+    "poll_ms": (_int(50, None), 1000),
+}
+_HOST = {
+    **_SHARED,
+    "address": (_string, None),
+    "port": (_int(1, 65535), None),
+    "jump": (_string, None),
+    "prefix": (_argv, []),
+    "max_channels": (_int(1, None), 8),
+}
+
+
+@dataclass
+class HostConfig:
+    name: str
+    address: str | None = None  # None: this machine
+    user: str | None = None
+    port: int | None = None
+    jump: str | None = None  # the name of another host of the file
+    prefix: list[str] = field(default_factory=list)
+    runs_root: str = DEFAULT_RUNS_ROOT
+    train_command: list[str] = field(default_factory=lambda: ["trackside", "train"])
+    nvidia_smi: str = "nvidia-smi"
+    known_hosts: str | None = None
+    identity_file: str | None = None
+    max_channels: int = 8
+    jump_config: HostConfig | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def is_local(self) -> bool:
+        return self.address is None
+
+    def make_host(self, jump_host: SSHHost | None = None) -> Host:
+        """A Host for this entry; its jump host is made too unless one is given to share."""
+        if self.address is None:
+            return LocalHost(self.name, prefix=self.prefix, runs_root=self.runs_root)
+        if jump_host is None and self.jump_config is not None:
+            jump_host = self.jump_config.make_host()
+        return SSHHost(
+            self.name,
+            self.address,
+            user=self.user,
+            port=self.port,
+            jump=jump_host,
+            known_hosts=self.known_hosts,
+            client_keys=[os.path.expanduser(self.identity_file)] if self.identity_file else None,
+            prefix=self.prefix,
+            runs_root=self.runs_root,
+            max_channels=self.max_channels,
+        )
+
+
+@dataclass
+class Config:
+    hosts: list[HostConfig]
+    defaults: dict[str, Any]
+    path: str | None = None
+
+    def host(self, name: str) -> HostConfig:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise ConfigError("--host", f"no host named {_show(name)} (configured: {', '.join(h.name for h in self.hosts)})")
+
+    def make_hosts(self) -> dict[str, Host]:
+        """One Host per entry; hosts that share a jump host share its connection."""
+        made: dict[str, Host] = {}
+
+        def make(entry: HostConfig) -> Host:
+            if entry.name not in made:
+                jump = make(entry.jump_config) if entry.jump_config else None
+                made[entry.name] = entry.make_host(jump)
+            return made[entry.name]
+
+        for entry in self.hosts:
+            make(entry)
+        return made
+
+
+def default_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return Path(base) / "trackside" / "config.toml"
+
+
+def _check_table(prefix: str, table: Any, schema: dict) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise ConfigError(prefix, f"expected a table, got {_show(table)}")
+    checked = {}
+    for key, value in table.items():
+        if key not in schema:
+            raise ConfigError(f"{prefix}.{key}", f"unknown setting (known: {', '.join(sorted(schema))})")
+        checked[key] = schema[key][0](f"{prefix}.{key}", value)
+    return checked
+
+
+def parse_config(data: dict[str, Any]) -> Config:
+    """A Config from parsed TOML data; ConfigError names the first bad key."""
+    for key in data:
+        if key not in ("defaults", "hosts"):
+            raise ConfigError(key, "unknown table (known: defaults, hosts)")
+    given_defaults = _check_table("defaults", data.get("defaults", {}), _DEFAULTS)
+    defaults = {key: given_defaults.get(key, built_in) for key, (_, built_in) in _DEFAULTS.items()}
+
+    tables = data.get("hosts", {})
+    if not isinstance(tables, dict):
+        raise ConfigError("hosts", f"expected a table of host tables, got {_show(tables)}")
+    hosts = []
+    for name, table in tables.items():
+        given = _check_table(f"hosts.{name}", table, _HOST)
+        settings = {key: given.get(key, defaults.get(key, built_in)) for key, (_, built_in) in _HOST.items()}
+        if settings["address"] is None:
+            for remote_only in ("port", "jump", "user", "known_hosts", "identity_file"):
+                if remote_only in given:
+                    raise ConfigError(f"hosts.{name}.{remote_only}", "only for remote hosts: set address too")
+        hosts.append(HostConfig(name=name, **settings))
+    if not hosts:
+        hosts = [HostConfig("local", **{key: defaults[key] for key in ("runs_root", "train_command", "nvidia_smi")})]
+
+    by_name = {host.name: host for host in hosts}
+    for host in hosts:
+        if host.jump is None:
+            continue
+        key = f"hosts.{host.name}.jump"
+        target = by_name.get(host.jump)
+        if target is None:
+            raise ConfigError(key, f"no host named {_show(host.jump)} in [hosts]")
+        if target.address is None:
+            raise ConfigError(key, f"{_show(host.jump)} is this machine, not an SSH host to jump through")
+        host.jump_config = target
+    for host in hosts:
+        seen = [host.name]
+        hop = host.jump_config
+        while hop is not None:
+            if hop.name in seen:
+                raise ConfigError(f"hosts.{host.name}.jump", f"jump hosts loop: {' -> '.join(seen + [hop.name])}")
+            seen.append(hop.name)
+            hop = hop.jump_config
+    return Config(hosts, defaults)
+
+
+def load_config(path: str | None = None) -> Config:
+    """The config at `path` (must exist), else at the default place (may be absent)."""
+    file = Path(path).expanduser() if path else default_path()
+    if not file.is_file():
+        if path:
+            raise ConfigError("--config", f"no such file: {path}")
+        return parse_config({})
+    try:
+        data = tomllib.loads(file.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(str(file), f"not valid TOML: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(str(file), f"cannot read: {e}") from None
+    try:
+        config = parse_config(data)
+    except ConfigError as e:
+        raise ConfigError(e.key, e.problem, str(file)) from None
+    config.path = str(file)
+    return config
