@@ -1,0 +1,97 @@
+"""A fixed fleet fed to the app as monitor messages: the snapshot tests' and screenshots' data.
+
+Figures follow the story in DESIGN.md: eight H200s drawing 250 W of 600 W at 100 % util
+(an under-fed run), a container host that refuses our key, and a laptop with no GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+from backends.gpu import GpuProcess, GpuReading, GpuSnapshot, GpuStatus
+from backends.hosts import HostUnreachable, LocalHost
+from backends.runs import RunInfo, RunState
+from tui.app import TracksideApp, Watched
+from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
+
+T0 = 1_790_000_000.0  # the frozen clock's start
+NOW = T0 + 900.0
+RUN_ID = "20261129-0930-a1b2"
+RUN_KEY = f"h200-box/{RUN_ID}"
+PARAMS = {"max_seq_len": 8192, "ttt_steps": 3, "lr": 3e-4, "steps": 20000, "batch_rows": 1}
+
+
+def frozen_clock() -> float:
+    return NOW
+
+
+def gpus(power_w: float = 250.0) -> GpuSnapshot:
+    readings = tuple(
+        GpuReading(i, "NVIDIA H200", f"GPU-{i:04d}", power_w + 7 * i, 600.0, 40960 + 512 * i, 143771, 100, 61 + i)
+        for i in range(8)
+    )
+    processes = tuple(GpuProcess(4242 + i, i, 40000, "python") for i in range(8))
+    return GpuSnapshot(GpuStatus.OK, "", readings, processes, NOW, "nvidia-smi")
+
+
+def run_info(state: RunState = RunState.RUNNING) -> RunInfo:
+    return RunInfo(
+        RUN_ID, "dflash", "h200-box", state, None, dict(PARAMS), 300, 2.1, 4120, [4200],
+        f"/root/.trackside/runs/{RUN_ID}", None, "2026-11-29T09:30:00Z",
+    )  # fmt: skip
+
+
+def metrics_events(steps: int = 300) -> list[dict]:
+    start = {
+        "event": "start",
+        "time": T0,
+        "config": {**PARAMS, "model": {}},
+        "steps_per_epoch": 4120,
+        "world_size": 8,
+    }
+    events = [start]
+    for step in range(1, steps + 1):
+        wobble = 0.08 * math.sin(step / 3.0)
+        ttt = [2.0 * math.exp(-step / 120) + 0.9 + 0.25 * k + wobble for k in range(3)]
+        events.append(
+            {
+                "event": "step",
+                "time": T0 + 3.0 * step,
+                "step": step,
+                "epoch": 0,
+                "loss": sum(0.8**k * v for k, v in enumerate(ttt)) / sum(0.8**k for k in range(3)),
+                "loss_ttt": ttt,
+                "acc_ttt": [0.4, 0.3, 0.2],
+                "lr": 3e-4,
+                "grad_norm": 1.1,
+                "tokens": 61440,
+                "tokens_per_s": 20480.0,
+                "samples_per_row": 1.0,
+                "pad_frac": 0.06,
+                "peak_mem_gib": 40.2,
+            }
+        )
+    return events
+
+
+LOG = [f"step {s} loss={2.0 * math.exp(-s / 120) + 1.1:.4f} lr=3.0e-04 tokens/s=20480" for s in range(280, 301)]
+
+
+def make_app() -> TracksideApp:
+    watched = [
+        Watched(LocalHost("h200-box", runs_root="/root/.trackside/runs")),
+        Watched(LocalHost("pve-129")),
+        Watched(LocalHost("laptop")),
+    ]
+    return TracksideApp(watched, monitor=False, clock=frozen_clock)
+
+
+def feed(app: TracksideApp) -> None:
+    """Post the fleet's state as the monitors would."""
+    app.post_message(RunsListed("h200-box", [run_info()], NOW))
+    app.post_message(GpusPolled("h200-box", gpus(), NOW))
+    app.post_message(MetricsBatch("h200-box", RUN_KEY, metrics_events(), garbled=1))
+    app.post_message(ConsoleBatch("h200-box", RUN_KEY, LOG))
+    refused = HostUnreachable("pve-129", "connection refused by 10.0.0.129:22")
+    app.post_message(HostFailed("pve-129", "offline", str(refused)))
+    app.post_message(GpusPolled("laptop", GpuSnapshot(GpuStatus.NO_SMI, "nvidia-smi not found"), NOW))

@@ -1,0 +1,60 @@
+"""Snapshots of the four screens, from fixed data posted as monitor messages and a frozen clock.
+
+Regenerate after an intended change with `pytest tests/tui/test_snapshots.py --snapshot-update`.
+"""
+
+from __future__ import annotations
+
+from tests.tui.sample import RUN_KEY, feed, make_app
+from tui.screens.edit import EditScreen
+from tui.screens.kill import KillConfirm, KillPlan
+
+SIZE = (160, 48)
+
+
+async def fed(pilot) -> None:
+    feed(pilot.app)
+    await pilot.pause()
+
+
+async def on_run(pilot) -> None:
+    await fed(pilot)
+    pilot.app.open_run(RUN_KEY)
+    await pilot.pause()
+
+
+def test_fleet(snap_compare):
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=fed)
+
+
+def test_run(snap_compare):
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=on_run)
+
+
+def test_kill_modal(snap_compare):
+    async def run_before(pilot) -> None:
+        await on_run(pilot)
+        app = pilot.app
+        # The plan is what `k` shows; its process list is read from the host, fixed here.
+        plan = KillPlan(RUN_KEY, "h200-box", "dflash", [4200, 4201, *range(4242, 4250)],
+                        [(i, 4242 + i, 40000) for i in range(8)], None)  # fmt: skip
+        app.push_screen(KillConfirm(plan))
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_edit_form(snap_compare):
+    async def run_before(pilot) -> None:
+        await on_run(pilot)
+        app = pilot.app
+        run = app.runs[RUN_KEY]
+        app.push_screen(EditScreen(run, app.hosts[run.host], {}))
+        await pilot.pause()
+        await pilot.click("#param-ttt_steps")
+        await pilot.press("ctrl+a", "ctrl+k", "5")
+        await pilot.click("#param-max_seq_len")
+        await pilot.press("ctrl+a", "ctrl+k", *"16384")
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)

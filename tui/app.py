@@ -1,0 +1,370 @@
+"""The dashboard app: folds monitor messages into state, and runs the keys' actions.
+
+Screens render from `app.hosts` / `app.runs` and are told what changed; the actions that
+reach a host (kill, relaunch, launch) run in workers and report back as screens and
+notifications, so the UI never waits on the network.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import partial
+
+from textual.app import App, SystemCommand
+from textual.screen import Screen
+
+from backends import kill, logparse, runs
+from backends.hosts import Host
+from tui.alerts import Alert, host_alerts, kill_alert, run_alerts, update_underfed
+from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS
+from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
+from tui.monitor import HostMonitor
+from tui.state import GpuTrace, HostState, RunState, run_key
+
+
+@dataclass
+class Watched:
+    """A host the dashboard watches, with the settings its config gave it."""
+
+    host: Host
+    smi: str = "nvidia-smi"
+    train_command: list[str] | None = None
+
+
+@dataclass
+class Demo:
+    """`trackside demo`: the run to launch on the first host, shown on its run screen."""
+
+    argv: list[str]
+    session: str
+    params: dict = field(default_factory=dict)
+
+
+class TracksideApp(App):
+    CSS_PATH = "trackside.tcss"
+    TITLE = "trackside"
+    BINDINGS = KEYS
+
+    def __init__(
+        self,
+        watched: list[Watched],
+        *,
+        demo: Demo | None = None,
+        monitor: bool = True,
+        clock: Callable[[], float] = time.time,
+        poll_interval: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.watched = {w.host.name: w for w in watched}
+        self.demo = demo
+        self.clock = clock
+        self.hosts: dict[str, HostState] = {name: HostState(name) for name in self.watched}
+        self.runs: dict[str, RunState] = {}
+        self.alerts: dict[str, Alert] = {}
+        self.kill_alerts: dict[str, Alert] = {}
+        self.pending: dict[str, dict] = {}  # edited params per run, applied by relaunch
+        self.monitors: dict[str, HostMonitor] = {}
+        if monitor:
+            self.monitors = {
+                name: HostMonitor(self, w.host, smi=w.smi, interval=poll_interval, clock=clock)
+                for name, w in self.watched.items()
+            }
+        self.selected: set[str] = set()  # runs open on a run screen: followed even when exited
+
+    def on_mount(self) -> None:
+        from tui.screens.fleet import FleetScreen
+        from tui.screens.run import RunScreen
+
+        self.push_screen(FleetScreen())
+        for monitor in self.monitors.values():
+            monitor.start()
+        self.set_interval(1.0, self._tick)
+        if self.demo is not None:
+            self.push_screen(RunScreen(None, waiting=f"starting the demo run in tmux session {self.demo.session}…"))
+            self.run_worker(self._launch_demo(), group="actions", exit_on_error=False)
+
+    # --- state from messages ---------------------------------------------------------
+
+    def on_gpus_polled(self, message: GpusPolled) -> None:
+        host = self.hosts[message.host]
+        was_lost = host.status in ("offline", "auth", "error")
+        host.status, host.message, host.last_ok, host.gpus = "ok", "", message.time, message.snapshot
+        for reading in getattr(message.snapshot, "gpus", ()):
+            trace = host.traces.setdefault(reading.index, GpuTrace())
+            trace.power_w.append(reading.power_w or 0.0)
+            trace.mem_mib.append(reading.mem_used_mib or 0)
+        update_underfed(host, message.time)
+        if was_lost:
+            self.notify(f"{host.name} is back", title="host back")
+        self._changed(host=host.name)
+
+    def on_host_failed(self, message: HostFailed) -> None:
+        host = self.hosts[message.host]
+        host.status, host.message = message.status, message.message
+        self._changed(host=host.name)
+
+    def on_runs_listed(self, message: RunsListed) -> None:
+        host = self.hosts[message.host]
+        listed = {run_key(host.name, info): info for info in message.runs}
+        for key, info in listed.items():
+            run = self.runs.get(key)
+            if run is None:
+                self.runs[key] = run = RunState(key, host.name, info)
+            run.info, run.gone = info, False
+        for key, run in self.runs.items():
+            if run.host == host.name and key not in listed:
+                run.gone = True
+        self._follow_runs(host.name)
+        self._changed(host=host.name)
+
+    def on_metrics_batch(self, message: MetricsBatch) -> None:
+        run = self.runs.get(message.key)
+        if run is None:
+            return
+        for event in message.events:
+            run.add_event(event)
+        run.garbled += message.garbled
+        self._changed(run=run.key, events=message.events)
+
+    def on_console_batch(self, message: ConsoleBatch) -> None:
+        run = self.runs.get(message.key)
+        if run is None:
+            return
+        lines = [logparse.visible_text(line) for line in message.lines]
+        for line in lines:
+            run.log.append(line)
+            if (progress := logparse.parse_progress(line)) is not None:
+                run.progress = progress
+            if not run.steps and (parsed := logparse.parse_console_line(line)) and "loss" in parsed:
+                run.console_loss.append((parsed.get("step", len(run.console_loss)), parsed["loss"]))
+        self._changed(run=run.key, lines=lines)
+
+    def _follow_runs(self, host_name: str) -> None:
+        monitor = self.monitors.get(host_name)
+        if monitor is None:
+            return
+        wanted = {
+            key: run
+            for key, run in self.runs.items()
+            if run.host == host_name
+            and not run.gone
+            and (key in self.selected or getattr(run.info.state, "name", "") == "RUNNING")
+        }
+        for key, run in wanted.items():
+            monitor.follow(key, run.info.run_dir)
+        for key in monitor.following() - set(wanted):
+            monitor.unfollow(key)
+
+    def _tick(self) -> None:
+        """Once a second: time-based alerts (stall, under-fed) and ages (stale hosts)."""
+        self._changed()
+
+    def _changed(self, *, host: str | None = None, run: str | None = None, events=(), lines=()) -> None:
+        self._refresh_alerts()
+        # Only the screen in view (under any dialog) repaints; the others catch up on resume.
+        shown = next((s for s in reversed(self.screen_stack) if not s.is_modal), None)
+        if hasattr(shown, "state_changed"):
+            shown.state_changed(host=host, run=run, events=events, lines=lines)
+
+    def _refresh_alerts(self) -> None:
+        now = self.clock()
+        alerts: dict[str, Alert] = {}
+        for host in self.hosts.values():
+            alerts.update((a.key, a) for a in host_alerts(host, now))
+        for run in self.runs.values():
+            alerts.update((a.key, a) for a in run_alerts(run, now))
+        alerts.update(self.kill_alerts)
+        for key, alert in alerts.items():
+            if key not in self.alerts:
+                self.notify(alert.text, severity=alert.severity, timeout=8)
+        self.alerts = alerts
+
+    # --- actions --------------------------------------------------------------------
+
+    def selected_run(self) -> RunState | None:
+        key = getattr(self.screen, "selected_run_key", lambda: None)()
+        return self.runs.get(key) if key else None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in RUN_ACTIONS:
+            if not hasattr(self.screen, "selected_run_key"):
+                return False
+            run = self.selected_run()
+            if run is None:
+                return None
+            if action == "kill" and run.info.state.name != "RUNNING":
+                return None
+            if action in ("relaunch", "kill_relaunch") and not run.info.run_id:
+                return None  # a run trackside did not launch has no manifest to relaunch from
+        if action in ("log_focus", "filter"):
+            return hasattr(self.screen, f"action_{action}") or hasattr(self.screen, "selected_run_key")
+        return True
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for binding in KEYS:
+            if binding.action != "quit" and self.check_action(binding.action, ()):
+                yield SystemCommand(
+                    f"{binding.description} ({binding.key_display or binding.key})",
+                    DESCRIPTIONS[binding.action],
+                    partial(self.run_action, binding.action),
+                )
+
+    def action_help(self) -> None:
+        if self.screen.query("HelpPanel"):
+            self.action_hide_help_panel()
+        else:
+            self.action_show_help_panel()
+
+    def action_log_focus(self) -> None:
+        if hasattr(self.screen, "action_log_focus"):
+            self.screen.action_log_focus()
+        elif run := self.selected_run():
+            self.open_run(run.key, focus_log=True)
+
+    def action_filter(self) -> None:
+        if hasattr(self.screen, "action_filter"):
+            self.screen.action_filter()
+
+    def open_run(self, key: str, *, focus_log: bool = False) -> None:
+        from tui.screens.run import RunScreen
+
+        self.select(key)
+        self.push_screen(RunScreen(key, focus_log=focus_log))
+
+    def select(self, key: str) -> None:
+        self.selected.add(key)
+        if run := self.runs.get(key):
+            self._follow_runs(run.host)
+
+    def action_kill(self) -> None:
+        self._confirm_kill(relaunch=False)
+
+    def action_kill_relaunch(self) -> None:
+        self._confirm_kill(relaunch=True)
+
+    def _confirm_kill(self, *, relaunch: bool) -> None:
+        run = self.selected_run()
+        if run is not None:
+            self.run_worker(self._plan_kill(run, relaunch), group="actions", exit_on_error=False)
+
+    async def _plan_kill(self, run: RunState, relaunch: bool) -> None:
+        from tui.screens.kill import KillConfirm, kill_plan
+
+        try:
+            plan = await kill_plan(
+                self.watched[run.host].host, run, self.hosts[run.host], self.pending.get(run.key) if relaunch else None
+            )
+        except Exception as error:
+            self.notify(f"cannot list {run.key}'s processes: {error}", severity="error", timeout=10)
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(self._kill(run, relaunch), group="actions", exit_on_error=False)
+
+        self.push_screen(KillConfirm(plan), answered)
+
+    async def _kill(self, run: RunState, relaunch: bool) -> None:
+        from tui.screens.kill import KillReportScreen
+
+        watched = self.watched[run.host]
+        self.notify(f"stopping {run.key}…", timeout=3)
+        try:
+            report = await kill.kill_run(watched.host, run.info.run_id or run.info.session, smi=watched.smi)
+        except Exception as error:
+            self.notify(f"could not kill {run.key}: {error}", severity="error", timeout=10)
+            return
+        alert = kill_alert(run.key, report)
+        if alert:
+            self.kill_alerts[alert.key] = alert
+        else:
+            self.kill_alerts.pop(f"held:{run.key}", None)
+        self._poll_runs(run.host)
+        self.push_screen(KillReportScreen(run.key, report))
+        self._changed(run=run.key)
+        if relaunch:
+            await self._relaunch(run)
+
+    def action_relaunch(self) -> None:
+        run = self.selected_run()
+        if run is not None:
+            self.run_worker(self._relaunch(run), group="actions", exit_on_error=False)
+
+    async def _relaunch(self, run: RunState) -> None:
+        changes = self.pending.get(run.key, {})
+        host = self.watched[run.host].host
+        described = ", ".join(f"{k}={v}" for k, v in changes.items()) or "unchanged parameters"
+        self.notify(f"relaunching {run.key} with {described}…", timeout=3)
+        try:
+            info = await runs.relaunch(host, run.info.run_id, changes)
+        except Exception as error:
+            self.notify(f"could not relaunch {run.key}: {error}", severity="error", timeout=10)
+            return
+        new = self._adopt(run.host, info)
+        self.pending.pop(run.key, None)
+        self.notify(f"relaunched as {new.key}", title="relaunch")
+        if getattr(self.screen, "run_key", None) == run.key:
+            self.screen.show_run(new.key)
+
+    def _adopt(self, host_name: str, info) -> RunState:
+        """A run this app just launched: known before the next listing, and followed."""
+        key = run_key(host_name, info)
+        run = self.runs.setdefault(key, RunState(key, host_name, info))
+        run.info = info
+        self.select(key)
+        self._poll_runs(host_name)
+        self._changed(host=host_name, run=key)
+        return run
+
+    def _poll_runs(self, host_name: str) -> None:
+        if monitor := self.monitors.get(host_name):
+            monitor.poll_runs_now()
+
+    async def _launch_demo(self) -> None:
+        assert self.demo is not None
+        name, watched = next(iter(self.watched.items()))
+        try:
+            info = await runs.launch(watched.host, self.demo.argv, session=self.demo.session, params=self.demo.params)
+        except Exception as error:
+            self.notify(f"could not start the demo run: {error}", severity="error", timeout=30)
+            self.screen_stack[-1].show_waiting(f"could not start the demo run: {error}")
+            return
+        run = self._adopt(name, info)
+        for screen in self.screen_stack:
+            if getattr(screen, "run_key", "") is None:
+                screen.show_run(run.key)
+
+    def action_edit(self) -> None:
+        from tui.screens.edit import EditScreen
+
+        run = self.selected_run()
+        if run is None:
+            return
+
+        def keep(changes: dict | None) -> None:
+            if changes is None:
+                return
+            self.pending[run.key] = changes
+            if changes:
+                diff = ", ".join(f"{k} {run.params.get(k)} → {v}" for k, v in changes.items())
+                self.notify(f"{diff}: press r to relaunch with it", title="edited")
+            self._changed(run=run.key)
+
+        self.push_screen(EditScreen(run, self.hosts[run.host], self.pending.get(run.key, {})), keep)
+
+    def action_attach(self) -> None:
+        from backends import tmux
+
+        run = self.selected_run()
+        if run is None:
+            return
+        argv = tmux.attach_argv(self.watched[run.host].host, run.info.session)
+        with self.suspend():
+            tmux.run_interactive(argv)
+
+    def on_unmount(self) -> None:
+        for monitor in self.monitors.values():
+            monitor.stop()

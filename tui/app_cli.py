@@ -1,0 +1,53 @@
+"""`trackside [--config PATH]` and `trackside demo`: build the hosts, open the app."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from backends.config import ConfigError, load_config
+from backends.hosts import LocalHost
+from tui.app import Demo, TracksideApp, Watched
+
+DEMO_PARAMS = {"max_seq_len": 256, "ttt_steps": 3, "steps": 3000, "lr": 3e-3}
+
+
+def demo_argv(params: dict) -> list[str]:
+    """The trainer on synthetic data, run by this Python (so the venv's torch is used)."""
+    from backends import params as run_params
+
+    return run_params.apply([sys.executable, "-m", "training", "train", "--synthetic"], params)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="trackside",
+        description="The dashboard over the configured hosts; `trackside demo` shows it on a small CPU run.",
+    )
+    parser.add_argument("command", nargs="?", choices=["demo"], help="demo: launch a small CPU run and watch it")
+    parser.add_argument("--config", metavar="PATH", help="hosts file (default ~/.config/trackside/config.toml)")
+    return parser.parse_args(argv)
+
+
+def watched_hosts(config_path: str | None) -> list[Watched]:
+    config = load_config(config_path)
+    if not config.hosts:
+        return [Watched(LocalHost())]
+    return [Watched(hc.make_host(), hc.nvidia_smi, hc.train_command) for hc in config.hosts]
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.command == "demo":
+        watched = [Watched(LocalHost())]
+        demo = Demo(demo_argv(DEMO_PARAMS), f"trackside-demo-{time.strftime('%H%M%S')}", dict(DEMO_PARAMS))
+    else:
+        try:
+            watched = watched_hosts(args.config)
+        except ConfigError as error:
+            print(f"trackside: --config: {error}", file=sys.stderr)
+            return 2
+        demo = None
+    TracksideApp(watched, demo=demo).run()
+    return 0

@@ -1,0 +1,64 @@
+"""What an edit will cost, before paying for a launch: steps, epoch time, peak memory.
+
+Steps and time come from the run's own measurements (tokens per step, tokens/s, pad
+fraction); memory from training.memory, calibrated on the run's measured peak. The memory
+model is optional on an operator's laptop (it needs numpy): absent, the form shows "—".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from tui.state import RunState
+
+
+@dataclass(frozen=True)
+class Cost:
+    steps_per_epoch: int | None
+    epoch_s: float | None
+    peak_gib: float | None
+
+
+def predict(run: RunState, changes: dict) -> Cost:
+    params = {**run.params, **changes}
+    return Cost(*_schedule(run, params), _peak_gib(run, params))
+
+
+def _schedule(run: RunState, params: dict) -> tuple[int | None, float | None]:
+    """An epoch holds the same tokens whatever the row length; rows fill as they do now."""
+    last, spe, old = run.last, run.steps_per_epoch, run.params
+    if not last or not spe:
+        return None, None
+    old_rows = old.get("max_seq_len", 0) * old.get("batch_rows", 1)
+    new_rows = params.get("max_seq_len", 0) * params.get("batch_rows", 1)
+    new_spe = max(1, round(spe * old_rows / new_rows)) if old_rows and new_rows else None
+    rate, tokens = last.get("tokens_per_s"), last.get("tokens")
+    if not rate or not tokens:
+        return new_spe, None
+    # Each TTT step is another forward and backward of the drafter: time grows with depth.
+    depth = params.get("ttt_steps", 1) / (old.get("ttt_steps") or params.get("ttt_steps", 1))
+    return new_spe, spe * tokens / rate * depth
+
+
+def _peak_gib(run: RunState, params: dict) -> float | None:
+    try:
+        from training import memory
+    except ImportError:
+        return None
+    if not run.start:
+        return None
+    try:
+        cfg, shape = memory._shape_from_start(run.start)
+        peaks = [e["peak_mem_gib"] for e in run.steps if e.get("peak_mem_gib")]
+        calibration = None
+        if peaks:
+            measured = memory.Measurement(shape.max_seq_len, shape.ttt_steps, round(max(peaks) * memory.GiB))
+            calibration = memory.calibrate(
+                cfg, [measured], batch_rows=shape.batch_rows, loss_chunk=shape.loss_chunk,
+                precision=shape.precision, world_size=shape.world_size, sharding=shape.sharding,
+            )  # fmt: skip
+        changed = {k: int(params[k]) for k in ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk") if k in params}
+        return memory.predict(cfg, dataclasses.replace(shape, **changed), calibration).reserved / memory.GiB
+    except Exception:  # an optional estimate: any trouble in it reads as "—", never a crash
+        return None

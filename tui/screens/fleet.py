@@ -1,0 +1,182 @@
+"""The fleet: every host and every run on it, in one table updated in place."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Input
+
+from tui.state import HostState, RunState, format_duration, format_number
+from tui.widgets.alert_bar import AlertBar
+
+COLUMNS = [
+    ("name", "host / run"),
+    ("state", "state"),
+    ("msl", "max_seq_len"),
+    ("ttt", "TTT"),
+    ("step", "step / per epoch"),
+    ("loss", "loss"),
+    ("tps", "tokens/s"),
+    ("eta", "ETA"),
+    ("power", "GPU power (W of limit)"),
+]
+
+STATUS_STYLE = {"ok": "green", "connecting": "dim", "offline": "bold red", "auth": "bold red", "error": "bold red"}
+STATE_STYLE = {"running": "green", "exited": "dim", "oom": "bold red", "gone": "dim strike", "unknown": "yellow"}
+
+
+def power_summary(host: HostState) -> str:
+    readings = getattr(host.gpus, "gpus", None) or []
+    if not readings:
+        return "—"
+    parts = [
+        f"{r.power_w:.0f}/{r.power_limit_w:.0f}" if r.power_w is not None and r.power_limit_w else "?"
+        for r in readings
+    ]
+    return " ".join(parts) + " W"
+
+
+def host_cells(host: HostState, now: float, interval: float) -> dict[str, object]:
+    status = host.status
+    stale = host.stale_for(now, interval)
+    if status == "ok" and stale is not None:
+        label = Text(f"stale ({format_duration(stale)})", style="yellow")
+    else:
+        label = Text(status, style=STATUS_STYLE.get(status, ""))
+    if host.message:
+        label.append(f": {host.message}", style="red" if status != "ok" else "")
+    gpu_note = getattr(host.gpus, "message", "") if getattr(host.gpus, "status", None) and host.gpus.status.name != "OK" else ""
+    return {
+        "name": Text(host.name, style="bold"),
+        "state": label,
+        "msl": "",
+        "ttt": "",
+        "step": "",
+        "loss": "",
+        "tps": "",
+        "eta": "",
+        "power": gpu_note or power_summary(host),
+    }
+
+
+def run_cells(run: RunState, host: HostState) -> dict[str, object]:
+    params = run.params
+    step, spe = run.step, run.steps_per_epoch
+    state = run.state_label
+    label = Text(state, style=STATE_STYLE.get(state, "cyan"))
+    if run.progress is not None and not run.steps:
+        label.append(f" {run.progress.done}/{run.progress.total}")
+    return {
+        "name": Text(f"  {run.info.run_id or run.info.session}"),
+        "state": label,
+        "msl": format_number(params.get("max_seq_len")),
+        "ttt": format_number(params.get("ttt_steps")),
+        "step": f"{format_number(step)} / {format_number(spe)}",
+        "loss": format_number(run.loss),
+        "tps": format_number(run.tokens_per_s),
+        "eta": format_duration(run.eta_s()),
+        "power": "",
+    }
+
+
+class FleetScreen(Screen):
+    AUTO_FOCUS = "#fleet"
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield AlertBar(id="alerts")
+        yield Input(placeholder="filter hosts and runs (Enter to keep, Esc to clear)", id="filter")
+        yield DataTable(id="fleet", cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = "fleet"
+        self.query_one("#filter").display = False
+        table = self.query_one(DataTable)
+        for key, label in COLUMNS:
+            table.add_column(label, key=key)
+        self.rebuild()
+
+    def on_screen_resume(self) -> None:
+        self.state_changed()
+
+    def selected_run_key(self) -> str | None:
+        table = self.query_one(DataTable)
+        if not table.row_count:
+            return None
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        return key[len("run:"):] if key and key.startswith("run:") else None
+
+    def rows(self) -> list[tuple[str, dict]]:
+        """Hosts in config order, each followed by its runs (newest first)."""
+        app = self.app
+        now = app.clock()
+        interval = next(iter(app.monitors.values())).interval if app.monitors else 1.0
+        needle = self.query_one("#filter", Input).value.strip().lower()
+        rows = []
+        for host in app.hosts.values():
+            runs = sorted(
+                (r for r in app.runs.values() if r.host == host.name),
+                key=lambda r: (r.info.started or "", r.key),
+                reverse=True,
+            )
+            if needle:
+                runs = [r for r in runs if needle in r.key.lower() or needle in r.state_label]
+                if not runs and needle not in host.name.lower():
+                    continue
+            rows.append((f"host:{host.name}", host_cells(host, now, interval)))
+            rows.extend((f"run:{r.key}", run_cells(r, host)) for r in runs)
+        return rows
+
+    def rebuild(self) -> None:
+        """Update the table in place; re-add rows only when the set of rows changed."""
+        table = self.query_one(DataTable)
+        rows = self.rows()
+        current = [key.value for key in table.rows]
+        if current == [key for key, _ in rows]:
+            for key, cells in rows:
+                for column, value in cells.items():
+                    if str(table.get_cell(key, column)) != str(value):
+                        table.update_cell(key, column, value)
+            self.app.refresh_bindings()
+            return
+        selected = self.query_one(DataTable).cursor_row
+        selected_key = current[selected] if 0 <= selected < len(current) else None
+        table.clear()
+        for key, cells in rows:
+            table.add_row(*(cells[c] for c, _ in COLUMNS), key=key)
+        keys = [key for key, _ in rows]
+        if selected_key in keys:
+            table.move_cursor(row=keys.index(selected_key))
+        self.app.refresh_bindings()
+
+    def state_changed(self, **_) -> None:
+        self.query_one(AlertBar).show(list(self.app.alerts.values()))
+        self.rebuild()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        key = event.row_key.value or ""
+        if key.startswith("run:"):
+            self.app.open_run(key[len("run:"):])
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self.app.refresh_bindings()
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.rebuild()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.query_one(DataTable).focus()
+
+    def key_escape(self) -> None:
+        box = self.query_one("#filter", Input)
+        if box.display:
+            box.value = ""
+            box.display = False
+            self.query_one(DataTable).focus()

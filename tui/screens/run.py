@@ -1,0 +1,178 @@
+"""One run: its GPUs, its loss, its speed, its phase and its log."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, Log, Static
+
+from tui.state import RunState, format_duration, format_number
+from tui.widgets.alert_bar import AlertBar
+from tui.widgets.gpu_panel import GpuPanel
+from tui.widgets.loss_chart import LossChart
+
+LOG_LINES = 1000
+
+
+def stats_text(run: RunState, now: float) -> Text:
+    info = run.info
+    params = run.params
+    text = Text()
+    text.append(f"{run.key}", style="bold")
+    text.append(f"  tmux {info.session}\n", style="dim")
+    text.append("state ")
+    text.append(run.state_label, style="bold red" if run.state_label in ("OOM", "gone") else "bold green")
+    if run.end:
+        text.append(f" ({run.end.get('status', '')})")
+    if getattr(info, "exit_status", None) is not None:
+        text.append(f" exit {info.exit_status}")
+    text.append("\n")
+    shown = [k for k in ("max_seq_len", "ttt_steps", "lr", "batch_rows", "steps") if k in params]
+    text.append("  ".join(f"{k} {format_number(params[k])}" for k in shown) + "\n", style="cyan")
+    last = run.last or {}
+    text.append(
+        f"step {format_number(run.step)} / {format_number(run.steps_per_epoch)} per epoch"
+        f"   epoch {format_number(last.get('epoch'))}\n"
+    )
+    text.append(f"loss {format_number(run.loss)}   tokens/s {format_number(run.tokens_per_s)}   ETA {format_duration(run.eta_s())}\n")
+    text.append(
+        f"samples/row {format_number(last.get('samples_per_row'), 3)}   pad {format_number(last.get('pad_frac'), 2)}"
+        f"   peak {format_number(last.get('peak_mem_gib'), 3)} GiB\n"
+    )
+    if run.progress is not None and not run.steps:
+        p = run.progress
+        eta = f", ETA {format_duration(p.eta_s)}" if p.eta_s is not None else ""
+        text.append(f"{p.phase}: {p.done}/{p.total}{eta}\n", style="yellow")
+    if run.garbled:
+        text.append(f"{run.garbled} unreadable metrics lines skipped\n", style="yellow")
+    if run.gone:
+        text.append("run directory is gone (deleted or unreadable)\n", style="red")
+    return text
+
+
+class RunScreen(Screen):
+    AUTO_FOCUS = "#log"
+
+    BINDINGS = [
+        Binding("y", "log_scale", "Log/lin y", id="trackside.run.log_scale"),
+        Binding("s", "smoothing", "Smoothing", id="trackside.run.smoothing"),
+        Binding("escape", "back", "Fleet", id="trackside.run.back"),
+    ]
+
+    def __init__(self, run_key: str | None, *, waiting: str = "", focus_log: bool = False) -> None:
+        super().__init__()
+        self.run_key = run_key
+        self.waiting = waiting
+        self.focus_log = focus_log
+        self.log_filter = ""
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield AlertBar(id="alerts")
+        with Horizontal(id="top"):
+            yield GpuPanel(id="gpus")
+            yield Static(id="stats")
+        yield LossChart(id="loss")
+        yield Input(placeholder="show only log lines containing… (Esc clears)", id="log-filter")
+        yield Log(id="log", max_lines=LOG_LINES)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#log-filter").display = False
+        self.show_run(self.run_key)
+        if self.focus_log:
+            self.action_log_focus()
+
+    def on_screen_resume(self) -> None:
+        self.state_changed()
+
+    def selected_run_key(self) -> str | None:
+        return self.run_key
+
+    @property
+    def run(self) -> RunState | None:
+        return self.app.runs.get(self.run_key) if self.run_key else None
+
+    def show_waiting(self, message: str) -> None:
+        self.waiting = message
+        self.query_one("#stats", Static).update(message)
+
+    def show_run(self, key: str | None) -> None:
+        """Show `key` (a relaunch switches the screen to the new run)."""
+        self.run_key = key
+        self.sub_title = key or ""
+        self.query_one(Log).clear()
+        run = self.run
+        if run is not None:
+            self._write_log(list(run.log))
+        self.query_one(LossChart).show(run)
+        self.state_changed()
+        self.app.refresh_bindings()
+
+    def state_changed(self, *, host=None, run=None, events=(), lines=()) -> None:
+        app = self.app
+        self.query_one(AlertBar).show(list(app.alerts.values()))
+        current = self.run
+        if current is None:
+            self.query_one("#stats", Static).update(self.waiting)
+            return
+        if host is None or host == current.host:
+            watched = app.watched[current.host]
+            self.query_one(GpuPanel).show(app.hosts[current.host], watched.host.is_local)
+        if run is None or run == current.key:
+            self.query_one("#stats", Static).update(stats_text(current, app.clock()))
+        if run == current.key:
+            if any(e.get("event") == "step" for e in events):
+                self.query_one(LossChart).show(current)
+            if lines:
+                self._write_log(lines)
+            app.refresh_bindings()
+
+    def _write_log(self, lines: list[str]) -> None:
+        needle = self.log_filter
+        shown = [line for line in lines if needle in line] if needle else list(lines)
+        if shown:
+            self.query_one(Log).write_lines(shown)
+
+    def action_log_focus(self) -> None:
+        log = self.query_one(Log)
+        log.focus()
+        if self.maximized is log:
+            self.minimize()
+        else:
+            self.maximize(log)
+
+    def action_filter(self) -> None:
+        box = self.query_one("#log-filter", Input)
+        box.display = True
+        box.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.log_filter = event.value
+        self.query_one(Log).clear()
+        if self.run is not None:
+            self._write_log(list(self.run.log))
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.query_one(Log).focus()
+
+    def action_log_scale(self) -> None:
+        self.query_one(LossChart).toggle_log()
+
+    def action_smoothing(self) -> None:
+        self.query_one(LossChart).cycle_smoothing()
+
+    def action_back(self) -> None:
+        box = self.query_one("#log-filter", Input)
+        if box.display:
+            box.value = ""
+            box.display = False
+            return
+        if self.maximized is not None:
+            self.minimize()
+            return
+        if len(self.app.screen_stack) > 2:
+            self.app.pop_screen()

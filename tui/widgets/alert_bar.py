@@ -1,0 +1,20 @@
+"""The alerts line at the top of every screen: what needs the operator now."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from tui.alerts import Alert
+
+
+class AlertBar(Static):
+    def show(self, alerts: list[Alert]) -> None:
+        self.display = bool(alerts)
+        text = Text()
+        for alert in alerts:
+            if text:
+                text.append("\n")
+            text.append("▲ " if alert.severity == "error" else "● ", style="bold")
+            text.append(alert.text)
+        self.update(text)

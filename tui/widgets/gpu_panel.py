@@ -1,0 +1,118 @@
+"""Per GPU: power against its limit and memory against its total, with a power history."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Sparkline, Static
+
+from backends.gpu import GpuStatus
+from tui.state import HostState
+
+BAR_WIDTH = 12
+
+
+def bar(used: float | None, total: float | None, width: int = BAR_WIDTH) -> Text:
+    """A fixed-width bar; green when the card is busy, red when it is starved or full."""
+    if used is None or not total:
+        return Text("▕" + "?" * width + "▏", style="dim")
+    fraction = max(0.0, min(1.0, used / total))
+    filled = round(fraction * width)
+    return Text.assemble("▕", ("█" * filled, "bold"), ("░" * (width - filled), "dim"), "▏")
+
+
+def power_bar(used: float | None, limit: float | None) -> Text:
+    text = bar(used, limit)
+    if used is not None and limit:
+        text.stylize("red" if used < 0.5 * limit else "green", 1, 1 + BAR_WIDTH)
+    return text
+
+
+def memory_bar(used: float | None, total: float | None) -> Text:
+    text = bar(used, total)
+    if used is not None and total:
+        text.stylize("red" if used > 0.95 * total else "cyan", 1, 1 + BAR_WIDTH)
+    return text
+
+
+def watts(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0f}"
+
+
+def gib(mib: float | None) -> str:
+    return "—" if mib is None else f"{mib / 1024:.1f}"
+
+
+def gpu_line(reading) -> Text:
+    util = "—" if reading.util_pct is None else f"{reading.util_pct}%"
+    temp = "" if reading.temp_c is None else f" {reading.temp_c}°C"
+    return Text.assemble(
+        (f"GPU{reading.index} ", "bold"),
+        (f"{(reading.name or '').removeprefix('NVIDIA ')[:8]:<8} ", "dim"),
+        power_bar(reading.power_w, reading.power_limit_w),
+        f" {watts(reading.power_w):>4}/{watts(reading.power_limit_w)} W ",
+        memory_bar(reading.mem_used_mib, reading.mem_total_mib),
+        f" {gib(reading.mem_used_mib):>5}/{gib(reading.mem_total_mib)} GiB {util:>4}{temp}",
+    )
+
+
+def no_gpu_text(host: HostState, is_local: bool) -> str | None:
+    """What to say instead of bars, or None when there are GPUs to show."""
+    snapshot = host.gpus
+    if host.status != "ok" and snapshot is None:
+        return f"{host.name}: {host.status} {host.message}".strip()
+    if snapshot is None:
+        return "reading GPUs…"
+    where = "this machine" if is_local else host.name
+    if snapshot.status in (GpuStatus.NO_GPU, GpuStatus.NO_SMI) and is_local:
+        return f"no GPU on this machine ({snapshot.message})"
+    if snapshot.status == GpuStatus.NO_GPU:
+        return f"no GPU on {where} ({snapshot.message})"
+    if snapshot.status != GpuStatus.OK:
+        return f"GPUs on {where}: {snapshot.message}"
+    return None
+
+
+class GpuRow(Horizontal):
+    def compose(self) -> ComposeResult:
+        yield Static(classes="gpu-line")
+        yield Sparkline([], classes="gpu-history")
+
+    def show(self, reading, history) -> None:
+        self.query_one(".gpu-line", Static).update(gpu_line(reading))
+        self.query_one(Sparkline).data = list(history)
+
+
+class GpuPanel(Vertical):
+    """One GpuRow per card, updated in place; a plain sentence when there are none."""
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="gpu-none")
+
+    def show(self, host: HostState, is_local: bool) -> None:
+        message = no_gpu_text(host, is_local)
+        none = self.query_one("#gpu-none", Static)
+        none.display = message is not None
+        if message is not None:
+            none.update(message)
+            for row in self.query(GpuRow):
+                row.remove()
+            return
+        readings = list(host.gpus.gpus)
+        rows = {row.id: row for row in self.query(GpuRow)}
+        for reading in readings:
+            row_id = f"gpu-{reading.index}"
+            if row_id not in rows:
+                rows[row_id] = GpuRow(id=row_id)
+                self.mount(rows[row_id])
+                self.call_after_refresh(self._show_row, rows[row_id], host, reading)
+            else:
+                self._show_row(rows[row_id], host, reading)
+        for row_id in set(rows) - {f"gpu-{r.index}" for r in readings}:
+            rows[row_id].remove()
+
+    @staticmethod
+    def _show_row(row: GpuRow, host: HostState, reading) -> None:
+        trace = host.traces.get(reading.index)
+        row.show(reading, trace.power_w if trace else [])

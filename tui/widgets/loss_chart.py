@@ -1,0 +1,71 @@
+"""The loss chart: the total and one curve per TTT step, EMA-smoothed, linear or log y."""
+
+from __future__ import annotations
+
+import math
+
+from textual_plotext import PlotextPlot
+
+from tui.state import RunState, ema
+
+MAX_POINTS = 400  # plotted per curve; longer histories are thinned evenly
+
+
+def thin(xs: list, ys: list) -> tuple[list, list]:
+    stride = max(1, math.ceil(len(xs) / MAX_POINTS))
+    return xs[::stride], ys[::stride]
+
+
+def ttt_loss(event: dict, k: int) -> float | None:
+    values = event.get("loss_ttt") or []
+    return values[k] if k < len(values) else None
+
+
+class LossChart(PlotextPlot):
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.smoothing = 0.3  # EMA weight of the newest point; 1.0 shows raw values
+        self.log_y = False
+        self.run: RunState | None = None
+
+    def show(self, run: RunState | None) -> None:
+        self.run = run
+        self.replot()
+
+    def replot(self) -> None:
+        plt = self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        scale = "log" if self.log_y else "linear"
+        plt.title(f"loss (EMA {self.smoothing:g}, {scale} y)")
+        plt.xlabel("step")
+        run = self.run
+        if run is not None and run.steps:
+            events = list(run.steps)
+            steps = [e.get("step", i) for i, e in enumerate(events)]
+            depth = max((len(e.get("loss_ttt") or []) for e in events), default=0)
+            for k in range(depth):
+                self._curve(steps, [ttt_loss(e, k) for e in events], f"ttt {k}")
+            self._curve(steps, [e.get("loss") for e in events], "total")
+        elif run is not None and run.console_loss:
+            steps, values = zip(*run.console_loss)
+            self._curve(list(steps), list(values), "loss")
+        plt.yscale(scale)
+        self.refresh()
+
+    def _curve(self, steps: list, values: list, label: str) -> None:
+        smoothed = ema([float("nan") if v is None else float(v) for v in values], self.smoothing)
+        points = [(s, v) for s, v in zip(steps, smoothed) if math.isfinite(v) and (v > 0 or not self.log_y)]
+        if not points:
+            return
+        xs, ys = thin(*map(list, zip(*points)))
+        self.plt.plot(xs, ys, label=label, marker="braille")
+
+    def toggle_log(self) -> None:
+        self.log_y = not self.log_y
+        self.replot()
+
+    def cycle_smoothing(self) -> None:
+        options = [1.0, 0.3, 0.1, 0.03]
+        self.smoothing = options[(options.index(self.smoothing) + 1) % len(options)] if self.smoothing in options else 0.3
+        self.replot()
