@@ -29,6 +29,11 @@ def doc_starts(doc_ids: Tensor) -> Tensor:
     return torch.where(is_start, idx, 0).cummax(dim=1).values
 
 
+def at_least_float32(dtype: torch.dtype) -> torch.dtype:
+    """Softmaxes and norms run in float32 for bf16 activations, float64 for float64 ones."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _grouped(q: Tensor, num_kv_heads: int) -> Tensor:
     # [B, Hq, L, D] -> [B, Hkv, G, L, D]: query heads that share one key/value head.
     B, Hq, L, D = q.shape
@@ -39,7 +44,8 @@ def dense_doc_causal(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor) -> tuple[
     """Exact reference: q [B,Hq,L,D], k/v [B,Hkv,L,D] -> (out [B,Hq,L,D], lse [B,Hq,L])."""
     B, Hq, L, D = q.shape
     qg = _grouped(q, k.shape[1])
-    scores = (qg @ k.unsqueeze(2).transpose(-1, -2)).float() * (1.0 / math.sqrt(D))
+    acc = at_least_float32(q.dtype)
+    scores = (qg @ k.unsqueeze(2).transpose(-1, -2)).to(acc) * (1.0 / math.sqrt(D))
     pos = torch.arange(L, device=q.device)
     allowed = (doc_ids[:, :, None] == doc_ids[:, None, :]) & (pos[None, :] <= pos[:, None])
     scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
@@ -136,11 +142,12 @@ def ttt_attention(q: Tensor, k0: Tensor, v0: Tensor, diag_k: list[Tensor],
     qg = _grouped(q, Hkv)
     keys = torch.stack(diag_k, dim=-2)  # [B, Hkv, L, k, D]
     values = torch.stack(diag_v, dim=-2)
-    scores = torch.einsum("bhgld,bhlkd->bhglk", qg, keys).float() * (1.0 / math.sqrt(D))
-    lse0 = lse0.view(B, Hkv, Hq // Hkv, L, 1).float()
+    acc = at_least_float32(q.dtype)
+    scores = torch.einsum("bhgld,bhlkd->bhglk", qg, keys).to(acc) * (1.0 / math.sqrt(D))
+    lse0 = lse0.view(B, Hkv, Hq // Hkv, L, 1).to(acc)
     lse = torch.logsumexp(torch.cat([lse0, scores], dim=-1), dim=-1, keepdim=True)
     w0 = torch.exp(lse0 - lse)
     wd = torch.exp(scores - lse)
-    out = _grouped(out0, Hkv).float() * w0 + torch.einsum(
-        "bhglk,bhlkd->bhgld", wd, values.float())
+    out = _grouped(out0, Hkv).to(acc) * w0 + torch.einsum(
+        "bhglk,bhlkd->bhgld", wd, values.to(acc))
     return out.to(q.dtype).reshape(B, Hq, L, D)

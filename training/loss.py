@@ -13,16 +13,21 @@ from torch import Tensor
 
 def _chunk_logits(hidden: Tensor, weight: Tensor, target_hidden: Tensor,
                   target_weight: Tensor) -> tuple[Tensor, Tensor]:
-    # Matmuls run in the activations' dtype (bf16 on GPU); the softmaxes in float32.
-    logits = (hidden @ weight.to(hidden.dtype).T).float()
-    target_logits = (target_hidden @ target_weight.to(target_hidden.dtype).T).float()
+    # Matmuls run in the activations' dtype (bf16 on GPU); softmaxes in at least float32.
+    dtype = _loss_dtype(hidden)
+    logits = (hidden @ weight.to(hidden.dtype).T).to(dtype)
+    target_logits = (target_hidden @ target_weight.to(target_hidden.dtype).T).to(dtype)
     return logits, target_logits
+
+
+def _loss_dtype(hidden: Tensor) -> torch.dtype:
+    return torch.promote_types(hidden.dtype, torch.float32)
 
 
 class _ChunkedSoftCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, target_hidden, target_weight, chunk):
-        losses = hidden.new_empty(hidden.shape[0], dtype=torch.float32)
+        losses = hidden.new_empty(hidden.shape[0], dtype=_loss_dtype(hidden))
         agree = torch.empty(hidden.shape[0], dtype=torch.bool, device=hidden.device)
         for s in range(0, hidden.shape[0], chunk):
             c = slice(s, s + chunk)
@@ -40,7 +45,7 @@ class _ChunkedSoftCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_losses, _grad_agree):
         hidden, weight, target_hidden, target_weight = ctx.saved_tensors
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) \
+        grad_weight = torch.zeros_like(weight, dtype=_loss_dtype(weight)) \
             if ctx.needs_input_grad[1] else None
         for s in range(0, hidden.shape[0], ctx.chunk):
             c = slice(s, s + ctx.chunk)
@@ -53,7 +58,7 @@ class _ChunkedSoftCrossEntropy(torch.autograd.Function):
             if grad_hidden is not None:
                 grad_hidden[c] = grad_logits @ weight.to(hidden.dtype)
             if grad_weight is not None:
-                grad_weight += (grad_logits.T @ hidden[c]).float()
+                grad_weight += grad_logits.T @ hidden[c]
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None
@@ -66,7 +71,8 @@ def soft_cross_entropy(hidden: Tensor, weight: Tensor, target_hidden: Tensor,
     hidden [P, H] and weight [V, H] give the drafter's logits; target_hidden [P, H'] and
     target_weight [V, H'] give the verifier's (no gradient flows to the target side).
     The loss equals the forward KL(target || drafter) plus the target's entropy, a
-    constant, so both have the same gradient. Returns losses [P] float32 and agree [P]
+    constant, so both have the same gradient. Returns losses [P] (float32, or float64 for
+    float64 inputs) and agree [P]
     bool (the two argmaxes coincide). Never holds more than chunk x V logits at once.
     """
     if chunk <= 0:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from training.attention import DocLayout, ttt_attention
+from training.attention import DocLayout, at_least_float32, ttt_attention
 from training.config import DrafterConfig
 from training.loss import soft_cross_entropy
 from training.packing import PackedBatch
@@ -24,18 +24,19 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * self.weight.float()).to(x.dtype)
+        xf = x.to(at_least_float32(x.dtype))
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.to(xf.dtype)).to(x.dtype)
 
 
 def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
     """Rotary embedding of x [B, heads, L, D] at positions [B, L] (half-split layout)."""
     D = x.shape[-1]
-    inv_freq = theta ** (-torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)
-    angles = positions[:, None, :, None].float() * inv_freq
+    dtype = at_least_float32(x.dtype)
+    inv_freq = theta ** (-torch.arange(0, D, 2, device=x.device, dtype=dtype) / D)
+    angles = positions[:, None, :, None].to(dtype) * inv_freq
     cos, sin = angles.cos(), angles.sin()
-    x1, x2 = x.float().chunk(2, dim=-1)
+    x1, x2 = x.to(dtype).chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 

@@ -1,0 +1,86 @@
+import pytest
+import torch
+
+from training.loss import soft_cross_entropy
+
+
+def reference(hidden, weight, target_hidden, target_weight):
+    target = torch.softmax(target_hidden @ target_weight.T, dim=-1)
+    return -(target * torch.log_softmax(hidden @ weight.T, dim=-1)).sum(-1)
+
+
+def inputs(P, V=300, H=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(P, H, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(V, H, generator=g, dtype=torch.float64, requires_grad=True)
+    return (hidden, weight, torch.randn(P, H, generator=g, dtype=torch.float64),
+            torch.randn(V, H, generator=g, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
+def test_chunked_equals_unchunked_loss_and_gradient(chunk):
+    hidden, weight, target_hidden, target_weight = inputs(100)
+    scale = torch.rand(100, dtype=torch.float64)  # a non-uniform upstream gradient
+    losses, agree = soft_cross_entropy(hidden, weight, target_hidden, target_weight, chunk)
+    grads = torch.autograd.grad((losses * scale).sum(), (hidden, weight))
+    expected = reference(hidden, weight, target_hidden, target_weight)
+    expected_grads = torch.autograd.grad((expected * scale).sum(), (hidden, weight))
+    # float64 throughout: only summation order differs.
+    torch.testing.assert_close(losses, expected, rtol=1e-10, atol=1e-12)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    want_agree = (hidden @ weight.T).argmax(-1) == (target_hidden @ target_weight.T).argmax(-1)
+    assert torch.equal(agree, want_agree)
+
+
+def test_loss_is_forward_kl_plus_target_entropy():
+    hidden, weight, target_hidden, target_weight = inputs(20)
+    losses, _ = soft_cross_entropy(hidden, weight, target_hidden, target_weight, 8)
+    log_q = torch.log_softmax(target_hidden @ target_weight.T, -1)
+    log_p = torch.log_softmax(hidden @ weight.T, -1)
+    kl = (log_q.exp() * (log_q - log_p)).sum(-1)
+    entropy = -(log_q.exp() * log_q).sum(-1)
+    torch.testing.assert_close(losses, kl + entropy, rtol=1e-10, atol=1e-12)
+
+
+def test_peak_memory_is_bounded_by_the_chunk_not_the_positions(peak_allocated_bytes):
+    V, chunk = 4096, 64
+
+    def peak(P, chunked):
+        hidden, weight, target_hidden, target_weight = (
+            t.float().detach().requires_grad_(t.requires_grad)
+            for t in inputs(P, V=V, H=16))
+
+        def step():
+            if chunked:
+                losses, _ = soft_cross_entropy(hidden, weight, target_hidden,
+                                               target_weight, chunk)
+            else:
+                losses = reference(hidden, weight, target_hidden, target_weight)
+            losses.sum().backward()
+        return peak_allocated_bytes(step)
+
+    P = 1024
+    chunked_small, chunked_big = peak(P, True), peak(4 * P, True)
+    plain_small, plain_big = peak(P, False), peak(4 * P, False)
+    one_logits_matrix = P * V * 4
+    # Unchunked holds several [P, V] float32 matrices, so it grows with P...
+    assert plain_big - plain_small > 3 * one_logits_matrix
+    # ...while chunked stays at a few [chunk, V] matrices plus O(P) vectors.
+    assert chunked_big < 12 * chunk * V * 4
+    assert chunked_big - chunked_small < 0.05 * one_logits_matrix
+
+
+def test_bfloat16_activations_give_float32_losses_close_to_float64():
+    hidden, weight, target_hidden, target_weight = inputs(50)
+    losses, _ = soft_cross_entropy(hidden.detach().bfloat16(), weight.detach(),
+                                   target_hidden.bfloat16(), target_weight, 16)
+    assert losses.dtype == torch.float32
+    expected = reference(hidden, weight, target_hidden, target_weight).float()
+    torch.testing.assert_close(losses, expected, rtol=0.05, atol=0.05)
+
+
+def test_target_side_takes_no_gradient():
+    hidden, weight, target_hidden, target_weight = inputs(4)
+    with pytest.raises(ValueError, match="target side"):
+        soft_cross_entropy(hidden, weight, target_hidden.requires_grad_(), target_weight)

@@ -1,0 +1,228 @@
+import math
+
+import pytest
+import torch
+
+from training.attention import DocLayout, dense_doc_causal, doc_causal_block_mask, ttt_attention
+from training.packing import collate
+
+TTT = 4
+DECAY = 0.8
+
+
+def sample_positions(steps, batch, row, doc):
+    """Each step's per-position losses of one sample of a batch, in column order."""
+    out = []
+    for step in steps:
+        rows, cols = step.index.unbind(1)
+        keep = (rows == row) & (batch.doc_ids[rows, cols] == doc)
+        out.append(step.losses[keep])
+    return out
+
+
+def weighted(losses_per_step):
+    return sum(DECAY ** k * losses.sum() for k, losses in enumerate(losses_per_step))
+
+
+def trainable_grads(model, objective):
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.autograd.grad(objective, params, retain_graph=True)
+
+
+def test_packed_rows_equal_samples_alone(drafter, make_sample):
+    lengths = (17, 30, 25, 40)
+    samples = [make_sample(n, seed=i) for i, n in enumerate(lengths)]
+    # Row 0: three samples and 24 tokens of padding; row 1: one sample and padding.
+    packed = collate([samples[:3], samples[3:]], 96)
+    steps = drafter.step_losses(packed, TTT, loss_chunk=16)
+    where = [(0, 0), (0, 1), (0, 2), (1, 0)]
+    total, counts = [0.0] * TTT, [0] * TTT
+    for sample, (row, doc) in zip(samples, where):
+        alone = drafter.step_losses(collate([[sample]], len(sample["input_ids"])), TTT,
+                                    loss_chunk=16)
+        in_pack = sample_positions(steps, packed, row, doc)
+        for k in range(TTT):
+            # float64: equal up to summation order.
+            torch.testing.assert_close(in_pack[k], alone[k].losses, rtol=1e-10, atol=1e-12)
+            total[k] += alone[k].losses.sum().item()
+            counts[k] += alone[k].losses.numel()
+        got = trainable_grads(drafter, weighted(in_pack))
+        want = trainable_grads(drafter, weighted([s.losses for s in alone]))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)
+
+    out = drafter(packed, TTT, DECAY, loss_chunk=16)
+    assert out.positions == counts
+    expected = sum(DECAY ** k * total[k] / counts[k] for k in range(TTT))
+    assert out.loss.item() == pytest.approx(expected, rel=1e-10)
+    # Step k of a sample of n tokens can score at most n - k - 1 positions.
+    assert all(counts[k] <= sum(n - k - 1 for n in lengths) for k in range(TTT))
+    assert all(0 <= a <= 1 for a in out.acc_ttt)
+
+
+def test_a_sample_never_sees_its_neighbours(drafter, make_sample):
+    samples = [make_sample(n, seed=i) for i, n in enumerate((20, 33, 27))]
+    before = drafter.step_losses(collate([samples], 96), TTT)
+    # Same loss mask (so the same positions count), everything else new.
+    samples[1] = dict(make_sample(33, seed=99), loss_mask=samples[1]["loss_mask"])
+    after = drafter.step_losses(collate([samples], 96), TTT)
+    batch = collate([samples], 96)
+    for k in range(TTT):
+        assert torch.equal(before[k].index, after[k].index)
+        for doc, same in ((0, True), (1, False), (2, True)):
+            b = sample_positions(before, batch, 0, doc)[k]
+            a = sample_positions(after, batch, 0, doc)[k]
+            assert torch.equal(a, b) == same, (k, doc)
+
+
+def test_step_k_at_index_i_sees_exactly_the_tokens_up_to_i_plus_k_plus_1(drafter, make_sample):
+    # Chain i at step k stands for position i + k: changing token c may only reach
+    # indices i >= c - k - 1, and does reach i = c - k - 1 (the token it reads).
+    sample = make_sample(40, seed=3)
+    sample["loss_mask"][:] = True
+    c = 30
+    before = drafter.step_losses(collate([[sample]], 40), TTT)
+    sample["input_ids"][c] = (sample["input_ids"][c] + 1) % drafter.cfg.vocab_size
+    after = drafter.step_losses(collate([[sample]], 40), TTT)
+    for k in range(TTT):
+        first = c - k - 1
+        assert torch.equal(before[k].losses[:first], after[k].losses[:first])
+        assert before[k].losses[first] != after[k].losses[first]
+
+
+def random_docs(B, L, seed):
+    g = torch.Generator().manual_seed(seed)
+    docs = torch.full((B, L), -1)
+    for b in range(B):
+        at, d = 0, 0
+        while True:
+            n = int(torch.randint(1, L // 2, (1,), generator=g))
+            if at + n > L - int(torch.randint(0, 40, (1,), generator=g)):
+                break
+            docs[b, at:at + n] = d
+            at, d = at + n, d + 1
+    return docs
+
+
+def reference_ttt_attention(q, k0, v0, diag_k, diag_v, doc_ids):
+    """Plain softmax over the (k+1) x L keys of the TTT scheme, with an explicit mask."""
+    B, Hq, L, D = q.shape
+    G = Hq // k0.shape[1]
+    keys = torch.cat([k0, *diag_k], dim=2).repeat_interleave(G, dim=1)
+    values = torch.cat([v0, *diag_v], dim=2).repeat_interleave(G, dim=1)
+    i = torch.arange(L)
+    step0 = (doc_ids[:, :, None] == doc_ids[:, None, :]) & (i[None, None, :] <= i[None, :, None])
+    diag = torch.eye(L, dtype=torch.bool).expand(B, L, L)
+    mask = torch.cat([step0] + [diag] * len(diag_k), dim=2)
+    scores = (q @ keys.transpose(-1, -2)) / math.sqrt(D)
+    scores = scores.masked_fill(~mask[:, None], float("-inf"))
+    return torch.softmax(scores, dim=-1) @ values
+
+
+@pytest.mark.parametrize("steps", [0, 1, 3])
+def test_ttt_attention_is_softmax_over_step0_and_diagonal_keys(steps):
+    g = torch.Generator().manual_seed(steps)
+    B, Hq, Hkv, L, D = 2, 4, 2, 50, 8
+    doc_ids = random_docs(B, L, seed=steps)
+
+    def rand(h):
+        return torch.randn(B, h, L, D, generator=g, dtype=torch.float64, requires_grad=True)
+    q, k0, v0 = rand(Hq), rand(Hkv), rand(Hkv)
+    diag_k = [rand(Hkv) for _ in range(steps)]
+    diag_v = [rand(Hkv) for _ in range(steps)]
+    inputs = [q, k0, v0, *diag_k, *diag_v]
+    got = ttt_attention(q, k0, v0, diag_k, diag_v, DocLayout(doc_ids))
+    want = reference_ttt_attention(q, k0, v0, diag_k, diag_v, doc_ids)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    upstream = torch.randn(got.shape, generator=g, dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad((got * upstream).sum(), inputs),
+                    torch.autograd.grad((want * upstream).sum(), inputs)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def blocks_of(block_mask, partial: bool):
+    """{(row, q block, kv block)} listed by a BlockMask (partial or full blocks)."""
+    num = block_mask.kv_num_blocks if partial else block_mask.full_kv_num_blocks
+    idx = block_mask.kv_indices if partial else block_mask.full_kv_indices
+    return {(b, q, int(idx[b, 0, q, n])) for b in range(num.shape[0])
+            for q in range(num.shape[2]) for n in range(int(num[b, 0, q]))}
+
+
+def test_block_mask_covers_exactly_the_document_causal_pairs():
+    B, L, BS = 3, 1024, 128
+    doc_ids = random_docs(B, L, seed=5)
+    doc_ids[2] = 0  # one sample filling the whole row
+    mask = doc_causal_block_mask(doc_ids)
+    partial, full = blocks_of(mask, True), blocks_of(mask, False)
+    assert not partial & full
+    i = torch.arange(L)
+    pad = torch.where(doc_ids < 0, L + 1, doc_ids)
+    dense = (pad[:, :, None] == pad[:, None, :]) & (i[None, None, :] <= i[None, :, None])
+    per_block = dense.view(B, L // BS, BS, L // BS, BS)
+    any_allowed = per_block.any(dim=(2, 4))
+    all_allowed = per_block.all(dim=(2, 4))
+    for b in range(B):
+        for q in range(L // BS):
+            for kv in range(L // BS):
+                listed = (b, q, kv) in partial or (b, q, kv) in full
+                assert listed == bool(any_allowed[b, q, kv]), (b, q, kv)
+                if (b, q, kv) in full:
+                    assert all_allowed[b, q, kv]
+    assert full  # the long sample has full blocks that skip mask_mod
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_attention_with_the_block_mask_matches_the_dense_path_on_cpu():
+    # flex_attention runs eagerly (forward only) on CPU: this checks mask_mod and the lse.
+    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
+    g = torch.Generator().manual_seed(0)
+    B, Hq, Hkv, L, D = 2, 4, 2, 256, 16
+    doc_ids = random_docs(B, L, seed=7)
+    q = torch.randn(B, Hq, L, D, generator=g)
+    k, v = torch.randn(B, Hkv, L, D, generator=g), torch.randn(B, Hkv, L, D, generator=g)
+    out, aux = flex_attention(q, k, v, block_mask=doc_causal_block_mask(doc_ids),
+                              enable_gqa=True, return_aux=AuxRequest(lse=True))
+    want_out, want_lse = dense_doc_causal(q, k, v, doc_ids)
+    torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(aux.lse, want_lse, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("L", [384, 300])  # 300: the row is padded to whole blocks
+def test_flex_path_matches_dense_path_on_cuda(L):
+    g = torch.Generator().manual_seed(L)
+    B, Hq, Hkv, D = 2, 8, 2, 64
+    doc_ids = random_docs(B, L, seed=L).cuda()
+
+    def rand(h):
+        return torch.randn(B, h, L, D, generator=g).cuda().requires_grad_()
+    q, k0, v0 = rand(Hq), rand(Hkv), rand(Hkv)
+    diag_k, diag_v = [rand(Hkv), rand(Hkv)], [rand(Hkv), rand(Hkv)]
+    inputs = [q, k0, v0, *diag_k, *diag_v]
+    flex = ttt_attention(q, k0, v0, diag_k, diag_v, DocLayout(doc_ids, use_flex=True))
+    dense = ttt_attention(q, k0, v0, diag_k, diag_v, DocLayout(doc_ids, use_flex=False))
+    # float32 kernels with different summation orders.
+    torch.testing.assert_close(flex, dense, rtol=1e-3, atol=1e-4)
+    upstream = torch.randn(flex.shape, generator=g).cuda()
+    for a, b in zip(torch.autograd.grad((flex * upstream).sum(), inputs),
+                    torch.autograd.grad((dense * upstream).sum(), inputs)):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_drafter_on_cuda_matches_cpu_and_trains_under_bf16(drafter, make_sample):
+    samples = [make_sample(n, seed=i) for i, n in enumerate((100, 130, 60))]
+    batch = collate([samples[:2], samples[2:]], 256)
+    cpu = drafter(batch, TTT, DECAY, loss_chunk=64)
+    model = drafter.float().cuda()
+    gpu_batch = batch.to("cuda")
+    gpu_batch.aux_hidden, gpu_batch.final_hidden = (gpu_batch.aux_hidden.float(),
+                                                    gpu_batch.final_hidden.float())
+    gpu = model(gpu_batch, TTT, DECAY, loss_chunk=64)
+    assert gpu.positions == cpu.positions
+    assert gpu.loss.item() == pytest.approx(cpu.loss.item(), rel=1e-3)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        bf16 = model(gpu_batch, TTT, DECAY, loss_chunk=64)
+    bf16.loss.backward()
+    assert bf16.loss.item() == pytest.approx(cpu.loss.item(), rel=0.05)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
