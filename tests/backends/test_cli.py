@@ -1,0 +1,153 @@
+"""`trackside launch|runs|kill|relaunch`: JSON shapes, human output, exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from backends.cli import main
+from tests.backends.test_kill import FAKE_SMI
+from tests.backends.test_runs import PY, eventually, fake_trainer, host, tmux_dir, written  # noqa: F401 (fixtures)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def config(tmp_path, runs_root, tmux_dir):
+    """A config with one local host named `box`, the fake trainer and the fake nvidia-smi."""
+    path = tmp_path / "config.toml"
+    train = fake_trainer(tmp_path)
+    path.write_text(
+        f"[hosts.box]\nruns_root = {json.dumps(runs_root)}\n"
+        f"train_command = {json.dumps(train)}\nnvidia_smi = {json.dumps(FAKE_SMI)}\n"
+    )
+    return str(path)
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def cli_json(capsys, subcommand: str, *argv: str):
+    code, out, err = cli(capsys, subcommand, "--json", *argv)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_launch_runs_kill_relaunch_json_shapes(capsys, config, runs_root):
+    launched = cli_json(capsys, "launch", "--config", config, "--host", "box", "--", "trackside", "train", "--synthetic", "--ttt-steps", "3")
+    assert set(launched) == {"run_id", "host", "session", "run_dir"}
+    assert launched["host"] == "box" and launched["run_dir"] == f"{runs_root}/{launched['run_id']}"
+    # `trackside train` ran as the host's train command, with --out set to the run dir.
+    argv_file = Path(launched["run_dir"], "argv.json")
+    subprocess.run(["tmux", "new-session", "-d", "-s", "foreign", "sleep", "60"], check=True)
+
+    listed = cli_json(capsys, "runs", "--config", config)
+    assert [r["run_id"] for r in listed] == [launched["run_id"], None]
+    for run in listed:
+        assert {"run_id", "session", "state", "params", "last_step", "last_loss", "pids"} <= set(run)
+    assert listed[0]["state"] == "running" and listed[0]["params"] == {"ttt_steps": 3}
+    assert listed[1]["session"] == "foreign" and len(listed[1]["pids"]) == 1
+
+    relaunched = cli_json(capsys, "relaunch", launched["run_id"], "--config", config, "--set", "ttt_steps=5", "--set", "max_seq_len=16384")
+    assert set(relaunched) == {"run_id", "host", "session", "run_dir", "parent"}
+    assert relaunched["parent"] == launched["run_id"]
+    child = next(r for r in cli_json(capsys, "runs", "--config", config) if r["run_id"] == relaunched["run_id"])
+    assert child["params"] == {"ttt_steps": 5, "max_seq_len": 16384}
+
+    report = cli_json(capsys, "kill", launched["run_id"], "--config", config, "--grace", "5")
+    assert {"signalled", "survivors", "gpus", "released"} <= set(report)
+    assert report["released"] is True and report["survivors"] == [] and len(report["signalled"]) == 1
+    assert report["gpus"] == [{"index": 0, "before_mib": report["gpus"][0]["before_mib"], "after_mib": report["gpus"][0]["after_mib"]}]
+    assert json.loads(written(argv_file))[-2:] == ["--out", launched["run_dir"]]
+
+
+def test_human_output(capsys, config):
+    code, out, _ = cli(capsys, "launch", "--config", config, "--session", "hello", "--", "sleep", "60")
+    assert code == 0 and "in tmux session hello" in out
+    code, out, _ = cli(capsys, "runs", "--config", config)
+    assert code == 0 and out.splitlines()[0].split() == ["RUN", "SESSION", "STATE", "STEP", "LOSS", "PARAMS", "PIDS"]
+    assert "hello" in out and "running" in out
+    code, out, _ = cli(capsys, "kill", "hello", "--config", config)
+    assert code == 0 and "SIGTERM to 1 process(es)" in out and "released" in out
+
+
+HOSTILE_SETS = [
+    "max_seq_len=8192; touch {pwned}",
+    "max_seq_len=$(touch {pwned})",
+    "max_seq_len=`touch {pwned}`",
+    "max_seq_len=8192\ntouch {pwned}",
+    "max_seq_len=8192' && touch '{pwned}",
+    'max_seq_len="8192"',
+]
+
+
+@pytest.mark.parametrize("item", HOSTILE_SETS)
+def test_hostile_set_values_exit_2_and_run_nothing(capsys, config, runs_root, tmp_path, item):
+    pwned = tmp_path / "pwned"
+    parent = cli_json(capsys, "launch", "--config", config, "--", "trackside", "train", "--synthetic")
+    code, out, err = cli(capsys, "relaunch", parent["run_id"], "--config", config, "--set", item.format(pwned=pwned))
+    assert code == 2 and out == ""
+    assert err.startswith("trackside: --set max_seq_len:") and "Traceback" not in err
+    assert os.listdir(runs_root) == [parent["run_id"]]  # nothing was launched
+    assert not pwned.exists()
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["kill", "x", "--grace", "-1"], "--grace"),
+        (["kill", "x", "--grace", "soon"], "--grace"),
+        (["launch", "--session", "a:b", "--", "true"], "--session"),
+        (["launch", "sleep", "1"], "after --"),
+        (["launch", "--"], "empty"),
+        (["runs", "--host", "nope"], "--host"),
+        (["relaunch", "../../etc", "--set", "ttt_steps=3"], "RUN"),
+        (["relaunch", "20260101-0000-abcd", "--set", "colour=red"], "--set colour"),
+        (["relaunch", "20260101-0000-abcd", "--set", "ttt_steps=99"], "--set ttt_steps"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_arguments_exit_2_naming_the_flag(capsys, config, argv, names):
+    code, out, err = cli(capsys, argv[0], "--config", config, *argv[1:])
+    assert code == 2 and out == "" and names in err and "Traceback" not in err
+
+
+def test_bad_config_exits_2_naming_the_key(capsys, tmp_path, tmux_dir):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[hosts.box]\nport = 'ssh'\n")
+    code, _, err = cli(capsys, "runs", "--config", str(bad))
+    assert code == 2 and "hosts.box.port" in err
+
+
+def test_other_failures_exit_1_with_a_message(capsys, config):
+    code, _, err = cli(capsys, "kill", "nope", "--config", config)
+    assert code == 1 and err.strip() == "trackside: no run or tmux session 'nope' on box"
+    code, _, err = cli(capsys, "relaunch", "20260101-0000-abcd", "--config", config)
+    assert code == 1 and "no run 20260101-0000-abcd on box" in err
+    cli_json(capsys, "launch", "--config", config, "--session", "taken", "--", "sleep", "60")
+    code, _, err = cli(capsys, "launch", "--config", config, "--session", "taken", "--", "sleep", "60")
+    assert code == 1 and "duplicate session" in err
+
+
+def test_the_installed_command_routes_here(config, tmp_path):
+    """The console script end to end: the literal argv arrives whole, exit codes hold."""
+    trackside = str(REPO / ".venv" / "bin" / "trackside")
+    pwned = tmp_path / "pwned"
+    out = tmp_path / "argv.json"
+    hostile = [f"8192; touch {pwned}", "$(id)", "a\nb", "'"]
+    script = "import json,sys; open(sys.argv[1],'w').write(json.dumps(sys.argv[2:]))"
+    done = subprocess.run([trackside, "launch", "--config", config, "--json", "--", PY, "-c", script, str(out), *hostile],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert set(json.loads(done.stdout)) == {"run_id", "host", "session", "run_dir"}
+    assert json.loads(asyncio.run(eventually(lambda: written(out)))) == hostile and not pwned.exists()
+    failed = subprocess.run([trackside, "kill", "nope", "--config", config], capture_output=True, text=True)
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr
