@@ -55,11 +55,13 @@ class TracksideApp(App):
         monitor: bool = True,
         clock: Callable[[], float] = time.time,
         poll_interval: float = 1.0,
+        grace_s: float = 30.0,
     ) -> None:
         super().__init__()
         self.watched = {w.host.name: w for w in watched}
         self.demo = demo
         self.clock = clock
+        self.grace_s = grace_s
         self.hosts: dict[str, HostState] = {name: HostState(name) for name in self.watched}
         self.runs: dict[str, RunState] = {}
         self.alerts: dict[str, Alert] = {}
@@ -273,7 +275,9 @@ class TracksideApp(App):
         watched = self.watched[run.host]
         self.notify(f"stopping {run.key}…", timeout=3)
         try:
-            report = await kill.kill_run(watched.host, run.info.run_id or run.info.session, smi=watched.smi)
+            report = await kill.kill_run(
+                watched.host, run.info.run_id or run.info.session, grace_s=self.grace_s, smi=watched.smi
+            )
         except Exception as error:
             self.notify(f"could not kill {run.key}: {error}", severity="error", timeout=10)
             return

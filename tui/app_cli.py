@@ -30,24 +30,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def watched_hosts(config_path: str | None) -> list[Watched]:
+def dashboard(config_path: str | None) -> TracksideApp:
+    """The app over the config's hosts (without a file: this machine)."""
     config = load_config(config_path)
-    if not config.hosts:
-        return [Watched(LocalHost())]
-    return [Watched(hc.make_host(), hc.nvidia_smi, hc.train_command) for hc in config.hosts]
+    hosts = config.make_hosts()
+    watched = [Watched(hosts[hc.name], hc.nvidia_smi, hc.train_command) for hc in config.hosts]
+    return TracksideApp(
+        watched, poll_interval=config.defaults["poll_ms"] / 1000, grace_s=config.defaults["grace_s"]
+    )
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.command == "demo":
-        watched = [Watched(LocalHost())]
         demo = Demo(demo_argv(DEMO_PARAMS), f"trackside-demo-{time.strftime('%H%M%S')}", dict(DEMO_PARAMS))
+        app = TracksideApp([Watched(LocalHost())], demo=demo)
     else:
         try:
-            watched = watched_hosts(args.config)
+            app = dashboard(args.config)
         except ConfigError as error:
-            print(f"trackside: --config: {error}", file=sys.stderr)
+            print(f"trackside: {error}", file=sys.stderr)
             return 2
-        demo = None
-    TracksideApp(watched, demo=demo).run()
+    app.run()
     return 0

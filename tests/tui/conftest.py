@@ -1,0 +1,44 @@
+"""A LocalHost on its own tmux server and runs root, so the dashboard's tests touch nothing else."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from backends.hosts import LocalHost
+
+TRAIN = [sys.executable, "-m", "training", "train", "--synthetic"]
+
+
+@pytest.fixture
+def tmux_socket():
+    name = f"trackside-tui-{uuid.uuid4().hex[:8]}"
+    yield name
+    subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True)
+
+
+@pytest.fixture
+def local_host(tmp_path, tmux_socket):
+    host = LocalHost("local", runs_root=str(tmp_path / "runs"))
+    host.tmux_socket = tmux_socket  # backends.tmux reads this attribute
+    return host
+
+
+async def wait_for(pilot, condition, timeout: float = 60.0, what: str = "condition"):
+    """Let the app run until condition() is true; fail naming what never happened."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def screen_text(app) -> str:
+    """What the screen shows, as plain text (every visible widget's rendered lines)."""
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())

@@ -1,0 +1,65 @@
+"""The dashboard driven by keys against this machine and real tmux, with the real trainer.
+
+launch → metrics appear → k + confirm → run gone, verification shown → e, change TTT →
+r → a new run with the new TTT trains.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from backends import tmux
+from tests.tui.conftest import TRAIN, screen_text, wait_for
+from tui.app import Demo, TracksideApp, Watched
+from tui.screens.edit import EditScreen
+from tui.screens.kill import KillConfirm, KillReportScreen
+from tui.screens.run import RunScreen
+
+PARAMS = {"max_seq_len": 256, "ttt_steps": 2, "steps": 100000, "save_every": 100000}
+
+
+@pytest.mark.slow
+async def test_launch_kill_edit_relaunch(local_host):
+    from backends import params as run_params
+
+    demo = Demo(run_params.apply(TRAIN, PARAMS), "tui-pilot", dict(PARAMS))
+    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent")], demo=demo, grace_s=20)
+    async with app.run_test(size=(160, 48)) as pilot:
+        screen = await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen, 10, "the run screen")
+        first = await wait_for(pilot, lambda: screen.run, 30, "the demo run to launch")
+        await wait_for(pilot, lambda: len(first.steps) >= 2, 90, "step events")
+        assert first.loss is not None
+        assert "no GPU on this machine" in screen_text(app)
+
+        await pilot.press("k")
+        confirm = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen, 10, "the kill modal")
+        assert "tui-pilot" in screen_text(app)
+        assert confirm.plan.pids and set(first.info.pids) <= set(confirm.plan.pids)
+        assert app.focused.id == "no"  # the default answer is No
+        await pilot.press("y")
+        report = await wait_for(pilot, lambda: isinstance(app.screen, KillReportScreen) and app.screen, 40, "the kill report")
+        assert set(confirm.plan.pids) <= set(report.report.signalled)
+        assert not report.report.survivors
+        assert "GPU memory before → after" in screen_text(app)
+        assert "tui-pilot" not in await tmux.list_sessions(local_host)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: first.state_label != "running", 10, "the run to read as stopped")
+
+        await pilot.press("e")
+        form = await wait_for(pilot, lambda: isinstance(app.screen, EditScreen) and app.screen, 5, "the edit form")
+        form.query_one("#param-ttt_steps").value = "3"
+        await pilot.pause()
+        assert form.changes == {"ttt_steps": 3}
+        assert "ttt_steps: 2 → 3" in screen_text(app)
+        await pilot.click("#keep")
+        await wait_for(pilot, lambda: app.pending.get(first.key) == {"ttt_steps": 3}, 5, "the edit to be kept")
+
+        await pilot.press("r")
+        second = await wait_for(
+            pilot, lambda: screen.run_key != first.key and screen.run, 30, "the relaunched run on screen"
+        )
+        assert second.info.parent == first.info.run_id
+        await wait_for(pilot, lambda: second.start is not None, 90, "the new run's start event")
+        assert second.start["config"]["ttt_steps"] == 3
+        await wait_for(pilot, lambda: second.steps, 60, "the new run to train")
+        assert len(second.steps[-1]["loss_ttt"]) == 3
