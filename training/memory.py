@@ -1,0 +1,468 @@
+"""Peak memory of one training step, analytic and then calibrated on measured peaks.
+
+The peak of a step is the larger of two phases:
+- forward + backward: weights, frozen tensors, optimizer state, gradients, the activations
+  every TTT step keeps for backward, and the attention and loss workspaces;
+- the optimizer step: weights, gradients, AdamW state and AdamW's temporaries.
+
+Every term belongs to one of four groups, by how it grows with the step's shape, T =
+batch_rows × max_seq_len tokens and K TTT steps: ``constant``, ``per_token`` (∝ T),
+``per_step`` (∝ T·K: what each step keeps) and ``diagonal`` (∝ T·K(K-1)/2: step k re-stacks
+the k diagonal keys and values of the steps before it). A ``Calibration`` fits one scale per
+group from measured peaks (least squares on relative error), so a probe of a few small
+steps, or a finished run's metrics, corrects what the analytic terms miss (allocator
+rounding, kernels' private workspaces) and the corrected model extrapolates in T and K.
+
+Predictions assume every position carries loss (the loss keeps per-position tensors), the
+upper bound; hidden states are stored in the activation dtype, as extraction writes them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from training.config import DrafterConfig
+
+GiB = 1024**3
+PRECISIONS = {"bf16": 2, "fp32": 4}  # bytes of an activation under autocast (fp32: none)
+SHARDINGS = ("ddp", "fsdp")
+GROUPS = ("constant", "per_token", "per_step", "diagonal")
+FP32 = 4
+BF16 = 2
+INDEX = 8  # int64 ids, positions, doc ids
+# The caching allocator rounds blocks and keeps freed ones for reuse, so reserved memory
+# runs a few percent above the allocated peak until a probe measures the real ratio.
+DEFAULT_RESERVED_RATIO = 1.04
+# Outside the allocator: CUDA context, cuBLAS/NCCL handles; a card's memory minus this is
+# what the allocator may use.
+DEFAULT_HEADROOM_GIB = 1.0
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a training step's memory depends on besides the drafter's shape."""
+
+    max_seq_len: int
+    ttt_steps: int
+    batch_rows: int = 1
+    loss_chunk: int = 2048
+    precision: str = "bf16"
+    world_size: int = 1
+    sharding: str = "ddp"
+
+    def __post_init__(self) -> None:
+        for name in ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk", "world_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, "
+                             f"got {self.precision!r}")
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"sharding must be one of {', '.join(SHARDINGS)}, "
+                             f"got {self.sharding!r}")
+
+    @property
+    def tokens(self) -> int:
+        return self.batch_rows * self.max_seq_len
+
+
+def parameter_counts(cfg: DrafterConfig) -> dict[str, int]:
+    """Parameters of model.py's Eagle3Drafter: trainable, frozen, and the autocast-cached."""
+    H, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
+    layer_matmuls = (
+        3 * H * H  # fc: the 3 captured layers → H
+        + 2 * H * (q + 2 * kv)  # q, k, v projections of [embedding ; hidden]
+        + q * H  # o_proj
+        + 3 * H * I  # SwiGLU gate, up, down
+    )
+    lm_head = cfg.draft_vocab_size * H
+    return {
+        "trainable": layer_matmuls + lm_head + 4 * H,  # + 4 RMSNorm weights
+        # Autocast caches a bf16 copy of each weight its matmuls read, for the whole
+        # forward and backward; the loss casts lm_head itself, a chunk at a time.
+        "autocast_cached": layer_matmuls,
+        "lm_head": lm_head,
+        "frozen": cfg.vocab_size * H + cfg.draft_vocab_size * H,  # embedding, target head
+    }
+
+
+def _norm_saved(H: int) -> int:
+    # RMSNorm of a grad-requiring input: its fp32 copy (read by pow), 1/rms, and the
+    # normalised fp32 input (read by the weight's gradient).
+    return 2 * H * FP32 + FP32
+
+
+def saved_per_token_step(cfg: DrafterConfig, precision: str) -> dict[str, int]:
+    """Bytes one token keeps for backward in every TTT step, by what keeps them."""
+    a = PRECISIONS[precision]
+    H, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    q, kv = cfg.num_heads * D, cfg.num_kv_heads * D
+    # cat([fp32 norm(embedding), norm(hidden)]) is fp32; under autocast each of q, k, v
+    # casts it to bf16 on its own and keeps its copy, without autocast they share it.
+    attn_inputs = 3 if precision == "bf16" else 1
+    return {
+        # norm(embedding): the embedding takes no gradient, only the normalised input stays
+        "embed_norm": H * FP32,
+        "hidden_norm": _norm_saved(H),
+        "qkv_inputs": attn_inputs * 2 * H * a,
+        "rope_cos_sin": 2 * 2 * (D // 2) * FP32,  # cos and sin, for q and for k
+        # this step's rotated k and v: the next steps attend to them
+        "kv": 2 * kv * a,
+        # flex_attention keeps its (padded) q, k, v, output and log-sum-exp
+        "flex_attention": (2 * q + 2 * kv) * a + cfg.num_heads * FP32,
+        "o_proj_input": q * a,
+        "post_attn_norm": _norm_saved(H) + H * a,  # + its output, read by gate and up
+        "mlp": 4 * I * a,  # gate, silu(gate), up, silu(gate)·up
+        # the loss on this step's positions: final norm of the gathered hidden, the
+        # normed hidden and the gathered verifier hidden the chunked loss keeps, the
+        # positions' (row, column) index, per-position losses and agreement
+        "loss_inputs": _norm_saved(H) + H * a + H * a + 2 * INDEX + FP32 + 1,
+    }
+
+
+def saved_per_token_later_step(cfg: DrafterConfig, precision: str) -> dict[str, int]:
+    """Extra bytes in steps 1..K-1, whose attention merges in the diagonal keys."""
+    a = PRECISIONS[precision]
+    q, nh = cfg.num_heads * cfg.head_dim, cfg.num_heads
+    return {
+        "diag_query": q * a,  # q regrouped for the diagonal scores
+        "step0_output_fp32": q * FP32,  # out0 in fp32, weighted by exp(lse0 - lse)
+        "lse_merge": 3 * nh * FP32,  # lse0 in the logsumexp input, lse, exp(lse0 - lse)
+    }
+
+
+def saved_per_token_diag(cfg: DrafterConfig, precision: str) -> dict[str, int]:
+    """Bytes per token for each diagonal key in a step (Σ_k k = K(K-1)/2 of them)."""
+    a = PRECISIONS[precision]
+    kv, nh = cfg.num_kv_heads * cfg.head_dim, cfg.num_heads
+    return {
+        # the stacked diagonal keys and values, rebuilt at every step
+        "diag_kv": 2 * kv * a,
+        # the scores in the logsumexp input, their softmax weights (fp32, and cast for
+        # the value einsum)
+        "diag_scores": nh * FP32 + nh * FP32 + nh * a,
+    }
+
+
+def saved_per_token(cfg: DrafterConfig, precision: str) -> dict[str, int]:
+    """Bytes per token independent of the TTT depth: the batch and step-0 inputs."""
+    a = PRECISIONS[precision]
+    H = cfg.hidden_size
+    return {
+        # the packed batch on the device, hidden states in the activation dtype (as
+        # extracted: bf16 on GPU): aux [3H], final [H]; ids, positions, doc ids, loss mask
+        "batch": 4 * H * a + 3 * INDEX + 1,
+        "fc_input": 3 * H * a,  # fc keeps the aux hidden states it read
+        "doc_ids_copy": INDEX,  # the block mask's own copy of the sample ids
+    }
+
+
+def backward_workspace_per_token(cfg: DrafterConfig, precision: str) -> int:
+    """Gradients of one step's activations in flight during its backward.
+
+    The attention's: dq, dk, dv (padded and unpadded) and the gradients accumulating
+    into the step-0 keys and values, which every step reads.
+    """
+    a = PRECISIONS[precision]
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    return (2 * q + 4 * kv) * a + 2 * kv * a
+
+
+def _loss_workspace(cfg: DrafterConfig, shape: StepShape) -> int:
+    """The chunked loss at work, the larger of its forward and its backward.
+
+    Forward, per chunk: draft and target logits in fp32 (from the activation dtype), the
+    target softmax, the log-softmax and their product; plus one head weight cast to the
+    activation dtype. Backward, per chunk: both logits in fp32, both softmaxes, the logits'
+    gradient in the activation dtype; plus the fp32 weight-gradient accumulator, the
+    chunk's product in the activation dtype and its fp32 copy, and the weight cast.
+    """
+    chunk = min(shape.loss_chunk, shape.tokens)
+    a = PRECISIONS[shape.precision]
+    logits = chunk * cfg.draft_vocab_size
+    head = cfg.draft_vocab_size * cfg.hidden_size
+    forward = logits * (5 * FP32 + a) + head * a
+    backward = logits * (4 * FP32 + a) + head * (FP32 + a + FP32 + a)
+    return max(forward, backward)
+
+
+def analytic_terms(cfg: DrafterConfig, shape: StepShape) -> dict[str, dict[str, int]]:
+    """The forward+backward peak's terms in bytes, grouped by how they grow.
+
+    The peak comes at the start of backward: every step's activations are still held
+    while the gradients are allocated and the loss recomputes its chunks.
+    """
+    counts = parameter_counts(cfg)
+    p = counts["trainable"]
+    a = PRECISIONS[shape.precision]
+    # FSDP shards parameters, gradients and optimizer state; one full set of (compute
+    # dtype) parameters is gathered while the single decoder layer runs.
+    shard = shape.world_size if shape.sharding == "fsdp" else 1
+    constant = {
+        "weights": p * FP32 // shard,
+        "frozen": frozen_bytes(cfg),
+        "grads": p * FP32 // shard,
+        "adamw_state": 2 * p * FP32 // shard,
+        "loss_workspace": _loss_workspace(cfg, shape),
+    }
+    if shape.precision == "bf16":
+        constant["autocast_weights"] = counts["autocast_cached"] * BF16
+    if shape.sharding == "fsdp" and shard > 1:
+        constant["fsdp_gathered"] = p * a
+    elif shape.world_size > 1:
+        constant["ddp_buckets"] = p * FP32  # DDP's gradient buckets beside .grad
+    T, K = shape.tokens, shape.ttt_steps
+    per_token = {k: v * T for k, v in saved_per_token(cfg, shape.precision).items()}
+    per_token["backward_workspace"] = backward_workspace_per_token(cfg, shape.precision) * T
+    per_step = {f"step_{k}": v * T * K
+                for k, v in saved_per_token_step(cfg, shape.precision).items()}
+    per_step.update({f"later_step_{k}": v * T * (K - 1)
+                     for k, v in saved_per_token_later_step(cfg, shape.precision).items()})
+    pairs = K * (K - 1) // 2  # diagonal keys over all steps: step k attends to k of them
+    diagonal = {k: v * T * pairs
+                for k, v in saved_per_token_diag(cfg, shape.precision).items()}
+    return {"constant": constant, "per_token": per_token, "per_step": per_step,
+            "diagonal": diagonal}
+
+
+def frozen_bytes(cfg: DrafterConfig) -> int:
+    """The verifier's embedding and draft-vocabulary head (fp32), and the d2t/t2d maps."""
+    return parameter_counts(cfg)["frozen"] * FP32 + cfg.draft_vocab_size * INDEX \
+        + cfg.vocab_size
+
+
+def optimizer_phase(cfg: DrafterConfig, shape: StepShape) -> int:
+    """Peak of the optimizer step: weights, gradients, AdamW state (fused AdamW works in
+    place), the frozen tensors and the batch, which is still referenced."""
+    p = parameter_counts(cfg)["trainable"]
+    shard = shape.world_size if shape.sharding == "fsdp" else 1
+    batch = saved_per_token(cfg, shape.precision)["batch"] * shape.tokens
+    return frozen_bytes(cfg) + 4 * p * FP32 // shard + batch
+
+
+@dataclass(frozen=True)
+class Measurement:
+    max_seq_len: int
+    ttt_steps: int
+    peak_bytes: int  # forward+backward peak, torch.cuda.max_memory_allocated
+    reserved_bytes: int | None = None  # torch.cuda.max_memory_reserved, when known
+
+
+@dataclass
+class Calibration:
+    """One multiplier per term group, fitted on measured peaks."""
+
+    scales: dict[str, float]
+    reserved_ratio: float = DEFAULT_RESERVED_RATIO
+    fitted_on: dict = field(default_factory=dict)  # config, step shape, measurements
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Calibration:
+        scales = d.get("scales")
+        if not isinstance(scales, dict) or set(scales) != set(GROUPS):
+            raise ValueError(f"calibration needs scales for {', '.join(GROUPS)}")
+        return cls(scales={g: float(scales[g]) for g in GROUPS},
+                   reserved_ratio=float(d.get("reserved_ratio", DEFAULT_RESERVED_RATIO)),
+                   fitted_on=dict(d.get("fitted_on", {})))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Calibration:
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (json.JSONDecodeError, TypeError, AttributeError) as e:
+            raise ValueError(f"{path}: not a calibration file ({e})") from e
+
+
+@dataclass(frozen=True)
+class Prediction:
+    terms: dict[str, dict[str, int]]  # group → term → bytes, calibration applied
+    forward_backward: int
+    optimizer_step: int
+    reserved_ratio: float
+
+    @property
+    def total(self) -> int:
+        """Predicted peak of torch.cuda.max_memory_allocated over the step."""
+        return max(self.forward_backward, self.optimizer_step)
+
+    @property
+    def reserved(self) -> int:
+        """What the caching allocator holds at the peak: what a memory cap is checked against."""
+        return math.ceil(self.total * self.reserved_ratio)
+
+    def breakdown(self) -> dict[str, int]:
+        flat = {name: v for group in self.terms.values() for name, v in group.items()}
+        flat["allocator_slack"] = self.reserved - self.total
+        return flat
+
+
+def predict(cfg: DrafterConfig, shape: StepShape,
+            calibration: Calibration | None = None) -> Prediction:
+    terms = analytic_terms(cfg, shape)
+    ratio = DEFAULT_RESERVED_RATIO
+    if calibration is not None:
+        terms = {g: {k: round(v * calibration.scales[g]) for k, v in group.items()}
+                 for g, group in terms.items()}
+        ratio = calibration.reserved_ratio
+    forward_backward = sum(v for group in terms.values() for v in group.values())
+    return Prediction(terms, forward_backward, optimizer_phase(cfg, shape), ratio)
+
+
+def group_totals(cfg: DrafterConfig, shape: StepShape) -> np.ndarray:
+    terms = analytic_terms(cfg, shape)
+    return np.array([sum(terms[g].values()) for g in GROUPS], dtype=np.float64)
+
+
+def calibrate(cfg: DrafterConfig, measurements: list[Measurement], *, batch_rows: int = 1,
+              loss_chunk: int = 2048, precision: str = "bf16", world_size: int = 1,
+              sharding: str = "ddp") -> Calibration:
+    """Fit the group scales to measured forward+backward peaks.
+
+    Weighted least squares on relative error. Measurements that cannot separate the groups
+    (one point; or every point at the same TTT depth, where per-token and per-token-step
+    bytes move together) leave the unresolved directions at the analytic values: the fit
+    is the smallest change of the scales from 1 that explains the measurements.
+    """
+    if not measurements:
+        raise ValueError("calibration needs at least one measurement")
+    shapes = [StepShape(m.max_seq_len, m.ttt_steps, batch_rows, loss_chunk, precision,
+                        world_size, sharding) for m in measurements]
+    X = np.stack([group_totals(cfg, s) for s in shapes])
+    y = np.array([float(m.peak_bytes) for m in measurements])
+    if (y <= 0).any():
+        raise ValueError("measured peaks must be positive")
+    prior = np.ones(len(GROUPS))
+    weighted = X / y[:, None]
+    correction = np.linalg.pinv(weighted) @ ((y - X @ prior) / y)
+    scales = prior + correction
+    if (scales <= 0).any():
+        raise ValueError(f"measurements do not fit the memory model (scales {scales.round(3)})")
+    ratios = [m.reserved_bytes / m.peak_bytes for m in measurements if m.reserved_bytes]
+    fitted = dict(zip(GROUPS, map(float, scales)))
+    return Calibration(
+        scales=fitted,
+        reserved_ratio=max(ratios) if ratios else DEFAULT_RESERVED_RATIO,
+        fitted_on={"config": cfg.to_dict(),
+                   "shape": {"batch_rows": batch_rows, "loss_chunk": loss_chunk,
+                             "precision": precision, "world_size": world_size,
+                             "sharding": sharding},
+                   "measurements": [dataclasses.asdict(m) for m in measurements],
+                   "coefficients": coefficients(cfg, shapes[0], fitted)})
+
+
+def coefficients(cfg: DrafterConfig, shape: StepShape, scales: dict[str, float]) -> dict:
+    """The fitted model in bytes: peak = constant + T·(per_token + per_token_step·K +
+    per_token_later_step·(K-1) + per_token_diag_key·K(K-1)/2), T = batch_rows × max_seq_len."""
+    p = shape.precision
+    return {
+        "constant": sum(analytic_terms(cfg, shape)["constant"].values()) * scales["constant"],
+        "per_token": (sum(saved_per_token(cfg, p).values())
+                      + backward_workspace_per_token(cfg, p)) * scales["per_token"],
+        "per_token_step": sum(saved_per_token_step(cfg, p).values()) * scales["per_step"],
+        "per_token_later_step": sum(saved_per_token_later_step(cfg, p).values())
+        * scales["per_step"],
+        "per_token_diag_key": sum(saved_per_token_diag(cfg, p).values()) * scales["diagonal"],
+    }
+
+
+def fits(prediction: Prediction, gpu_mem_gib: float,
+         headroom_gib: float = DEFAULT_HEADROOM_GIB) -> bool:
+    return prediction.reserved <= (gpu_mem_gib - headroom_gib) * GiB
+
+
+def largest_fitting(cfg: DrafterConfig, ttt_steps: int, gpu_mem_gib: float, *,
+                    multiple: int = 1024, batch_rows: int = 1, loss_chunk: int = 2048,
+                    precision: str = "bf16", world_size: int = 1, sharding: str = "ddp",
+                    calibration: Calibration | None = None,
+                    headroom_gib: float = DEFAULT_HEADROOM_GIB) -> int:
+    """The largest max_seq_len, a multiple of `multiple`, whose predicted peak fits; 0 if none.
+
+    The prediction grows monotonically with max_seq_len: doubling finds a bound, bisection
+    the answer.
+    """
+    if multiple <= 0:
+        raise ValueError(f"multiple must be positive, got {multiple}")
+    if gpu_mem_gib <= 0:
+        raise ValueError(f"gpu_mem_gib must be positive, got {gpu_mem_gib}")
+
+    def fits_at(k: int) -> bool:
+        shape = StepShape(k * multiple, ttt_steps, batch_rows, loss_chunk, precision,
+                          world_size, sharding)
+        return fits(predict(cfg, shape, calibration), gpu_mem_gib, headroom_gib)
+
+    if not fits_at(1):
+        return 0
+    lo, hi = 1, 2  # fits_at(lo) holds; find hi that does not
+    while fits_at(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits_at(mid) else (lo, mid)
+    return lo * multiple
+
+
+def measurements_from_run(run_dir: str | Path) -> tuple[DrafterConfig, StepShape, Measurement]:
+    """The drafter, step shape and measured peak of a finished run, from its metrics.jsonl.
+
+    The start event's config gives the shape; the highest peak_mem_gib of its step events
+    is the measured peak (every row has max_seq_len tokens, so every step has the same
+    shape and the maximum is the steady state).
+    """
+    path = Path(run_dir) / "metrics.jsonl"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror}") from e
+    start, peaks = None, []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash
+        if not isinstance(event, dict):
+            continue
+        if event.get("event") == "start" and start is None:
+            start = event
+        elif event.get("event") == "step" and event.get("peak_mem_gib"):
+            peaks.append(float(event["peak_mem_gib"]))
+    if start is None:
+        raise ValueError(f"{path}: no start event")
+    if not peaks:
+        raise ValueError(f"{path}: no step event with peak_mem_gib")
+    cfg, shape = _shape_from_start(start)
+    return cfg, shape, Measurement(shape.max_seq_len, shape.ttt_steps,
+                                   round(max(peaks) * GiB))
+
+
+def _shape_from_start(start: dict) -> tuple[DrafterConfig, StepShape]:
+    config = start.get("config") or {}
+    if config.get("device", "cuda") != "cuda":
+        raise ValueError(f"the run trained on {config['device']}: its peak_mem_gib is the "
+                         "process's resident set, not GPU memory")
+    try:
+        cfg = DrafterConfig.from_dict(config["model"])
+        shape = StepShape(max_seq_len=int(config["max_seq_len"]),
+                          ttt_steps=int(config["ttt_steps"]),
+                          batch_rows=int(config.get("batch_rows", 1)),
+                          loss_chunk=int(config.get("loss_chunk", 2048)),
+                          precision=config.get("precision", "bf16"),
+                          world_size=int(start.get("world_size", 1)),
+                          sharding=config.get("sharding", "ddp"))
+    except KeyError as e:
+        raise ValueError(f"the start event's config lacks {e.args[0]}") from e
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"the start event's config is not usable: {e}") from e
+    return cfg, shape
