@@ -1,0 +1,169 @@
+"""Log parsing: metrics events, loss from other trainers' console lines, progress bars."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from backends.logparse import Progress, parse_console_line, parse_metrics_line, parse_progress, phase_of, visible_text
+
+relaxed = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("step=12 loss=1.23 lr=3e-4", {"step": 12, "loss": 1.23, "lr": 3e-4}),
+        (
+            "{'loss': 1.2, 'grad_norm': 0.3, 'learning_rate': 1e-05, 'epoch': 0.5}",
+            {"loss": 1.2, "grad_norm": 0.3, "learning_rate": 1e-05, "epoch": 0.5},
+        ),
+        ('{"loss": 0.75, "epoch": 2}', {"loss": 0.75, "epoch": 2}),
+        ("loss: 1.23", {"loss": 1.23}),
+        ("loss 1.23", {"loss": 1.23}),
+        ("Loss=1.2e-1", {"loss": 0.12}),
+        ("  5%|▌ | 50/1000 [00:10<03:10, 4.98it/s, loss=2.31, lr=1e-4]", {"loss": 2.31, "lr": 1e-4}),
+        ("2026-11-29 09:00:01 INFO step 5 | loss 2.5 | lr 1e-4", {"step": 5, "loss": 2.5, "lr": 1e-4}),
+        ("\x1b[32mINFO\x1b[0m loss=\x1b[1m0.5\x1b[0m", {"loss": 0.5}),
+        ("train/loss=0.5 eval/loss=0.7", {"train/loss": 0.5, "eval/loss": 0.7, "loss": 0.5}),
+        ("epoch 1/3 step=7 loss=-0.25", {"step": 7, "loss": -0.25}),
+        # tqdm redraws in place: the newest value is after the last carriage return
+        ("1%| | 1/99 [00:01<01:30, loss=9.9]\r2%| | 2/99 [00:02<01:29, loss=8.8]", {"loss": 8.8}),
+    ],
+)
+def test_console_formats(line, expected):
+    assert parse_console_line(line) == expected
+
+
+def test_console_nan_loss_is_kept():
+    fields = parse_console_line("step=40 loss=nan grad_norm=inf")
+    assert math.isnan(fields["loss"]) and fields["grad_norm"] == math.inf and fields["step"] == 40
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "",
+        "Loading checkpoint shards:  50%|█████     | 32/64 [01:02<01:02,  1.95s/it]",
+        "GPU 0 at 690 W, batch 4",
+        "lr=3e-4 step=12",  # no loss: not a metrics line
+        "loss went down a lot",
+        "loss=4.98it/s",
+        "Traceback (most recent call last):",
+    ],
+)
+def test_console_lines_without_loss(line):
+    assert parse_console_line(line) is None
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("Loading safetensors checkpoint shards: 12/64", Progress("loading", 12, 64, None, "Loading safetensors checkpoint shards")),
+        (
+            "Loading checkpoint shards:  50%|█████     | 32/64 [01:02<01:02,  1.95s/it]",
+            Progress("loading", 32, 64, 62.0, "Loading checkpoint shards"),
+        ),
+        (
+            "  5%|▌         | 50/1000 [00:10<03:10, 4.98it/s, loss=2.31, lr=1e-4]",
+            Progress("training", 50, 1000, 190.0, ""),
+        ),
+        ("Extracting hidden states:   0%|          | 0/1000 [00:00<?, ?it/s]", Progress("extracting", 0, 1000, None, "Extracting hidden states")),
+        ("Epoch 2:  10%|█         | 100/1000 [1:02:03<9:18:27, 37.2s/it]", Progress("training", 100, 1000, 33507.0, "Epoch 2")),
+        ("Compiling kernels: 3/10", Progress("compiling", 3, 10, None, "Compiling kernels")),
+        ("100%|██████████| 8/8 [00:03<00:00,  2.40it/s]", Progress("working", 8, 8, 0.0, "")),
+    ],
+)
+def test_progress_formats(line, expected):
+    assert parse_progress(line) == expected
+
+
+@pytest.mark.parametrize("line", ["", "step=12 loss=1.2", "ratio 3/4 of the way", "Shards: 65/64", "Shards: 1/0", "12:30:45"])
+def test_not_progress(line):
+    assert parse_progress(line) is None
+
+
+@pytest.mark.parametrize(
+    "line, phase",
+    [
+        ("Loading checkpoint shards: 3/64", "loading"),
+        ("capturing layers 2, 30, 58", "extracting"),
+        ("torch._inductor compiling graph", "compiling"),
+        ("step=3 loss=1.0", "training"),
+        ("hello", None),
+    ],
+)
+def test_phase_of(line, phase):
+    assert phase_of(line) == phase
+
+
+def test_metrics_events():
+    step = {"event": "step", "time": 1.5, "step": 3, "loss": 2.25, "loss_ttt": [2.0, 2.5], "lr": 1e-4}
+    assert parse_metrics_line(json.dumps(step) + "\n") == step
+    for bad in ["", "{", "[1, 2]", '{"loss": 1}', '{"event": 3}', "null", "[" * 100_000, "step=1 loss=2"]:
+        assert parse_metrics_line(bad) is None
+
+
+# ---------------------------------------------------------------------------------------
+# Properties
+
+KEYS = st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True)
+VALUES = st.floats(allow_nan=False, width=64) | st.integers(-10**9, 10**9)
+LOGISH = st.lists(
+    st.sampled_from(list("loss=:{}',[]|%/<>. \t\r\x1b0123456789eE+-naif") + ["\x1b[32m", "it/s", "█", "lr", "step"]),
+    max_size=80,
+).map("".join) | st.text(max_size=200)
+
+
+@relaxed
+@given(LOGISH)
+def test_never_raises(line):
+    result = parse_console_line(line)
+    assert result is None or all(isinstance(v, (int, float)) for v in result.values())
+    progress = parse_progress(line)
+    assert progress is None or 0 <= progress.done <= progress.total
+    phase_of(line)
+    visible_text(line)
+    parse_metrics_line(line)
+
+
+@relaxed
+@given(st.dictionaries(KEYS, VALUES, max_size=6), VALUES, st.sampled_from(["kv", "colon", "dict", "tqdm"]))
+def test_console_round_trip(extra, loss, style):
+    fields = {"loss": loss, **{k: v for k, v in extra.items() if not k.endswith("loss")}}
+    if style == "kv":
+        line = " ".join(f"{k}={v!r}" for k, v in fields.items())
+    elif style == "colon":
+        line = " | ".join(f"{k}: {v!r}" for k, v in fields.items())
+    elif style == "dict":
+        line = repr(fields)
+    else:
+        line = "  5%|▌ | 50/1000 [00:10<03:10, 4.98it/s, " + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + "]"
+    parsed = parse_console_line(line)
+    assert parsed == fields
+    assert all(type(parsed[k]) is type(v) for k, v in fields.items())
+
+
+@relaxed
+@given(st.integers(0, 10**6), st.integers(0, 10**6), st.none() | st.integers(0, 10**5), st.sampled_from(["Loading checkpoint shards", "Extracting", "", "Epoch 3"]))
+def test_tqdm_round_trip(done, extra, eta, desc):
+    total = done + extra
+    if total == 0:
+        return
+    clock = "?" if eta is None else (f"{eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}" if eta >= 3600 else f"{eta // 60:02d}:{eta % 60:02d}")
+    pct = 100 * done // total
+    bar = "█" * (pct // 10) + " " * (10 - pct // 10)
+    line = f"{desc}{': ' if desc else ''}{pct:3d}%|{bar}| {done}/{total} [00:01<{clock}, 1.00it/s]"
+    progress = parse_progress(line)
+    assert (progress.done, progress.total, progress.eta_s, progress.label) == (done, total, None if eta is None else float(eta), desc)
+
+
+@relaxed
+@given(st.dictionaries(st.text(max_size=8), st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5), lambda c: st.lists(c, max_size=3), max_leaves=5), max_size=5), st.text(min_size=1, max_size=10))
+def test_metrics_round_trip(payload, event):
+    line = json.dumps({**payload, "event": event})
+    assert parse_metrics_line(line) == {**payload, "event": event}
