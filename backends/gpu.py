@@ -108,6 +108,7 @@ _FLOAT = re.compile(r"[-+]?\d+(?:\.\d+)?")
 _UNIT = re.compile(r"\s*(?:W|MiB|%|MHz|C)$")
 _HEADER_UNIT = re.compile(r"\s*\[[^\]]*\]$")
 
+
 def _value(raw: str) -> str | None:
     """A field's text, or None for what nvidia-smi prints when it has no reading."""
     text = raw.strip()

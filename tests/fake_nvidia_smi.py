@@ -76,7 +76,7 @@ def alive(pid: int) -> bool:
         return True
 
 
-def processes(state: str) -> list[dict] | None:
+def processes() -> list[dict] | None:
     """The declared live processes, or None when the capture's own rows are replayed."""
     path = os.environ.get("FAKE_NVIDIA_SMI_PROCS")
     if not path:
@@ -101,7 +101,7 @@ def gpu_rows(fields: list[str], units: bool, sample: int) -> list[str]:
     state = os.environ.get("FAKE_NVIDIA_SMI_STATE", "idle")
     captured = captured_gpu(state)
     overrides = na_fields()
-    procs = processes(state)
+    procs = processes()
     stream_power = [cells(ln)[1] for ln in (FIXTURES / "stream-lms250.csv").read_text().splitlines()]
     rows = []
     for index in range(int(os.environ.get("FAKE_NVIDIA_SMI_GPUS", "1"))):
@@ -124,7 +124,7 @@ def app_rows(fields: list[str], units: bool) -> list[str]:
     state = os.environ.get("FAKE_NVIDIA_SMI_STATE", "idle")
     uuid = captured_gpu("idle")["uuid"][2]
     overrides = na_fields()
-    procs = processes(state)
+    procs = processes()
     if procs is None:
         lines = (FIXTURES / f"compute-apps-{state}.csv").read_text().splitlines()[1:]
         procs = [
