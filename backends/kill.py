@@ -20,7 +20,7 @@ from backends.hosts import Host, HostError
 _PS = ["ps", "-eo", "pid=,ppid=,pgid=,sid=,stat=,lstart="]
 _SIGNAL = 'sig=$1; shift; exec kill -s "$sig" -- "$@"'
 KILL_WAIT_S = 10.0  # after SIGKILL only uninterruptible sleep keeps a process alive
-PANE_EXIT_WAIT_S = 2.0
+PANE_EXIT_WAIT_S = 10.0  # tmux marks the pane dead as soon as it reaps the process
 
 
 class KillError(Exception):
@@ -174,13 +174,15 @@ def _run_gpu_processes(snapshot: gpu.GpuSnapshot, pids: set[int]) -> list[gpu.Gp
     return [p for p in snapshot.processes if p.pid in pids and (p.used_mib or 0) > 0]
 
 
-async def _verify_release(host, smi, pids, timeout, poll_s) -> tuple[gpu.GpuSnapshot, list[gpu.GpuProcess]]:
+async def _verify_release(host, smi, pids, timeout, poll_s) -> tuple[gpu.GpuSnapshot, list[gpu.GpuProcess], float]:
+    """Poll until no pid of the run holds GPU memory: the last snapshot, who still holds
+    memory in it, and when it was taken."""
     deadline = time.monotonic() + timeout
     while True:
         snapshot = await gpu.read_gpus(host, smi)
         held = _run_gpu_processes(snapshot, pids)
         if not held or time.monotonic() >= deadline:
-            return snapshot, held
+            return snapshot, held, time.monotonic()
         await asyncio.sleep(poll_s)
 
 
@@ -215,7 +217,7 @@ async def kill_run(
 
     # Ending the session and verifying the GPUs are independent: overlap them, so the
     # release is seen as soon as the driver frees the memory.
-    (after, stragglers), exit_status = await asyncio.gather(
+    (after, stragglers, verified), exit_status = await asyncio.gather(
         _verify_release(host, smi, set(known), gpu_timeout_s, poll_s),
         _end_session(host, session, manifest, panes, poll_s),
     )
@@ -237,6 +239,6 @@ async def kill_run(
         gpu_message=after.message,
         exit_status=exit_status,
         seconds=done - started,
-        release_s=None if alive or stragglers or not usable else done - last_exit,
+        release_s=None if alive or stragglers or not usable else verified - last_exit,
         notes=notes,
     )

@@ -18,7 +18,9 @@ from backends.hosts import Host, HostError
 # tmux reads ':' and '.' in a target as window/pane separators; keep names plain.
 SESSION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 
-_PANE_FORMAT = "\t".join(
+# ':' separates the fields: tmux never allows it in a session name, and prints control
+# characters such as tab as '_' unless the client's locale is UTF-8 (ssh often is not).
+_PANE_FORMAT = ":".join(
     [
         "#{pane_pid}",
         "#{pane_dead}",
@@ -87,11 +89,12 @@ async def new_session(host: Host, session: str, command: Sequence[str], console_
 
 
 def _parse_pane(line: str) -> Pane | None:
-    # The session name is last so a tab inside it cannot shift the other fields.
-    fields = line.split("\t", 5)
-    if len(fields) != 6 or not fields[0].isdigit():
+    # Four numeric fields, the command (may hold ':'), then the session (never does).
+    fields = line.split(":", 4)
+    if len(fields) != 5 or not fields[0].isdigit() or ":" not in fields[4]:
         return None
-    pid, dead, status, signal, command, session = fields
+    pid, dead, status, signal, rest = fields
+    command, _, session = rest.rpartition(":")
     exit_status = None
     if dead == "1":
         if signal.isdigit() and signal != "0":
