@@ -201,12 +201,13 @@ def test_flex_path_matches_dense_path_on_cuda(L):
     inputs = [q, k0, v0, *diag_k, *diag_v]
     flex = ttt_attention(q, k0, v0, diag_k, diag_v, DocLayout(doc_ids, use_flex=True))
     dense = ttt_attention(q, k0, v0, diag_k, diag_v, DocLayout(doc_ids, use_flex=False))
-    # float32 kernels with different summation orders.
-    torch.testing.assert_close(flex, dense, rtol=1e-3, atol=1e-4)
+    # float32 kernels with different summation orders (flex may use TF32 for its dots);
+    # a masking error would be off by O(1).
+    torch.testing.assert_close(flex, dense, rtol=5e-3, atol=5e-3)
     upstream = torch.randn(flex.shape, generator=g).cuda()
     for a, b in zip(torch.autograd.grad((flex * upstream).sum(), inputs),
                     torch.autograd.grad((dense * upstream).sum(), inputs)):
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.gpu
@@ -220,9 +221,41 @@ def test_drafter_on_cuda_matches_cpu_and_trains_under_bf16(drafter, make_sample)
                                                     gpu_batch.final_hidden.float())
     gpu = model(gpu_batch, TTT, DECAY, loss_chunk=64)
     assert gpu.positions == cpu.positions
-    assert gpu.loss.item() == pytest.approx(cpu.loss.item(), rel=1e-3)
+    assert gpu.loss.item() == pytest.approx(cpu.loss.item(), rel=5e-3)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         bf16 = model(gpu_batch, TTT, DECAY, loss_chunk=64)
     bf16.loss.backward()
     assert bf16.loss.item() == pytest.approx(cpu.loss.item(), rel=0.05)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+
+
+def test_config_round_trips_and_rejects_bad_shapes():
+    from dataclasses import replace
+
+    from training.config import PRESETS, DrafterConfig
+    for cfg in PRESETS.values():
+        assert DrafterConfig.from_dict(cfg.to_dict()) == cfg
+    assert PRESETS["llama3-8b"].head_dim == 128
+    assert PRESETS["kimi-k2"].head_dim == 128
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        replace(PRESETS["tiny"], num_kv_heads=3)
+    with pytest.raises(ValueError, match="draft_vocab_size"):
+        replace(PRESETS["tiny"], draft_vocab_size=1000)
+    with pytest.raises(ValueError, match="unknown drafter config keys: layers"):
+        DrafterConfig.from_dict({**PRESETS["tiny"].to_dict(), "layers": 2})
+
+
+def test_load_verifier_takes_the_target_head_rows_of_the_draft_vocab(tiny_cfg):
+    from training.model import Eagle3Drafter
+    model = Eagle3Drafter(tiny_cfg)
+    V, H, D = tiny_cfg.vocab_size, tiny_cfg.hidden_size, tiny_cfg.draft_vocab_size
+    head = torch.randn(V, H)
+    d2t = torch.arange(D) * 2
+    model.load_verifier(torch.randn(V, H), head, d2t, torch.arange(V) % 2 == 0)
+    assert torch.equal(model.target_head, head[::2])
+    assert not model.embed_tokens.weight.requires_grad
+    assert "target_head" not in model.state_dict()
+    assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.hidden_norm.weight",
+            "norm.weight", "lm_head.weight", "d2t", "t2d"} <= set(model.state_dict())
+    with pytest.raises(ValueError, match="lm_head has shape"):
+        model.load_verifier(torch.randn(V, H), head[:10], d2t, torch.ones(V, dtype=torch.bool))
