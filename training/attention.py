@@ -17,6 +17,7 @@ import math
 
 import torch
 from torch import Tensor
+from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
 
 BLOCK = 128  # flex_attention's sparse block size
 
@@ -55,7 +56,7 @@ def dense_doc_causal(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor) -> tuple[
     return out.reshape(B, Hq, L, D), lse.reshape(B, Hq, L)
 
 
-def doc_causal_block_mask(doc_ids: Tensor):
+def doc_causal_block_mask(doc_ids: Tensor) -> BlockMask:
     """The BlockMask of document-causal attention, from the sample boundaries alone.
 
     Samples are contiguous, so query block qb needs the kv blocks from the one holding the
@@ -63,8 +64,6 @@ def doc_causal_block_mask(doc_ids: Tensor):
     starting at or after the start of its last query's sample up to qb - 1 lie wholly
     inside that sample and before the queries: full blocks, which skip mask_mod.
     """
-    from torch.nn.attention.flex_attention import BlockMask
-
     B, L = doc_ids.shape
     if L % BLOCK:
         raise ValueError(f"row length {L} is not a multiple of {BLOCK}")
@@ -95,12 +94,11 @@ def doc_causal_block_mask(doc_ids: Tensor):
 
 @functools.cache
 def _compiled_flex():
-    from torch.nn.attention.flex_attention import flex_attention
     return torch.compile(flex_attention, dynamic=False)
 
 
-def flex_doc_causal(q: Tensor, k: Tensor, v: Tensor, block_mask) -> tuple[Tensor, Tensor]:
-    from torch.nn.attention.flex_attention import AuxRequest
+def flex_doc_causal(q: Tensor, k: Tensor, v: Tensor,
+                    block_mask: BlockMask) -> tuple[Tensor, Tensor]:
     out, aux = _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=True,
                                 return_aux=AuxRequest(lse=True))
     return out, aux.lse
@@ -122,6 +120,8 @@ class DocLayout:
     def doc_causal(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         if not self.use_flex:
             return dense_doc_causal(q, k, v, self.doc_ids)
+        if not self.pad:
+            return flex_doc_causal(q, k, v, self.block_mask)
         L = q.shape[2]
         q, k, v = (torch.nn.functional.pad(t, (0, 0, 0, self.pad)) for t in (q, k, v))
         out, lse = flex_doc_causal(q, k, v, self.block_mask)
