@@ -191,3 +191,41 @@ def test_process_tree_takes_session_group_and_descendants_only():
     # A dead pane whose pid now belongs to someone else anchors nothing.
     dead = runs.tmux.Pane("s", 200, True, 0, "python")
     assert kill.process_tree(table, [dead]) == set()
+
+
+def descendants(pid: int) -> set[int]:
+    """pid's live descendants, read from /proc independently of the code under test."""
+    found, stack = set(), [pid]
+    while stack:
+        parent = stack.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = {int(c) for c in (task / "children").read_text().split()}
+            except OSError:
+                continue
+            stack.extend(children - found)
+            found |= children
+    return {p for p in found if alive(p)}
+
+
+@pytest.mark.slow
+async def test_torchrun_run_loses_all_its_workers(host, bystanders):
+    torchrun = str(Path(PY).parent / "torchrun")
+    info = await runs.launch(host, [
+        torchrun, "--standalone", "--nproc-per-node", "2", "-m", "training", "train",
+        "--synthetic", "--steps", "100000", "--max-seq-len", "256",
+    ])  # fmt: skip
+    metrics = Path(info.run_dir, "metrics.jsonl")
+
+    def training_on_two_ranks():
+        events = [json.loads(line) for line in written(metrics).splitlines(keepends=True) if line.endswith("\n")]
+        return any(e["event"] == "step" for e in events) and events[0]["world_size"] == 2
+
+    await eventually(training_on_two_ranks, timeout=180, interval=0.2)
+    tree = {info.pids[0], *descendants(info.pids[0])}
+    workers = [p for p in tree if "training" in Path(f"/proc/{p}/cmdline").read_text() and p != info.pids[0]]
+    assert len(workers) >= 2, tree
+    report = await kill.kill_run(host, info.run_id, grace_s=60, smi=FAKE_SMI)
+    assert tree <= set(report.signalled) | set(report.killed), report
+    assert not any(alive(p) for p in tree) and report.survivors == []
+    assert all(alive(p) for p in bystanders)
