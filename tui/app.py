@@ -152,6 +152,7 @@ class TracksideApp(App):
             for key, run in self.runs.items()
             if run.host == host_name
             and not run.gone
+            and run.info.run_dir
             and (key in self.selected or getattr(run.info.state, "name", "") == "RUNNING")
         }
         for key, run in wanted.items():

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 from backends.config import ConfigError, load_config
-from backends.hosts import LocalHost
+from backends.hosts import DEFAULT_RUNS_ROOT, LocalHost
 from tui.app import Demo, TracksideApp, Watched
 
-DEMO_PARAMS = {"max_seq_len": 256, "ttt_steps": 3, "steps": 3000, "lr": 3e-3}
+DEMO_PARAMS = {"max_seq_len": 256, "ttt_steps": 3, "steps": 20000, "lr": 3e-3}
 
 
 def demo_argv(params: dict) -> list[str]:
@@ -44,7 +45,9 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.command == "demo":
         demo = Demo(demo_argv(DEMO_PARAMS), f"trackside-demo-{time.strftime('%H%M%S')}", dict(DEMO_PARAMS))
-        app = TracksideApp([Watched(LocalHost())], demo=demo)
+        # The trainer's own variable for where runs go, so a demo can be kept apart.
+        runs_root = os.environ.get("TRACKSIDE_RUNS_ROOT", DEFAULT_RUNS_ROOT)
+        app = TracksideApp([Watched(LocalHost(runs_root=runs_root))], demo=demo)
     else:
         try:
             app = dashboard(args.config)

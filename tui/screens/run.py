@@ -77,7 +77,7 @@ class RunScreen(Screen):
             yield Static(id="stats")
         yield LossChart(id="loss")
         yield Input(placeholder="show only log lines containing… (Esc clears)", id="log-filter")
-        yield Log(id="log", max_lines=LOG_LINES)
+        yield Log(id="log")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -132,10 +132,20 @@ class RunScreen(Screen):
             app.refresh_bindings()
 
     def _write_log(self, lines: list[str]) -> None:
+        """Append lines; past LOG_LINES, start again from the newest half.
+
+        Textual's own Log(max_lines=…) keeps showing pruned lines from its render cache, so
+        the bound is kept here, by rewriting, which happens once per LOG_LINES/2 lines.
+        """
+        log = self.query_one(Log)
         needle = self.log_filter
         shown = [line for line in lines if needle in line] if needle else list(lines)
+        if log.line_count + len(shown) > LOG_LINES:
+            kept = [line for line in self.run.log if needle in line] if self.run else shown
+            log.clear()
+            shown = kept[-LOG_LINES // 2 :]
         if shown:
-            self.query_one(Log).write_lines(shown)
+            log.write_lines(shown)
 
     def action_log_focus(self) -> None:
         log = self.query_one(Log)
