@@ -25,7 +25,7 @@ from training.packing import PackedBatch
 # Four small steps separate the four term groups: two lengths at TTT 1 give the per-token
 # slope, TTT 3 and 5 the linear and quadratic growth with depth.
 PROBE_POINTS = ((4096, 1), (8192, 1), (4096, 3), (4096, 5))
-SMOKE_POINTS = ((128, 1), (256, 1), (128, 3), (128, 5))
+SMOKE_POINTS = ((128, 1), (256, 1), (128, 3), (128, 4))
 TABLE_LENGTHS = (4096, 8192, 16384, 24576, 32768, 65536)
 TABLE_TTT = (1, 3, 5, 7)
 PROBE_SAMPLE_LEN = 2048  # random batches pack samples of this length, as real data would
@@ -357,7 +357,7 @@ class SavedTensorMeter:
     @contextlib.contextmanager
     def phase(self):
         peak = PhasePeak()
-        with count_saved_bytes() as saved:
+        with count_saved_bytes(exclude=state_tensors(self.trainer)) as saved:
             yield peak
         peak.allocated = state_bytes(self.trainer) + saved.nbytes
 
@@ -372,38 +372,48 @@ class SavedBytes:
 
 
 @contextlib.contextmanager
-def count_saved_bytes():
-    """The distinct storages autograd saves for backward inside the block, in bytes."""
+def count_saved_bytes(exclude=()):
+    """The distinct storages autograd saves for backward inside the block, in bytes,
+    leaving out those of the `exclude` tensors (parameters: counted as weights)."""
     saved = SavedBytes()
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
-        saved.storages[storage.data_ptr()] = storage.nbytes()
+        if storage.data_ptr() not in skip:
+            saved.storages[storage.data_ptr()] = storage.nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         yield saved
 
 
-def state_bytes(trainer: Trainer) -> int:
+def state_tensors(trainer: Trainer) -> list[torch.Tensor]:
+    """Parameters, buffers, gradients and optimizer state."""
     tensors = list(trainer.drafter.parameters()) + list(trainer.drafter.buffers())
     tensors += [p.grad for p in trainer.params if p.grad is not None]
     tensors += [t for state in trainer.optimizer.state.values() for t in state.values()
                 if isinstance(t, torch.Tensor)]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return tensors
+
+
+def state_bytes(trainer: Trainer) -> int:
+    return sum(t.numel() * t.element_size() for t in state_tensors(trainer))
 
 
 def run_probe(cfg: DrafterConfig, shape: StepShape, *, points=PROBE_POINTS,
-              device: torch.device | None = None, log=print) -> Calibration:
+              device: torch.device | None = None, trainer: Trainer | None = None,
+              log=print) -> Calibration:
     """Calibrate the memory model with one real step (after a warm-up step) per point."""
-    if device is None:
-        if not torch.cuda.is_available():
-            raise ProbeError("--probe needs a CUDA GPU (none is visible)")
-        device = torch.device("cuda", torch.cuda.current_device())
-    trainer = Trainer(cfg, device)
+    if trainer is None:
+        if device is None:
+            if not torch.cuda.is_available():
+                raise ProbeError("--probe needs a CUDA GPU (none is visible)")
+            device = torch.device("cuda", torch.cuda.current_device())
+        trainer = Trainer(cfg, device)
     if shape.precision != trainer.precision:
         raise UsageError(f"--precision {shape.precision}: the trainer uses "
-                         f"{trainer.precision} on {device.type}")
+                         f"{trainer.precision} on {trainer.device.type}")
     measured = []
     for length, k in points:
         try:

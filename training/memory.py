@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
+import torch
 
 from training.config import DrafterConfig
 
@@ -321,9 +321,9 @@ def predict(cfg: DrafterConfig, shape: StepShape,
     return Prediction(terms, forward_backward, optimizer_phase(cfg, shape), ratio)
 
 
-def group_totals(cfg: DrafterConfig, shape: StepShape) -> np.ndarray:
+def group_totals(cfg: DrafterConfig, shape: StepShape) -> torch.Tensor:
     terms = analytic_terms(cfg, shape)
-    return np.array([sum(terms[g].values()) for g in GROUPS], dtype=np.float64)
+    return torch.tensor([float(sum(terms[g].values())) for g in GROUPS], dtype=torch.float64)
 
 
 def calibrate(cfg: DrafterConfig, measurements: list[Measurement], *, batch_rows: int = 1,
@@ -340,16 +340,17 @@ def calibrate(cfg: DrafterConfig, measurements: list[Measurement], *, batch_rows
         raise ValueError("calibration needs at least one measurement")
     shapes = [StepShape(m.max_seq_len, m.ttt_steps, batch_rows, loss_chunk, precision,
                         world_size, sharding) for m in measurements]
-    X = np.stack([group_totals(cfg, s) for s in shapes])
-    y = np.array([float(m.peak_bytes) for m in measurements])
+    X = torch.stack([group_totals(cfg, s) for s in shapes])
+    y = torch.tensor([float(m.peak_bytes) for m in measurements], dtype=torch.float64)
     if (y <= 0).any():
         raise ValueError("measured peaks must be positive")
-    prior = np.ones(len(GROUPS))
+    prior = torch.ones(len(GROUPS), dtype=torch.float64)
     weighted = X / y[:, None]
-    correction = np.linalg.pinv(weighted) @ ((y - X @ prior) / y)
+    correction = torch.linalg.pinv(weighted) @ ((y - X @ prior) / y)
     scales = prior + correction
     if (scales <= 0).any():
-        raise ValueError(f"measurements do not fit the memory model (scales {scales.round(3)})")
+        raise ValueError("measurements do not fit the memory model (scales "
+                         f"{[round(float(x), 3) for x in scales]})")
     ratios = [m.reserved_bytes / m.peak_bytes for m in measurements if m.reserved_bytes]
     fitted = dict(zip(GROUPS, map(float, scales)))
     return Calibration(

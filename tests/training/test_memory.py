@@ -1,0 +1,290 @@
+"""The memory model: analytic terms by hand, calibration, largest fitting, run metrics."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from training import memory
+from training.config import PRESETS
+from training.fit import count_saved_bytes, random_batch
+from training.memory import GiB, Calibration, Measurement, StepShape
+from training.model import Eagle3Drafter
+
+TINY = PRESETS["tiny"]  # H 64, 4 heads of 16, 2 KV heads, MLP 192, vocab 512, draft 256
+
+
+def test_tiny_parameter_counts_by_hand_and_against_the_model():
+    counts = memory.parameter_counts(TINY)
+    fc = 3 * 64 * 64  # 12288
+    qkv = 2 * 64 * (4 * 16 + 2 * 2 * 16)  # [emb ; hidden] → q 64, k 32, v 32: 16384
+    o = 64 * 64  # 4096
+    mlp = 3 * 64 * 192  # 36864
+    norms = 4 * 64  # 256
+    lm_head = 256 * 64  # 16384
+    assert counts["trainable"] == fc + qkv + o + mlp + norms + lm_head == 86272
+    assert counts["autocast_cached"] == fc + qkv + o + mlp == 69632
+    assert counts["frozen"] == 512 * 64 + 256 * 64 == 49152
+
+    model = Eagle3Drafter(TINY)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = model.embed_tokens.weight.numel() + model.target_head.numel()
+    assert (trainable, frozen) == (counts["trainable"], counts["frozen"])
+
+
+def test_tiny_analytic_terms_by_hand():
+    # T = 2 rows × 256 = 512 tokens, K = 3, bf16 activations (a = 2 bytes), chunk 128.
+    shape = StepShape(max_seq_len=256, ttt_steps=3, batch_rows=2, loss_chunk=128,
+                      precision="bf16")
+    t = memory.analytic_terms(TINY, shape)
+    T, TK, TK1, pairs = 512, 512 * 3, 512 * 2, 512 * 3  # pairs: T·K(K-1)/2 = 512·3
+    assert t["constant"] == {
+        "weights": 86272 * 4,  # 345088
+        "frozen": 49152 * 4 + 256 * 8 + 512,  # fp32 embedding + head, d2t int64, t2d bool
+        "grads": 86272 * 4,
+        "adamw_state": 2 * 86272 * 4,
+        # forward 128·256·(5·4+2) + 256·64·2 = 753664; backward 128·256·(4·4+2)
+        # + 256·64·(4+2+4+2) = 786432: the larger
+        "loss_workspace": 786432,
+        "autocast_weights": 69632 * 2,
+    }
+    assert t["per_token"] == {
+        "batch": (4 * 64 * 2 + 3 * 8 + 1) * T,  # aux 3H + final H in bf16; 3 int64; mask
+        "fc_input": 3 * 64 * 2 * T,
+        "doc_ids_copy": 8 * T,
+        "backward_workspace": ((2 * 64 + 4 * 32) * 2 + 2 * 32 * 2) * T,  # 640 per token
+    }
+    norm = 2 * 64 * 4 + 4  # fp32 input copy and normalised input, 1/rms: 516
+    assert t["per_step"] == {
+        "step_embed_norm": 64 * 4 * TK,
+        "step_hidden_norm": norm * TK,
+        "step_qkv_inputs": 3 * (2 * 64) * 2 * TK,  # each of q, k, v casts its own copy
+        "step_rope_cos_sin": 2 * 2 * 8 * 4 * TK,  # cos, sin × (q, k) × D/2 fp32
+        "step_kv": 2 * 32 * 2 * TK,
+        "step_flex_attention": ((2 * 64 + 2 * 32) * 2 + 4 * 4) * TK,  # q k v out, lse
+        "step_o_proj_input": 64 * 2 * TK,
+        "step_post_attn_norm": (norm + 64 * 2) * TK,
+        "step_mlp": 4 * 192 * 2 * TK,
+        "step_loss_inputs": (norm + 64 * 2 + 64 * 2 + 16 + 4 + 1) * TK,  # 793 per token
+        "later_step_diag_query": 64 * 2 * TK1,
+        "later_step_step0_output_fp32": 64 * 4 * TK1,
+        "later_step_lse_merge": 3 * 4 * 4 * TK1,
+    }
+    assert t["diagonal"] == {"diag_kv": 2 * 32 * 2 * pairs,
+                             "diag_scores": (4 * 4 + 4 * 4 + 4 * 2) * pairs}
+    p = memory.predict(TINY, shape)
+    assert p.forward_backward == sum(v for g in t.values() for v in g.values())
+    # fused AdamW in place: weights, grads, 2 states; plus frozen and the batch
+    assert p.optimizer_step == 4 * 86272 * 4 + t["constant"]["frozen"] + t["per_token"]["batch"]
+    assert p.total == max(p.forward_backward, p.optimizer_step)
+    assert p.breakdown()["allocator_slack"] == p.reserved - p.total > 0
+
+
+def test_fp32_shares_one_attention_input_and_sharding_divides_state():
+    bf16 = memory.saved_per_token_step(TINY, "bf16")
+    fp32 = memory.saved_per_token_step(TINY, "fp32")
+    assert bf16["qkv_inputs"] == 3 * 2 * 64 * 2 and fp32["qkv_inputs"] == 2 * 64 * 4
+    one = memory.analytic_terms(TINY, StepShape(256, 3))["constant"]
+    ddp = memory.analytic_terms(TINY, StepShape(256, 3, world_size=4))["constant"]
+    fsdp = memory.analytic_terms(TINY, StepShape(256, 3, world_size=4, sharding="fsdp"))
+    assert ddp["ddp_buckets"] == one["grads"]
+    assert fsdp["constant"]["adamw_state"] == one["adamw_state"] // 4
+    assert fsdp["constant"]["fsdp_gathered"] == 86272 * 2
+
+
+@pytest.mark.parametrize("field,value", [("max_seq_len", 0), ("ttt_steps", -1),
+                                         ("batch_rows", 1.5), ("precision", "fp8"),
+                                         ("sharding", "zero3")])
+def test_bad_step_shapes_name_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        StepShape(**{"max_seq_len": 1024, "ttt_steps": 3, field: value})
+
+
+def _synthetic(cfg, truth: dict, points, **shape):
+    """Peaks a drafter with the given true group scales would measure."""
+    out = []
+    for length, k in points:
+        totals = memory.group_totals(cfg, StepShape(length, k, **shape))
+        peak = sum(truth[g] * float(v) for g, v in zip(memory.GROUPS, totals))
+        out.append(Measurement(length, k, round(peak), round(peak * 1.07)))
+    return out
+
+
+TRUTH = {"constant": 1.12, "per_token": 0.74, "per_step": 1.31, "diagonal": 1.58}
+PROBE = [(4096, 1), (8192, 1), (4096, 3), (4096, 5)]
+
+
+def test_calibration_recovers_known_scales_and_slopes_and_extrapolates():
+    cfg = PRESETS["llama3-8b"]
+    cal = memory.calibrate(cfg, _synthetic(cfg, TRUTH, PROBE))
+    assert cal.scales == pytest.approx(TRUTH, rel=1e-6)
+    assert cal.reserved_ratio == pytest.approx(1.07, rel=1e-6)
+    # The slopes in bytes: the analytic per-token bytes times the true scales.
+    coef = cal.fitted_on["coefficients"]
+    per_step = sum(memory.saved_per_token_step(cfg, "bf16").values())
+    diag = sum(memory.saved_per_token_diag(cfg, "bf16").values())
+    assert coef["per_token_step"] == pytest.approx(1.31 * per_step, rel=1e-6)
+    assert coef["per_token_diag_key"] == pytest.approx(1.58 * diag, rel=1e-6)
+    # Far outside the probe: 64K tokens at TTT 7.
+    (far,) = _synthetic(cfg, TRUTH, [(65536, 7)])
+    assert memory.predict(cfg, StepShape(65536, 7), cal).total == pytest.approx(
+        far.peak_bytes, rel=1e-6)
+
+
+def test_calibration_with_noise_stays_close():
+    cfg = PRESETS["kimi-k2"]
+    points = PROBE + [(8192, 3), (16384, 1), (8192, 7)]
+    g = torch.Generator().manual_seed(0)
+    noisy = [dataclasses.replace(m, peak_bytes=round(m.peak_bytes * (1 + 0.01 * float(
+        torch.randn(1, generator=g))))) for m in _synthetic(cfg, TRUTH, points)]
+    cal = memory.calibrate(cfg, noisy)
+    (far,) = _synthetic(cfg, TRUTH, [(32768, 5)])
+    predicted = memory.predict(cfg, StepShape(32768, 5), cal).total
+    assert abs(predicted - far.peak_bytes) / far.peak_bytes < 0.03
+
+
+def test_calibration_from_too_few_points_matches_them_and_keeps_the_rest():
+    cfg = PRESETS["kimi-k2"]
+    (one,) = _synthetic(cfg, TRUTH, [(16384, 5)])
+    cal = memory.calibrate(cfg, [one])
+    assert memory.predict(cfg, StepShape(16384, 5), cal).forward_backward == pytest.approx(
+        one.peak_bytes, rel=1e-6)
+    # One point moves every scale the same way, in proportion to its group's share.
+    assert all(s > 1 for s in cal.scales.values())
+    same_k = _synthetic(cfg, TRUTH, [(4096, 3), (16384, 3)])
+    cal = memory.calibrate(cfg, same_k)
+    for m in same_k:
+        p = memory.predict(cfg, StepShape(m.max_seq_len, 3), cal).forward_backward
+        assert p == pytest.approx(m.peak_bytes, rel=1e-6)
+
+
+def test_calibration_rejects_nonsense():
+    with pytest.raises(ValueError, match="at least one"):
+        memory.calibrate(TINY, [])
+    with pytest.raises(ValueError, match="do not fit"):  # memory falling as tokens grow
+        memory.calibrate(PRESETS["llama3-8b"], [Measurement(4096, 1, 40 * GiB),
+                                                Measurement(8192, 1, 20 * GiB),
+                                                Measurement(4096, 3, 45 * GiB),
+                                                Measurement(4096, 5, 50 * GiB)])
+
+
+def test_calibration_json_round_trip(tmp_path):
+    cfg = PRESETS["llama3-8b"]
+    cal = memory.calibrate(cfg, _synthetic(cfg, TRUTH, PROBE))
+    cal.save(tmp_path / "cal.json")
+    again = Calibration.load(tmp_path / "cal.json")
+    assert again == cal
+    (tmp_path / "bad.json").write_text('{"scales": {"constant": 1}}')
+    with pytest.raises(ValueError, match="scales"):
+        Calibration.load(tmp_path / "bad.json")
+    (tmp_path / "junk.json").write_text("not json")
+    with pytest.raises(ValueError, match="not a calibration"):
+        Calibration.load(tmp_path / "junk.json")
+
+
+@pytest.mark.parametrize("name,ttt", [("kimi-k2", 5), ("llama3-8b", 3), ("tiny", 7)])
+def test_largest_fitting_is_the_boundary(name, ttt):
+    cfg = PRESETS[name]
+    n = memory.largest_fitting(cfg, ttt, 96, multiple=2048)
+    assert n > 0 and n % 2048 == 0
+
+    def fits(length):
+        return memory.fits(memory.predict(cfg, StepShape(length, ttt)), 96)
+
+    assert fits(n) and not fits(n + 2048)
+
+
+def test_largest_fitting_none_and_bad_values():
+    assert memory.largest_fitting(PRESETS["kimi-k2"], 5, 8) == 0  # weights alone exceed 8 GiB
+    with pytest.raises(ValueError, match="multiple"):
+        memory.largest_fitting(TINY, 3, 96, multiple=0)
+    with pytest.raises(ValueError, match="gpu_mem_gib"):
+        memory.largest_fitting(TINY, 3, -1)
+
+
+def test_the_story_predicted_uncalibrated():
+    # The operator's card: 96 GB; 8192 used about 40 GB; 16384 fit, 24576 and 32768 OOM'd.
+    kimi = PRESETS["kimi-k2"]
+    assert 30 * GiB < memory.predict(kimi, StepShape(8192, 3)).total < 50 * GiB
+    largest = memory.largest_fitting(kimi, 5, 96)
+    assert 16384 <= largest < 24576
+
+
+def _write_run(path, *, device="cuda", peaks=(30.0, 31.5, 31.25)):
+    cfg = PRESETS["llama3-8b"]
+    config = {"model": cfg.to_dict(), "max_seq_len": 16384, "ttt_steps": 5, "batch_rows": 1,
+              "loss_chunk": 2048, "precision": "bf16", "sharding": "ddp", "device": device}
+    lines = [json.dumps({"event": "start", "time": 0, "config": config,
+                         "steps_per_epoch": 10, "world_size": 1})]
+    lines += [json.dumps({"event": "step", "step": i + 1, "peak_mem_gib": p})
+              for i, p in enumerate(peaks)]
+    lines.append('{"event": "step", "step": 4, "peak_mem')  # cut by a crash
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "metrics.jsonl").write_text("\n".join(lines))
+
+
+def test_measurements_from_a_run(tmp_path):
+    _write_run(tmp_path / "run")
+    cfg, shape, m = memory.measurements_from_run(tmp_path / "run")
+    assert cfg == PRESETS["llama3-8b"]
+    assert (shape.max_seq_len, shape.ttt_steps, shape.precision) == (16384, 5, "bf16")
+    assert m == Measurement(16384, 5, round(31.5 * GiB))
+
+
+def test_measurements_from_bad_runs(tmp_path):
+    with pytest.raises(ValueError, match="metrics.jsonl"):
+        memory.measurements_from_run(tmp_path)
+    _write_run(tmp_path / "cpu", device="cpu")
+    with pytest.raises(ValueError, match="resident set"):
+        memory.measurements_from_run(tmp_path / "cpu")
+    _write_run(tmp_path / "nopeak", peaks=())
+    with pytest.raises(ValueError, match="peak_mem_gib"):
+        memory.measurements_from_run(tmp_path / "nopeak")
+
+
+class _ModuleSavedBytes:
+    """Bytes autograd saves inside each watched module's forward, summed over calls."""
+
+    def __init__(self, modules: dict, parameters):
+        self.parameters = list(parameters)
+        self.bytes = dict.fromkeys(modules, 0)
+        self._active = []
+        for name, module in modules.items():
+            module.register_forward_pre_hook(lambda m, a, name=name: self._enter(name))
+            module.register_forward_hook(lambda m, a, o, name=name: self._exit())
+
+    def _enter(self, name):
+        ctx = count_saved_bytes(exclude=self.parameters)
+        self._active.append((name, ctx, ctx.__enter__()))
+
+    def _exit(self):
+        name, ctx, saved = self._active.pop()
+        ctx.__exit__(None, None, None)
+        self.bytes[name] += saved.nbytes
+
+
+def test_cpu_saved_bytes_of_the_layer_match_the_analytic_terms():
+    """Real torch on CPU (fp32, no autocast): what the norms and the MLP keep for backward,
+    counted with saved-tensor hooks, equals the per-token-per-step terms exactly."""
+    torch.manual_seed(0)
+    model = Eagle3Drafter(TINY)
+    layer = model.midlayer
+    watch = _ModuleSavedBytes({"input_layernorm": layer.input_layernorm,
+                               "hidden_norm": layer.hidden_norm,
+                               "post_attention_layernorm": layer.post_attention_layernorm,
+                               "mlp": layer.mlp, "o_proj": layer.self_attn.o_proj},
+                              model.parameters())
+    L, K = 256, 3
+    batch = random_batch(TINY, L, 2, torch.device("cpu"), torch.float32, sample_len=64)
+    model.step_losses(batch, K, loss_chunk=128)
+    T = 2 * L
+    terms = memory.saved_per_token_step(TINY, "fp32")
+    H = TINY.hidden_size
+    assert watch.bytes["input_layernorm"] == terms["embed_norm"] * T * K
+    assert watch.bytes["hidden_norm"] == terms["hidden_norm"] * T * K
+    # post_attn_norm's term also counts its output, which the MLP's gate and up keep
+    assert watch.bytes["post_attention_layernorm"] == (terms["post_attn_norm"] - H * 4) * T * K
+    assert watch.bytes["mlp"] == (terms["mlp"] + H * 4) * T * K
+    assert watch.bytes["o_proj"] == terms["o_proj_input"] * T * K
