@@ -173,7 +173,10 @@ class Eagle3Drafter(nn.Module):
             raise ValueError(f"ttt_steps must be at least 1, got {ttt_steps}")
         ids, doc = batch.input_ids, batch.doc_ids
         layout = DocLayout(doc)
-        hidden = self.fc(batch.aux_hidden.to(self.fc.weight.dtype))
+        aux = batch.aux_hidden
+        if not torch.is_autocast_enabled(aux.device.type):
+            aux = aux.to(self.fc.weight.dtype)  # stored hidden states may be bf16
+        hidden = self.fc(aux)
         kv = _KV()
         results = []
         for k in range(ttt_steps):
