@@ -67,7 +67,7 @@ class PackedBatch:
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
         for name, value in moved.items():
             if isinstance(value, Tensor):
-                moved[name] = value.to(device, non_blocking=True)
+                moved[name] = value.to(device)
         return PackedBatch(**moved)
 
 
