@@ -12,7 +12,7 @@ import pytest
 
 from backends.cli import main
 from tests.backends.test_kill import FAKE_SMI
-from tests.backends.test_runs import PY, eventually, fake_trainer, host, tmux_dir, written  # noqa: F401 (fixtures)
+from tests.backends.test_runs import PY, eventually, fake_trainer, tmux_dir, written  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parents[2]
 

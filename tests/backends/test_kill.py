@@ -5,15 +5,13 @@ process's memory, so the release check sees what it would on a card."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from backends import kill, runs
+from backends import kill, runs, tmux
 from backends.kill import KillError
 from tests.backends.test_runs import PY, eventually, host, tmux_dir, written  # noqa: F401 (fixtures)
 
@@ -186,10 +184,10 @@ def test_process_tree_takes_session_group_and_descendants_only():
             P(201, 200, 100, 200, False, "t"),  # odd, but in the run's process group
         ]
     }
-    pane = runs.tmux.Pane("s", 100, False, None, "python")
+    pane = tmux.Pane("s", 100, False, None, "python")
     assert kill.process_tree(table, [pane]) == {100, 101, 102, 201}
     # A dead pane whose pid now belongs to someone else anchors nothing.
-    dead = runs.tmux.Pane("s", 200, True, 0, "python")
+    dead = tmux.Pane("s", 200, True, 0, "python")
     assert kill.process_tree(table, [dead]) == set()
 
 

@@ -110,6 +110,19 @@ async def test_a_command_that_exits_at_once_still_leaves_its_status(host):
     assert (done.state, done.exit_status) == (RunState.EXITED, 1)
 
 
+async def test_capture_pane_shows_what_the_run_printed(host):
+    info = await runs.launch(host, [PY, "-c", "print('hello from the pane', flush=True); import time; time.sleep(30)"])
+    screen = await eventually(lambda: _captured(host, info.session))
+    assert "hello from the pane" in screen
+    with pytest.raises(tmux.TmuxError, match="can't find"):
+        await tmux.capture_pane(host, "no-such-session")
+
+
+async def _captured(host, session):
+    screen = await tmux.capture_pane(host, session)
+    return screen if "hello" in screen else None
+
+
 async def test_foreign_sessions_are_listed_without_run_id(host):
     subprocess.run(["tmux", "new-session", "-d", "-s", "someone-else", "sleep", "30"], check=True)
     mine = await runs.launch(host, ["sleep", "30"])

@@ -13,7 +13,7 @@ import pytest
 from backends import kill, runs, streams, tmux
 from backends.runs import RunState
 from tests.backends.test_kill import FAKE_SMI
-from tests.backends.test_runs import tmux_dir  # noqa: F401 (fixture)
+from tests.backends.test_runs import HOSTILE, argv_echo, eventually, tmux_dir, written  # noqa: F401 (fixture)
 
 TRAIN = ["trackside", "train", "--synthetic", "--steps", "100000", "--save-every", "1000", "--max-seq-len", "256"]
 
@@ -50,6 +50,18 @@ async def remote(sshd, runs_root, tmux_dir, tmp_path):
     host = sshd.host(prefix=env, runs_root=runs_root)
     yield host, gpu_procs
     await host.close()
+
+
+async def test_hostile_argv_arrives_literally_over_ssh(remote, tmp_path):
+    remote, _ = remote
+    pwned = tmp_path / "pwned"
+    hostile = [s.format(pwned=pwned) for s in HOSTILE]
+    out = tmp_path / "argv.json"
+    info = await runs.launch(remote, argv_echo(out) + hostile)
+    assert json.loads(await eventually(lambda: written(out))) == hostile
+    assert not pwned.exists()
+    report = await kill.kill_run(remote, info.session, grace_s=10, smi=FAKE_SMI)
+    assert report.run_id == info.run_id and report.released
 
 
 @pytest.mark.slow
