@@ -1,0 +1,187 @@
+"""`trackside fit`: the report, calibration files, runs' metrics, the probe, bad values."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from training import fit, memory
+from training.config import PRESETS
+from training.memory import GiB, Calibration, StepShape
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_fit(capsys, *args) -> tuple[int, str, str]:
+    rc = fit.main(["fit", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_json_report_is_the_memory_model(capsys):
+    rc, out, _ = run_fit(capsys, "--preset", "kimi-k2", "--max-seq-len", "32768",
+                         "--ttt-steps", "5", "--json")
+    assert rc == 0
+    r = json.loads(out)
+    p = memory.predict(PRESETS["kimi-k2"], StepShape(32768, 5))
+    assert r["peak_gib"] == pytest.approx(p.total / GiB)
+    assert r["fits"] is False and r["calibrated"] is False
+    assert r["breakdown_bytes"] == p.breakdown()
+    assert r["largest_max_seq_len"]["5"] == memory.largest_fitting(PRESETS["kimi-k2"], 5, 96)
+    pairs = {(row["max_seq_len"], row["ttt_steps"]) for row in r["table"]}
+    assert {(4096, 1), (65536, 7), (32768, 5)} <= pairs
+
+
+def test_text_report(capsys):
+    rc, out, _ = run_fit(capsys, "--preset", "llama3-8b", "--gpu-mem-gib", "80",
+                         "--ttt-steps", "3")
+    assert rc == 0
+    assert "max_seq_len 16384 @ TTT 3" in out and "card 80 GiB" in out
+    assert "largest max_seq_len that fits" in out and "uncalibrated" in out
+    largest = memory.largest_fitting(PRESETS["llama3-8b"], 3, 80)
+    assert f"TTT 3: {largest:,}" in out
+
+
+def test_config_file_and_calibration_file(tmp_path, capsys):
+    cfg = PRESETS["llama3-8b"]
+    (tmp_path / "drafter.json").write_text(json.dumps(cfg.to_dict()))
+    cal = Calibration(scales={"constant": 1.0, "per_token": 1.0, "per_step": 1.5,
+                              "diagonal": 1.0}, reserved_ratio=1.1)
+    cal.save(tmp_path / "cal.json")
+    rc, out, _ = run_fit(capsys, "--config", str(tmp_path / "drafter.json"),
+                         "--calibration", str(tmp_path / "cal.json"), "--json")
+    assert rc == 0
+    r = json.loads(out)
+    assert r["calibrated"] is True
+    assert r["peak_gib"] == pytest.approx(
+        memory.predict(cfg, StepShape(16384, 5), cal).total / GiB)
+
+
+def test_from_run_recalibrates_and_saves(tmp_path, capsys):
+    cfg = PRESETS["llama3-8b"]
+    run = tmp_path / "run"
+    run.mkdir()
+    config = {"model": cfg.to_dict(), "max_seq_len": 8192, "ttt_steps": 5, "batch_rows": 1,
+              "loss_chunk": 2048, "precision": "bf16", "sharding": "ddp", "device": "cuda"}
+    (run / "metrics.jsonl").write_text("\n".join([
+        json.dumps({"event": "start", "config": config, "world_size": 1}),
+        json.dumps({"event": "step", "step": 1, "peak_mem_gib": 33.0})]) + "\n")
+    rc, out, _ = run_fit(capsys, "--from-run", str(run), "--calibration",
+                         str(tmp_path / "cal.json"), "--json")
+    assert rc == 0
+    r = json.loads(out)
+    # The run's own shape is the default request, and the run's peak is reproduced.
+    assert r["shape"]["max_seq_len"] == 8192 and r["shape"]["ttt_steps"] == 5
+    assert r["forward_backward_gib"] == pytest.approx(33.0, rel=1e-6)
+    saved = Calibration.load(tmp_path / "cal.json")
+    assert saved.scales == pytest.approx(r["calibration"]["scales"])
+    # A new request for that drafter, from the recalibrated model.
+    rc, out, _ = run_fit(capsys, "--from-run", str(run), "--max-seq-len", "16384", "--json")
+    assert json.loads(out)["peak_gib"] == pytest.approx(
+        memory.predict(cfg, StepShape(16384, 5), saved).total / GiB)
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--preset", "huge"], "--preset"),
+    ([], "--preset"),
+    (["--preset", "tiny", "--max-seq-len", "0"], "--max-seq-len"),
+    (["--preset", "tiny", "--ttt-steps", "-2"], "--ttt-steps"),
+    (["--preset", "tiny", "--batch-rows", "0"], "--batch-rows"),
+    (["--preset", "tiny", "--loss-chunk", "0"], "--loss-chunk"),
+    (["--preset", "tiny", "--gpu-mem-gib", "0"], "--gpu-mem-gib"),
+    (["--preset", "tiny", "--gpu-mem-gib", "nan"], "--gpu-mem-gib"),
+    (["--preset", "tiny", "--ttt-steps", "three"], "--ttt-steps"),
+    (["--preset", "tiny", "--precision", "fp8"], "--precision"),
+    (["--preset", "tiny", "--world-size", "0"], "--world-size"),
+    (["--preset", "tiny", "--multiple", "0"], "--multiple"),
+    (["--preset", "tiny", "--config", "x.json"], "--config"),
+    (["--config", "/nonexistent/drafter.json"], "--config"),
+    (["--preset", "tiny", "--calibration", "/nonexistent/cal.json"], "--calibration"),
+    (["--from-run", "/nonexistent/run"], "--from-run"),
+    (["--preset", "tiny", "--probe", "--from-run", "/tmp"], "--probe"),
+])
+def test_bad_values_exit_2_naming_the_flag(capsys, args, flag):
+    rc, out, err = run_fit(capsys, *args)
+    assert rc == 2 and out == ""
+    assert flag in err
+
+
+def test_bad_config_contents_name_the_flag(tmp_path, capsys):
+    bad = tmp_path / "drafter.json"
+    bad.write_text(json.dumps({**PRESETS["tiny"].to_dict(), "num_kv_heads": 3}))
+    rc, _, err = run_fit(capsys, "--config", str(bad))
+    assert rc == 2 and "--config" in err and "num_kv_heads" in err
+    bad.write_text("{")
+    rc, _, err = run_fit(capsys, "--config", str(bad))
+    assert rc == 2 and "--config" in err
+
+
+def test_through_the_trackside_command():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    ok = subprocess.run([sys.executable, "-m", "training", "fit", "--preset", "tiny",
+                         "--json"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["config"] == PRESETS["tiny"].to_dict()
+    bad = subprocess.run([sys.executable, "-m", "training", "fit", "--preset", "tiny",
+                          "--max-seq-len", "-1"], cwd=REPO, env=env, capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "--max-seq-len" in bad.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_probe_without_a_gpu_fails_clearly(capsys):
+    rc, _, err = run_fit(capsys, "--preset", "tiny", "--probe")
+    assert rc == 1 and "CUDA" in err
+
+
+def test_probe_on_cpu_calibrates_to_its_measurements():
+    """The probe's machinery on CPU: real steps of the tiny drafter (saved-tensor bytes
+    stand in for the allocator's peak), four points, four scales: an exact fit."""
+    shape = StepShape(128, 1, precision="fp32")
+    log = []
+    cal = fit.run_probe(PRESETS["tiny"], shape, points=fit.SMOKE_POINTS,
+                        device=torch.device("cpu"), log=log.append)
+    assert len(log) == len(fit.SMOKE_POINTS)
+    for m in (memory.Measurement(**d) for d in cal.fitted_on["measurements"]):
+        p = memory.predict(PRESETS["tiny"], StepShape(m.max_seq_len, m.ttt_steps,
+                                                      precision="fp32"), cal)
+        assert p.forward_backward == pytest.approx(m.peak_bytes, rel=1e-6)
+
+
+def test_random_batch_shapes():
+    cfg = PRESETS["tiny"]
+    b = fit.random_batch(cfg, 300, 2, torch.device("cpu"), torch.float32, sample_len=128)
+    assert b.aux_hidden.shape == (2, 300, 3 * cfg.hidden_size)
+    assert b.final_hidden.shape == (2, 300, cfg.hidden_size)
+    assert b.doc_ids[0].tolist() == [0] * 128 + [1] * 128 + [2] * 44
+    assert b.position_ids[0, 127:130].tolist() == [127, 0, 1]
+    assert bool(b.loss_mask.all()) and b.num_samples == 6
+
+
+@pytest.mark.slow
+def test_bench_smoke_writes_its_report(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path)}
+    done = subprocess.run([sys.executable, "bench/memory_probe.py", "--smoke"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "memory.md").read_text()
+    assert "| tiny |" in text and "largest fitting" in text
+    results = json.loads((tmp_path / "memory.json").read_text())
+    assert results[0]["shape"] == "tiny" and len(results[0]["rows"]) >= 4
+
+
+@pytest.mark.gpu
+def test_probe_on_the_gpu(tmp_path, capsys):
+    rc, out, err = run_fit(capsys, "--preset", "llama3-8b", "--probe", "--calibration",
+                           str(tmp_path / "cal.json"), "--json")
+    assert rc == 0, err
+    cal = Calibration.load(tmp_path / "cal.json")
+    for m in (memory.Measurement(**d) for d in cal.fitted_on["measurements"]):
+        p = memory.predict(PRESETS["llama3-8b"], StepShape(m.max_seq_len, m.ttt_steps), cal)
+        assert abs(p.forward_backward - m.peak_bytes) / m.peak_bytes < 0.05
+    assert json.loads(out)["calibrated"] is True
