@@ -325,21 +325,24 @@ class SSHHost(Host):
         return HostUnreachable(self.name, f"connection to {self.target} lost: {reason}")
 
     @contextlib.asynccontextmanager
-    async def _process(self, argv: Sequence[str], input: str | None, **kwargs) -> AsyncIterator[asyncssh.SSHClientProcess]:
+    async def _process(
+        self, argv: Sequence[str], input: str | None, **kwargs
+    ) -> AsyncIterator[asyncssh.SSHClientProcess]:
         """A remote process on its own channel of the shared connection.
 
         sshd does not end a command when its channel closes, and cannot signal it for root
         logins; so unless stdin carries input, a watchdog holds stdin open and sends the
-        command SIGTERM when it reaches EOF, i.e. when the channel closes early.
+        command SIGTERM when it reaches EOF, i.e. when the channel closes early. (A command
+        given input that times out is left to finish by itself.)
         """
         if input is None:
-            command, stdin = shlex.join(_WATCHDOG + self.full_argv(argv)), asyncssh.PIPE
+            command = shlex.join(_WATCHDOG + self.full_argv(argv))
         else:
-            command, stdin = self.shell_command(argv), asyncssh.PIPE
+            command = self.shell_command(argv)
         async with self._channels:
             conn = await self.connection()
             try:
-                process = await conn.create_process(command, stdin=stdin, **kwargs)
+                process = await conn.create_process(command, stdin=asyncssh.PIPE, **kwargs)
             except asyncssh.ChannelOpenError as e:
                 if conn.is_closed():
                     raise self._lost(conn, e) from None

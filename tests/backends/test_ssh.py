@@ -56,15 +56,26 @@ async def test_lines_and_closing_them_ends_the_remote_process(ssh_host):
     async with contextlib.aclosing(stream):
         pid = int(await anext(stream))
         assert pid_alive(pid)
-    await wait_until(lambda: not pid_alive(pid), 5, "the remote sleep to end")
+    await wait_until(lambda: not pid_alive(pid), 10, "the remote sleep to end")
 
 
-async def test_timeout_raises_and_ends_the_remote_process(ssh_host, tmp_path):
-    pid_file = tmp_path / "pid"
-    with pytest.raises(HostError, match="timed out after 0.5s"):
-        await ssh_host.run(["sh", "-c", f"echo $$ > {pid_file}; exec sleep 60"], timeout=0.5)
-    pid = int(pid_file.read_text())
-    await wait_until(lambda: not pid_alive(pid), 5, "the timed-out command to end")
+def pids_running(token: str) -> list[int]:
+    """PIDs of processes with `token` as an argument."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            if token.encode() in cmdline.read_bytes().split(b"\0"):
+                found.append(int(cmdline.parent.name))
+    return found
+
+
+async def test_timeout_raises_and_ends_the_remote_process(ssh_host):
+    token = f"{secrets.randbelow(10**6) + 10**6}.5"  # a unique `sleep` duration to find it by
+    command = asyncio.create_task(ssh_host.run(["sleep", token], timeout=5))
+    await wait_until(lambda: pids_running(token), 5, "the remote sleep to start")
+    with pytest.raises(HostError, match="timed out after 5s"):
+        await command
+    await wait_until(lambda: not pids_running(token), 10, "the timed-out command to end")
 
 
 # -- host keys and credentials ------------------------------------------------------------

@@ -157,7 +157,7 @@ async def test_follow_over_ssh_and_closing_ends_the_remote_tail(ssh_host, tmp_pa
     finally:
         await follower.close()
     assert follower.lines == [Line("a", 2), Line("b", 4)]
-    await wait_until(lambda: not tails_of(path), 5, "the remote tail to end")
+    await wait_until(lambda: not tails_of(path), 10, "the remote tail to end")
 
 
 # A trainer stand-in: numbered JSON lines of varying byte lengths, some written in two
