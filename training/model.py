@@ -102,7 +102,9 @@ class DecoderLayer(nn.Module):
 
     def forward(self, embeds: Tensor, hidden: Tensor, positions: Tensor, layout: DocLayout,
                 kv: _KV) -> Tensor:
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        # In the hidden stream's dtype (bf16 under autocast), so q/k/v share one cast input.
+        embeds = self.input_layernorm(embeds).to(hidden.dtype)
+        x = torch.cat([embeds, self.hidden_norm(hidden)], dim=-1)
         hidden = hidden + self.self_attn(x, positions, layout, kv)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 

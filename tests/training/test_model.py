@@ -171,6 +171,13 @@ def test_block_mask_covers_exactly_the_document_causal_pairs():
     assert full  # the long sample has full blocks that skip mask_mod
 
 
+def test_block_mask_of_a_long_row_is_built_without_an_L_by_L_grid(peak_allocated_bytes):
+    L = 65536  # an L x L bool grid would be 4 GiB
+    doc_ids = torch.repeat_interleave(torch.arange(16), L // 16)[None]
+    peak = peak_allocated_bytes(lambda: doc_causal_block_mask(doc_ids))
+    assert peak < 64 * 2**20  # block-level tensors: (L / 128)^2 entries at most
+
+
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_attention_with_the_block_mask_matches_the_dense_path_on_cpu():
     # flex_attention runs eagerly (forward only) on CPU: this checks mask_mod and the lse.
