@@ -7,17 +7,20 @@ notifications, so the UI never waits on the network.
 
 from __future__ import annotations
 
+import shlex
+import subprocess
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 
-from textual.app import App, SystemCommand
+from textual.app import App, SuspendNotSupported, SystemCommand
 from textual.screen import Screen
 
 from backends import kill, logparse, runs
 from backends.hosts import Host
 from tui.alerts import Alert, host_alerts, kill_alert, run_alerts, update_underfed
+from tui.attach import attach_argv
 from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
 from tui.monitor import HostMonitor
@@ -361,14 +364,16 @@ class TracksideApp(App):
         self.push_screen(EditScreen(run, self.hosts[run.host], self.pending.get(run.key, {})), keep)
 
     def action_attach(self) -> None:
-        from backends import tmux
-
         run = self.selected_run()
         if run is None:
             return
-        argv = tmux.attach_argv(self.watched[run.host].host, run.info.session)
-        with self.suspend():
-            tmux.run_interactive(argv)
+        argv = attach_argv(self.watched[run.host].host, run.info.session)
+        try:
+            with self.suspend():
+                # The one process the app starts itself: it must own this terminal.
+                subprocess.run(argv)
+        except SuspendNotSupported:
+            self.notify(f"this terminal cannot hand over; run: {shlex.join(argv)}", timeout=15)
 
     def on_unmount(self) -> None:
         for monitor in self.monitors.values():

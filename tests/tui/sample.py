@@ -41,11 +41,11 @@ def run_info(state: RunState = RunState.RUNNING) -> RunInfo:
     )  # fmt: skip
 
 
-def metrics_events(steps: int = 300) -> list[dict]:
+def metrics_events(steps: int = 300, model: dict | None = None) -> list[dict]:
     start = {
         "event": "start",
         "time": T0,
-        "config": {**PARAMS, "model": {}},
+        "config": {**PARAMS, "model": model or {}},
         "steps_per_epoch": 4120,
         "world_size": 8,
     }
@@ -86,11 +86,12 @@ def make_app() -> TracksideApp:
     return TracksideApp(watched, monitor=False, clock=frozen_clock)
 
 
-def feed(app: TracksideApp) -> None:
-    """Post the fleet's state as the monitors would."""
+def feed(app: TracksideApp, model: dict | None = None) -> None:
+    """Post the fleet's state as the monitors would (`model`: the drafter's shape, which
+    lets the edit form predict memory)."""
     app.post_message(RunsListed("h200-box", [run_info()], NOW))
     app.post_message(GpusPolled("h200-box", gpus(), NOW))
-    app.post_message(MetricsBatch("h200-box", RUN_KEY, metrics_events(), garbled=1))
+    app.post_message(MetricsBatch("h200-box", RUN_KEY, metrics_events(model=model), garbled=1))
     app.post_message(ConsoleBatch("h200-box", RUN_KEY, LOG))
     refused = HostUnreachable("pve-129", "connection refused by 10.0.0.129:22")
     app.post_message(HostFailed("pve-129", "offline", str(refused)))
