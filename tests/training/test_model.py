@@ -85,6 +85,7 @@ def test_step_k_at_index_i_sees_exactly_the_tokens_up_to_i_plus_k_plus_1(drafter
     sample["input_ids"][c] = (sample["input_ids"][c] + 1) % drafter.cfg.vocab_size
     after = drafter.step_losses(collate([[sample]], 40), TTT)
     for k in range(TTT):
+        assert before[k].index[:, 1].tolist() == list(range(40 - k - 1))
         first = c - k - 1
         assert torch.equal(before[k].losses[:first], after[k].losses[:first])
         assert before[k].losses[first] != after[k].losses[first]
