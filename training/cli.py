@@ -1,0 +1,208 @@
+"""`trackside train|extract|fit`: parse, validate (exit 2 naming the flag), run.
+
+argv includes the subcommand as argv[0], as tui/cli.py hands it over.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+
+
+class UsageError(Exception):
+    """A bad value on the command line: the message names the flag; exit 2."""
+
+
+def _typed(kind, check, what: str):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not check(value):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+    return parse
+
+
+POSITIVE_INT = _typed(int, lambda v: v > 0, "a positive integer")
+NON_NEGATIVE_INT = _typed(int, lambda v: v >= 0, "an integer ≥ 0")
+POSITIVE_FLOAT = _typed(float, lambda v: v > 0 and v != float("inf"), "a positive number")
+DECAY = _typed(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
+def _layers(text: str) -> list[int]:
+    try:
+        layers = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected three layer numbers a,b,c, got {text!r}")
+    if len(layers) != 3:
+        raise argparse.ArgumentTypeError(f"expected three layer numbers a,b,c, got {text!r}")
+    return layers
+
+
+def runs_root() -> Path:
+    return Path(os.environ.get("TRACKSIDE_RUNS_ROOT") or Path.home() / ".trackside" / "runs")
+
+
+def train_parser() -> argparse.ArgumentParser:
+    from training.config import PRESETS
+
+    p = argparse.ArgumentParser(prog="trackside train",
+                                description="Train an EAGLE-3 drafter on hidden states.")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--synthetic", action="store_true",
+                        help="a tiny verifier and data set made on the fly (cached)")
+    source.add_argument("--data", type=Path, help="a data directory from trackside extract")
+    p.add_argument("--out", type=Path, help="run directory (default: a new one under "
+                   "$TRACKSIDE_RUNS_ROOT or ~/.trackside/runs)")
+    p.add_argument("--max-seq-len", type=POSITIVE_INT,
+                   help="tokens per packed row (default 2048; 512 with --synthetic)")
+    p.add_argument("--ttt-steps", type=POSITIVE_INT, default=3)
+    p.add_argument("--ttt-decay", type=DECAY, default=0.8)
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=POSITIVE_INT)
+    length.add_argument("--epochs", type=POSITIVE_INT, help="default 1 when --steps is absent")
+    p.add_argument("--lr", type=POSITIVE_FLOAT,
+                   help="peak learning rate (default 1e-4; 3e-3 with --synthetic)")
+    p.add_argument("--batch-rows", type=POSITIVE_INT, default=1,
+                   help="packed rows per process per step")
+    p.add_argument("--draft-vocab-size", type=POSITIVE_INT)
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--model-config", type=Path, help="drafter shape as JSON")
+    shape.add_argument("--preset", choices=sorted(PRESETS), help="default tiny")
+    p.add_argument("--device", choices=["cpu", "cuda"])
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint in --out")
+    p.add_argument("--loss-chunk", type=POSITIVE_INT, default=2048)
+    p.add_argument("--gpu-mem-gib", type=POSITIVE_FLOAT,
+                   help="cap this process's GPU memory (a smaller card, for tests)")
+    p.add_argument("--save-every", type=NON_NEGATIVE_INT, default=1000,
+                   help="checkpoint every N steps (0: only at the end or when stopped)")
+    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=0)
+    p.add_argument("--export", type=Path, help="export the final drafter here")
+    return p
+
+
+def _drafter_config(args, dataset):
+    from training.config import PRESETS, DrafterConfig
+    from training.vocab import default_draft_vocab_size
+
+    if args.model_config is not None:
+        try:
+            base = DrafterConfig.from_dict(json.loads(args.model_config.read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise UsageError(f"--model-config {args.model_config}: {exc}") from None
+        flag = "--model-config"
+    else:
+        base = PRESETS[args.preset or "tiny"]
+        flag = "--preset"
+    if base.hidden_size != dataset.hidden_size:
+        raise UsageError(f"{flag}: the drafter's hidden size {base.hidden_size} differs from "
+                         f"the data's {dataset.hidden_size} (the verifier's)")
+    vocab = dataset.vocab_size
+    draft = args.draft_vocab_size or min(base.draft_vocab_size,
+                                         default_draft_vocab_size(vocab))
+    if draft > vocab:
+        raise UsageError(f"--draft-vocab-size {draft} exceeds the verifier's vocabulary "
+                         f"of {vocab}")
+    return dataclasses.replace(base, vocab_size=vocab, draft_vocab_size=draft)
+
+
+def _run_dir(args) -> Path:
+    if args.out is None:
+        if args.resume:
+            raise UsageError("--resume needs --out RUN_DIR")
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        return runs_root() / f"{stamp}-{secrets.token_hex(2)}"
+    if not args.resume and (args.out / "metrics.jsonl").exists():
+        raise UsageError(f"--out {args.out} already holds a run; pass --resume or choose "
+                         "another directory")
+    return args.out
+
+
+def train_main(argv: list[str]) -> int:
+    args = train_parser().parse_args(argv)
+    import torch
+
+    from training.data import Dataset, DatasetError
+    from training.loop import TrainConfig, train
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available")
+    if args.gpu_mem_gib and device != "cuda":
+        raise UsageError("--gpu-mem-gib needs --device cuda")
+    run_dir = _run_dir(args)
+    if args.synthetic:
+        from training.synthetic import synthetic_dataset
+
+        data = synthetic_dataset(args.seed)
+    else:
+        data = args.data
+    try:
+        dataset = Dataset(data)
+    except DatasetError as exc:
+        raise UsageError(f"--data: {exc}") from None
+    cfg = TrainConfig(
+        data=Path(data), run_dir=run_dir, drafter=_drafter_config(args, dataset),
+        steps=args.steps, epochs=None if args.steps else (args.epochs or 1),
+        max_seq_len=args.max_seq_len or (512 if args.synthetic else 2048), ttt_steps=args.ttt_steps, ttt_decay=args.ttt_decay,
+        lr=args.lr or (3e-3 if args.synthetic else 1e-4), batch_rows=args.batch_rows,
+        device=device, resume=args.resume, loss_chunk=args.loss_chunk,
+        gpu_mem_gib=args.gpu_mem_gib, save_every=args.save_every, seed=args.seed,
+        export=args.export)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if args.synthetic and not (run_dir / "data").exists():
+        (run_dir / "data").symlink_to(Path(data).resolve())
+    try:
+        return train(cfg)
+    except DatasetError as exc:
+        raise UsageError(f"--batch-rows/--max-seq-len: {exc}") from None
+
+
+def extract_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="trackside extract",
+                                description="Capture a causal LM's hidden states into a "
+                                            "data directory.")
+    p.add_argument("--model", required=True,
+                   help="model directory or hub id, or a config.json (random weights)")
+    p.add_argument("--prompts", required=True, type=Path, help="JSONL samples")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--layers", type=_layers, help="capture layers a,b,c (default 2,n/2,n-3)")
+    p.add_argument("--max-tokens-per-batch", type=POSITIVE_INT, default=16384)
+    args = p.parse_args(argv)
+    from training.extract import ExtractError, run
+
+    try:
+        info = run(args.model, args.prompts, args.out, args.layers,
+                   args.max_tokens_per_batch)
+    except ExtractError as exc:
+        raise UsageError(f"{exc.flag}: {exc}") from None
+    print(f"extract: wrote {info['num_samples']} samples, {info['total_tokens']} tokens, "
+          f"layers {info['layers']} to {args.out}", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command, rest = (argv[0], argv[1:]) if argv else ("", [])
+    try:
+        if command == "train":
+            return train_main(rest)
+        if command == "extract":
+            return extract_main(rest)
+        if command == "fit":
+            from training.fit import main as fit_main
+
+            return fit_main(argv)
+    except UsageError as exc:
+        print(f"trackside {command}: error: {exc}", file=sys.stderr)
+        return 2
+    print("usage: trackside {train,extract,fit} …", file=sys.stderr)
+    return 2

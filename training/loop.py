@@ -1,0 +1,296 @@
+"""The training loop, top to bottom: set-up, resume, steps, checkpoints, the end.
+
+One process per GPU under torchrun (DDP: gloo on CPU, NCCL on CUDA), or one process alone.
+Each rank trains on its slice of the global batch; the loss is normalised by the global
+count of scored positions per TTT step, so N ranks compute exactly what one process with
+the whole global batch would. Rank 0 writes metrics and checkpoints.
+
+Exit codes: 0 done or stopped by SIGTERM/SIGINT (after a checkpoint), 3 CUDA out of memory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import random
+import re
+import resource
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from training import checkpoint
+from training.config import DrafterConfig
+from training.data import Dataset, Loader, Position
+from training.metrics import MetricsWriter
+from training.model import Eagle3Drafter
+from training.vocab import build_draft_vocab
+
+EXIT_OOM = 3
+
+
+@dataclass
+class TrainConfig:
+    data: Path
+    run_dir: Path
+    drafter: DrafterConfig
+    steps: int | None = None  # exactly one of steps and epochs
+    epochs: int | None = None
+    max_seq_len: int = 2048
+    ttt_steps: int = 3
+    ttt_decay: float = 0.8
+    lr: float = 1e-4
+    batch_rows: int = 1  # rows per rank per step
+    device: str = "cpu"
+    resume: bool = False
+    loss_chunk: int = 2048
+    gpu_mem_gib: float | None = None
+    save_every: int = 0  # 0: only at the end and when stopped
+    seed: int = 0
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+    export: Path | None = None
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        del d["drafter"]
+        d["model"] = self.drafter.to_dict()  # the key `trackside fit --from-run` reads
+        return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}
+
+
+class _Unroll(nn.Module):
+    """The drafter's per-step losses as a forward(), so DDP sees the call it syncs."""
+
+    def __init__(self, drafter: Eagle3Drafter):
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, batch, ttt_steps: int, loss_chunk: int):
+        return self.drafter.step_losses(batch, ttt_steps, loss_chunk)
+
+
+class _StopRequest:
+    """SIGTERM / SIGINT ask for a clean stop after the current step."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+
+def warmup_cosine(warmup: int, total: int, floor: float = 0.1):
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor
+
+
+def peak_mem_gib(device: torch.device) -> float:
+    """CUDA: torch's peak allocated bytes. CPU: the process's peak resident set (RSS)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tried_gib(error: Exception) -> float | None:
+    m = re.search(r"Tried to allocate ([\d.]+) (GiB|MiB|KiB)", str(error))
+    if not m:
+        return None
+    return float(m.group(1)) / {"GiB": 1, "MiB": 1024, "KiB": 1024**2}[m.group(2)]
+
+
+def _all_reduce(values: list[float], device: torch.device, world: int) -> list[float]:
+    if world == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def train(cfg: TrainConfig) -> int:
+    # --- processes and device ---
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cfg.device == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        if cfg.gpu_mem_gib:
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(
+                min(1.0, cfg.gpu_mem_gib * 2**30 / total), device)
+    else:
+        device = torch.device("cpu")
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    torch.manual_seed(cfg.seed)
+    stop = _StopRequest()
+
+    # --- data, model, optimizer ---
+    dataset = Dataset(cfg.data)
+    loader = Loader(dataset, cfg.max_seq_len, cfg.batch_rows, seed=cfg.seed, rank=rank,
+                    world_size=world)
+    total_steps = cfg.steps or cfg.epochs * loader.steps_per_epoch
+    warmup = max(1, min(100, total_steps // 10))
+    d2t, t2d = build_draft_vocab(dataset.token_counts(), cfg.drafter.draft_vocab_size)
+    drafter = Eagle3Drafter(cfg.drafter)
+    verifier = dataset.verifier()
+    drafter.load_verifier(verifier["embed_tokens"].float(), verifier["lm_head"].float(),
+                          d2t, t2d)
+    drafter.to(device)
+    trainable = {n: p for n, p in drafter.named_parameters() if p.requires_grad}
+    optimizer = torch.optim.AdamW(trainable.values(), lr=cfg.lr, betas=(0.9, 0.95),
+                                  weight_decay=cfg.weight_decay,
+                                  fused=device.type == "cuda")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
+                                                  warmup_cosine(warmup, total_steps))
+    unroll = _Unroll(drafter)
+    if world > 1:
+        unroll = DistributedDataParallel(unroll, device_ids=[device.index]
+                                         if device.type == "cuda" else None)
+
+    # --- resume ---
+    ckpt_root = cfg.run_dir / "checkpoints"
+    step, position = 0, Position()
+    found = checkpoint.latest(ckpt_root) if cfg.resume else None
+    if found is not None:
+        tensors, state, _ = checkpoint.load(found)
+        missing = set(trainable) - set(tensors)
+        if missing:
+            raise ValueError(f"checkpoint {found} lacks {sorted(missing)[:3]}")
+        drafter.load_state_dict({n: tensors[n] for n in trainable}, strict=False)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step, position = state["step"], Position(**state["data"])
+        _set_rng_state(state["rng"])
+
+    metrics = MetricsWriter(cfg.run_dir / "metrics.jsonl" if rank == 0 else None)
+    config = {**cfg.to_dict(), "total_steps": total_steps, "warmup_steps": warmup,
+              "global_batch_rows": cfg.batch_rows * world, "resumed_from_step": step,
+              "precision": "bf16" if device.type == "cuda" else "fp32", "sharding": "ddp",
+              "data_layers": dataset.info["layers"]}
+    metrics.write("start", config=config, steps_per_epoch=loader.steps_per_epoch,
+                  world_size=world)
+    if rank == 0:
+        print(f"train: run_dir={cfg.run_dir} steps={total_steps} "
+              f"steps_per_epoch={loader.steps_per_epoch} world_size={world} "
+              f"device={device.type} start_step={step}", flush=True)
+    last_saved = step
+
+    def save() -> None:
+        nonlocal last_saved
+        if rank == 0 and last_saved != step:
+            tensors = {**trainable, "d2t": drafter.d2t, "t2d": drafter.t2d}
+            state = {"step": step, "data": position.state_dict(), "rng": _rng_state(),
+                     "optimizer": optimizer.state_dict(),
+                     "scheduler": scheduler.state_dict()}
+            path = checkpoint.save(ckpt_root, step, tensors, state, {
+                "drafter": cfg.drafter.to_dict(), "layers": dataset.info["layers"],
+                "max_seq_len": cfg.max_seq_len, "ttt_steps": cfg.ttt_steps})
+            metrics.write("checkpoint", step=step, path=str(path))
+        last_saved = step
+        if world > 1:
+            dist.barrier()
+
+    # --- the steps ---
+    batches = loader.iterate(position)
+    status = "completed"
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    try:
+        while step < total_steps:
+            started = time.perf_counter()
+            batch, epoch, next_position = next(batches)
+            batch = batch.to(device)
+            with autocast:
+                steps = unroll(batch, cfg.ttt_steps, cfg.loss_chunk)
+            counts = _all_reduce([float(s.losses.shape[0]) for s in steps], device, world)
+            # Each rank's share of the global mean; DDP averages gradients over ranks.
+            loss = sum(cfg.ttt_decay ** k * s.losses.sum() * (world / max(n, 1))
+                       for k, (s, n) in enumerate(zip(steps, counts)))
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(trainable.values(), cfg.grad_clip)
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step, position = step + 1, next_position
+
+            tokens = batch.input_ids.numel() - batch.pad_tokens
+            sums = _all_reduce(
+                [s.losses.detach().sum().item() for s in steps]
+                + [s.agree.sum().item() for s in steps]
+                + [tokens, batch.num_samples, batch.pad_tokens, float(stop.requested)],
+                device, world)
+            K = cfg.ttt_steps
+            loss_ttt = [sums[k] / max(counts[k], 1) for k in range(K)]
+            acc_ttt = [sums[K + k] / max(counts[k], 1) for k in range(K)]
+            tokens, samples, pad = sums[2 * K:2 * K + 3]
+            rows = cfg.batch_rows * world
+            elapsed = time.perf_counter() - started
+            record = dict(
+                step=step, epoch=epoch,
+                loss=sum(cfg.ttt_decay ** k * v for k, v in enumerate(loss_ttt)),
+                loss_ttt=loss_ttt, acc_ttt=acc_ttt, lr=lr, grad_norm=grad_norm.item(),
+                tokens=int(tokens), tokens_per_s=tokens / elapsed,
+                samples_per_row=samples / rows, pad_frac=pad / (rows * cfg.max_seq_len),
+                peak_mem_gib=peak_mem_gib(device))
+            metrics.write("step", **record)
+            if rank == 0:
+                print(f"step={step} epoch={epoch} loss={record['loss']:.4f} "
+                      f"acc_0={acc_ttt[0]:.3f} lr={lr:.3e} grad_norm={record['grad_norm']:.3f} "
+                      f"tokens_per_s={record['tokens_per_s']:.0f} "
+                      f"peak_mem_gib={record['peak_mem_gib']:.2f}", flush=True)
+            if sums[-1] > 0:  # any rank was asked to stop
+                status = "stopped"
+                break
+            if cfg.save_every and step % cfg.save_every == 0:
+                save()
+        save()
+    except torch.OutOfMemoryError as error:
+        metrics.write("oom", max_seq_len=cfg.max_seq_len, ttt_steps=cfg.ttt_steps,
+                      tried_gib=_tried_gib(error), peak_mem_gib=peak_mem_gib(device))
+        metrics.write("end", status="oom")
+        print(f"train: CUDA out of memory at max_seq_len={cfg.max_seq_len} "
+              f"ttt_steps={cfg.ttt_steps}: {error}", file=sys.stderr, flush=True)
+        return EXIT_OOM
+    except BaseException:
+        metrics.write("end", status="failed")
+        raise
+    finally:
+        batches.close()
+
+    if cfg.export is not None and rank == 0:
+        from training.export import export_drafter
+
+        export_drafter(checkpoint.latest(ckpt_root), cfg.export)
+    metrics.write("end", status=status)
+    metrics.close()
+    if world > 1:
+        dist.destroy_process_group()
+    return 0
