@@ -115,3 +115,27 @@ def test_unknown_host_names_the_choices(tmp_path):
     config = load_config(write(tmp_path, '[hosts.gpu1]\naddress = "h"'))
     with pytest.raises(ConfigError, match='no host named "gpu9" \\(configured: gpu1\\)'):
         config.host("gpu9")
+
+
+async def test_a_configured_host_reaches_the_test_sshd(sshd, tmp_path):
+    if not sshd.running:
+        sshd.start()
+    config = load_config(
+        write(
+            tmp_path,
+            f"""
+[hosts.box]
+address = "127.0.0.1"
+port = {sshd.port}
+user = "{sshd.user}"
+known_hosts = "{sshd.known_hosts}"
+identity_file = "{sshd.client_key}"
+prefix = ["sh", "-c", 'exec "$@"', "container"]
+""",
+        )
+    )
+    host = config.host("box").make_host()
+    try:
+        assert (await host.run(["printf", "%s", "a b"])).stdout == "a b"
+    finally:
+        await host.close()

@@ -128,6 +128,19 @@ async def test_closed_port_is_unreachable_then_fails_fast_until_the_retry(tmp_pa
         await host.run(["true"])
 
 
+async def test_a_server_that_never_answers_times_out(tmp_path):
+    silent = await asyncio.start_server(lambda reader, writer: None, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    host = SSHHost("gpu-box", "127.0.0.1", port=port, known_hosts=str(tmp_path / "kh"), connect_timeout=0.5)
+    started = time.monotonic()
+    try:
+        with pytest.raises(HostUnreachable, match=rf"^gpu-box: cannot connect to 127\.0\.0\.1:{port}"):
+            await host.run(["true"])
+    finally:
+        silent.close()
+    assert time.monotonic() - started < 5
+
+
 @contextlib.contextmanager
 def socket_port():
     import socket
