@@ -296,7 +296,11 @@ class SSHHost(Host):
             raise HostKeyRejected(self.name, self._host_key_problem()) from None
         except asyncssh.PermissionDenied as e:
             raise AuthFailed(self.name, f"{self.target} refused our keys: {e.reason}") from None
-        except (OSError, asyncio.TimeoutError, asyncssh.Error) as e:
+        except asyncio.TimeoutError:
+            raise HostUnreachable(
+                self.name, f"cannot connect to {self.target}: no answer within {self.connect_timeout}s"
+            ) from None
+        except (OSError, asyncssh.Error) as e:
             reason = getattr(e, "reason", None) or str(e) or type(e).__name__
             raise HostUnreachable(self.name, f"cannot connect to {self.target}: {reason}") from None
 
