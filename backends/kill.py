@@ -10,6 +10,7 @@ pid reused by an unrelated process is left alone.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -147,7 +148,7 @@ async def _resolve(host: Host, target: str) -> tuple[str | None, dict | None, li
     return target, manifest, panes
 
 
-async def _pane_exit_status(host: Host, session: str, pane_pid: int | None, poll_s: float) -> int | None:
+async def _pane_exit_status(host: Host, session: str, pane_pid: int, poll_s: float) -> int | None:
     """The pane's exit status once tmux has seen its process end."""
     deadline = time.monotonic() + PANE_EXIT_WAIT_S
     while time.monotonic() < deadline:
@@ -159,11 +160,10 @@ async def _pane_exit_status(host: Host, session: str, pane_pid: int | None, poll
 
 
 async def _end_session(host: Host, session: str | None, manifest: dict | None, panes: list[tmux.Pane], poll_s: float) -> int | None:
-    """Record how the run ended, then kill its session; the pane's exit status."""
+    """Record how the run ended, then kill its session; the (first) pane's exit status."""
     exit_status = None
-    if manifest and panes:
-        exit_status = await _pane_exit_status(host, session, manifest.get("pane_pid"), poll_s)
     if panes:
+        exit_status = await _pane_exit_status(host, session, panes[0].pid, poll_s)
         await tmux.kill_session(host, session)
     if manifest:
         await runs.record_end(host, manifest, exit_status)
@@ -203,6 +203,8 @@ async def kill_run(
         notes.append(f"session {session} of this run is gone; nothing to signal")
     table = await process_table(host)
     known = {pid: table[pid].started for pid in process_tree(table, panes)}
+    if host.is_local and os.getpid() in known:
+        raise KillError(f"refusing to kill {target}: trackside itself runs in that tmux session")
     before = await gpu.read_gpus(host, smi)
     gpu_before = _run_gpu_processes(before, set(known))
 

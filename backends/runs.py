@@ -209,7 +209,11 @@ async def launch(
     await write_manifest(host, manifest)
     if resume_from:
         await _link_checkpoint(host, resume_from, f"{directory}/checkpoints")
-    pane_pid = await tmux.new_session(host, session, command, f"{directory}/console.log")
+    try:
+        pane_pid = await tmux.new_session(host, session, command, f"{directory}/console.log")
+    except tmux.TmuxError:
+        await host.run(["rm", "-rf", "--", directory])  # a run that never started leaves no trace
+        raise
     manifest["pane_pid"] = pane_pid
     await write_manifest(host, manifest)
     return RunInfo(

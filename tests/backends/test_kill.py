@@ -164,6 +164,22 @@ async def test_kill_by_session_name_covers_sessions_we_did_not_launch(host, tmux
     assert [r.session for r in await runs.list_runs(host)] == []
 
 
+async def test_kill_refuses_the_session_trackside_runs_in(host, tmp_path):
+    out = tmp_path / "refused.txt"
+    script = (
+        "import asyncio, sys\n"
+        "from backends import kill\n"
+        "from backends.hosts import LocalHost\n"
+        "try:\n"
+        "    asyncio.run(kill.kill_run(LocalHost(), 'self', smi=sys.argv[2]))\n"
+        "except kill.KillError as e:\n"
+        "    open(sys.argv[1], 'w').write(str(e))\n"
+    )
+    subprocess.run(["tmux", "new-session", "-d", "-s", "self", PY, "-c", script, str(out), FAKE_SMI], check=True)
+    refusal = await eventually(lambda: written(out))
+    assert refusal == "refusing to kill self: trackside itself runs in that tmux session"
+
+
 async def test_unknown_targets_are_refused(host):
     with pytest.raises(KillError, match="no run or tmux session 'nope'"):
         await kill.kill_run(host, "nope", smi=FAKE_SMI)

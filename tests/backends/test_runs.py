@@ -153,9 +153,10 @@ async def test_metrics_tail_gives_step_loss_and_oom(host):
 async def test_session_names_are_checked_and_duplicates_refused(host):
     with pytest.raises(ValueError, match="session name"):
         await runs.launch(host, ["true"], session="a:b")
-    await runs.launch(host, ["sleep", "30"], session="dup")
+    first = await runs.launch(host, ["sleep", "30"], session="dup")
     with pytest.raises(tmux.TmuxError, match="duplicate session"):
         await runs.launch(host, ["sleep", "30"], session="dup")
+    assert [r.run_id for r in await runs.list_runs(host)] == [first.run_id]
 
 
 def fake_trainer(tmp_path: Path) -> list[str]:
