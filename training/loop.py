@@ -212,6 +212,7 @@ def train(cfg: TrainConfig) -> int:
                      "scheduler": scheduler.state_dict()}
             path = checkpoint.save(ckpt_root, step, tensors, state, {
                 "drafter": cfg.drafter.to_dict(), "layers": dataset.info["layers"],
+                "num_layers": dataset.info["num_layers"],
                 "max_seq_len": cfg.max_seq_len, "ttt_steps": cfg.ttt_steps})
             metrics.write("checkpoint", step=step, path=str(path))
         last_saved = step
