@@ -93,6 +93,7 @@ def gpu_procs(tmp_path, monkeypatch):
     return declare
 
 
+@pytest.mark.slow
 async def test_kill_is_scoped_over_20_trials(host, bystanders, gpu_procs):
     harmed = 0
     for trial in range(20):
