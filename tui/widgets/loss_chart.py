@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 
+from rich.text import Text
+from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
 from tui.state import RunState, ema
 
+MIN_SIZE = (24, 8)  # columns, rows below which there is no chart worth drawing
 MAX_POINTS = 400  # plotted per curve; longer histories are thinned evenly
 
 
@@ -60,6 +63,16 @@ class LossChart(PlotextPlot):
             return
         xs, ys = thin(*map(list, zip(*points)))
         self.plt.plot(xs, ys, label=label, marker="braille")
+
+    def render(self) -> RenderResult:
+        # plotext indexes past its canvas when the widget is tiny (a maximized log shrinks
+        # it to nothing) or the data are odd; a chart is never worth a crash.
+        if self.size.width < MIN_SIZE[0] or self.size.height < MIN_SIZE[1]:
+            return ""
+        try:
+            return super().render()
+        except Exception as error:
+            return Text(f"loss chart unavailable: {error!r}", style="dim")
 
     def toggle_log(self) -> None:
         self.log_y = not self.log_y

@@ -1,0 +1,69 @@
+"""Keys on the fixed fleet: help, the command palette, filter, chart toggles, refusals."""
+
+from __future__ import annotations
+
+from textual.widgets import DataTable, HelpPanel
+
+from tests.tui.sample import RUN_KEY, feed, make_app
+from tui.keys import KEYS
+from tui.screens.run import RunScreen
+from tui.widgets.loss_chart import LossChart
+
+
+async def test_every_key_has_an_id_and_is_in_the_palette():
+    assert all(b.id and b.id.startswith("trackside.") for b in KEYS)
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        feed(app)
+        await pilot.pause()
+        app.open_run(RUN_KEY)
+        await pilot.pause()
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for label in ("Kill (k)", "Edit (e)", "Relaunch (r)", "Kill+relaunch (R)", "Attach (a)", "Log (l)", "Filter (/)"):
+            assert label in titles
+        await pilot.press("question_mark")
+        assert app.screen.query(HelpPanel)
+        await pilot.press("question_mark")
+        assert not app.screen.query(HelpPanel)
+
+
+async def test_fleet_filter_and_enter_opens_the_run():
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        feed(app)
+        await pilot.pause()
+        table = app.screen.query_one(DataTable)
+        assert table.row_count == 4  # three hosts and one run
+        await pilot.press("slash", *"pve")
+        assert [k.value for k in table.rows] == ["host:pve-129"]
+        await pilot.press("escape")
+        assert table.row_count == 4
+        table.move_cursor(row=1)
+        await pilot.press("enter")
+        assert isinstance(app.screen, RunScreen) and app.screen.run_key == RUN_KEY
+
+
+async def test_chart_toggles_and_log_focus():
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        feed(app)
+        await pilot.pause()
+        app.open_run(RUN_KEY)
+        await pilot.pause()
+        chart = app.screen.query_one(LossChart)
+        await pilot.press("y", "s")
+        assert chart.log_y and chart.smoothing == 0.1
+        await pilot.press("l")
+        assert app.screen.maximized is app.focused
+        await pilot.press("escape")
+        assert app.screen.maximized is None
+
+
+async def test_run_actions_are_off_where_no_run_is_selected():
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        feed(app)
+        await pilot.pause()
+        assert app.check_action("kill", ()) is None  # a host row is selected: shown, dimmed
+        await pilot.press("k")
+        assert len(app.screen_stack) == 2 and not app.screen.is_modal

@@ -1,0 +1,95 @@
+"""Alerts, smoothing and the edit form's predictions, on plain state."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends.kill import GpuDelta, KillReport
+from backends.gpu import GpuProcess
+from tests.tui.sample import NOW, PARAMS, gpus, metrics_events, run_info
+from tui.alerts import STALL_S, host_alerts, kill_alert, run_alerts, update_underfed
+from tui.predict import predict
+from tui.state import GpuTrace, HostState, RunState, ema
+
+
+def underfed_host(power_w: float) -> HostState:
+    host = HostState("h200-box", status="ok", gpus=gpus(power_w))
+    host.traces = {i: GpuTrace() for i in range(8)}
+    return host
+
+
+def test_underfed_gpu_is_flagged_after_a_minute_and_cleared_when_fed():
+    host = underfed_host(250.0)
+    update_underfed(host, NOW)
+    assert host_alerts(host, NOW + 59) == []
+    alerts = host_alerts(host, NOW + 60)
+    assert [a.key for a in alerts][:2] == ["underfed:h200-box:0", "underfed:h200-box:1"]
+    assert "250 W of 600 W at 100% util" in alerts[0].text
+
+    host.gpus = gpus(550.0)
+    update_underfed(host, NOW + 61)
+    assert host_alerts(host, NOW + 200) == []
+
+
+def test_lost_host_is_an_error_alert():
+    host = HostState("pve-129", status="auth", message="root@10.0.0.129 refused our keys")
+    [alert] = host_alerts(host, NOW)
+    assert alert.severity == "error" and "refused our keys" in alert.text
+
+
+def make_run(events: list[dict]) -> RunState:
+    run = RunState("h200-box/r", "h200-box", run_info())
+    for event in events:
+        run.add_event(event)
+    return run
+
+
+def test_stall_and_oom_alerts():
+    run = make_run(metrics_events(10))
+    last = run.last_step_time()
+    assert run_alerts(run, last + STALL_S - 1) == []
+    [stall] = run_alerts(run, last + STALL_S + 60)
+    assert "no step for 6m00s" in stall.text
+
+    run.add_event({"event": "oom", "max_seq_len": 32768, "ttt_steps": 5, "tried_gib": 12.0, "peak_mem_gib": 95.1})
+    texts = [a.text for a in run_alerts(run, last)]
+    assert any("max_seq_len=32768, ttt_steps=5, tried_gib=12.0" in t for t in texts)
+    assert run.state_label == "OOM"
+
+
+def test_kill_alert_names_each_straggler():
+    def report(stragglers):
+        return KillReport("r", "dflash", "r", [1, 2], [], [], [GpuDelta(0, 75000, 0)], [], stragglers,
+                          not stragglers, "OK", "", 0, 1.5, 0.2)  # fmt: skip
+
+    assert kill_alert("h/r", report([])) is None
+    alert = kill_alert("h/r", report([GpuProcess(77, 3, 76800, "python3")]))
+    assert "PID 77 (python3) holds 76800 MiB on GPU 3" in alert.text
+
+
+def test_ema_smooths_and_skips_gaps():
+    assert ema([1.0, 2.0, 3.0], 1.0) == [1.0, 2.0, 3.0]
+    assert ema([1.0, 3.0], 0.5) == [1.0, 2.0]
+    assert ema([1.0, float("nan"), 3.0], 0.5) == [1.0, 1.0, 2.0]
+
+
+def test_prediction_scales_steps_with_row_length_and_time_with_ttt():
+    run = make_run(metrics_events(50))
+    now = predict(run, {})
+    assert now.steps_per_epoch == 4120
+    doubled = predict(run, {"max_seq_len": 2 * PARAMS["max_seq_len"]})
+    assert doubled.steps_per_epoch == 2060
+    deeper = predict(run, {"ttt_steps": 5})
+    assert deeper.epoch_s == pytest.approx(now.epoch_s * 5 / 3)
+    assert now.peak_gib is None  # the start event carries no drafter shape: shown as "—"
+
+
+def test_prediction_of_peak_memory_grows_with_row_length():
+    pytest.importorskip("numpy")
+    from training.config import PRESETS
+
+    run = make_run(metrics_events(50, model=PRESETS["llama3-8b"].to_dict()))
+    now = predict(run, {}).peak_gib
+    assert now == pytest.approx(40.2, rel=0.1)  # calibrated on the run's measured peak
+    assert predict(run, {"max_seq_len": 16384}).peak_gib > now
+    assert predict(run, {"ttt_steps": 5}).peak_gib > now
