@@ -129,10 +129,12 @@ def _show_kill(report: kill.KillReport) -> str:
     lines += [f"straggler: pid {p.pid} holds {p.used_mib} MiB on GPU {p.gpu_index}" for p in report.stragglers]
     if report.gpu_message:
         lines.append(f"GPU check: {report.gpu_message}")
-    if report.released:
+    if not report.released:
+        lines.append("NOT released: see above")
+    elif report.gpu_status == "OK":
         lines.append(f"released: the run holds no GPU memory (verified {report.release_s:.2f}s after its last process exited)")
     else:
-        lines.append("NOT released: see above")
+        lines.append("stopped (no GPU memory to verify on this host)")
     return "\n".join(lines + report.notes)
 
 

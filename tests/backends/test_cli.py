@@ -76,7 +76,15 @@ def test_human_output(capsys, config):
     assert code == 0 and out.splitlines()[0].split() == ["RUN", "SESSION", "STATE", "STEP", "LOSS", "PARAMS", "PIDS"]
     assert "hello" in out and "running" in out
     code, out, _ = cli(capsys, "kill", "hello", "--config", config)
-    assert code == 0 and "SIGTERM to 1 process(es)" in out and "released" in out
+    assert code == 0 and "SIGTERM to 1 process(es)" in out and "released: the run holds no GPU memory" in out
+
+
+def test_kill_on_a_host_without_gpus_says_so(capsys, config, tmp_path):
+    no_gpu = tmp_path / "no-gpu.toml"
+    no_gpu.write_text(Path(config).read_text().replace(FAKE_SMI, str(tmp_path / "absent-nvidia-smi")))
+    assert cli(capsys, "launch", "--config", str(no_gpu), "--session", "cpu", "--", "sleep", "60")[0] == 0
+    code, out, _ = cli(capsys, "kill", "cpu", "--config", str(no_gpu))
+    assert code == 0 and "no GPU memory to verify" in out
 
 
 HOSTILE_SETS = [
