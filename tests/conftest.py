@@ -1,5 +1,6 @@
-"""Shared fixtures: a real OpenSSH sshd on 127.0.0.1 (`sshd`), an SSHHost pointed at it
-(`ssh_host`), and a temporary runs root (`runs_root`)."""
+"""Shared fixtures: a real OpenSSH sshd on 127.0.0.1 (`sshd`, shared by the session;
+`fresh_sshd`, a private one for tests that stop or sever it), an SSHHost pointed at the
+shared one (`ssh_host`), and a temporary runs root (`runs_root`)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,26 @@ import pytest
 from tests.sshd import Sshd, sshd_available
 
 
+def need_sshd() -> None:
+    if not sshd_available():
+        pytest.skip("OpenSSH sshd is not installed (/usr/sbin/sshd); SSH tests need a real server")
+
+
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory):
     """The session's sshd (see tests/sshd.py). Tests that stop or sever it restart it."""
-    if not sshd_available():
-        pytest.skip("OpenSSH sshd is not installed (/usr/sbin/sshd); SSH tests need a real server")
+    need_sshd()
     server = Sshd(tmp_path_factory.mktemp("sshd"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fresh_sshd(tmp_path):
+    """A started sshd of this test's own (new port and keys), stopped after it."""
+    need_sshd()
+    server = Sshd(tmp_path / "sshd")
     server.start()
     yield server
     server.stop()

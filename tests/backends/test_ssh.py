@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from backends.hosts import AuthFailed, HostError, HostKeyRejected, HostUnreachable, SSHHost
-from tests.sshd import Sshd
 
 # Runs the rest of argv as it is, as `pct exec 129 --` or `docker exec NAME` do in a container.
 CONTAINER_PREFIX = ["sh", "-c", 'exec "$@"', "container"]
@@ -223,9 +222,8 @@ async def test_concurrent_runs_share_one_connection_within_max_channels(sshd):
 # -- reconnecting, jump hosts, ~/.ssh/config ----------------------------------------------
 
 
-async def test_reconnects_on_the_next_call_after_a_drop(tmp_path):
-    server = Sshd(tmp_path / "sshd")
-    server.start()
+async def test_reconnects_on_the_next_call_after_a_drop(fresh_sshd):
+    server = fresh_sshd
     host = server.host(backoff_cap=0.5)
     try:
         assert (await host.run(["echo", "one"])).stdout == "one\n"
@@ -248,7 +246,6 @@ async def test_reconnects_on_the_next_call_after_a_drop(tmp_path):
         assert host.connects == 3
     finally:
         await host.close()
-        server.stop()
 
 
 def own_tcp_ports() -> set[int]:

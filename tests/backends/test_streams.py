@@ -13,7 +13,6 @@ import pytest
 
 from backends.hosts import LocalHost
 from backends.streams import Line, follow
-from tests.sshd import Sshd
 
 
 async def wait_until(predicate, timeout: float = 10.0, what: str = "condition"):
@@ -183,9 +182,8 @@ DROPS = 6  # per kind: 12 forced drops over the two kinds
 
 
 @pytest.mark.parametrize("kind", ["sshd-restart", "connection-severed"])
-async def test_follow_resumes_after_drops_with_no_line_lost_or_repeated(tmp_path, kind):
-    server = Sshd(tmp_path / "sshd")
-    server.start()
+async def test_follow_resumes_after_drops_with_no_line_lost_or_repeated(fresh_sshd, tmp_path, kind):
+    server = fresh_sshd
     host = server.host(backoff_cap=0.5)
     path, stop = tmp_path / "metrics.jsonl", tmp_path / "stop"
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(stop)])
@@ -209,7 +207,6 @@ async def test_follow_resumes_after_drops_with_no_line_lost_or_repeated(tmp_path
         writer.kill()
         await follower.close()
         await host.close()
-        server.stop()
     assert host.connects == DROPS + 1
     content = path.read_bytes()
     assert "".join(text + "\n" for text in follower.texts).encode() == content
