@@ -175,7 +175,8 @@ class LocalHost(Host):
 
 
 # Runs argv with stdin from /dev/null; SIGTERMs it when our stdin (the channel) closes.
-# (A background job's stdin is /dev/null unless redirected, hence fd 3.)
+# (A background job's stdin is /dev/null unless redirected, hence fd 3.) It goes before the
+# host's prefix: `docker exec` without -i gives the container no stdin to watch.
 _WATCHDOG = [
     "sh",
     "-c",
