@@ -28,12 +28,13 @@ import torch  # noqa: E402
 
 from training import memory  # noqa: E402
 from training.config import PRESETS  # noqa: E402
-from training.fit import PROBE_POINTS, SMOKE_POINTS, Trainer, run_probe  # noqa: E402
+from training.fit import (PROBE_POINTS, SMOKE_POINTS, ProbeError, Trainer,  # noqa: E402
+                         run_probe)
 from training.memory import GiB, StepShape  # noqa: E402
 
 # Lengths shared with the probe where possible: flex_attention compiles once per length.
 PAIRS = {
-    "kimi-k2": [(4096, 7), (8192, 3), (8192, 5), (16384, 1), (16384, 3), (16384, 5),
+    "kimi-k2": [(4096, 7), (8192, 5), (8192, 7), (16384, 1), (16384, 3), (16384, 5),
                 (32768, 1), (65536, 1), (32768, 3)],
     "llama3-8b": [(4096, 7), (8192, 5), (16384, 3), (16384, 7), (32768, 1), (32768, 5),
                   (65536, 1), (65536, 3), (65536, 5)],
@@ -89,9 +90,15 @@ def run_shape(name: str, device: torch.device, pairs, points, cap_gib: float,
                      precision=trainer.precision)
     log(f"{name}: probing {len(points)} small steps")
     probe_started = time.monotonic()
-    calibration = run_probe(cfg, base, points=points, trainer=trainer, log=log)
+    try:
+        calibration = run_probe(cfg, base, points=points, trainer=trainer, log=log)
+    except ProbeError as e:  # still measure: the analytic model's table is worth having
+        log(f"{name}: probe failed ({e}); predictions are the analytic model's")
+        calibration = None
     probe_s = time.monotonic() - probe_started
-    log(f"{name}: scales {calibration.scales}, probe {probe_s:.0f} s")
+    if calibration is not None:
+        log(f"{name}: scales {calibration.scales}, fit error "
+            f"{calibration.fitted_on['max_error']:.1%}, probe {probe_s:.0f} s")
     # Cheapest first: an OOM late cannot disturb the measurements before it.
     ordered = sorted(pairs, key=lambda p: memory.predict(
         cfg, dataclasses.replace(base, max_seq_len=p[0], ttt_steps=p[1]), calibration).total)
@@ -104,7 +111,7 @@ def run_shape(name: str, device: torch.device, pairs, points, cap_gib: float,
                                      loss_chunk=loss_chunk, precision=trainer.precision,
                                      calibration=calibration, headroom_gib=0.0)
     checks = []
-    for length in (largest, largest + multiple):
+    for length in (largest, largest + multiple) if largest else ():
         row = measure(trainer, name, length, LARGEST_TTT, calibration, loss_chunk, deadline)
         log(format_row(row))
         checks.append(row)
@@ -113,6 +120,7 @@ def run_shape(name: str, device: torch.device, pairs, points, cap_gib: float,
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {"shape": name, "calibration": calibration, "probe_s": probe_s,
+            "probe_points": len(points),
             "rows": rows, "largest": largest, "checks": checks,
             "seconds": time.monotonic() - trainer_started}
 
@@ -133,10 +141,11 @@ def report(results: list[dict], cap_gib: float, device_name: str, command: str,
     lines = [f"## Memory model: predicted vs measured peak ({device_name}, cap {cap_gib:g} GiB)",
              "", f"Command: `{command}`", "",
              "Peak = torch.cuda.max_memory_allocated over a full training step (forward, "
-             "backward, grad clipping, fused AdamW), measured on the second step; predicted "
-             "= `training.memory.predict` calibrated by one probe of "
-             f"{len(results[0]['calibration'].fitted_on['measurements'])} small steps.", "",
-             head]
+             "backward, grad clipping, fused AdamW), measured on the second step of each "
+             "pair; predicted = `training.memory.predict`, calibrated by one probe "
+             "(`trackside fit --probe`: one warm-up and one measured step at each of "
+             f"{results[0]['probe_points']} small (max_seq_len, TTT) points). OOM = "
+             "torch.OutOfMemoryError under the cap.", "", head]
     for r in results:
         lines += [format_row(row) for row in r["rows"]]
     errors = [abs(row.error) for r in results for row in r["rows"] if row.error is not None]
@@ -148,17 +157,25 @@ def report(results: list[dict], cap_gib: float, device_name: str, command: str,
         lines += [format_row(row) for row in r["checks"]]
     lines.append("")
     for r in results:
+        cal = r["calibration"]
+        scales = (", ".join(f"{g} {s:.3f}" for g, s in cal.scales.items())
+                  + f"; fit error {cal.fitted_on['max_error']:.1%}") if cal else "probe failed"
+        if not r["checks"]:
+            lines.append(f"- {r['shape']}: nothing fits {cap_gib:g} GiB at TTT {LARGEST_TTT}. "
+                         f"Calibration: {scales}")
+            continue
         fit_row, up_row = r["checks"]
         fit_ok = fit_row.measured is not None
-        up = ("OOM" if up_row.note == "OOM" else
-              f"{up_row.measured / GiB:.2f} GiB measured, "
-              f"{up_row.measured / (cap_gib * GiB):.1%} of the cap"
-              if up_row.measured is not None else up_row.note)
+        if up_row.measured is not None:
+            up = (f"{up_row.measured / GiB:.2f} GiB allocated, {up_row.reserved / GiB:.2f} "
+                  f"GiB reserved = {up_row.reserved / (cap_gib * GiB):.1%} of the cap"
+                  if up_row.reserved is not None else f"{up_row.measured / GiB:.2f} GiB")
+        else:
+            up = up_row.note
         lines.append(f"- {r['shape']}: largest fitting {r['largest']:,} "
-                     f"({'trains' if fit_ok else fit_row.note or 'OOM'}); next multiple "
+                     f"({'trains' if fit_ok else fit_row.note}); next multiple "
                      f"{r['largest'] + multiple:,}: {up}. Launches needed: one probe "
-                     f"({r['probe_s']:.0f} s). Calibration scales: "
-                     + ", ".join(f"{g} {s:.3f}" for g, s in r["calibration"].scales.items()))
+                     f"({r['probe_s']:.0f} s). Calibration scales: {scales}")
     return "\n".join(lines)
 
 
@@ -203,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(out, "memory.md").write_text(text)
         Path(out, "memory.json").write_text(json.dumps([
             {**{k: v for k, v in r.items() if k not in ("rows", "checks", "calibration")},
-             "calibration": r["calibration"].to_dict(),
+             "calibration": r["calibration"] and r["calibration"].to_dict(),
              "rows": [dataclasses.asdict(row) for row in r["rows"]],
              "checks": [dataclasses.asdict(row) for row in r["checks"]]}
             for r in results], indent=1))

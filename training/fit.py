@@ -22,10 +22,10 @@ from training.memory import GiB, Calibration, Measurement, StepShape
 from training.model import Eagle3Drafter
 from training.packing import PackedBatch
 
-# Four small steps separate the four term groups: two lengths at TTT 1 give the per-token
-# slope, TTT 3 and 5 the linear and quadratic growth with depth.
-PROBE_POINTS = ((4096, 1), (8192, 1), (4096, 3), (4096, 5))
-SMOKE_POINTS = ((128, 1), (256, 1), (128, 3), (128, 4))
+# Five small steps separate the four term groups: two lengths at TTT 1 give the per-token
+# slope, TTT 3 and 5 the linear and quadratic growth with depth; one more point checks it.
+PROBE_POINTS = ((4096, 1), (8192, 1), (4096, 3), (8192, 3), (4096, 5))
+SMOKE_POINTS = ((128, 1), (256, 1), (128, 3), (256, 3), (128, 4))
 TABLE_LENGTHS = (4096, 8192, 16384, 24576, 32768, 65536)
 TABLE_TTT = (1, 3, 5, 7)
 PROBE_SAMPLE_LEN = 2048  # random batches pack samples of this length, as real data would
@@ -72,7 +72,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     try:
         args = p.parse_args(argv)
-    except SystemExit as e:  # argparse already printed the message
+    except SystemExit as e:  # argparse already printed the message (or the help)
+        if e.code == 0:
+            raise
         raise UsageError("") from e
     for flag in ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk", "world_size",
                  "multiple"):
@@ -153,18 +155,23 @@ def report(cfg: DrafterConfig, shape: StepShape, args: argparse.Namespace,
 
 def format_report(r: dict) -> str:
     s = r["shape"]
-    usable = r["gpu_mem_gib"] - r["headroom_gib"]
-    verdict = "fits" if r["fits"] else "will NOT fit"
+    verdict = "fits" if r["fits"] else "will not fit"
+    largest = r["largest_max_seq_len"][str(s["ttt_steps"])]
     lines = [
-        f"max_seq_len {s['max_seq_len']} @ TTT {s['ttt_steps']} (batch rows "
-        f"{s['batch_rows']}, loss chunk {s['loss_chunk']}, {s['precision']}, "
-        f"{s['world_size']}×{s['sharding']}): {r['peak_gib']:.1f} GiB peak, "
-        f"{r['reserved_gib']:.1f} GiB reserved predicted; card {r['gpu_mem_gib']:g} GiB "
-        f"({usable:g} usable) — {verdict}"
-        + ("" if r["calibrated"] else " [analytic, uncalibrated: run --probe]"),
-        "",
-        "breakdown (GiB):",
+        f"{s['max_seq_len']} @ TTT {s['ttt_steps']}: {r['peak_gib']:.1f} GiB predicted "
+        f"({r['reserved_gib']:.1f} reserved), card has {r['gpu_mem_gib']:g} GiB — {verdict}; "
+        f"largest that fits: {f'{largest:,}' if largest else 'none'}",
+        f"  batch rows {s['batch_rows']}, loss chunk {s['loss_chunk']}, {s['precision']}, "
+        f"{s['world_size']} GPU(s) {s['sharding']}, {r['headroom_gib']:g} GiB outside the "
+        "allocator" + ("" if r["calibrated"] else "; analytic model, uncalibrated (--probe)"),
     ]
+    if r["calibrated"]:
+        fitted = r["calibration"]["fitted_on"]
+        lines.append(f"  calibrated on {len(fitted.get('measurements', []))} measured peaks "
+                     f"(largest fit error {fitted.get('max_error', float('nan')):.1%}); "
+                     "scales " + ", ".join(f"{g} {v:.3f}" for g, v in
+                                           r["calibration"]["scales"].items()))
+    lines += ["", "breakdown (GiB):"]
     for name, b in sorted(r["breakdown_bytes"].items(), key=lambda kv: -kv[1]):
         lines.append(f"  {name:<28} {b / GiB:9.3f}")
     lines += ["", "largest max_seq_len that fits:"]

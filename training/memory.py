@@ -41,6 +41,9 @@ DEFAULT_RESERVED_RATIO = 1.04
 # Outside the allocator: CUDA context, cuBLAS/NCCL handles; a card's memory minus this is
 # what the allocator may use.
 DEFAULT_HEADROOM_GIB = 1.0
+# A calibration whose fit misses a measurement by more than this is refused: the model's
+# structure does not describe that trainer.
+MAX_FIT_ERROR = 0.25
 
 
 @dataclass(frozen=True)
@@ -332,9 +335,10 @@ def calibrate(cfg: DrafterConfig, measurements: list[Measurement], *, batch_rows
     """Fit the group scales to measured forward+backward peaks.
 
     Weighted least squares on relative error. Measurements that cannot separate the groups
-    (one point; or every point at the same TTT depth, where per-token and per-token-step
-    bytes move together) leave the unresolved directions at the analytic values: the fit
-    is the smallest change of the scales from 1 that explains the measurements.
+    (one point; or every point at the same TTT depth, where per-token and per-step bytes
+    move together) leave the unresolved directions at the analytic values: the fit is the
+    smallest change of the scales from 1 that explains the measurements. A group whose
+    scale would not be positive keeps its analytic value and the others are refitted.
     """
     if not measurements:
         raise ValueError("calibration needs at least one measurement")
@@ -345,22 +349,36 @@ def calibrate(cfg: DrafterConfig, measurements: list[Measurement], *, batch_rows
     if (y <= 0).any():
         raise ValueError("measured peaks must be positive")
     prior = torch.ones(len(GROUPS), dtype=torch.float64)
-    weighted = X / y[:, None]
-    correction = torch.linalg.pinv(weighted) @ ((y - X @ prior) / y)
-    scales = prior + correction
-    if (scales <= 0).any():
-        raise ValueError("measurements do not fit the memory model (scales "
-                         f"{[round(float(x), 3) for x in scales]})")
-    ratios = [m.reserved_bytes / m.peak_bytes for m in measurements if m.reserved_bytes]
+    residual = (y - X @ prior) / y
+    free = list(range(len(GROUPS)))
+    while True:
+        scales = prior.clone()
+        if free:
+            scales[free] += torch.linalg.pinv(X[:, free] / y[:, None]) @ residual
+        stuck = [i for i in free if scales[i] <= 0]
+        if not stuck:
+            break
+        free = [i for i in free if i not in stuck]
+    errors = (X @ scales - y) / y
+    worst = int(errors.abs().argmax())
+    if abs(errors[worst]) > MAX_FIT_ERROR:
+        m = measurements[worst]
+        raise ValueError(
+            f"measurements do not fit the memory model: {float(errors[worst]):+.0%} at "
+            f"max_seq_len {m.max_seq_len}, TTT {m.ttt_steps}")
+    # The largest point's allocator overhead: the regime predictions are wanted for.
+    largest = max(measurements, key=lambda m: m.peak_bytes)
     fitted = dict(zip(GROUPS, map(float, scales)))
     return Calibration(
         scales=fitted,
-        reserved_ratio=max(ratios) if ratios else DEFAULT_RESERVED_RATIO,
+        reserved_ratio=(largest.reserved_bytes / largest.peak_bytes
+                        if largest.reserved_bytes else DEFAULT_RESERVED_RATIO),
         fitted_on={"config": cfg.to_dict(),
                    "shape": {"batch_rows": batch_rows, "loss_chunk": loss_chunk,
                              "precision": precision, "world_size": world_size,
                              "sharding": sharding},
                    "measurements": [dataclasses.asdict(m) for m in measurements],
+                   "max_error": float(errors.abs().max()),
                    "coefficients": coefficients(cfg, shapes[0], fitted)})
 
 

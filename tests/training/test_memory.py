@@ -288,3 +288,13 @@ def test_cpu_saved_bytes_of_the_layer_match_the_analytic_terms():
     assert watch.bytes["post_attention_layernorm"] == (terms["post_attn_norm"] - H * 4) * T * K
     assert watch.bytes["mlp"] == (terms["mlp"] + H * 4) * T * K
     assert watch.bytes["o_proj"] == terms["o_proj_input"] * T * K
+
+
+def test_a_group_that_would_go_negative_keeps_its_analytic_scale():
+    cfg = PRESETS["kimi-k2"]
+    truth = {**TRUTH, "per_token": -0.1}  # no real trainer has this: the fit must not follow
+    points = PROBE + [(8192, 3)]
+    cal = memory.calibrate(cfg, _synthetic(cfg, truth, points))
+    assert cal.scales["per_token"] == 1.0
+    assert all(s > 0 for s in cal.scales.values())
+    assert 0 < cal.fitted_on["max_error"] < memory.MAX_FIT_ERROR
