@@ -1,0 +1,118 @@
+"""Bad values on the trainer's command line exit 2 with a message naming the flag."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_main(argv, capsys) -> tuple[int, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own exit for values it rejects
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture
+def cache(tmp_path_factory, monkeypatch):
+    """The synthetic data set's cache, shared by the whole session."""
+    path = tmp_path_factory.getbasetemp() / "xdg-cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(path))
+    return path
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--max-seq-len", "0"], "--max-seq-len"),
+    (["--max-seq-len", "lots"], "--max-seq-len"),
+    (["--ttt-steps", "-1"], "--ttt-steps"),
+    (["--ttt-decay", "1.5"], "--ttt-decay"),
+    (["--steps", "0"], "--steps"),
+    (["--steps", "5", "--epochs", "2"], "--epochs"),
+    (["--lr", "0"], "--lr"),
+    (["--lr", "nan"], "--lr"),
+    (["--batch-rows", "0"], "--batch-rows"),
+    (["--draft-vocab-size", "-3"], "--draft-vocab-size"),
+    (["--preset", "gpt5"], "--preset"),
+    (["--device", "tpu"], "--device"),
+    (["--loss-chunk", "0"], "--loss-chunk"),
+    (["--gpu-mem-gib", "-2"], "--gpu-mem-gib"),
+    (["--save-every", "-1"], "--save-every"),
+    (["--seed", "x"], "--seed"),
+    (["--data", "/nonexistent"], "--data"),
+])
+def test_bad_train_values_exit_2_naming_the_flag(args, flag, capsys):
+    argv = ["train"] + ([] if "--data" in args else ["--synthetic"]) + args
+    code, err = run_main(argv, capsys)
+    assert code == 2
+    assert flag in err
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--draft-vocab-size", "100000"], "--draft-vocab-size"),
+    (["--preset", "llama3-8b"], "--preset"),
+    (["--resume"], "--resume"),
+    (["--device", "cpu", "--gpu-mem-gib", "8"], "--gpu-mem-gib"),
+])
+def test_values_wrong_for_the_data_exit_2_naming_the_flag(args, flag, cache, capsys):
+    code, err = run_main(["train", "--synthetic"] + args, capsys)
+    assert code == 2
+    assert flag in err
+
+
+def test_a_bad_model_config_exits_2(tmp_path, cache, capsys):
+    (tmp_path / "drafter.json").write_text(json.dumps({"hidden_size": 64, "heads": 4}))
+    code, err = run_main(["train", "--synthetic", "--model-config",
+                          str(tmp_path / "drafter.json")], capsys)
+    assert code == 2 and "--model-config" in err and "heads" in err
+
+
+def test_an_existing_run_dir_needs_resume(tmp_path, cache, capsys):
+    (tmp_path / "metrics.jsonl").write_text("")
+    code, err = run_main(["train", "--synthetic", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "--out" in err and "--resume" in err
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--layers", "1,2"], "--layers"),
+    (["--layers", "a,b,c"], "--layers"),
+    (["--max-tokens-per-batch", "0"], "--max-tokens-per-batch"),
+    (["--prompts", "/nonexistent.jsonl"], "--prompts"),
+])
+def test_bad_extract_values_exit_2_naming_the_flag(args, flag, tmp_path, capsys):
+    base = {"--model": "m", "--prompts": str(tmp_path / "p.jsonl"),
+            "--out": str(tmp_path / "o")}
+    (tmp_path / "p.jsonl").write_text('{"input_ids": [1, 2]}\n')
+    for name, value in zip(args[::2], args[1::2]):
+        base[name] = value
+    code, err = run_main(["extract"] + [x for kv in base.items() for x in kv], capsys)
+    assert code == 2
+    assert flag in err
+
+
+def test_extract_layers_out_of_range_for_the_model(tmp_path, capsys):
+    config = {"model_type": "llama", "hidden_size": 16, "intermediate_size": 32,
+              "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1,
+              "vocab_size": 50}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "p.jsonl").write_text('{"input_ids": [1, 2, 3]}\n')
+    code, err = run_main(["extract", "--model", str(tmp_path / "config.json"), "--prompts",
+                          str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "o"),
+                          "--layers", "0,1,9"], capsys)
+    assert code == 2 and "--layers" in err and "0..3" in err
+
+
+def test_the_module_entry_point_exits_2_as_a_process(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "training", "train", "--synthetic",
+                             "--ttt-steps", "0"], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "TRACKSIDE_RUNS_ROOT": str(tmp_path)})
+    assert result.returncode == 2
+    assert "--ttt-steps" in result.stderr and "Traceback" not in result.stderr
