@@ -142,7 +142,8 @@ def test_probe_without_a_gpu_fails_clearly(capsys):
 
 def test_probe_on_cpu_calibrates_to_its_measurements():
     """The probe's machinery on CPU: real steps of the tiny drafter (saved-tensor bytes
-    stand in for the allocator's peak), four points, four scales: an exact fit."""
+    stand in for the allocator's peak), five points, four scales. The CPU's dense
+    attention keeps L×L scores the model does not have, so the fit is close, not exact."""
     shape = StepShape(128, 1, precision="fp32")
     log = []
     cal = fit.run_probe(PRESETS["tiny"], shape, points=fit.SMOKE_POINTS,
@@ -151,7 +152,9 @@ def test_probe_on_cpu_calibrates_to_its_measurements():
     for m in (memory.Measurement(**d) for d in cal.fitted_on["measurements"]):
         p = memory.predict(PRESETS["tiny"], StepShape(m.max_seq_len, m.ttt_steps,
                                                       precision="fp32"), cal)
-        assert p.forward_backward == pytest.approx(m.peak_bytes, rel=1e-6)
+        error = abs(p.forward_backward - m.peak_bytes) / m.peak_bytes
+        assert error <= cal.fitted_on["max_error"] + 1e-9
+    assert cal.fitted_on["max_error"] < 0.15
 
 
 def test_random_batch_shapes():
