@@ -79,13 +79,18 @@ class _Unroll(nn.Module):
 class _StopRequest:
     """SIGTERM / SIGINT ask for a clean stop after the current step."""
 
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
     def __init__(self):
         self.requested = False
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
 
     def _handle(self, signum, frame) -> None:
         self.requested = True
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def warmup_cosine(warmup: int, total: int, floor: float = 0.1):
@@ -285,6 +290,7 @@ def train(cfg: TrainConfig) -> int:
         raise
     finally:
         batches.close()
+        stop.restore()
 
     if cfg.export is not None and rank == 0:
         from training.export import export_drafter

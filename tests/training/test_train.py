@@ -1,0 +1,150 @@
+"""The trainer end to end on CPU: the metrics contract, a loss that falls, the loader, the
+export."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from training.checkpoint import latest
+from training.config import PRESETS
+from training.data import Dataset, Loader, Position
+from training.export import export_drafter
+from training.loop import TrainConfig, train
+from training.metrics import EVENT_FIELDS, MetricsWriter
+from training.synthetic import synthetic_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cache(tmp_path_factory, monkeypatch):
+    path = tmp_path_factory.getbasetemp() / "xdg-cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(path))
+    return path
+
+
+def number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def check_event(event: dict, ttt_steps: int) -> None:
+    """Every field of every event, as DESIGN.md's contract lists them."""
+    kind = event["event"]
+    assert set(event) == {"event", "time", *EVENT_FIELDS[kind]}, event
+    assert number(event["time"])
+    if kind == "start":
+        assert isinstance(event["config"], dict)
+        assert event["config"]["max_seq_len"] > 0
+        assert event["config"]["ttt_steps"] == ttt_steps
+        assert isinstance(event["steps_per_epoch"], int) and event["steps_per_epoch"] > 0
+        assert event["world_size"] >= 1
+    elif kind == "step":
+        assert isinstance(event["step"], int) and event["step"] >= 1
+        assert isinstance(event["epoch"], int) and event["epoch"] >= 0
+        for name in ("loss", "lr", "grad_norm", "tokens_per_s", "samples_per_row",
+                     "pad_frac", "peak_mem_gib"):
+            assert number(event[name]) and event[name] >= 0, name
+        assert event["lr"] > 0 and event["tokens_per_s"] > 0 and event["peak_mem_gib"] > 0
+        assert isinstance(event["tokens"], int) and event["tokens"] > 0
+        assert 0 <= event["pad_frac"] < 1 and event["samples_per_row"] >= 1
+        assert len(event["loss_ttt"]) == len(event["acc_ttt"]) == ttt_steps
+        assert all(number(x) and x >= 0 for x in event["loss_ttt"])
+        assert all(number(x) and 0 <= x <= 1 for x in event["acc_ttt"])
+        weighted = sum(0.8 ** k * x for k, x in enumerate(event["loss_ttt"]))
+        assert event["loss"] == pytest.approx(weighted, rel=1e-6)
+    elif kind == "checkpoint":
+        assert isinstance(event["step"], int)
+        assert (Path(event["path"]) / "model.safetensors").is_file()
+    elif kind == "oom":
+        assert all(event[k] is None or number(event[k]) for k in EVENT_FIELDS["oom"])
+    elif kind == "end":
+        assert event["status"] in ("completed", "stopped", "oom", "failed")
+
+
+def read_events(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_synthetic_200_steps_meet_the_contract_and_learn(tmp_path, cache):
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "training", "train", "--synthetic", "--steps", "200",
+         "--out", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    events = read_events(run_dir)
+    for event in events:
+        check_event(event, ttt_steps=3)
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "end" and events[-1]["status"] == "completed"
+    assert kinds.count("checkpoint") == 1
+    steps = [e for e in events if e["event"] == "step"]
+    assert [e["step"] for e in steps] == list(range(1, 201))
+    first = sum(e["loss"] for e in steps[:20]) / 20
+    last = sum(e["loss"] for e in steps[-20:]) / 20
+    assert last <= 0.7 * first, (first, last)
+    # One human-readable key=value line per step for the tmux pane.
+    step_lines = [line for line in result.stdout.splitlines() if line.startswith("step=")]
+    assert len(step_lines) == 200 and "loss=" in step_lines[-1]
+
+
+def test_the_writer_refuses_events_off_the_contract(tmp_path):
+    writer = MetricsWriter(tmp_path / "metrics.jsonl")
+    with pytest.raises(ValueError, match="checkpoint"):
+        writer.write("checkpoint", step=3)
+    writer.write("end", status="completed")
+    MetricsWriter(None).write("end", status="completed")  # ranks other than 0: nothing
+    assert [e["event"] for e in read_events(tmp_path)] == ["end"]
+
+
+def test_the_loader_resumes_and_splits_global_batches_over_ranks(cache):
+    data = Dataset(synthetic_dataset(0))
+    whole = Loader(data, 512, 4, seed=3)
+    first = whole.iterate(Position())
+    batches = [next(first) for _ in range(whole.steps_per_epoch + 2)]
+    first.close()
+    assert batches[-1][1] == 1  # into the second epoch
+    # From a saved position the loader goes on with exactly what came next.
+    again = whole.iterate(batches[4][2])
+    assert torch.equal(next(again)[0].input_ids, batches[5][0].input_ids)
+    again.close()
+    # Two ranks of 2 rows see together the 4 rows of one process, in order.
+    for b in range(3):
+        parts = []
+        for rank in range(2):
+            it = Loader(data, 512, 2, seed=3, rank=rank, world_size=2).iterate(Position(0, b))
+            parts.append(next(it)[0].input_ids)
+            it.close()
+        assert torch.equal(torch.cat(parts), batches[b][0].input_ids)
+
+
+def test_export_writes_the_eagle3_layout(tmp_path, cache):
+    cfg = TrainConfig(data=synthetic_dataset(0), run_dir=tmp_path / "run",
+                      drafter=PRESETS["tiny"], steps=2, max_seq_len=256,
+                      export=tmp_path / "export")
+    assert train(cfg) == 0
+    out = tmp_path / "export"
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["num_hidden_layers"] == 1 and config["draft_vocab_size"] == 256
+    assert config["vocab_size"] == 512 and config["norm_before_residual"] is False
+    assert "eagle_aux_hidden_state_layer_ids" not in config  # the default layers
+    weights = load_file(out / "model.safetensors")
+    assert weights["fc.weight"].shape == (64, 192)
+    assert weights["midlayer.self_attn.q_proj.weight"].shape == (64, 128)
+    assert weights["lm_head.weight"].shape == (256, 64)
+    assert weights["lm_head.weight"].dtype == torch.bfloat16
+    # Offset convention: target id = draft index + d2t; t2d marks exactly those targets.
+    targets = torch.arange(256) + weights["d2t"]
+    assert torch.equal(weights["t2d"].nonzero().flatten(), targets)
+    saved = load_file(latest(tmp_path / "run" / "checkpoints") / "model.safetensors")
+    assert torch.equal(saved["fc.weight"].to(torch.bfloat16), weights["fc.weight"])
+    assert export_drafter(latest(tmp_path / "run" / "checkpoints"), tmp_path / "e2") \
+        == tmp_path / "e2"
