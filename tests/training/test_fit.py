@@ -153,7 +153,7 @@ def test_probe_on_cpu_calibrates_to_its_measurements():
         p = memory.predict(PRESETS["tiny"], StepShape(m.max_seq_len, m.ttt_steps,
                                                       precision="fp32"), cal)
         error = abs(p.forward_backward - m.peak_bytes) / m.peak_bytes
-        assert error <= cal.fitted_on["max_error"] + 1e-9
+        assert error <= cal.fitted_on["max_error"] + 1e-5  # predict rounds to bytes
     assert cal.fitted_on["max_error"] < 0.15
 
 
