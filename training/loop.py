@@ -155,7 +155,6 @@ def train(cfg: TrainConfig) -> int:
     if world > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     torch.manual_seed(cfg.seed)
-    stop = _StopRequest()
 
     # --- data, model, optimizer ---
     dataset = Dataset(cfg.data)
@@ -225,6 +224,7 @@ def train(cfg: TrainConfig) -> int:
             dist.barrier()
 
     # --- the steps ---
+    stop = _StopRequest()
     batches = loader.iterate(position)
     status = "completed"
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
