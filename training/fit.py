@@ -35,6 +35,10 @@ class UsageError(Exception):
     """A bad value on the command line: exit 2, naming the flag."""
 
 
+class ProbeError(Exception):
+    """The probe could not measure: exit 1."""
+
+
 def _positive_int(flag: str, value: int | None) -> None:
     if value is not None and value <= 0:
         raise UsageError(f"{flag} must be a positive integer, got {value}")
@@ -207,7 +211,13 @@ def main(argv: list[str]) -> int:
             except ValueError as e:
                 raise UsageError(f"--from-run {args.from_run}: {e}") from e
             cfg = cfg or run_cfg
-            calibration = _calibrate(run_cfg, [measured], base, "--from-run")
+            try:
+                calibration = memory.calibrate(
+                    run_cfg, [measured], batch_rows=base.batch_rows,
+                    loss_chunk=base.loss_chunk, precision=base.precision,
+                    world_size=base.world_size, sharding=base.sharding)
+            except ValueError as e:
+                raise UsageError(f"--from-run {args.from_run}: {e}") from e
         if cfg is None:
             raise UsageError("give --preset NAME or --config PATH (or --from-run RUN_DIR)")
         shape = step_shape(args, base)
@@ -225,20 +235,6 @@ def main(argv: list[str]) -> int:
     r = report(cfg, shape, args, calibration)
     print(json.dumps(r, indent=2) if args.json else format_report(r))
     return 0
-
-
-def _calibrate(cfg: DrafterConfig, measured: list[Measurement], shape: StepShape,
-               flag: str) -> Calibration:
-    try:
-        return memory.calibrate(cfg, measured, batch_rows=shape.batch_rows,
-                                loss_chunk=shape.loss_chunk, precision=shape.precision,
-                                world_size=shape.world_size, sharding=shape.sharding)
-    except ValueError as e:
-        raise UsageError(f"{flag}: {e}") from e
-
-
-class ProbeError(Exception):
-    pass
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """Peak memory of one training step, analytic and then calibrated on measured peaks.
 
-The peak of a step is the larger of two phases:
+The terms follow what training/model.py, attention.py and loss.py keep for backward and
+what training/loop.py allocates (fp32 weights under bf16 autocast, fused AdamW, DDP). The
+peak of a step is the larger of two phases:
 - forward + backward: weights, frozen tensors, optimizer state, gradients, the activations
   every TTT step keeps for backward, and the attention and loss workspaces;
-- the optimizer step: weights, gradients, AdamW state and AdamW's temporaries.
+- the optimizer step: weights, gradients and AdamW state (fused AdamW works in place).
 
 Every term belongs to one of four groups, by how it grows with the step's shape, T =
 batch_rows × max_seq_len tokens and K TTT steps: ``constant``, ``per_token`` (∝ T),
@@ -136,7 +138,8 @@ def saved_per_token_later_step(cfg: DrafterConfig, precision: str) -> dict[str, 
     q, nh = cfg.num_heads * cfg.head_dim, cfg.num_heads
     return {
         "diag_query": q * a,  # q regrouped for the diagonal scores
-        "step0_output_fp32": q * FP32,  # out0 in fp32, weighted by exp(lse0 - lse)
+        # out0 in fp32, weighted by exp(lse0 - lse); without autocast it is flex's own out
+        "step0_output_fp32": q * FP32 if precision == "bf16" else 0,
         "lse_merge": 3 * nh * FP32,  # lse0 in the logsumexp input, lse, exp(lse0 - lse)
     }
 
