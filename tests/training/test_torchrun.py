@@ -3,7 +3,7 @@ takes the same global batch.
 
 The loss is normalised by the global count of scored positions per TTT step, so the two
 compute the same quantity and differ only in float summation order (the all-reduce of
-gradients): a relative tolerance of 1e-4 per step over 8 steps.
+gradients): a relative tolerance of 1e-5 per step over 8 steps (measured: ~1e-7).
 """
 from __future__ import annotations
 
@@ -45,5 +45,5 @@ def test_two_gloo_ranks_match_one_process_with_the_same_global_batch(tmp_path_fa
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert list(one) == list(two) == list(range(1, 9))
     for step in one:
-        assert two[step] == pytest.approx(one[step], rel=1e-4), step
+        assert two[step] == pytest.approx(one[step], rel=1e-5), step
     assert one[8] < one[1]  # it trains, too
