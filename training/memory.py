@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from training.attention import BLOCK as FLEX_BLOCK
 from training.config import DrafterConfig
 
 GiB = 1024**3
@@ -104,24 +105,27 @@ def _norm_saved(H: int) -> int:
     return 2 * H * FP32 + FP32
 
 
-def saved_per_token_step(cfg: DrafterConfig, precision: str) -> dict[str, int]:
-    """Bytes one token keeps for backward in every TTT step, by what keeps them."""
+def saved_per_token_step(cfg: DrafterConfig, precision: str,
+                         padded: bool = False) -> dict[str, int]:
+    """Bytes one token keeps for backward in every TTT step, by what keeps them.
+
+    padded: rows that are not whole flex_attention blocks, so attention pads copies of
+    q, k and v (the CPU's dense attention is not modelled: memory matters on GPUs).
+    """
     a = PRECISIONS[precision]
     H, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q, kv = cfg.num_heads * D, cfg.num_kv_heads * D
-    # cat([fp32 norm(embedding), norm(hidden)]) is fp32; under autocast each of q, k, v
-    # casts it to bf16 on its own and keeps its copy, without autocast they share it.
-    attn_inputs = 3 if precision == "bf16" else 1
     return {
         # norm(embedding): the embedding takes no gradient, only the normalised input stays
         "embed_norm": H * FP32,
         "hidden_norm": _norm_saved(H),
-        "qkv_inputs": attn_inputs * 2 * H * a,
+        "qkv_inputs": 2 * H * a,  # [norm(embedding) ; norm(hidden)], shared by q, k, v
         "rope_cos_sin": 2 * 2 * (D // 2) * FP32,  # cos and sin, for q and for k
         # this step's rotated k and v: the next steps attend to them
         "kv": 2 * kv * a,
-        # flex_attention keeps its (padded) q, k, v, output and log-sum-exp
-        "flex_attention": (2 * q + 2 * kv) * a + cfg.num_heads * FP32,
+        # flex_attention keeps q, its output and log-sum-exp (k and v are the ones above,
+        # unless the row is padded to whole blocks)
+        "flex_attention": (2 * q + (2 * kv if padded else 0)) * a + cfg.num_heads * FP32,
         "o_proj_input": q * a,
         "post_attn_norm": _norm_saved(H) + H * a,  # + its output, read by gate and up
         "mlp": 4 * I * a,  # gate, silu(gate), up, silu(gate)·up
@@ -158,44 +162,42 @@ def saved_per_token_diag(cfg: DrafterConfig, precision: str) -> dict[str, int]:
 
 
 def saved_per_token(cfg: DrafterConfig, precision: str) -> dict[str, int]:
-    """Bytes per token independent of the TTT depth: the batch and step-0 inputs."""
+    """Bytes per token independent of the TTT depth."""
     a = PRECISIONS[precision]
     H = cfg.hidden_size
     return {
         # the packed batch on the device, hidden states in the activation dtype (as
-        # extracted: bf16 on GPU): aux [3H], final [H]; ids, positions, doc ids, loss mask
+        # extracted: bf16 on GPU): aux [3H] (which fc keeps as its input), final [H]; ids,
+        # positions, doc ids, loss mask
         "batch": 4 * H * a + 3 * INDEX + 1,
-        "fc_input": 3 * H * a,  # fc keeps the aux hidden states it read
         "doc_ids_copy": INDEX,  # the block mask's own copy of the sample ids
     }
 
 
 def backward_workspace_per_token(cfg: DrafterConfig, precision: str) -> int:
-    """Gradients of one step's activations in flight during its backward.
-
-    The attention's: dq, dk, dv (padded and unpadded) and the gradients accumulating
-    into the step-0 keys and values, which every step reads.
-    """
+    """Gradients of one step's activations in flight during its backward: the attention's
+    output gradient, dq, dk, dv, and the gradients accumulating into the step-0 keys and
+    values, which every step reads."""
     a = PRECISIONS[precision]
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    return (2 * q + 4 * kv) * a + 2 * kv * a
+    return (2 * q + 4 * kv) * a
 
 
 def _loss_workspace(cfg: DrafterConfig, shape: StepShape) -> int:
     """The chunked loss at work, the larger of its forward and its backward.
 
-    Forward, per chunk: draft and target logits in fp32 (from the activation dtype), the
-    target softmax, the log-softmax and their product; plus one head weight cast to the
-    activation dtype. Backward, per chunk: both logits in fp32, both softmaxes, the logits'
-    gradient in the activation dtype; plus the fp32 weight-gradient accumulator, the
-    chunk's product in the activation dtype and its fp32 copy, and the weight cast.
+    Both cast the two heads to the activation dtype once per call. Forward, per chunk: the
+    logits in the activation dtype, draft and target logits in fp32, the target softmax
+    and a product or logsumexp temporary. Backward, per chunk: the logits in the
+    activation dtype, both softmaxes in fp32, the logits' gradient in the activation
+    dtype; plus the fp32 weight-gradient accumulator and each chunk's contribution.
     """
     chunk = min(shape.loss_chunk, shape.tokens)
     a = PRECISIONS[shape.precision]
     logits = chunk * cfg.draft_vocab_size
     head = cfg.draft_vocab_size * cfg.hidden_size
-    forward = logits * (5 * FP32 + a) + head * a
-    backward = logits * (4 * FP32 + a) + head * (FP32 + a + FP32 + a)
+    forward = 2 * head * a + logits * (a + 4 * FP32)
+    backward = 2 * head * a + head * (FP32 + a) + logits * (a + 2 * FP32 + a)
     return max(forward, backward)
 
 
@@ -227,8 +229,9 @@ def analytic_terms(cfg: DrafterConfig, shape: StepShape) -> dict[str, dict[str, 
     T, K = shape.tokens, shape.ttt_steps
     per_token = {k: v * T for k, v in saved_per_token(cfg, shape.precision).items()}
     per_token["backward_workspace"] = backward_workspace_per_token(cfg, shape.precision) * T
+    padded = shape.max_seq_len % FLEX_BLOCK != 0
     per_step = {f"step_{k}": v * T * K
-                for k, v in saved_per_token_step(cfg, shape.precision).items()}
+                for k, v in saved_per_token_step(cfg, shape.precision, padded).items()}
     per_step.update({f"later_step_{k}": v * T * (K - 1)
                      for k, v in saved_per_token_later_step(cfg, shape.precision).items()})
     pairs = K * (K - 1) // 2  # diagonal keys over all steps: step k attends to k of them

@@ -45,25 +45,24 @@ def test_tiny_analytic_terms_by_hand():
         "frozen": 49152 * 4 + 256 * 8 + 512,  # fp32 embedding + head, d2t int64, t2d bool
         "grads": 86272 * 4,
         "adamw_state": 2 * 86272 * 4,
-        # forward 128·256·(5·4+2) + 256·64·2 = 753664; backward 128·256·(4·4+2)
-        # + 256·64·(4+2+4+2) = 786432: the larger
-        "loss_workspace": 786432,
+        # both heads cast to bf16: 2·256·64·2 = 65536; forward + 128·256·(2+4·4) = 655360;
+        # backward + 256·64·(4+2) (fp32 grad, bf16 product) + 128·256·(2+2·4+2) = 557056
+        "loss_workspace": 655360,
         "autocast_weights": 69632 * 2,
     }
     assert t["per_token"] == {
         "batch": (4 * 64 * 2 + 3 * 8 + 1) * T,  # aux 3H + final H in bf16; 3 int64; mask
-        "fc_input": 3 * 64 * 2 * T,
         "doc_ids_copy": 8 * T,
-        "backward_workspace": ((2 * 64 + 4 * 32) * 2 + 2 * 32 * 2) * T,  # 640 per token
+        "backward_workspace": (2 * 64 + 4 * 32) * 2 * T,  # 512 per token
     }
     norm = 2 * 64 * 4 + 4  # fp32 input copy and normalised input, 1/rms: 516
     assert t["per_step"] == {
         "step_embed_norm": 64 * 4 * TK,
         "step_hidden_norm": norm * TK,
-        "step_qkv_inputs": 3 * (2 * 64) * 2 * TK,  # each of q, k, v casts its own copy
+        "step_qkv_inputs": (2 * 64) * 2 * TK,  # one bf16 [emb ; hidden] for q, k and v
         "step_rope_cos_sin": 2 * 2 * 8 * 4 * TK,  # cos, sin × (q, k) × D/2 fp32
         "step_kv": 2 * 32 * 2 * TK,
-        "step_flex_attention": ((2 * 64 + 2 * 32) * 2 + 4 * 4) * TK,  # q k v out, lse
+        "step_flex_attention": (2 * 64 * 2 + 4 * 4) * TK,  # q, out; lse (fp32, per head)
         "step_o_proj_input": 64 * 2 * TK,
         "step_post_attn_norm": (norm + 64 * 2) * TK,
         "step_mlp": 4 * 192 * 2 * TK,
@@ -82,10 +81,12 @@ def test_tiny_analytic_terms_by_hand():
     assert p.breakdown()["allocator_slack"] == p.reserved - p.total > 0
 
 
-def test_fp32_shares_one_attention_input_and_sharding_divides_state():
-    bf16 = memory.saved_per_token_step(TINY, "bf16")
-    fp32 = memory.saved_per_token_step(TINY, "fp32")
-    assert bf16["qkv_inputs"] == 3 * 2 * 64 * 2 and fp32["qkv_inputs"] == 2 * 64 * 4
+def test_padded_rows_and_sharding():
+    whole = memory.analytic_terms(TINY, StepShape(256, 3))["per_step"]
+    padded = memory.analytic_terms(TINY, StepShape(200, 3))["per_step"]
+    # 200 tokens are padded to 256 for flex_attention, which then keeps copies of k, v
+    assert padded["step_flex_attention"] == (2 * 64 * 2 + 2 * 32 * 2 + 4 * 4) * 200 * 3
+    assert whole["step_flex_attention"] == (2 * 64 * 2 + 4 * 4) * 256 * 3
     one = memory.analytic_terms(TINY, StepShape(256, 3))["constant"]
     ddp = memory.analytic_terms(TINY, StepShape(256, 3, world_size=4))["constant"]
     fsdp = memory.analytic_terms(TINY, StepShape(256, 3, world_size=4, sharding="fsdp"))
@@ -274,7 +275,8 @@ def test_cpu_saved_bytes_of_the_layer_match_the_analytic_terms():
     watch = _ModuleSavedBytes({"input_layernorm": layer.input_layernorm,
                                "hidden_norm": layer.hidden_norm,
                                "post_attention_layernorm": layer.post_attention_layernorm,
-                               "mlp": layer.mlp, "o_proj": layer.self_attn.o_proj},
+                               "mlp": layer.mlp, "o_proj": layer.self_attn.o_proj,
+                               "q_proj": layer.self_attn.q_proj},
                               model.parameters())
     L, K = 256, 3
     batch = random_batch(TINY, L, 2, torch.device("cpu"), torch.float32, sample_len=64)
@@ -288,6 +290,7 @@ def test_cpu_saved_bytes_of_the_layer_match_the_analytic_terms():
     assert watch.bytes["post_attention_layernorm"] == (terms["post_attn_norm"] - H * 4) * T * K
     assert watch.bytes["mlp"] == (terms["mlp"] + H * 4) * T * K
     assert watch.bytes["o_proj"] == terms["o_proj_input"] * T * K
+    assert watch.bytes["q_proj"] == terms["qkv_inputs"] * T * K  # k and v keep the same one
 
 
 def test_a_group_that_would_go_negative_keeps_its_analytic_scale():
