@@ -9,7 +9,9 @@ Then `largest_fitting` for TTT 5, a real step there and one at the next multiple
     python bench/memory_probe.py                 # H200: kimi-k2 and llama3-8b, cap 96 GiB
     python bench/memory_probe.py --smoke         # CPU: the tiny preset, the code paths only
 
-Prints a Markdown report; with OUT set, also writes $OUT/memory.md and $OUT/memory.json.
+Prints progress, then a Markdown report; with OUT set, also writes $OUT/memory.md and
+$OUT/memory.json. New pairs stop after --budget-s (default 360 s, shared by the shapes;
+flex_attention compiles once per row length); the largest-fitting checks always run.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import argparse
 import dataclasses
 import gc
 import json
+import math
 import os
 import sys
 import time
@@ -110,9 +113,9 @@ def run_shape(name: str, device: torch.device, pairs, points, cap_gib: float,
     largest = memory.largest_fitting(cfg, LARGEST_TTT, cap_gib, multiple=multiple,
                                      loss_chunk=loss_chunk, precision=trainer.precision,
                                      calibration=calibration, headroom_gib=0.0)
-    checks = []
+    checks = []  # the issue's acceptance test: never skipped for time
     for length in (largest, largest + multiple) if largest else ():
-        row = measure(trainer, name, length, LARGEST_TTT, calibration, loss_chunk, deadline)
+        row = measure(trainer, name, length, LARGEST_TTT, calibration, loss_chunk, math.inf)
         log(format_row(row))
         checks.append(row)
     del trainer
@@ -185,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cap-gib", type=float, default=96.0)
     p.add_argument("--shapes", default="kimi-k2,llama3-8b")
     p.add_argument("--loss-chunk", type=int, default=2048)
-    p.add_argument("--budget-s", type=float, default=420.0,
-                   help="stop measuring new pairs after this many seconds")
+    p.add_argument("--budget-s", type=float, default=360.0,
+                   help="stop measuring new pairs after this many seconds (the largest "
+                        "fitting checks still run)")
     args = p.parse_args(argv)
     started = time.monotonic()
     if args.smoke:
@@ -210,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     # Each shape gets its share of the budget, so a slow first one cannot starve the next.
     results = [run_shape(name, device, pairs[name], points, cap_gib, multiple,
                          args.loss_chunk, started + args.budget_s * (i + 1) / len(shapes),
-                         lambda s: print(s, flush=True))
+                         lambda s: print(f"[{time.monotonic() - started:5.0f} s] {s}",
+                                         flush=True))
                for i, name in enumerate(shapes)]
     command = "python bench/memory_probe.py" + (" --smoke" if args.smoke else "")
     text = report(results, cap_gib, device_name, command, multiple)
