@@ -21,7 +21,7 @@ from backends.hosts import Host, HostError
 _PS = ["ps", "-eo", "pid=,ppid=,pgid=,sid=,stat=,lstart="]
 _SIGNAL = 'sig=$1; shift; exec kill -s "$sig" -- "$@"'
 KILL_WAIT_S = 10.0  # after SIGKILL only uninterruptible sleep keeps a process alive
-PANE_EXIT_WAIT_S = 10.0  # tmux marks the pane dead as soon as it reaps the process
+PANE_EXIT_WAIT_S = 5.0  # tmux marks a pane dead as soon as its pty closes
 
 
 class KillError(Exception):
@@ -149,7 +149,7 @@ async def _resolve(host: Host, target: str) -> tuple[str | None, dict | None, li
 
 
 async def _pane_exit_status(host: Host, session: str, pane_pid: int, poll_s: float) -> int | None:
-    """The pane's exit status once tmux has seen its process end."""
+    """The pane's exit status once tmux has seen its process end (None if tmux has none)."""
     deadline = time.monotonic() + PANE_EXIT_WAIT_S
     while time.monotonic() < deadline:
         panes = [p for p in await tmux.list_panes(host, session) if p.pid == pane_pid]
@@ -159,11 +159,20 @@ async def _pane_exit_status(host: Host, session: str, pane_pid: int, poll_s: flo
     return None
 
 
-async def _end_session(host: Host, session: str | None, manifest: dict | None, panes: list[tmux.Pane], poll_s: float) -> int | None:
-    """Record how the run ended, then kill its session; the (first) pane's exit status."""
+async def _end_session(host: Host, session: str | None, manifest: dict | None, panes: list[tmux.Pane], killed: list[int], poll_s: float) -> int | None:
+    """Record how the run ended, then kill its session; the exit status.
+
+    Our runs record their own status; when SIGKILL took the recording shell too, that
+    is the answer; otherwise tmux's view of the (first) pane.
+    """
     exit_status = None
-    if panes:
+    if manifest:
+        exit_status = await runs.read_exit_status(host, manifest["run_dir"])
+        if exit_status is None and manifest.get("pane_pid") in killed:
+            exit_status = -9
+    if exit_status is None and panes:
         exit_status = await _pane_exit_status(host, session, panes[0].pid, poll_s)
+    if panes:
         await tmux.kill_session(host, session)
     if manifest:
         await runs.record_end(host, manifest, exit_status)
@@ -221,7 +230,7 @@ async def kill_run(
     # release is seen as soon as the driver frees the memory.
     (after, stragglers, verified), exit_status = await asyncio.gather(
         _verify_release(host, smi, set(known), gpu_timeout_s, poll_s),
-        _end_session(host, session, manifest, panes, poll_s),
+        _end_session(host, session, manifest, panes, killed, poll_s),
     )
     done = time.monotonic()
     usable = after.status in (gpu.GpuStatus.OK, gpu.GpuStatus.NO_GPU, gpu.GpuStatus.NO_SMI)

@@ -29,20 +29,28 @@ METRICS_TAIL_LINES = 64
 # Write stdin to "$1" atomically, creating its directory.
 _WRITE_FILE = 'mkdir -p "$(dirname "$1")" && cat > "$1.tmp" && mv -f "$1.tmp" "$1"'
 
-# For each run dir under "$1": a record-separator line with the dir, the manifest, a
-# group-separator line, then the first and last lines of metrics.jsonl. JSON lines never
-# contain raw control characters, so the separators cannot collide with content.
 # Hard-link checkpoint "$1" (a step dir) into the checkpoints dir "$2" and point `latest` at it.
 _LINK_CHECKPOINT = 'mkdir -p "$2" && cp -al "$1" "$2/" && basename "$1" > "$2/latest"'
 
 # The newest step-<N> directory under the checkpoints dir "$1", as the trainer picks it.
 _LATEST_CHECKPOINT = r"""ls "$1" 2>/dev/null | grep -E '^step-[0-9]+$' | sort -t- -k2 -n | tail -n 1"""
 
+# The pane runs the command under this sh, which records its exit status in "$1": tmux
+# 3.3 sometimes shows a dead pane without one. The traps are handlers, not ignores, so the
+# command still gets the default actions; sh itself waits for it, then writes the file.
+_RECORD_EXIT = 'f=$1; shift; trap : HUP INT TERM; "$@"; s=$?; echo "$s" > "$f"; exit "$s"'
+EXIT_STATUS_FILE = "exit_status"
+
+# For each run dir under "$1": a record-separator line with the dir, the manifest, a
+# file-separator with the recorded exit status, a group-separator line, then the first and
+# last lines of metrics.jsonl. JSON lines never contain raw control characters, so the
+# separators cannot collide with content.
 _READ_RUNS = r"""
 for d in "$1"/*/; do
   [ -f "${d}manifest.json" ] || continue
   printf '\036%s\n' "$d"
   cat "${d}manifest.json"; echo
+  printf '\034'; cat "${d}exit_status" 2>/dev/null; echo
   printf '\035\n'
   if [ -f "${d}metrics.jsonl" ]; then head -n 1 "${d}metrics.jsonl"; tail -n "$2" "${d}metrics.jsonl"; fi
 done
@@ -209,8 +217,9 @@ async def launch(
     await write_manifest(host, manifest)
     if resume_from:
         await _link_checkpoint(host, resume_from, f"{directory}/checkpoints")
+    recorded = ["sh", "-c", _RECORD_EXIT, "sh", f"{directory}/{EXIT_STATUS_FILE}", *command]
     try:
-        pane_pid = await tmux.new_session(host, session, command, f"{directory}/console.log")
+        pane_pid = await tmux.new_session(host, session, recorded, f"{directory}/console.log")
     except tmux.TmuxError:
         await host.run(["rm", "-rf", "--", directory])  # a run that never started leaves no trace
         raise
@@ -235,6 +244,20 @@ async def latest_checkpoint(host: Host, run_dir: str) -> str | None:
     return f"{checkpoints}/{name}" if name else None
 
 
+def parse_exit_status(text: str) -> int | None:
+    """A recorded shell status: the code, or minus the signal (sh reports 128 + N)."""
+    text = text.strip()
+    if not text.isdigit():
+        return None
+    code = int(text)
+    return -(code - 128) if 128 < code < 128 + 65 else code
+
+
+async def read_exit_status(host: Host, directory: str) -> int | None:
+    result = await host.run(["cat", f"{directory}/{EXIT_STATUS_FILE}"])
+    return parse_exit_status(result.stdout) if result.ok else None
+
+
 def _metrics_summary(lines: list[str]) -> dict:
     summary: dict = {"oom": False, "last_step": None, "last_loss": None, "steps_per_epoch": None}
     for line in lines:
@@ -255,21 +278,22 @@ def _metrics_summary(lines: list[str]) -> dict:
     return summary
 
 
-async def _read_run_dirs(host: Host) -> list[tuple[dict, dict]]:
-    """(manifest, metrics summary) for every run dir on the host."""
+async def _read_run_dirs(host: Host) -> list[tuple[dict, int | None, dict]]:
+    """(manifest, recorded exit status, metrics summary) for every run dir on the host."""
     result = await host.run(["sh", "-c", _READ_RUNS, "sh", await runs_root(host), str(METRICS_TAIL_LINES)])
     if not result.ok:
         raise HostError(host.name, f"cannot read run dirs: {result.stderr.strip()}")
     runs = []
     for record in result.stdout.split("\036")[1:]:
         head, _, metrics = record.partition("\035\n")
+        head, _, status = head.partition("\034")
         _dir, _, manifest_text = head.partition("\n")
         try:
             manifest = json.loads(manifest_text)
         except ValueError:
             continue  # a manifest being replaced right now; it will be back next time
         if isinstance(manifest, dict) and manifest.get("run_id"):
-            runs.append((manifest, _metrics_summary(metrics.splitlines())))
+            runs.append((manifest, parse_exit_status(status), _metrics_summary(metrics.splitlines())))
     return runs
 
 
@@ -288,25 +312,27 @@ async def list_runs(host: Host) -> list[RunInfo]:
         by_session.setdefault(pane.session, []).append(pane)
     claimed: set[str] = set()
     infos = []
-    for manifest, metrics in sorted(await _read_run_dirs(host), key=lambda r: r[0]["run_id"], reverse=True):
+    for manifest, recorded, metrics in sorted(await _read_run_dirs(host), key=lambda r: r[0]["run_id"], reverse=True):
         session = manifest.get("session", "")
         own = [p for p in by_session.get(session, []) if p.pid == manifest.get("pane_pid")]
-        exit_status = manifest.get("exit_status")
         if own:
             claimed.add(session)
-            alive = [p.pid for p in own if not p.dead]
-            if not alive and manifest.get("ended") is None:
-                exit_status = own[0].exit_status
-                manifest = await record_end(host, manifest, exit_status)
-            state = RunState.RUNNING if alive else _state(exit_status, metrics["oom"], bool(manifest.get("trainer")))
+        alive = [p.pid for p in own if not p.dead]
+        if manifest.get("ended") is not None:
+            exit_status = manifest.get("exit_status")
         else:
-            alive = []
-            # A session that vanished before we saw it end stays UNKNOWN (no exit status).
-            state = _state(exit_status, metrics["oom"], bool(manifest.get("trainer")))
+            exit_status = recorded
+            if exit_status is None and own and not alive:
+                exit_status = own[0].exit_status  # sh itself was killed: tmux may know how
+            if exit_status is not None:
+                manifest = await record_end(host, manifest, exit_status)
+        # A session that vanished without a recorded status stays UNKNOWN.
+        ended = exit_status is not None or not alive
+        state = _state(exit_status, metrics["oom"], bool(manifest.get("trainer"))) if ended else RunState.RUNNING
         infos.append(
             RunInfo(
                 manifest["run_id"], session, host.name, state, exit_status, manifest.get("params", {}),
-                metrics["last_step"], metrics["last_loss"], metrics["steps_per_epoch"], alive,
+                metrics["last_step"], metrics["last_loss"], metrics["steps_per_epoch"], [] if ended else alive,
                 manifest.get("run_dir"), manifest.get("parent"), manifest.get("started"),
             )  # fmt: skip
         )

@@ -41,7 +41,8 @@ class Pane:
     session: str
     pid: int
     dead: bool
-    # Exit status of a dead pane: the code, or minus the signal that ended it.
+    # Exit status of a dead pane: the code, or minus the signal that ended it. tmux 3.3
+    # sometimes never fills it in (a dead pane with no status), so runs record their own.
     exit_status: int | None
     command: str
 
@@ -105,7 +106,8 @@ def _parse_pane(line: str) -> Pane | None:
 
 
 def _no_server(stderr: str) -> bool:
-    return "no server running" in stderr or "error connecting to" in stderr
+    # "no current target": a server whose last session just closed, about to exit.
+    return any(m in stderr for m in ("no server running", "error connecting to", "no current target"))
 
 
 async def list_panes(host: Host, session: str | None = None) -> list[Pane]:

@@ -64,7 +64,7 @@ def test_launch_runs_kill_relaunch_json_shapes(capsys, config, runs_root):
 
     report = cli_json(capsys, "kill", launched["run_id"], "--config", config, "--grace", "5")
     assert {"signalled", "survivors", "gpus", "released"} <= set(report)
-    assert report["released"] is True and report["survivors"] == [] and len(report["signalled"]) == 1
+    assert report["released"] is True and report["survivors"] == [] and len(report["signalled"]) == 2  # the trainer, the sh recording its status
     assert report["gpus"] == [{"index": 0, "before_mib": report["gpus"][0]["before_mib"], "after_mib": report["gpus"][0]["after_mib"]}]
     assert json.loads(written(argv_file))[-2:] == ["--out", launched["run_dir"]]
 
@@ -76,7 +76,7 @@ def test_human_output(capsys, config):
     assert code == 0 and out.splitlines()[0].split() == ["RUN", "SESSION", "STATE", "STEP", "LOSS", "PARAMS", "PIDS"]
     assert "hello" in out and "running" in out
     code, out, _ = cli(capsys, "kill", "hello", "--config", config)
-    assert code == 0 and "SIGTERM to 1 process(es)" in out and "released: the run holds no GPU memory" in out
+    assert code == 0 and "SIGTERM to 2 process(es)" in out and "released: the run holds no GPU memory" in out
 
 
 def test_kill_on_a_host_without_gpus_says_so(capsys, config, tmp_path):

@@ -98,7 +98,9 @@ async def test_launch_writes_manifest_and_console_and_list_follows_state(host):
 
     done = await eventually(lambda: ended(host, info.run_id))
     assert done.exit_status == 7 and done.pids == []
-    assert Path(info.run_dir, "console.log").read_text().split() == ["line", "0", "line", "1", "line", "2"]
+    # pipe-pane's `cat` may still be writing as the pane dies: wait for it, no longer.
+    console = Path(info.run_dir, "console.log")
+    await eventually(lambda: written(console).split() == ["line", "0", "line", "1", "line", "2"], timeout=5)
     manifest = json.loads(Path(info.run_dir, "manifest.json").read_text())
     assert manifest["exit_status"] == 7 and manifest["ended"]
 
@@ -108,6 +110,21 @@ async def test_a_command_that_exits_at_once_still_leaves_its_status(host):
     info = await runs.launch(host, ["false"])
     done = await eventually(lambda: ended(host, info.run_id))
     assert (done.state, done.exit_status) == (RunState.EXITED, 1)
+    assert [p.dead for p in await tmux.list_panes(host, info.session)] == [True]
+
+
+async def test_every_run_gets_its_exit_status(host):
+    """tmux 3.3 shows some dead panes without a status; the recorded one never misses."""
+    infos = [await runs.launch(host, [PY, "-c", f"import sys; sys.exit({n})"]) for n in range(10)]
+    infos.append(await runs.launch(host, ["sh", "-c", "kill -TERM $$"]))
+
+    async def all_ended():
+        listed = {r.run_id: r for r in await runs.list_runs(host)}
+        return all(listed[i.run_id].state is not RunState.RUNNING for i in infos) and listed
+
+    listed = await eventually(all_ended)
+    assert [listed[i.run_id].exit_status for i in infos] == [*range(10), -15]
+    assert listed[infos[3].run_id].state is RunState.EXITED  # 3 is OOM only for the trainer
 
 
 async def test_capture_pane_shows_what_the_run_printed(host):
@@ -121,6 +138,19 @@ async def test_capture_pane_shows_what_the_run_printed(host):
 async def _captured(host, session):
     screen = await tmux.capture_pane(host, session)
     return screen if "hello" in screen else None
+
+
+async def test_a_host_may_ask_for_a_dedicated_tmux_socket(host):
+    host.tmux_socket = "trackside-test"
+    try:
+        info = await runs.launch(host, ["sleep", "30"])
+        on_socket = subprocess.run(["tmux", "-L", "trackside-test", "list-sessions", "-F", "#{session_name}"], capture_output=True, text=True)
+        assert on_socket.stdout.split() == [info.session]
+        default = subprocess.run(["tmux", "list-sessions"], capture_output=True, text=True)
+        assert info.session not in default.stdout
+        assert [r.session for r in await runs.list_runs(host)] == [info.session]
+    finally:
+        subprocess.run(["tmux", "-L", "trackside-test", "kill-server"], capture_output=True)
 
 
 async def test_foreign_sessions_are_listed_without_run_id(host):

@@ -72,12 +72,13 @@ async def test_launch_stream_kill_relaunch_over_ssh(remote):
     assert events[0]["event"] == "start" and events[0]["config"]["ttt_steps"] == 3
     assert all(len(e["loss_ttt"]) == 3 for e in steps(events))
 
-    (pane_pid,) = await tmux.pane_pids(remote, first.session)
-    gpu_procs.write_text(json.dumps([{"pid": pane_pid, "gpu": 0, "used_mib": 4096}]))
+    panes = await tmux.list_panes(remote, first.session)
+    (trainer,) = kill.process_tree(await kill.process_table(remote), panes) - {panes[0].pid}
+    gpu_procs.write_text(json.dumps([{"pid": trainer, "gpu": 0, "used_mib": 4096}]))
     report = await kill.kill_run(remote, first.run_id, grace_s=60, smi=FAKE_SMI)
     # The trainer checkpoints on SIGTERM and exits 0 well within the grace period.
     assert report.killed == [] and report.survivors == [] and report.exit_status == 0
-    assert [(p.pid, p.used_mib) for p in report.gpu_processes_before] == [(pane_pid, 4096)]
+    assert [(p.pid, p.used_mib) for p in report.gpu_processes_before] == [(trainer, 4096)]
     assert report.released and report.stragglers == []
     print(f"\nover SSH: kill took {report.seconds:.2f}s, GPU release verified {report.release_s * 1000:.0f} ms after the last exit")
 
