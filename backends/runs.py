@@ -1,8 +1,8 @@
 """Runs: commands started in tmux with a run directory, and every other tmux session.
 
 A run directory `<runs_root>/<run_id>/` holds `manifest.json` (what was launched, where,
-and how it ended), `console.log` (the pane's output via pipe-pane) and, for the trainer,
-`metrics.jsonl` and `checkpoints/`. Files on the host are written and read by commands
+and how it ended), `console.log` (the pane's output via pipe-pane), `exit_status` (written
+when the command ends) and, for the trainer, `metrics.jsonl` and `checkpoints/`. Files on the host are written and read by commands
 with fixed scripts and the paths as arguments, so no path or value is ever spliced into
 shell text.
 """
@@ -179,7 +179,8 @@ async def launch(
     train_command: Sequence[str] | None = None,
     resume_from: str | None = None,
 ) -> RunInfo:
-    """Start argv (executed as given, no shell) in a new detached tmux session with a run dir.
+    """Start argv in a new detached tmux session with a run dir. Its items reach the
+    program as they are (run as `"$@"` under the status-recording sh, never parsed).
 
     `resume_from`, a checkpoint step directory on the host, is hard-linked into the new
     run's checkpoints (the trainer never rewrites a step's files, only replaces whole
