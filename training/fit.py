@@ -70,7 +70,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="memory outside the allocator: CUDA context, NCCL (default 1)")
     p.add_argument("--calibration", help="calibration JSON (from --probe); with --probe or "
                    "--from-run, where the new calibration is written")
-    p.add_argument("--from-run", help="re-calibrate from a run directory's metrics.jsonl")
+    p.add_argument("--from-run", action="append", metavar="RUN_DIR",
+                   help="re-calibrate from a finished run's metrics.jsonl; repeat for "
+                        "several runs of one drafter (more shapes, a better fit)")
     p.add_argument("--probe", action="store_true",
                    help="calibrate with a few real steps on this machine's GPU")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -106,6 +108,24 @@ def load_drafter_config(args: argparse.Namespace) -> DrafterConfig | None:
         except (json.JSONDecodeError, TypeError, ValueError) as e:
             raise UsageError(f"--config {args.config}: {e}") from e
     return None
+
+
+def runs_measurements(run_dirs: list[str]) -> tuple[DrafterConfig, StepShape, list[Measurement]]:
+    """The runs' common drafter and step settings (the first run's shape), and their peaks."""
+    found = []
+    for run_dir in run_dirs:
+        try:
+            found.append(memory.measurements_from_run(run_dir))
+        except ValueError as e:
+            raise UsageError(f"--from-run {run_dir}: {e}") from e
+    cfg, base, _ = found[0]
+    for run_dir, (other_cfg, other, _) in zip(run_dirs[1:], found[1:]):
+        same = dataclasses.replace(other, max_seq_len=base.max_seq_len,
+                                   ttt_steps=base.ttt_steps)
+        if other_cfg != cfg or same != base:
+            raise UsageError(f"--from-run {run_dir}: not the drafter, batch rows, loss chunk, "
+                             f"precision and GPUs of {run_dirs[0]}")
+    return cfg, base, [m for _, _, m in found]
 
 
 def step_shape(args: argparse.Namespace, base: StepShape | None) -> StepShape:
@@ -206,25 +226,25 @@ def main(argv: list[str]) -> int:
             except (OSError, ValueError) as e:
                 raise UsageError(f"--calibration {args.calibration}: {e}") from e
         if args.from_run:
-            try:
-                run_cfg, base, measured = memory.measurements_from_run(args.from_run)
-            except ValueError as e:
-                raise UsageError(f"--from-run {args.from_run}: {e}") from e
+            run_cfg, base, measured = runs_measurements(args.from_run)
             cfg = cfg or run_cfg
             try:
                 calibration = memory.calibrate(
-                    run_cfg, [measured], batch_rows=base.batch_rows,
+                    run_cfg, measured, batch_rows=base.batch_rows,
                     loss_chunk=base.loss_chunk, precision=base.precision,
                     world_size=base.world_size, sharding=base.sharding)
             except ValueError as e:
-                raise UsageError(f"--from-run {args.from_run}: {e}") from e
+                raise UsageError(f"--from-run: {e}") from e
         if cfg is None:
             raise UsageError("give --preset NAME or --config PATH (or --from-run RUN_DIR)")
         shape = step_shape(args, base)
         if args.probe:
             calibration = run_probe(cfg, shape, log=None if args.json else print)
         if calibration is not None and args.calibration and (args.probe or args.from_run):
-            calibration.save(args.calibration)
+            try:
+                calibration.save(args.calibration)
+            except OSError as e:
+                raise UsageError(f"--calibration {args.calibration}: {e.strerror}") from e
     except UsageError as e:
         if str(e):
             print(f"trackside fit: {e}", file=sys.stderr)

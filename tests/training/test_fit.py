@@ -63,15 +63,22 @@ def test_config_file_and_calibration_file(tmp_path, capsys):
         memory.predict(cfg, StepShape(16384, 5), cal).total / GiB)
 
 
+def write_run(path: Path, cfg, max_seq_len: int, ttt_steps: int, peak_gib: float) -> Path:
+    """A run directory as training/loop.py leaves it (the fields fit reads)."""
+    config = {"model": cfg.to_dict(), "max_seq_len": max_seq_len, "ttt_steps": ttt_steps,
+              "batch_rows": 1, "loss_chunk": 2048, "precision": "bf16", "sharding": "ddp",
+              "device": "cuda"}
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("\n".join([
+        json.dumps({"event": "start", "config": config, "world_size": 1}),
+        json.dumps({"event": "step", "step": 1, "peak_mem_gib": peak_gib - 0.5}),
+        json.dumps({"event": "step", "step": 2, "peak_mem_gib": peak_gib})]) + "\n")
+    return path
+
+
 def test_from_run_recalibrates_and_saves(tmp_path, capsys):
     cfg = PRESETS["llama3-8b"]
-    run = tmp_path / "run"
-    run.mkdir()
-    config = {"model": cfg.to_dict(), "max_seq_len": 8192, "ttt_steps": 5, "batch_rows": 1,
-              "loss_chunk": 2048, "precision": "bf16", "sharding": "ddp", "device": "cuda"}
-    (run / "metrics.jsonl").write_text("\n".join([
-        json.dumps({"event": "start", "config": config, "world_size": 1}),
-        json.dumps({"event": "step", "step": 1, "peak_mem_gib": 33.0})]) + "\n")
+    run = write_run(tmp_path / "run", cfg, 8192, 5, 33.0)
     rc, out, _ = run_fit(capsys, "--from-run", str(run), "--calibration",
                          str(tmp_path / "cal.json"), "--json")
     assert rc == 0
@@ -85,6 +92,21 @@ def test_from_run_recalibrates_and_saves(tmp_path, capsys):
     rc, out, _ = run_fit(capsys, "--from-run", str(run), "--max-seq-len", "16384", "--json")
     assert json.loads(out)["peak_gib"] == pytest.approx(
         memory.predict(cfg, StepShape(16384, 5), saved).total / GiB)
+
+
+def test_from_several_runs(tmp_path, capsys):
+    cfg = PRESETS["llama3-8b"]
+    a = write_run(tmp_path / "a", cfg, 8192, 5, 33.0)
+    b = write_run(tmp_path / "b", cfg, 16384, 3, 41.0)
+    rc, out, _ = run_fit(capsys, "--from-run", str(a), "--from-run", str(b), "--json")
+    assert rc == 0
+    cal = Calibration.from_dict(json.loads(out)["calibration"])
+    for length, k, peak in ((8192, 5, 33.0), (16384, 3, 41.0)):  # two points, both met
+        assert memory.predict(cfg, StepShape(length, k), cal).forward_backward / GiB == \
+            pytest.approx(peak, rel=1e-6)
+    other = write_run(tmp_path / "other", PRESETS["kimi-k2"], 8192, 5, 50.0)
+    rc, _, err = run_fit(capsys, "--from-run", str(a), "--from-run", str(other))
+    assert rc == 2 and f"--from-run {other}" in err
 
 
 @pytest.mark.parametrize("args,flag", [
