@@ -92,9 +92,8 @@ def parameter_counts(cfg: DrafterConfig) -> dict[str, int]:
     return {
         "trainable": layer_matmuls + lm_head + 4 * H,  # + 4 RMSNorm weights
         # Autocast caches a bf16 copy of each weight its matmuls read, for the whole
-        # forward and backward; the loss casts lm_head itself, a chunk at a time.
+        # forward and backward; the loss casts lm_head itself (its workspace).
         "autocast_cached": layer_matmuls,
-        "lm_head": lm_head,
         "frozen": cfg.vocab_size * H + cfg.draft_vocab_size * H,  # embedding, target head
     }
 
