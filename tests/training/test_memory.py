@@ -301,3 +301,28 @@ def test_a_group_that_would_go_negative_keeps_its_analytic_scale():
     assert cal.scales["per_token"] == 1.0
     assert all(s > 0 for s in cal.scales.values())
     assert 0 < cal.fitted_on["max_error"] < memory.MAX_FIT_ERROR
+
+
+@pytest.mark.parametrize("L,K,rows", [(128, 1, 8), (128, 3, 8), (256, 5, 4), (128, 7, 8)])
+def test_cpu_saved_bytes_of_a_whole_unroll_within_10_percent(L, K, rows):
+    """Everything autograd keeps over a whole TTT unroll of the tiny drafter on CPU (fp32,
+    saved-tensor hooks, parameters left out) against the analytic activation terms.
+
+    The CPU runs the dense attention, not flex_attention, so the check swaps the flex term
+    for what the dense path keeps per step: fp32 scores and probabilities [heads, L, L],
+    the L×L mask of each row, the log-sum-exp and the output. Stated bound: within 10 %.
+    """
+    from training.fit import Trainer, state_tensors
+
+    trainer = Trainer(TINY, torch.device("cpu"))
+    batch = random_batch(TINY, L, rows, torch.device("cpu"), torch.float32, sample_len=64)
+    with count_saved_bytes(exclude=state_tensors(trainer)) as saved:
+        trainer.drafter.step_losses(batch, K, loss_chunk=128)
+    terms = memory.analytic_terms(TINY, StepShape(L, K, rows, 128, "fp32"))
+    T, nh, D, H = rows * L, TINY.num_heads, TINY.head_dim, TINY.hidden_size
+    kept = (sum(terms["per_step"].values()) + sum(terms["diagonal"].values())
+            + terms["per_token"]["doc_ids_copy"]
+            + 3 * H * 4 * T)  # fc keeps the batch's aux hidden states
+    dense = K * rows * (2 * nh * L * L * 4 + L * L + nh * L * 4 + nh * D * 4 * L)
+    predicted = kept - terms["per_step"]["step_flex_attention"] + dense
+    assert 0.9 < predicted / saved.nbytes < 1.1
