@@ -9,7 +9,7 @@ import torch
 
 from training import memory
 from training.config import PRESETS
-from training.fit import count_saved_bytes, random_batch
+from training.fit import Trainer, count_saved_bytes, random_batch, state_tensors
 from training.memory import GiB, Calibration, Measurement, StepShape
 from training.model import Eagle3Drafter
 
@@ -312,8 +312,6 @@ def test_cpu_saved_bytes_of_a_whole_unroll_within_10_percent(L, K, rows):
     for what the dense path keeps per step: fp32 scores and probabilities [heads, L, L],
     the L×L mask of each row, the log-sum-exp and the output. Stated bound: within 10 %.
     """
-    from training.fit import Trainer, state_tensors
-
     trainer = Trainer(TINY, torch.device("cpu"))
     batch = random_batch(TINY, L, rows, torch.device("cpu"), torch.float32, sample_len=64)
     with count_saved_bytes(exclude=state_tensors(trainer)) as saved:
