@@ -113,7 +113,7 @@ def run_shape(name: str, device: torch.device, pairs, points, cap_gib: float,
         rows.append(row)
     largest = memory.largest_fitting(cfg, LARGEST_TTT, cap_gib, multiple=multiple,
                                      loss_chunk=loss_chunk, precision=trainer.precision,
-                                     calibration=calibration, headroom_gib=0.0)
+                                     calibration=calibration)
     checks = []  # the acceptance test: never skipped for time
     for length in (largest, largest + multiple) if largest else ():
         row = measure(trainer, name, length, LARGEST_TTT, calibration, loss_chunk, math.inf)
@@ -156,7 +156,12 @@ def report(results: list[dict], cap_gib: float, device_name: str, command: str,
     if errors:
         lines += ["", f"Largest |error|: {max(errors):.1%} over {len(errors)} measured pairs."]
     lines += ["", f"### largest_fitting(TTT {LARGEST_TTT}, {cap_gib:g} GiB, "
-              f"multiple {multiple}), then launched", "", head]
+              f"multiple {multiple}), then launched", "",
+              "As `trackside fit --gpu-mem-gib "
+              f"{cap_gib:g}` computes it: predicted reserved memory (allocated × the probe's "
+              f"reserved/allocated ratio) within the card less "
+              f"{memory.DEFAULT_HEADROOM_GIB:g} GiB for the CUDA context, which the cap "
+              "leaves out.", "", head]
     for r in results:
         lines += [format_row(row) for row in r["checks"]]
     lines.append("")
