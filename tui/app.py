@@ -7,6 +7,7 @@ notifications, so the UI never waits on the network.
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 import subprocess
 import time
@@ -76,6 +77,7 @@ class TracksideApp(App):
                 name: HostMonitor(self, w.host, smi=w.smi, interval=poll_interval, clock=clock)
                 for name, w in self.watched.items()
             }
+        self.closing = False
         self.selected: set[str] = set()  # runs open on a run screen: followed even when exited
 
     def on_mount(self) -> None:
@@ -155,11 +157,10 @@ class TracksideApp(App):
             for key, run in self.runs.items()
             if run.host == host_name
             and not run.gone
-            and run.info.run_dir
-            and (key in self.selected or getattr(run.info.state, "name", "") == "RUNNING")
+            and (key in self.selected or (run.info.run_dir and run.info.state.name == "RUNNING"))
         }
         for key, run in wanted.items():
-            monitor.follow(key, run.info.run_dir)
+            monitor.follow(key, run.info.run_dir, run.info.session)
         for key in monitor.following() - set(wanted):
             monitor.unfollow(key)
 
@@ -168,11 +169,17 @@ class TracksideApp(App):
         self._changed()
 
     def _changed(self, *, host: str | None = None, run: str | None = None, events=(), lines=()) -> None:
+        if self.closing:
+            return  # the screens are being taken apart
         self._refresh_alerts()
         # Only the screen in view (under any dialog) repaints; the others catch up on resume.
-        shown = next((s for s in reversed(self.screen_stack) if not s.is_modal), None)
+        shown = self.shown_screen()
         if hasattr(shown, "state_changed"):
             shown.state_changed(host=host, run=run, events=events, lines=lines)
+
+    def shown_screen(self) -> Screen | None:
+        """The screen in view: the top one, or the one under the dialogs on top."""
+        return next((s for s in reversed(self.screen_stack) if not s.is_modal), None)
 
     def _refresh_alerts(self) -> None:
         now = self.clock()
@@ -245,6 +252,11 @@ class TracksideApp(App):
         if run := self.runs.get(key):
             self._follow_runs(run.host)
 
+    def deselect(self, key: str) -> None:
+        self.selected.discard(key)
+        if run := self.runs.get(key):
+            self._follow_runs(run.host)
+
     def action_kill(self) -> None:
         self._confirm_kill(relaunch=False)
 
@@ -261,7 +273,7 @@ class TracksideApp(App):
 
         try:
             plan = await kill_plan(
-                self.watched[run.host].host, run, self.hosts[run.host], self.pending.get(run.key) if relaunch else None
+                self.watched[run.host].host, run, self.hosts[run.host], self.pending.get(run.key, {}) if relaunch else None
             )
         except Exception as error:
             self.notify(f"cannot list {run.key}'s processes: {error}", severity="error", timeout=10)
@@ -314,8 +326,9 @@ class TracksideApp(App):
         new = self._adopt(run.host, info)
         self.pending.pop(run.key, None)
         self.notify(f"relaunched as {new.key}", title="relaunch")
-        if getattr(self.screen, "run_key", None) == run.key:
-            self.screen.show_run(new.key)
+        shown = self.shown_screen()
+        if getattr(shown, "run_key", None) == run.key:
+            shown.show_run(new.key)
 
     def _adopt(self, host_name: str, info) -> RunState:
         """A run this app just launched: known before the next listing, and followed."""
@@ -338,12 +351,12 @@ class TracksideApp(App):
             info = await runs.launch(watched.host, self.demo.argv, session=self.demo.session, params=self.demo.params)
         except Exception as error:
             self.notify(f"could not start the demo run: {error}", severity="error", timeout=30)
-            self.screen_stack[-1].show_waiting(f"could not start the demo run: {error}")
+            self.shown_screen().show_waiting(f"could not start the demo run: {error}")
             return
         run = self._adopt(name, info)
-        for screen in self.screen_stack:
-            if getattr(screen, "run_key", "") is None:
-                screen.show_run(run.key)
+        shown = self.shown_screen()
+        if getattr(shown, "run_key", "") is None:
+            shown.show_run(run.key)
 
     def action_edit(self) -> None:
         from tui.screens.edit import EditScreen
@@ -375,6 +388,11 @@ class TracksideApp(App):
         except SuspendNotSupported:
             self.notify(f"this terminal cannot hand over; run: {shlex.join(argv)}", timeout=15)
 
-    def on_unmount(self) -> None:
+    async def on_unmount(self) -> None:
+        self.closing = True
+        # Let the workers' own clean-up (killing their tail and tmux children) finish
+        # while the event loop still runs.
         for monitor in self.monitors.values():
             monitor.stop()
+        stopping = [w.wait() for w in self.workers if w.group == "monitor"]
+        await asyncio.gather(*stopping, return_exceptions=True)  # cancelled: that is the point

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from textual.app import App
 from textual.worker import Worker
 
-from backends import gpu, logparse, runs, streams
+from backends import gpu, logparse, runs, streams, tmux
 from backends.hosts import AuthFailed, Host, HostError, HostKeyRejected, HostUnreachable
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
 
@@ -37,6 +37,15 @@ def failure_status(error: BaseException) -> tuple[str, str]:
     if isinstance(error, HostError):
         return "error", str(error)
     return "error", f"{type(error).__name__}: {error}"
+
+
+def new_lines(previous: list[str], current: list[str]) -> list[str]:
+    """The lines of a pane capture that the previous capture did not show: `current` after
+    the longest prefix of it that ends `previous` (the pane scrolled by that much)."""
+    for overlap in range(min(len(previous), len(current)), 0, -1):
+        if previous[-overlap:] == current[:overlap]:
+            return current[overlap:]
+    return current
 
 
 class HostMonitor:
@@ -92,18 +101,21 @@ class HostMonitor:
             self._tick += 1
             await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
 
-    def follow(self, key: str, run_dir: str) -> None:
-        """Follow a run's metrics.jsonl and console.log (idempotent)."""
+    def follow(self, key: str, run_dir: str | None, session: str) -> None:
+        """Follow a run's metrics.jsonl and console.log, or, for a tmux session trackside
+        did not launch (no run dir), what its pane shows (idempotent)."""
         if key in self._followers:
             return
+        if run_dir is None:
+            jobs = [(self._watch_pane(key, session), f"pane {session}")]
+        else:
+            jobs = [
+                (self._follow(key, posixpath.join(run_dir, name), batch), f"{key} {name}")
+                for name, batch in (("metrics.jsonl", self._metrics_batch), ("console.log", self._console_batch))
+            ]
         self._followers[key] = [
-            self.app.run_worker(
-                self._follow(key, posixpath.join(run_dir, name), batch),
-                name=f"follow {key} {name}",
-                group="monitor",
-                exit_on_error=False,
-            )
-            for name, batch in (("metrics.jsonl", self._metrics_batch), ("console.log", self._console_batch))
+            self.app.run_worker(job, name=f"follow {what}", group="monitor", exit_on_error=False)
+            for job, what in jobs
         ]
 
     def unfollow(self, key: str) -> None:
@@ -156,6 +168,24 @@ class HostMonitor:
             finally:
                 task.cancel()
             await asyncio.sleep(FOLLOW_RETRY_S)
+
+    async def _watch_pane(self, key: str, session: str) -> None:
+        previous: list[str] = []
+        while True:
+            started = time.monotonic()
+            try:
+                text = await asyncio.wait_for(tmux.capture_pane(self.host, session), POLL_TIMEOUT_S)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                text = None  # the session or host is gone: the listing says so
+            if text is not None:
+                current = text.rstrip("\n").split("\n")
+                fresh = new_lines(previous, current)
+                previous = current
+                if fresh:
+                    self.app.post_message(ConsoleBatch(self.host.name, key, fresh))
+            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
 
     def _flush(self, key: str, buffer: list[str], batch: Callable) -> None:
         if buffer:

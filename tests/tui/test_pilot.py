@@ -33,14 +33,14 @@ async def test_launch_kill_edit_relaunch(local_host):
 
         await pilot.press("k")
         confirm = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen, 10, "the kill modal")
-        assert "tui-pilot" in screen_text(app)
+        assert "tui-pilot" in str(confirm.query_one("#kill-plan").render())
         assert confirm.plan.pids and set(first.info.pids) <= set(confirm.plan.pids)
         assert app.focused.id == "no"  # the default answer is No
         await pilot.press("y")
         report = await wait_for(pilot, lambda: isinstance(app.screen, KillReportScreen) and app.screen, 40, "the kill report")
         assert set(confirm.plan.pids) <= set(report.report.signalled)
         assert not report.report.survivors
-        assert "GPU memory before → after" in screen_text(app)
+        assert "GPU memory before → after" in str(report.query_one("#kill-report").render())
         assert "tui-pilot" not in await tmux.list_sessions(local_host)
         await pilot.press("escape")
         await wait_for(pilot, lambda: first.state_label != "running", 10, "the run to read as stopped")
@@ -63,3 +63,30 @@ async def test_launch_kill_edit_relaunch(local_host):
         assert second.start["config"]["ttt_steps"] == 3
         await wait_for(pilot, lambda: second.steps, 60, "the new run to train")
         assert len(second.steps[-1]["loss_ttt"]) == 3
+
+        await pilot.press("R")
+        confirm = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen, 10, "R's kill modal")
+        assert "Then relaunch with unchanged parameters" in str(confirm.query_one("#kill-plan").render())
+        await pilot.press("y")
+        third = await wait_for(
+            pilot, lambda: screen.run_key not in (first.key, second.key) and screen.run, 60, "the kill-and-relaunched run"
+        )
+        assert third.info.parent == second.info.run_id and third.params["ttt_steps"] == 3
+        assert second.info.session not in await tmux.list_sessions(local_host)
+
+
+async def test_a_session_trackside_did_not_launch_shows_its_console_loss(local_host, tmux_socket):
+    import subprocess
+
+    script = "i=0; while true; do i=$((i+1)); echo \"{'loss': $((100 - i)).5, 'epoch': 0.$i}\"; sleep 0.2; done"
+    subprocess.run(["tmux", "-L", tmux_socket, "new-session", "-d", "-s", "theirs", "sh", "-c", script], check=True)
+    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent")])
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: "local/theirs" in app.runs, 15, "the foreign session in the fleet")
+        assert "theirs" in screen_text(app)
+        app.open_run("local/theirs")
+        run = app.runs["local/theirs"]
+        await wait_for(pilot, lambda: len(run.console_loss) >= 3, 15, "losses read from the pane")
+        losses = [loss for _, loss in run.console_loss]
+        assert losses == sorted(losses, reverse=True) and len(set(losses)) == len(losses)  # none twice
+        assert "loss 9" in screen_text(app)

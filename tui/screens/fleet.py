@@ -90,13 +90,19 @@ class FleetScreen(Screen):
         yield DataTable(id="fleet", cursor_type="row", zebra_stripes=True)
         yield Footer()
 
+    composed = False  # the app may report changes between push and compose
+
     def on_mount(self) -> None:
+        self.composed = True
         self.sub_title = "fleet"
         self.query_one("#filter").display = False
         table = self.query_one(DataTable)
         for key, label in COLUMNS:
             table.add_column(label, key=key)
         self.rebuild()
+
+    def on_unmount(self) -> None:
+        self.composed = False
 
     def on_screen_resume(self) -> None:
         self.state_changed()
@@ -152,6 +158,8 @@ class FleetScreen(Screen):
         self.app.refresh_bindings()
 
     def state_changed(self, **_) -> None:
+        if not self.composed:
+            return
         self.query_one(AlertBar).show(list(self.app.alerts.values()))
         self.rebuild()
 

@@ -55,6 +55,7 @@ def stats_text(run: RunState, now: float) -> Text:
 
 class RunScreen(Screen):
     AUTO_FOCUS = "#log"
+    composed = False  # the app may report changes between push and compose
 
     BINDINGS = [
         Binding("y", "log_scale", "Log/lin y", id="trackside.run.log_scale"),
@@ -81,6 +82,7 @@ class RunScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
+        self.composed = True
         self.query_one("#log-filter").display = False
         self.show_run(self.run_key)
         if self.focus_log:
@@ -88,6 +90,11 @@ class RunScreen(Screen):
 
     def on_screen_resume(self) -> None:
         self.state_changed()
+
+    def on_unmount(self) -> None:
+        self.composed = False
+        if self.run_key:
+            self.app.deselect(self.run_key)
 
     def selected_run_key(self) -> str | None:
         return self.run_key
@@ -102,6 +109,8 @@ class RunScreen(Screen):
 
     def show_run(self, key: str | None) -> None:
         """Show `key` (a relaunch switches the screen to the new run)."""
+        if self.run_key and self.run_key != key:
+            self.app.deselect(self.run_key)
         self.run_key = key
         self.sub_title = key or ""
         self.query_one(Log).clear()
@@ -113,6 +122,8 @@ class RunScreen(Screen):
         self.app.refresh_bindings()
 
     def state_changed(self, *, host=None, run=None, events=(), lines=()) -> None:
+        if not self.composed:
+            return
         app = self.app
         self.query_one(AlertBar).show(list(app.alerts.values()))
         current = self.run
