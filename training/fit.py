@@ -424,7 +424,18 @@ def state_bytes(trainer: Trainer) -> int:
     return sum(t.numel() * t.element_size() for t in state_tensors(trainer))
 
 
-def run_probe(cfg: DrafterConfig, shape: StepShape, *, points=PROBE_POINTS,
+def probe_points(cfg: DrafterConfig, shape: StepShape, gpu_bytes: int):
+    """PROBE_POINTS, halved in length until the analytic model puts them all within 80 %
+    of the GPU's memory: a smaller card still gets a probe, at shorter rows."""
+    points = PROBE_POINTS
+    while points[0][0] > 512 and max(
+            memory.predict(cfg, dataclasses.replace(shape, max_seq_len=n, ttt_steps=k)).total
+            for n, k in points) > 0.8 * gpu_bytes:
+        points = tuple((n // 2, k) for n, k in points)
+    return points
+
+
+def run_probe(cfg: DrafterConfig, shape: StepShape, *, points=None,
               device: torch.device | None = None, trainer: Trainer | None = None,
               log=print) -> Calibration:
     """Calibrate the memory model with one real step (after a warm-up step) per point."""
@@ -437,6 +448,9 @@ def run_probe(cfg: DrafterConfig, shape: StepShape, *, points=PROBE_POINTS,
     if shape.precision != trainer.precision:
         raise UsageError(f"--precision {shape.precision}: the trainer uses "
                          f"{trainer.precision} on {trainer.device.type}")
+    if points is None:
+        total = torch.cuda.get_device_properties(trainer.device).total_memory
+        points = probe_points(cfg, shape, total)
     measured = []
     for length, k in points:
         try:

@@ -179,6 +179,15 @@ def test_probe_on_cpu_calibrates_to_its_measurements():
     assert cal.fitted_on["max_error"] < 0.15
 
 
+def test_probe_points_shrink_for_a_smaller_card():
+    kimi, shape = PRESETS["kimi-k2"], StepShape(16384, 5)
+    assert fit.probe_points(kimi, shape, 141 * GiB) == fit.PROBE_POINTS  # an H200
+    smaller = fit.probe_points(kimi, shape, 48 * GiB)
+    assert smaller == tuple((n // 2, k) for n, k in fit.PROBE_POINTS)
+    assert all(memory.predict(kimi, StepShape(n, k)).total < 0.8 * 48 * GiB
+               for n, k in smaller)
+
+
 def test_random_batch_shapes():
     cfg = PRESETS["tiny"]
     b = fit.random_batch(cfg, 300, 2, torch.device("cpu"), torch.float32, sample_len=128)
