@@ -1,0 +1,72 @@
+"""The dashboard against the real OpenSSH server of the backends tests: a run launched,
+watched, killed and relaunched over SSH, and a host that goes away and comes back."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends import params as run_params
+from backends import tmux
+from tests.tui.conftest import screen_text, wait_for
+from tui.app import Demo, TracksideApp, Watched
+from tui.screens.edit import EditScreen
+from tui.screens.kill import KillConfirm, KillReportScreen
+from tui.screens.run import RunScreen
+
+PARAMS = {"max_seq_len": 256, "ttt_steps": 2, "steps": 100000, "save_every": 100000}
+
+
+@pytest.mark.slow
+async def test_launch_kill_edit_relaunch_over_ssh(sshd, runs_root, tmux_socket):
+    if not sshd.running:
+        sshd.start()
+    host = sshd.host("gpu-box", runs_root=runs_root)
+    host.tmux_socket = tmux_socket
+    argv = run_params.apply([str(sshd.python), "-m", "training", "train", "--synthetic"], PARAMS)
+    app = TracksideApp([Watched(host, smi="nvidia-smi-absent")], demo=Demo(argv, "tui-ssh", dict(PARAMS)), grace_s=20)
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            screen = await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen, 10, "the run screen")
+            first = await wait_for(pilot, lambda: screen.run, 30, "the run to launch over SSH")
+            await wait_for(pilot, lambda: len(first.steps) >= 2, 90, "step events over SSH")
+            assert "no GPU on gpu-box" in screen_text(app) or "GPUs on gpu-box" in screen_text(app)
+
+            await pilot.press("k")
+            confirm = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen, 15, "the kill modal")
+            await pilot.press("y")
+            report = await wait_for(pilot, lambda: isinstance(app.screen, KillReportScreen) and app.screen, 40, "the report")
+            assert set(confirm.plan.pids) <= set(report.report.signalled) and not report.report.survivors
+            assert "tui-ssh" not in await tmux.list_sessions(host)
+            await pilot.press("escape")
+
+            await pilot.press("e")
+            form = await wait_for(pilot, lambda: isinstance(app.screen, EditScreen) and app.screen, 5, "the edit form")
+            form.query_one("#param-ttt_steps").value = "3"
+            await pilot.pause()
+            await pilot.click("#keep")
+            await pilot.press("r")
+            second = await wait_for(pilot, lambda: screen.run_key != first.key and screen.run, 30, "the relaunched run")
+            await wait_for(pilot, lambda: second.start is not None, 90, "its start event over SSH")
+            assert second.start["config"]["ttt_steps"] == 3
+    finally:
+        await host.close()
+
+
+async def test_host_lost_and_back(fresh_sshd):
+    host = fresh_sshd.host("flaky", backoff_cap=1.0)
+    app = TracksideApp([Watched(host, smi="nvidia-smi-absent")])
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            state = app.hosts["flaky"]
+            await wait_for(pilot, lambda: state.status == "ok", 20, "the host to answer")
+            fresh_sshd.stop()
+            await wait_for(pilot, lambda: state.status == "offline", 30, "the host to read offline")
+            assert "lost:flaky" in app.alerts
+            assert "flaky lost" in screen_text(app)
+            fresh_sshd.start()
+            await wait_for(pilot, lambda: state.status == "ok", 30, "the host to come back")
+            await pilot.pause()
+            assert "lost:flaky" not in app.alerts
+            assert any("flaky is back" in str(n.message) for n in app._notifications)
+    finally:
+        await host.close()
