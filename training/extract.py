@@ -92,9 +92,12 @@ def load_model(spec: str):
         torch.manual_seed(0)
         return AutoModelForCausalLM.from_config(config).eval(), None
     cuda = torch.cuda.is_available()
-    model = AutoModelForCausalLM.from_pretrained(
-        spec, dtype=torch.bfloat16 if cuda else torch.float32,
-        device_map="auto" if cuda else None)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            spec, dtype=torch.bfloat16 if cuda else torch.float32,
+            device_map="auto" if cuda else None)
+    except (OSError, ValueError) as exc:
+        raise ExtractError("--model", f"cannot load {spec}: {exc}") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(spec)
     except (OSError, ValueError):
@@ -134,7 +137,7 @@ def extract(model, samples: list[tuple[list[int], list[bool]]], out: Path,
     lengths = [len(ids) for ids, _ in samples]
     todo = [i for i in range(len(samples)) if not sample_path(out, i).exists()]
     device = model.get_input_embeddings().weight.device
-    done, tokens, started = len(samples) - len(todo), 0, time.monotonic()
+    done, fresh, tokens, started = len(samples) - len(todo), 0, 0, time.monotonic()
     log(f"extract: {done}/{len(samples)} (resumed)" if done else f"extract: 0/{len(samples)}")
     for batch in token_budget_batches([lengths[i] for i in todo], max_tokens_per_batch):
         indices = [todo[b] for b in batch]
@@ -154,11 +157,11 @@ def extract(model, samples: list[tuple[list[int], list[bool]]], out: Path,
                 "aux_hidden": torch.cat([states[layer][row, :n].cpu() for layer in layers],
                                         dim=-1),
                 "final_hidden": states[-1][row, :n].cpu().clone()})
-        done += len(indices)
+        done, fresh = done + len(indices), fresh + len(indices)
         tokens += sum(lengths[i] for i in indices)
         elapsed = max(time.monotonic() - started, 1e-9)
-        log(f"extract: {done}/{len(samples)} [{(done - len(samples) + len(todo)) / elapsed:.1f}"
-            f" samples/s, {tokens / elapsed:.0f} tok/s]")
+        log(f"extract: {done}/{len(samples)} [{fresh / elapsed:.1f} samples/s, "
+            f"{tokens / elapsed:.0f} tok/s]")
 
     counts = torch.zeros(vocab, dtype=torch.long)
     for ids, mask in samples:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from training.checkpoint import latest
 from training.config import PRESETS
 from training.data import Dataset, Loader, Position
 from training.export import export_drafter
-from training.loop import TrainConfig, train
+from training.loop import TrainConfig, _tried_gib, train
 from training.metrics import EVENT_FIELDS, MetricsWriter
 from training.synthetic import synthetic_dataset
 
@@ -77,7 +78,9 @@ def test_synthetic_200_steps_meet_the_contract_and_learn(tmp_path, cache):
     run_dir = tmp_path / "run"
     result = subprocess.run(
         [sys.executable, "-m", "training", "train", "--synthetic", "--steps", "200",
-         "--out", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=240)
+         "--out", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=240,
+        # One thread: tiny matmuls gain nothing from more, and lose a lot on a shared box.
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
     events = read_events(run_dir)
     for event in events:
@@ -102,6 +105,12 @@ def test_the_writer_refuses_events_off_the_contract(tmp_path):
     writer.write("end", status="completed")
     MetricsWriter(None).write("end", status="completed")  # ranks other than 0: nothing
     assert [e["event"] for e in read_events(tmp_path)] == ["end"]
+
+
+def test_the_oom_event_reads_the_failed_allocation():
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0")
+    assert _tried_gib(error) == 0.5
+    assert _tried_gib(torch.OutOfMemoryError("out of memory")) is None
 
 
 def test_the_loader_resumes_and_splits_global_batches_over_ranks(cache):
@@ -148,3 +157,20 @@ def test_export_writes_the_eagle3_layout(tmp_path, cache):
     assert torch.equal(saved["fc.weight"].to(torch.bfloat16), weights["fc.weight"])
     assert export_drafter(latest(tmp_path / "run" / "checkpoints"), tmp_path / "e2") \
         == tmp_path / "e2"
+
+
+@pytest.mark.gpu
+def test_cuda_oom_is_an_event_and_exit_3(tmp_path, cache):
+    # One 65536-token row of aux hidden states alone is 48 MiB; the cap is 20 MiB.
+    result = subprocess.run(
+        [sys.executable, "-m", "training", "train", "--synthetic", "--steps", "2",
+         "--device", "cuda", "--max-seq-len", "65536", "--gpu-mem-gib", "0.02",
+         "--out", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == 3, result.stderr
+    events = read_events(tmp_path / "run")
+    for event in events:
+        check_event(event, ttt_steps=3)
+    oom, end = events[-2:]
+    assert oom["event"] == "oom" and oom["max_seq_len"] == 65536 and oom["ttt_steps"] == 3
+    assert end == {**end, "event": "end", "status": "oom"}
