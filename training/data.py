@@ -138,19 +138,22 @@ class Loader:
         items: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
 
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    items.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
         def produce() -> None:
             try:
                 for item in self._batches(start):
-                    while not stop.is_set():
-                        try:
-                            items.put(item, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
+                    if not put(item):
                         return
             except BaseException as exc:  # handed to the consumer, which re-raises it
-                items.put(exc)
+                put(exc)
 
         thread = threading.Thread(target=produce, name="prefetch", daemon=True)
         thread.start()

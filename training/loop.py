@@ -234,11 +234,11 @@ def train(cfg: TrainConfig) -> int:
             batch, epoch, next_position = next(batches)
             batch = batch.to(device)
             with autocast:
-                steps = unroll(batch, cfg.ttt_steps, cfg.loss_chunk)
-            counts = _all_reduce([float(s.losses.shape[0]) for s in steps], device, world)
+                per_step = unroll(batch, cfg.ttt_steps, cfg.loss_chunk)
+            counts = _all_reduce([float(s.losses.shape[0]) for s in per_step], device, world)
             # Each rank's share of the global mean; DDP averages gradients over ranks.
             loss = sum(cfg.ttt_decay ** k * s.losses.sum() * (world / max(n, 1))
-                       for k, (s, n) in enumerate(zip(steps, counts)))
+                       for k, (s, n) in enumerate(zip(per_step, counts)))
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(trainable.values(), cfg.grad_clip)
             lr = scheduler.get_last_lr()[0]
@@ -249,8 +249,8 @@ def train(cfg: TrainConfig) -> int:
 
             tokens = batch.input_ids.numel() - batch.pad_tokens
             sums = _all_reduce(
-                [s.losses.detach().sum().item() for s in steps]
-                + [s.agree.sum().item() for s in steps]
+                [s.losses.detach().sum().item() for s in per_step]
+                + [s.agree.sum().item() for s in per_step]
                 + [tokens, batch.num_samples, batch.pad_tokens, float(stop.requested)],
                 device, world)
             K = cfg.ttt_steps
