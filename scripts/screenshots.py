@@ -33,8 +33,7 @@ async def shoot() -> list[Path]:
         saved.append(Path(app.save_screenshot(f"{name}.svg", str(OUT))))
 
     async with app.run_test(size=SIZE) as pilot:
-        feed(app, model=PRESETS["llama3-8b"].to_dict())
-        await pilot.pause()
+        await feed(pilot, model=PRESETS["llama3-8b"].to_dict())
         save("fleet")
         app.open_run(RUN_KEY)
         await pilot.pause()

@@ -46,17 +46,24 @@ def host_alerts(host: HostState, now: float) -> list[Alert]:
     alerts = []
     if host.status in ("offline", "auth", "error"):
         alerts.append(Alert(f"lost:{host.name}", f"{host.name} lost: {host.message}", "error"))
-    for reading in getattr(host.gpus, "gpus", None) or []:
-        trace = host.traces.get(reading.index)
-        if trace and trace.underfed_since is not None and now - trace.underfed_since >= UNDERFED_FOR_S:
-            alerts.append(
-                Alert(
-                    f"underfed:{host.name}:{reading.index}",
-                    f"under-fed GPU {host.name}:{reading.index}: {reading.power_w:.0f} W of "
-                    f"{reading.power_limit_w:.0f} W at {reading.util_pct:.0f}% util for "
-                    f"{format_duration(now - trace.underfed_since)} — more work per step",
-                )
+    starved = [
+        (reading, now - host.traces[reading.index].underfed_since)
+        for reading in getattr(host.gpus, "gpus", None) or []
+        if reading.index in host.traces
+        and host.traces[reading.index].underfed_since is not None
+        and now - host.traces[reading.index].underfed_since >= UNDERFED_FOR_S
+    ]
+    if starved:
+        watts = [r.power_w for r, _ in starved]
+        drawn = f"{min(watts):.0f}" if min(watts) == max(watts) else f"{min(watts):.0f}–{max(watts):.0f}"
+        alerts.append(
+            Alert(
+                f"underfed:{host.name}",
+                f"under-fed GPU{'s' if len(starved) > 1 else ''} {','.join(str(r.index) for r, _ in starved)} "
+                f"on {host.name}: {drawn} W of {starved[0][0].power_limit_w:.0f} W at >{UNDERFED_UTIL:.0f}% util "
+                f"for {format_duration(max(s for _, s in starved))} — give each step more work",
             )
+        )
     return alerts
 
 

@@ -1,7 +1,7 @@
 """What an edit will cost, before paying for a launch: steps, epoch time, peak memory.
 
-Steps and time come from the run's own measurements (tokens per step, tokens/s, pad
-fraction); memory from training.memory, calibrated on the run's measured peak. The memory
+Steps and time come from the run's own measurements (steps per epoch, tokens per step,
+tokens/s); memory from training.memory, calibrated on the run's measured peak. The memory
 model is optional on an operator's laptop (it needs numpy): absent, the form shows "—".
 """
 
@@ -18,11 +18,12 @@ class Cost:
     steps_per_epoch: int | None
     epoch_s: float | None
     peak_gib: float | None
+    largest_max_seq_len: int | None  # that fits the GPU at the new TTT depth
 
 
-def predict(run: RunState, changes: dict) -> Cost:
+def predict(run: RunState, changes: dict, gpu_mem_gib: float | None = None) -> Cost:
     params = {**run.params, **changes}
-    return Cost(*_schedule(run, params), _peak_gib(run, params))
+    return Cost(*_schedule(run, params), *_memory(run, params, gpu_mem_gib))
 
 
 def _schedule(run: RunState, params: dict) -> tuple[int | None, float | None]:
@@ -41,13 +42,13 @@ def _schedule(run: RunState, params: dict) -> tuple[int | None, float | None]:
     return new_spe, spe * tokens / rate * depth
 
 
-def _peak_gib(run: RunState, params: dict) -> float | None:
+def _memory(run: RunState, params: dict, gpu_mem_gib: float | None) -> tuple[float | None, int | None]:
     try:
         from training import memory
     except ImportError:
-        return None
+        return None, None
     if not run.start:
-        return None
+        return None, None
     try:
         cfg, shape = memory._shape_from_start(run.start)
         peaks = [e["peak_mem_gib"] for e in run.steps if e.get("peak_mem_gib")]
@@ -59,6 +60,14 @@ def _peak_gib(run: RunState, params: dict) -> float | None:
                 precision=shape.precision, world_size=shape.world_size, sharding=shape.sharding,
             )  # fmt: skip
         changed = {k: int(params[k]) for k in ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk") if k in params}
-        return memory.predict(cfg, dataclasses.replace(shape, **changed), calibration).reserved / memory.GiB
+        new = dataclasses.replace(shape, **changed)
+        peak = memory.predict(cfg, new, calibration).reserved / memory.GiB
+        largest = None
+        if gpu_mem_gib:
+            largest = memory.largest_fitting(
+                cfg, new.ttt_steps, gpu_mem_gib, batch_rows=new.batch_rows, loss_chunk=new.loss_chunk,
+                precision=new.precision, world_size=new.world_size, sharding=new.sharding, calibration=calibration,
+            )  # fmt: skip
+        return peak, largest
     except Exception:  # an optional estimate: any trouble in it reads as "—", never a crash
-        return None
+        return None, None

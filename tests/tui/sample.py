@@ -86,13 +86,17 @@ def make_app() -> TracksideApp:
     return TracksideApp(watched, monitor=False, clock=frozen_clock)
 
 
-def feed(app: TracksideApp, model: dict | None = None) -> None:
+async def feed(pilot, model: dict | None = None) -> None:
     """Post the fleet's state as the monitors would (`model`: the drafter's shape, which
     lets the edit form predict memory)."""
+    app = pilot.app
     app.post_message(RunsListed("h200-box", [run_info()], NOW))
+    app.post_message(GpusPolled("h200-box", gpus(), NOW - 90))  # starved for a minute and a half
+    await pilot.pause()  # a newer poll would replace this one still in the queue
     app.post_message(GpusPolled("h200-box", gpus(), NOW))
     app.post_message(MetricsBatch("h200-box", RUN_KEY, metrics_events(model=model), garbled=1))
     app.post_message(ConsoleBatch("h200-box", RUN_KEY, LOG))
     refused = HostUnreachable("pve-129", "connection refused by 10.0.0.129:22")
     app.post_message(HostFailed("pve-129", "offline", str(refused)))
     app.post_message(GpusPolled("laptop", GpuSnapshot(GpuStatus.NO_SMI, "nvidia-smi not found"), NOW))
+    await pilot.pause()

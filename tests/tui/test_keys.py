@@ -14,8 +14,7 @@ async def test_every_key_has_an_id_and_is_in_the_palette():
     assert all(b.id and b.id.startswith("trackside.") for b in KEYS)
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        feed(app)
-        await pilot.pause()
+        await feed(pilot)
         app.open_run(RUN_KEY)
         await pilot.pause()
         titles = [c.title for c in app.get_system_commands(app.screen)]
@@ -30,8 +29,7 @@ async def test_every_key_has_an_id_and_is_in_the_palette():
 async def test_fleet_filter_and_enter_opens_the_run():
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        feed(app)
-        await pilot.pause()
+        await feed(pilot)
         table = app.screen.query_one(DataTable)
         assert table.row_count == 4  # three hosts and one run
         await pilot.press("slash", *"pve")
@@ -46,8 +44,7 @@ async def test_fleet_filter_and_enter_opens_the_run():
 async def test_chart_toggles_and_log_focus():
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        feed(app)
-        await pilot.pause()
+        await feed(pilot)
         app.open_run(RUN_KEY)
         await pilot.pause()
         chart = app.screen.query_one(LossChart)
@@ -62,7 +59,9 @@ async def test_chart_toggles_and_log_focus():
 async def test_run_actions_are_off_where_no_run_is_selected():
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        feed(app)
+        await feed(pilot)
+        assert app.screen.selected_run_key() == RUN_KEY  # the cursor starts on the first run
+        app.screen.query_one(DataTable).move_cursor(row=0)
         await pilot.pause()
         assert app.check_action("kill", ()) is None  # a host row is selected: shown, dimmed
         await pilot.press("k")

@@ -22,9 +22,9 @@ def test_underfed_gpu_is_flagged_after_a_minute_and_cleared_when_fed():
     host = underfed_host(250.0)
     update_underfed(host, NOW)
     assert host_alerts(host, NOW + 59) == []
-    alerts = host_alerts(host, NOW + 60)
-    assert [a.key for a in alerts][:2] == ["underfed:h200-box:0", "underfed:h200-box:1"]
-    assert "250 W of 600 W at 100% util" in alerts[0].text
+    [alert] = host_alerts(host, NOW + 60)
+    assert alert.key == "underfed:h200-box"
+    assert "GPUs 0,1,2,3,4,5,6,7 on h200-box: 250–299 W of 600 W at >90% util for 1m00s" in alert.text
 
     host.gpus = gpus(550.0)
     update_underfed(host, NOW + 61)
@@ -81,7 +81,7 @@ def test_prediction_scales_steps_with_row_length_and_time_with_ttt():
     assert doubled.steps_per_epoch == 2060
     deeper = predict(run, {"ttt_steps": 5})
     assert deeper.epoch_s == pytest.approx(now.epoch_s * 5 / 3)
-    assert now.peak_gib is None  # the start event carries no drafter shape: shown as "—"
+    assert now.peak_gib is None and now.largest_max_seq_len is None  # no drafter shape: "—"
 
 
 def test_prediction_of_peak_memory_grows_with_row_length():
@@ -93,3 +93,6 @@ def test_prediction_of_peak_memory_grows_with_row_length():
     assert now == pytest.approx(40.2, rel=0.1)  # calibrated on the run's measured peak
     assert predict(run, {"max_seq_len": 16384}).peak_gib > now
     assert predict(run, {"ttt_steps": 5}).peak_gib > now
+    largest = predict(run, {}, gpu_mem_gib=140.4).largest_max_seq_len
+    assert largest > 8192 and largest % 1024 == 0
+    assert predict(run, {"ttt_steps": 5}, gpu_mem_gib=140.4).largest_max_seq_len < largest

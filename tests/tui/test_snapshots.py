@@ -13,8 +13,7 @@ SIZE = (160, 48)
 
 
 async def fed(pilot) -> None:
-    feed(pilot.app)
-    await pilot.pause()
+    await feed(pilot)
 
 
 async def on_run(pilot) -> None:

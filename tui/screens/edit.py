@@ -100,24 +100,31 @@ class EditScreen(ModalScreen[dict | None]):
         return text
 
     def cost_text(self) -> Text:
+        total = gpu_total_gib(self.host)
         now = predict(self.run, {})
-        new = predict(self.run, self.changes)
+        new = predict(self.run, self.changes, total)
         text = Text()
         text.append("steps per epoch  ")
         text.append(f"{format_number(self.run.steps_per_epoch)} → ≈{format_number(new.steps_per_epoch)}\n")
         text.append("epoch time       ")
         text.append(f"{format_duration(now.epoch_s)} → ≈{format_duration(new.epoch_s)}\n")
         text.append("peak memory      ")
-        total = gpu_total_gib(self.host)
         if new.peak_gib is None:
             text.append("—  (no memory model for this run yet)\n", style="dim")
-        else:
-            fits = total is None or new.peak_gib <= total
-            text.append(f"≈{new.peak_gib:.1f} GiB", style="green" if fits else "bold red")
-            text.append(f" of {total:.0f} GiB per GPU" if total else " (no GPU reading)")
-            text.append("" if fits else "  — will not fit", style="bold red")
-            text.append("\n")
+            return text
+        length, largest = self.new_params.get("max_seq_len"), new.largest_max_seq_len
+        fits = total is None or largest is None or length is None or length <= largest
+        text.append(f"≈{new.peak_gib:.1f} GiB", style="green" if fits else "bold red")
+        text.append(f" of {total:.0f} GiB per GPU" if total else " (no GPU reading)")
+        text.append("" if fits else "  — will not fit", style="bold red")
+        if new.largest_max_seq_len:
+            text.append(f"\nlargest max_seq_len that fits at ttt_steps {self.new_params.get('ttt_steps')}: ")
+            text.append(f"{new.largest_max_seq_len}", style="bold")
         return text
+
+    @property
+    def new_params(self) -> dict:
+        return {**self.run.params, **self.changes}
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "keep":

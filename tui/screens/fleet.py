@@ -10,31 +10,39 @@ from textual.widgets import DataTable, Footer, Header, Input
 from tui.state import HostState, RunState, format_duration, format_number
 from tui.widgets.alert_bar import AlertBar
 
+# (key, label, width): fixed widths keep the table on screen; a host's full error is in
+# the alert bar, the power column takes what is left.
 COLUMNS = [
-    ("name", "host / run"),
-    ("state", "state"),
-    ("msl", "max_seq_len"),
-    ("ttt", "TTT"),
-    ("step", "step / per epoch"),
-    ("loss", "loss"),
-    ("tps", "tokens/s"),
-    ("eta", "ETA"),
-    ("power", "GPU power (W of limit)"),
+    ("name", "host / run", 20),
+    ("state", "state", 28),
+    ("msl", "max_seq_len", 11),
+    ("ttt", "TTT", 3),
+    ("step", "step / per epoch", 16),
+    ("loss", "loss", 7),
+    ("tps", "tokens/s", 8),
+    ("eta", "ETA", 7),
+    ("power", "GPU power (W of limit)", None),
 ]
 
 STATUS_STYLE = {"ok": "green", "connecting": "dim", "offline": "bold red", "auth": "bold red", "error": "bold red"}
 STATE_STYLE = {"running": "green", "exited": "dim", "oom": "bold red", "gone": "dim strike", "unknown": "yellow"}
 
 
-def power_summary(host: HostState) -> str:
+def power_summary(host: HostState) -> Text | str:
+    """Each card's draw, red under half its limit, then the limit: `250 257 … /600 W`."""
     readings = getattr(host.gpus, "gpus", None) or []
     if not readings:
         return "—"
-    parts = [
-        f"{r.power_w:.0f}/{r.power_limit_w:.0f}" if r.power_w is not None and r.power_limit_w else "?"
-        for r in readings
-    ]
-    return " ".join(parts) + " W"
+    text = Text()
+    for r in readings:
+        if r.power_w is None or not r.power_limit_w:
+            text.append("? ")
+            continue
+        text.append(f"{r.power_w:.0f}", style="red" if r.power_w < 0.5 * r.power_limit_w else "green")
+        text.append(" ")
+    limits = {r.power_limit_w for r in readings if r.power_limit_w}
+    text.append(f"/{limits.pop():.0f} W" if len(limits) == 1 else "W")
+    return text
 
 
 def host_cells(host: HostState, now: float, interval: float) -> dict[str, object]:
@@ -45,7 +53,8 @@ def host_cells(host: HostState, now: float, interval: float) -> dict[str, object
     else:
         label = Text(status, style=STATUS_STYLE.get(status, ""))
     if host.message:
-        label.append(f": {host.message}", style="red" if status != "ok" else "")
+        message = host.message.removeprefix(f"{host.name}: ")  # the row already names the host
+        label.append(f": {message}", style="red" if status != "ok" else "")
     gpu_note = getattr(host.gpus, "message", "") if getattr(host.gpus, "status", None) and host.gpus.status.name != "OK" else ""
     return {
         "name": Text(host.name, style="bold"),
@@ -97,8 +106,8 @@ class FleetScreen(Screen):
         self.sub_title = "fleet"
         self.query_one("#filter").display = False
         table = self.query_one(DataTable)
-        for key, label in COLUMNS:
-            table.add_column(label, key=key)
+        for key, label, width in COLUMNS:
+            table.add_column(label, key=key, width=width)
         self.rebuild()
 
     def on_unmount(self) -> None:
@@ -151,8 +160,11 @@ class FleetScreen(Screen):
         selected_key = current[selected] if 0 <= selected < len(current) else None
         table.clear()
         for key, cells in rows:
-            table.add_row(*(cells[c] for c, _ in COLUMNS), key=key)
+            table.add_row(*(cells[c] for c, _, _ in COLUMNS), key=key)
         keys = [key for key, _ in rows]
+        if selected_key not in keys or not any(k.startswith("run:") for k in current):
+            # Until the user has runs to choose from, start on the first run: the keys act there.
+            selected_key = next((k for k in keys if k.startswith("run:")), selected_key)
         if selected_key in keys:
             table.move_cursor(row=keys.index(selected_key))
         self.app.refresh_bindings()
