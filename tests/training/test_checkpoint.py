@@ -135,8 +135,9 @@ def test_sigterm_saves_and_exits_0_within_one_step(tmp_path, tmp_path_factory):
     run_dir = tmp_path / "run"
     proc = start(run_dir, env(tmp_path_factory), "--save-every", "0")
     assert wait_for(lambda: sum(e["event"] == "step" for e in events(run_dir)) >= 3, 60)
-    at_signal = max(e["step"] for e in events(run_dir) if e["event"] == "step")
     proc.send_signal(signal.SIGTERM)
+    # Read after the signal: at least every step finished before it is on file.
+    at_signal = max(e["step"] for e in events(run_dir) if e["event"] == "step")
     assert proc.wait(timeout=30) == 0, proc.stderr.read()
     tail = events(run_dir)
     assert tail[-1] == {**tail[-1], "event": "end", "status": "stopped"}
