@@ -87,11 +87,14 @@ def load_model(spec: str):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     path = Path(spec)
+    cuda = torch.cuda.is_available()
     if path.is_file() and path.suffix == ".json":
         config = AutoConfig.for_model(**json.loads(path.read_text()))
         torch.manual_seed(0)
-        return AutoModelForCausalLM.from_config(config).eval(), None
-    cuda = torch.cuda.is_available()
+        model = AutoModelForCausalLM.from_config(config)
+        if cuda:
+            model = model.to("cuda", torch.bfloat16)
+        return model.eval(), None
     try:
         model = AutoModelForCausalLM.from_pretrained(
             spec, dtype=torch.bfloat16 if cuda else torch.float32,
