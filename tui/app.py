@@ -152,15 +152,17 @@ class TracksideApp(App):
         monitor = self.monitors.get(host_name)
         if monitor is None:
             return
+        # A run on screen stays followed even while it reads as gone, so a listing that
+        # raced its launch cannot restart its stream.
         wanted = {
             key: run
             for key, run in self.runs.items()
             if run.host == host_name
-            and not run.gone
-            and (key in self.selected or (run.info.run_dir and run.info.state.name == "RUNNING"))
+            and (key in self.selected or (not run.gone and run.info.run_dir and run.info.state.name == "RUNNING"))
         }
         for key, run in wanted.items():
-            monitor.follow(key, run.info.run_dir, run.info.session)
+            if monitor.follow(key, run.info.run_dir, run.info.session):
+                run.reset_streams()  # a new follower replays the files from their start
         for key in monitor.following() - set(wanted):
             monitor.unfollow(key)
 

@@ -101,11 +101,11 @@ class HostMonitor:
             self._tick += 1
             await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
 
-    def follow(self, key: str, run_dir: str | None, session: str) -> None:
+    def follow(self, key: str, run_dir: str | None, session: str) -> bool:
         """Follow a run's metrics.jsonl and console.log, or, for a tmux session trackside
-        did not launch (no run dir), what its pane shows (idempotent)."""
+        did not launch (no run dir), what its pane shows. False if already followed."""
         if key in self._followers:
-            return
+            return False
         if run_dir is None:
             jobs = [(self._watch_pane(key, session), f"pane {session}")]
         else:
@@ -117,6 +117,7 @@ class HostMonitor:
             self.app.run_worker(job, name=f"follow {what}", group="monitor", exit_on_error=False)
             for job, what in jobs
         ]
+        return True
 
     def unfollow(self, key: str) -> None:
         for worker in self._followers.pop(key, []):

@@ -130,6 +130,14 @@ class RunState:
     def last_step_time(self) -> float | None:
         return self.last.get("time") if self.last else None
 
+    def reset_streams(self) -> None:
+        """Forget what was read from the run's files, before reading them again."""
+        self.steps.clear()
+        self.console_loss.clear()
+        self.log.clear()
+        self.start = self.oom = self.end = self.progress = None
+        self.garbled = 0
+
     def add_event(self, event: dict) -> None:
         kind = event.get("event")
         if kind == "step":
