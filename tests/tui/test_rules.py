@@ -96,3 +96,12 @@ def test_prediction_of_peak_memory_grows_with_row_length():
     largest = predict(run, {}, gpu_mem_gib=140.4).largest_max_seq_len
     assert largest > 8192 and largest % 1024 == 0
     assert predict(run, {"ttt_steps": 5}, gpu_mem_gib=140.4).largest_max_seq_len < largest
+
+
+def test_pane_captures_yield_each_new_line_once():
+    from tui.monitor import new_lines
+
+    assert new_lines([], ["a", "b"]) == ["a", "b"]
+    assert new_lines(["a", "b", "c"], ["b", "c", "d", "e"]) == ["d", "e"]  # scrolled by one
+    assert new_lines(["a", "b"], ["a", "b"]) == []
+    assert new_lines(["a", "b"], ["x", "y"]) == ["x", "y"]  # scrolled past everything seen
