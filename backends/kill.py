@@ -56,6 +56,9 @@ class KillReport:
     gpus: list[GpuDelta]
     gpu_processes_before: list[gpu.GpuProcess]  # the run's processes holding GPU memory
     stragglers: list[gpu.GpuProcess]  # the run's processes still holding memory at the end
+    # Processes outside the run holding GPU memory at the end: named, never signalled, and
+    # no bar to `released`, which speaks of the run's pids only.
+    other_holders: list[gpu.GpuProcess]
     released: bool
     gpu_status: str
     gpu_message: str
@@ -183,12 +186,17 @@ def _run_gpu_processes(snapshot: gpu.GpuSnapshot, pids: set[int]) -> list[gpu.Gp
     return [p for p in snapshot.processes if p.pid in pids and (p.used_mib or 0) > 0]
 
 
-async def _verify_release(host, smi, pids, timeout, poll_s) -> tuple[gpu.GpuSnapshot, list[gpu.GpuProcess], float]:
+def _other_holders(snapshot: gpu.GpuSnapshot, pids: set[int]) -> list[gpu.GpuProcess]:
+    # used_mib None: the driver lists the process but cannot say how much (some containers).
+    return [p for p in snapshot.processes if p.pid not in pids and (p.used_mib is None or p.used_mib > 0)]
+
+
+async def _verify_release(host, smi, nvml, pids, timeout, poll_s) -> tuple[gpu.GpuSnapshot, list[gpu.GpuProcess], float]:
     """Poll until no pid of the run holds GPU memory: the last snapshot, who still holds
     memory in it, and when it was taken."""
     deadline = time.monotonic() + timeout
     while True:
-        snapshot = await gpu.read_gpus(host, smi)
+        snapshot = await gpu.read_gpus(host, smi, nvml=nvml)
         held = _run_gpu_processes(snapshot, pids)
         if not held or time.monotonic() >= deadline:
             return snapshot, held, time.monotonic()
@@ -202,9 +210,13 @@ async def kill_run(
     poll_s: float = 0.05,
     smi: str = "nvidia-smi",
     gpu_timeout_s: float = 10.0,
+    nvml: bool = True,
 ) -> KillReport:
     """Stop a run (run id or tmux session): SIGTERM its tree, SIGKILL what outlives
-    `grace_s`, kill its session, then poll until none of its pids holds GPU memory."""
+    `grace_s`, kill its session, then poll until none of its pids holds GPU memory.
+
+    GPU memory is read as `gpu.read_gpus` reads it: NVML on this machine unless
+    `nvml=False`, else `smi`."""
     started = time.monotonic()
     session, manifest, panes = await _resolve(host, target)
     notes = []
@@ -214,7 +226,7 @@ async def kill_run(
     known = {pid: table[pid].started for pid in process_tree(table, panes)}
     if host.is_local and os.getpid() in known:
         raise KillError(f"refusing to kill {target}: trackside itself runs in that tmux session")
-    before = await gpu.read_gpus(host, smi)
+    before = await gpu.read_gpus(host, smi, nvml=nvml)
     gpu_before = _run_gpu_processes(before, set(known))
 
     signalled = sorted(known)
@@ -229,7 +241,7 @@ async def kill_run(
     # Ending the session and verifying the GPUs are independent: overlap them, so the
     # release is seen as soon as the driver frees the memory.
     (after, stragglers, verified), exit_status = await asyncio.gather(
-        _verify_release(host, smi, set(known), gpu_timeout_s, poll_s),
+        _verify_release(host, smi, nvml, set(known), gpu_timeout_s, poll_s),
         _end_session(host, session, manifest, panes, killed, poll_s),
     )
     done = time.monotonic()
@@ -245,6 +257,7 @@ async def kill_run(
         gpus=[GpuDelta(g.index, before_mib.get(g.index), g.mem_used_mib) for g in after.gpus],
         gpu_processes_before=gpu_before,
         stragglers=stragglers,
+        other_holders=_other_holders(after, set(known)),
         released=usable and not stragglers and not alive,
         gpu_status=after.status.name,
         gpu_message=after.message,

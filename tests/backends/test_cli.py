@@ -79,6 +79,27 @@ def test_human_output(capsys, config):
     assert code == 0 and "SIGTERM to 2 process(es)" in out and "released: the run holds no GPU memory" in out
 
 
+def test_kill_names_a_process_outside_the_run_that_holds_gpu_memory(capsys, config, tmp_path, monkeypatch):
+    bystander = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
+    try:
+        procs = tmp_path / "gpu-procs.json"
+        procs.write_text(json.dumps([{"pid": bystander.pid, "gpu": 1, "used_mib": 2048, "name": "python3"}]))
+        monkeypatch.setenv("FAKE_NVIDIA_SMI_PROCS", str(procs))
+        monkeypatch.setenv("FAKE_NVIDIA_SMI_GPUS", "2")
+        for session in ("one", "two"):
+            assert cli(capsys, "launch", "--config", config, "--session", session, "--", "sleep", "60")[0] == 0
+        code, out, _ = cli(capsys, "kill", "one", "--config", config)
+        assert code == 0
+        assert f"held by a process outside the run: pid {bystander.pid} (python3) on GPU 1, 2,048 MiB — not touched" in out
+        assert "released: the run holds no GPU memory" in out
+        report = cli_json(capsys, "kill", "two", "--config", config)
+        assert report["other_holders"] == [{"pid": bystander.pid, "gpu_index": 1, "used_mib": 2048, "name": "python3"}]
+        assert report["released"] is True and bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
 def test_kill_on_a_host_without_gpus_says_so(capsys, config, tmp_path):
     no_gpu = tmp_path / "no-gpu.toml"
     no_gpu.write_text(Path(config).read_text().replace(FAKE_SMI, str(tmp_path / "absent-nvidia-smi")))

@@ -1,6 +1,7 @@
 """Scoped kill over real tmux and real processes. GPU memory comes from the fake nvidia-smi
-(this machine has no GPU): it lists only live PIDs, as a real driver frees a dead
-process's memory, so the release check sees what it would on a card."""
+(this machine has no GPU; nvml=False keeps it so on a GPU box): it lists only live PIDs, as
+a real driver frees a dead process's memory, so the release check sees what it would on a
+card."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from backends import kill, runs, tmux
+from backends.gpu import GpuProcess
 from backends.kill import KillError
 from tests.backends.test_runs import PY, eventually, host, tmux_dir, written  # noqa: F401 (fixtures)
 
@@ -100,7 +102,7 @@ async def test_kill_is_scoped_over_20_trials(host, bystanders, gpu_procs):
         info = await runs.launch(host, [PY, "-c", WORKERS])
         parent, *workers = await ready_pids(info)
         gpu_procs({parent: (0, 1000), workers[0]: (0, 2000), workers[1]: (1, 3000), bystanders[1]: (1, 500)})
-        report = await kill.kill_run(host, info.run_id, grace_s=10, smi=FAKE_SMI)
+        report = await kill.kill_run(host, info.run_id, grace_s=10, smi=FAKE_SMI, nvml=False)
         assert {parent, *workers} <= set(report.signalled), report
         assert not any(alive(p) for p in [parent, *workers]), f"trial {trial}: a run process survived"
         assert report.survivors == [] and report.killed == [] and report.released
@@ -113,6 +115,7 @@ async def test_kill_is_scoped_over_20_trials(host, bystanders, gpu_procs):
     )
     deltas = {g.index: (g.before_mib - g.after_mib) for g in report.gpus}
     assert deltas == {0: 3000, 1: 3000}
+    assert report.other_holders == [GpuProcess(bystanders[1], 1, 500, "python3")]
     assert (await runs.list_runs(host))[-1].session == "bystander"
 
 
@@ -120,7 +123,7 @@ async def test_run_ignoring_sigterm_is_killed_after_the_grace_period(host, bysta
     info = await runs.launch(host, [PY, "-c", IGNORES_TERM])
     (pid,) = await ready_pids(info)
     started = time.monotonic()
-    report = await kill.kill_run(host, info.run_id, grace_s=0.5, smi=FAKE_SMI)
+    report = await kill.kill_run(host, info.run_id, grace_s=0.5, smi=FAKE_SMI, nvml=False)
     assert time.monotonic() - started >= 0.5
     # The run's python and the sh that records its status (which waits it out) both.
     assert pid in report.killed and report.killed == report.signalled and len(report.killed) == 2
@@ -135,7 +138,7 @@ async def test_run_ignoring_sigterm_is_killed_after_the_grace_period(host, bysta
 async def test_run_that_saves_on_sigterm_exits_cleanly_without_sigkill(host):
     info = await runs.launch(host, [PY, "-c", SAVES_ON_TERM])
     (pid,) = await ready_pids(info)
-    report = await kill.kill_run(host, info.run_id, grace_s=10, smi=FAKE_SMI)
+    report = await kill.kill_run(host, info.run_id, grace_s=10, smi=FAKE_SMI, nvml=False)
     assert pid in report.signalled and report.killed == [] and report.exit_status == 0
     assert report.seconds < 10  # it polled for the exit rather than waiting out the grace
 
@@ -144,11 +147,22 @@ async def test_kill_to_verified_release_latency(host, gpu_procs, capsys):
     info = await runs.launch(host, [PY, "-c", WORKERS])
     parent, *workers = await ready_pids(info)
     gpu_procs({parent: (0, 40000), workers[0]: (0, 35000), workers[1]: (1, 75000)})
-    report = await kill.kill_run(host, info.run_id, grace_s=10, smi=FAKE_SMI)
+    report = await kill.kill_run(host, info.run_id, grace_s=10, smi=FAKE_SMI, nvml=False)
     assert report.released and report.stragglers == [] and report.release_s is not None
     assert {(g.index, g.before_mib - g.after_mib) for g in report.gpus} == {(0, 75000), (1, 75000)}
     with capsys.disabled():
         print(f"\nkill-to-verified: last exit → GPU memory released in {report.release_s * 1000:.0f} ms (whole kill {report.seconds:.2f} s)")
+
+
+async def test_a_process_outside_the_run_holding_memory_is_named_not_touched(host, bystanders, gpu_procs):
+    info = await runs.launch(host, [PY, "-c", WORKERS])
+    parent, *workers = await ready_pids(info)
+    gpu_procs({workers[0]: (0, 4000), workers[1]: (1, 4000), bystanders[0]: (1, 2048)})
+    report = await kill.kill_run(host, info.run_id, grace_s=10, smi=FAKE_SMI, nvml=False)
+    assert report.released and report.stragglers == []  # released speaks of the run only
+    assert report.other_holders == [GpuProcess(bystanders[0], 1, 2048, "python3")]
+    assert bystanders[0] not in report.signalled and alive(bystanders[0])
+    assert {g.index: g.before_mib - g.after_mib for g in report.gpus} == {0: 4000, 1: 4000}
 
 
 async def test_kill_by_session_name_covers_sessions_we_did_not_launch(host, tmux_dir):
@@ -161,7 +175,7 @@ async def test_kill_by_session_name_covers_sessions_we_did_not_launch(host, tmux
         return children if len(children) == 2 else []
 
     workers = await eventually(tree)
-    report = await kill.kill_run(host, "theirs", grace_s=10, smi=FAKE_SMI)
+    report = await kill.kill_run(host, "theirs", grace_s=10, smi=FAKE_SMI, nvml=False)
     assert report.run_id is None and set(report.signalled) >= {pane_pid, *workers}
     assert not any(alive(p) for p in [pane_pid, *workers])
     assert [r.session for r in await runs.list_runs(host)] == []
@@ -185,9 +199,9 @@ async def test_kill_refuses_the_session_trackside_runs_in(host, tmp_path):
 
 async def test_unknown_targets_are_refused(host):
     with pytest.raises(KillError, match="no run or tmux session 'nope'"):
-        await kill.kill_run(host, "nope", smi=FAKE_SMI)
+        await kill.kill_run(host, "nope", smi=FAKE_SMI, nvml=False)
     with pytest.raises(runs.RunError, match="no run 20260101-0000-abcd"):
-        await kill.kill_run(host, "20260101-0000-abcd", smi=FAKE_SMI)
+        await kill.kill_run(host, "20260101-0000-abcd", smi=FAKE_SMI, nvml=False)
 
 
 def test_process_tree_takes_session_group_and_descendants_only():
@@ -242,7 +256,7 @@ async def test_torchrun_run_loses_all_its_workers(host, bystanders):
     tree = {info.pids[0], *descendants(info.pids[0])}
     workers = [p for p in tree if "training" in Path(f"/proc/{p}/cmdline").read_text() and p != info.pids[0]]
     assert len(workers) >= 2, tree
-    report = await kill.kill_run(host, info.run_id, grace_s=60, smi=FAKE_SMI)
+    report = await kill.kill_run(host, info.run_id, grace_s=60, smi=FAKE_SMI, nvml=False)
     assert tree <= set(report.signalled) | set(report.killed), report
     assert not any(alive(p) for p in tree) and report.survivors == []
     assert all(alive(p) for p in bystanders)
