@@ -67,6 +67,7 @@ class HostMonitor:
         self.clock = clock
         self._followers: dict[str, list[Worker]] = {}
         self._poller: Worker | None = None
+        self._tick = 0  # polls done; runs are listed on every runs_every-th
 
     def start(self) -> None:
         self._poller = self.app.run_worker(
@@ -84,7 +85,6 @@ class HostMonitor:
         self._tick = 0
 
     async def _poll(self) -> None:
-        self._tick = 0
         while True:
             started = time.monotonic()
             try:
@@ -167,7 +167,9 @@ class HostMonitor:
                     ConsoleBatch(self.host.name, key, [f"[trackside] following {path}: {error}"])
                 )
             finally:
+                # Wait for the stream's own clean-up (it stops the remote tail) to finish.
                 task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
             await asyncio.sleep(FOLLOW_RETRY_S)
 
     async def _watch_pane(self, key: str, session: str) -> None:

@@ -59,8 +59,11 @@ def test_stall_and_oom_alerts():
 
 def test_kill_alert_names_each_straggler():
     def report(stragglers):
-        return KillReport("r", "dflash", "r", [1, 2], [], [], [GpuDelta(0, 75000, 0)], [], stragglers,
-                          not stragglers, "OK", "", 0, 1.5, 0.2)  # fmt: skip
+        return KillReport(
+            target="r", session="dflash", run_id="r", signalled=[1, 2], killed=[], survivors=[],
+            gpus=[GpuDelta(0, 75000, 0)], gpu_processes_before=[], stragglers=stragglers, other_holders=[],
+            released=not stragglers, gpu_status="OK", gpu_message="", exit_status=0, seconds=1.5, release_s=0.2,
+        )  # fmt: skip
 
     assert kill_alert("h/r", report([])) is None
     alert = kill_alert("h/r", report([GpuProcess(77, 3, 76800, "python3")]))

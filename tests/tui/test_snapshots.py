@@ -57,3 +57,25 @@ def test_edit_form(snap_compare):
         await pilot.pause()
 
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_kill_report_with_a_straggler(snap_compare):
+    from backends.gpu import GpuProcess
+    from backends.kill import GpuDelta, KillReport
+    from tui.screens.kill import KillReportScreen
+
+    report = KillReport(
+        target="20261129-0930-a1b2", session="dflash", run_id="20261129-0930-a1b2",
+        signalled=[4200, 4201, *range(4242, 4250)], killed=[4247], survivors=[],
+        gpus=[GpuDelta(i, 40960 + 512 * i, 76800 if i == 3 else 0) for i in range(8)],
+        gpu_processes_before=[], stragglers=[GpuProcess(4245, 3, 76800, "python3")],
+        other_holders=[GpuProcess(999, 7, 1024, "jupyter")], released=False, gpu_status="OK",
+        gpu_message="", exit_status=0, seconds=31.2, release_s=None,
+    )  # fmt: skip
+
+    async def run_before(pilot) -> None:
+        await on_run(pilot)
+        pilot.app.push_screen(KillReportScreen(RUN_KEY, report))
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)

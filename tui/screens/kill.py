@@ -87,6 +87,9 @@ def report_text(key: str, report) -> Text:
     text.append(f"Killed {key} in {report.seconds:.1f}s\n\n", style="bold")
     text.append("signalled  ", style="dim")
     text.append((", ".join(map(str, report.signalled)) or "nothing was alive") + "\n")
+    if report.killed:
+        text.append("SIGKILLed  ", style="dim")
+        text.append(", ".join(map(str, report.killed)) + " (outlived the grace period)\n", style="yellow")
     if report.survivors:
         text.append("survivors  ", style="dim")
         text.append(", ".join(map(str, report.survivors)) + "\n", style="bold red")
@@ -99,6 +102,10 @@ def report_text(key: str, report) -> Text:
         text.append(f"{delta.after_mib} MiB\n", style="green" if freed else "bold red")
     for p in report.stragglers:
         text.append(f"  straggler PID {p.pid} {p.name} holds {p.used_mib} MiB on GPU {p.gpu_index}\n", style="bold red")
+    for p in report.other_holders:
+        text.append(f"  not this run's, left alone: PID {p.pid} {p.name} holds {p.used_mib} MiB on GPU {p.gpu_index}\n", style="yellow")
+    for note in report.notes:
+        text.append(f"  {note}\n", style="dim")
     text.append("\n")
     if report.released and not report.stragglers:
         text.append("GPU memory released.", style="bold green")
