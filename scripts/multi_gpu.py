@@ -5,15 +5,19 @@ same global batch, and a scoped kill of a multi-GPU run next to a bystander hold
     PYTHONPATH=<repo> python3 scripts/multi_gpu.py            # N = 2 H200s (--gpus N)
     PYTHONPATH=<repo> python3 scripts/multi_gpu.py --smoke    # CPU, gloo, fake nvidia-smi
 
-Prints a Markdown report, also written to $OUT/multi_gpu.md when OUT is set. Each stage
-has a time limit within one overall budget, and a failed stage is reported, not fatal.
+Prints a Markdown report, also written to $OUT/multi_gpu.md when OUT is set (with the runs'
+metrics.jsonl files beside it). Each stage has a time limit within one overall budget, and a
+failed stage is reported, not fatal.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -48,7 +52,6 @@ BYSTANDER_MIB = 2048
 class Plan:
     gpus: int
     device: str
-    data: Path
     data_args: list[str]
     train_args: list[str]  # shared by every run, without --steps/--batch-rows/--out
     steps: int
@@ -69,7 +72,7 @@ class Plan:
 def gpu_plan(gpus: int) -> Plan:
     data = Path("/tmp/data-8b")
     return Plan(
-        gpus=gpus, device="cuda", data=data,
+        gpus=gpus, device="cuda",
         data_args=["--preset", "llama3-8b", "--out", str(data), "--samples", "40", "--length", "2048"],
         train_args=["--data", str(data), "--preset", "llama3-8b", "--max-seq-len", "8192",
                     "--ttt-steps", "5", "--device", "cuda", "--seed", "0", "--save-every", "0"],
@@ -81,9 +84,10 @@ def smoke_plan(work: Path) -> Plan:
     procs = work / "fake-gpu-procs.json"
     procs.write_text("[]")
     # The kill verification reads the fake nvidia-smi: two GPUs, holders as declared in procs.
+    # One thread per process: the 1-process and 2-process runs then use the CPU alike.
     os.environ.update(FAKE_NVIDIA_SMI_PROCS=str(procs), FAKE_NVIDIA_SMI_GPUS="2", OMP_NUM_THREADS="1")
     return Plan(
-        gpus=2, device="cpu", data=data,
+        gpus=2, device="cpu",
         data_args=["--preset", "tiny", "--out", str(data), "--samples", "40", "--length", "256"],
         train_args=["--data", str(data), "--preset", "tiny", "--max-seq-len", "1024",
                     "--ttt-steps", "3", "--device", "cpu", "--seed", "0", "--save-every", "0"],
@@ -95,8 +99,14 @@ class Budget:
     def __init__(self, seconds: float):
         self.deadline = time.monotonic() + seconds
 
-    def left(self, cap: float) -> float:
-        return max(1.0, min(cap, self.deadline - time.monotonic()))
+    def left(self, cap: float, floor: float = 1.0) -> float:
+        return max(floor, min(cap, self.deadline - time.monotonic()))
+
+
+def keep(metrics: Path, name: str) -> None:
+    """A run's metrics.jsonl into $OUT (when set), to come back with the report."""
+    if os.environ.get("OUT") and metrics.exists():
+        shutil.copyfile(metrics, Path(os.environ["OUT"], f"multi_gpu-{name}.metrics.jsonl"))
 
 
 def tail(path: Path, lines: int = 15) -> str:
@@ -159,8 +169,10 @@ async def train(host, plan: Plan, run: TrainRun, timeout: float) -> TrainRun:
                 except asyncio.TimeoutError:
                     pass
         finally:
-            if proc.returncode is None:
-                proc.kill()
+            if proc.returncode is None:  # over time: the whole tree (torchrun's workers setsid)
+                for pid in await run_tree(host, proc.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
             await proc.wait()
     run.returncode, run.seconds = proc.returncode, time.monotonic() - started
     return run
@@ -231,9 +243,8 @@ def train_section(plan: Plan, one: TrainRun, many: TrainRun) -> list[str]:
     return lines
 
 
-
 BYSTANDER_GPU = """
-import sys, time, torch
+import time, torch
 x = torch.empty({mib} * 2**20, dtype=torch.uint8, device="cuda")
 torch.cuda.synchronize()
 print("ready", flush=True)
@@ -288,15 +299,15 @@ async def wait_for_steps(host, info, count: int, timeout: float) -> list[dict]:
 
 async def kill_section(host, plan: Plan, budget: Budget) -> list[str]:
     lines = ["## Scoped kill across GPUs", ""]
-    bystander = await start_bystander(plan)
     visible = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(plan.gpus)))} if plan.device == "cuda" else {}
     argv = ["env", *(f"{k}={v}" for k, v in {**NO_MULTICAST, **visible}.items()),
             *plan.torchrun(100000, 1)]
-    info = None
+    info = bystander = None
     try:
+        bystander = await start_bystander(plan)
         info = await runs.launch(host, argv)
         lines.append(f"- launched {info.run_id} in tmux session `{info.session}`: `{' '.join(argv)}`")
-        steps = await wait_for_steps(host, info, 3, budget.left(240))
+        steps = await wait_for_steps(host, info, 3, budget.left(240, floor=90))  # the kill is the point
         lines.append(f"- bystander: pid {bystander.pid}, `python3 -c` outside tmux, "
                      f"{BYSTANDER_MIB} MiB on GPU {plan.bystander_gpu}")
         table = await kill.process_table(host)
@@ -325,7 +336,10 @@ async def kill_section(host, plan: Plan, budget: Budget) -> list[str]:
                "though its workers stopped cleanly)" if report.exit_status == 1 and end and end[-1].get("status") == "stopped" else ""),
             f"- the run's processes holding GPU memory before the kill: "
             + (", ".join(f"pid {p.pid} GPU {p.gpu_index} {p.used_mib:,} MiB" for p in report.gpu_processes_before) or "none")
-            + f"; stragglers after: {report.stragglers or 'none'}",
+            + f"; stragglers after: {report.stragglers or 'none'}"
+            + ("" if report.gpu_processes_before or plan.device != "cuda" else
+               " — none of the run's pids was seen on a GPU: the driver may report pids of another "
+               "PID namespace (a container), and then the release check cannot see the run"),
             f"- released: **{report.released}** (GPU check {report.gpu_status}{': ' + report.gpu_message if report.gpu_message else ''}); "
             f"release_s (last exit → verified) = {fmt(report.release_s, '.3f')} s; whole kill {report.seconds:.2f} s",
             f"- bystander pid {bystander.pid}: {'**alive**' if survived else '**DEAD**'}, "
@@ -337,11 +351,17 @@ async def kill_section(host, plan: Plan, budget: Budget) -> list[str]:
     except Exception as error:  # noqa: BLE001 — the report says what failed, the run goes on
         lines += ["", f"**the kill stage failed**: {type(error).__name__}: {error}"]
         if info is not None:
-            await kill.kill_run(host, info.run_id, grace_s=5, smi=plan.smi, nvml=plan.nvml)
+            try:
+                await kill.kill_run(host, info.run_id, grace_s=5, smi=plan.smi, nvml=plan.nvml)
+            except Exception as again:  # noqa: BLE001
+                lines.append(f"and stopping the run failed too: {again} — see `ps` for {info.run_dir}")
     finally:
-        bystander.kill()
-        bystander.wait()
-        lines.append(f"- the bystander was then killed by this script (exit {bystander.returncode})")
+        if bystander is not None:
+            bystander.kill()
+            bystander.wait()
+            lines += ["", f"The bystander was then killed by this script (exit {bystander.returncode})."]
+        if info is not None:
+            keep(Path(info.run_dir, "metrics.jsonl"), "kill-run")
     return lines
 
 
@@ -364,6 +384,7 @@ async def gpu_lines(host, plan: Plan) -> list[str]:
 async def main_async(args) -> str:
     os.environ.update(NO_MULTICAST)
     os.environ["PYTHONUNBUFFERED"] = "1"
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     work = Path(tempfile.mkdtemp(prefix="trackside-multi-gpu-"))
     os.environ["TMUX_TMPDIR"] = str(work)  # our own tmux server, started with this environment
     os.environ.pop("TMUX", None)
@@ -372,9 +393,21 @@ async def main_async(args) -> str:
     host = LocalHost(runs_root=str(work / "runs"))
     lines = header(plan, args.smoke) + await gpu_lines(host, plan)
     try:
-        data_cmd = [sys.executable, "bench/random_data.py", *plan.data_args]
+        lines += await training_stages(host, plan, budget, work)
+        lines += await kill_section(host, plan, budget)
+    finally:
+        subprocess.run(["tmux", "kill-server"], capture_output=True)  # our server only
+        await host.close()
+    return "\n".join(lines + ["", f"Work dir: {work}"]) + "\n"
+
+
+async def training_stages(host, plan: Plan, budget: Budget, work: Path) -> list[str]:
+    data_cmd = [sys.executable, "bench/random_data.py", *plan.data_args]
+    lines: list[str] = []
+    try:
         made = subprocess.run(data_cmd, cwd=REPO, capture_output=True, text=True, timeout=budget.left(180))
-        lines += [f"Data: `{' '.join(data_cmd)}` → {(made.stdout or made.stderr).strip().splitlines()[-1]}", ""]
+        lines += [f"Data: `{' '.join(data_cmd)}` → exit {made.returncode}: "
+                 f"{((made.stdout or made.stderr).strip().splitlines() or [''])[-1]}", ""]
         if made.returncode == 0:
             one = TrainRun("1 GPU" if plan.device == "cuda" else "1 process",
                            [sys.executable, *plan.train(plan.steps, 2)],
@@ -383,21 +416,20 @@ async def main_async(args) -> str:
                             plan.torchrun(plan.steps, 1),
                             {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(plan.gpus)))} if plan.device == "cuda" else {},
                             work / "many")
-            for run in (one, many):
+            for run, name in ((one, "1"), (many, str(plan.gpus))):
                 await train(host, plan, run, budget.left(150))
+                keep(run.out / "metrics.jsonl", f"{name}-{plan.device}")
             lines += train_section(plan, one, many) + [""]
-        lines += await kill_section(host, plan, budget)
-    finally:
-        subprocess.run(["tmux", "kill-server"], capture_output=True)  # our server only
-        await host.close()
-    return "\n".join(lines + ["", f"Work dir: {work}"]) + "\n"
+        return lines
+    except Exception as error:  # noqa: BLE001 — the report says what failed; the kill stage still runs
+        return lines + [f"**the training stages failed**: {type(error).__name__}: {error}", ""]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="CPU, gloo, the fake nvidia-smi: checks the script, not GPUs")
     parser.add_argument("--gpus", type=int, default=2, help="N for the torchrun runs (default 2)")
-    parser.add_argument("--budget-s", type=float, default=450, help="overall time limit (default 450)")
+    parser.add_argument("--budget-s", type=float, default=400, help="time limit of the waits, all together (default 400)")
     args = parser.parse_args()
     report = asyncio.run(main_async(args))
     print(report)
