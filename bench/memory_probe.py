@@ -1,7 +1,7 @@
 """Predicted vs measured peak memory of a training step, on one GPU under a memory cap.
 
 For each drafter shape: calibrate the memory model with one probe (`trackside fit --probe`'s
-four small steps), then measure the real peak of full training steps (forward, backward,
+six short steps), then measure the real peak of full training steps (forward, backward,
 grad clipping, fused AdamW) at (max_seq_len, TTT) pairs from 4K to 64K and TTT 1 to 7,
 under torch.cuda.set_per_process_memory_fraction for the cap, OOMs caught and recorded.
 Then `largest_fitting` for TTT 5, a real step there and one at the next multiple up.
@@ -10,7 +10,7 @@ Then `largest_fitting` for TTT 5, a real step there and one at the next multiple
     python bench/memory_probe.py --smoke         # CPU: the tiny preset, the code paths only
 
 Prints progress, then a Markdown report; with OUT set, also writes $OUT/memory.md and
-$OUT/memory.json. New pairs stop after --budget-s (default 360 s, shared by the shapes;
+$OUT/memory.json. New pairs stop after --budget-s (default 200 s, shared by the shapes;
 flex_attention compiles once per row length); the largest-fitting checks always run.
 """
 from __future__ import annotations
@@ -35,12 +35,13 @@ from training.fit import (PROBE_POINTS, SMOKE_POINTS, ProbeError, Trainer,  # no
                          run_probe)
 from training.memory import GiB, StepShape  # noqa: E402
 
-# Lengths shared with the probe where possible: flex_attention compiles once per length.
+# Lengths shared with the probe where possible (flex_attention compiles once per length),
+# none a probe point: each pair checks the calibration.
 # The last of each is predicted not to fit 96 GiB: it should OOM.
 PAIRS = {
     "kimi-k2": [(4096, 7), (8192, 5), (8192, 7), (16384, 1), (16384, 3), (16384, 5),
-                (32768, 1), (65536, 1), (32768, 3), (32768, 5)],
-    "llama3-8b": [(4096, 7), (8192, 5), (16384, 3), (16384, 7), (32768, 1), (32768, 5),
+                (49152, 1), (65536, 1), (32768, 3), (32768, 5)],
+    "llama3-8b": [(4096, 7), (8192, 5), (16384, 1), (16384, 3), (16384, 7), (32768, 5),
                   (65536, 1), (65536, 3), (65536, 5)],
 }
 SMOKE_PAIRS = {"tiny": [(128, 7), (256, 2), (384, 1), (128, 4)]}
@@ -158,8 +159,9 @@ def report(results: list[dict], cap_gib: float, device_name: str, command: str,
     lines += ["", f"### largest_fitting(TTT {LARGEST_TTT}, {cap_gib:g} GiB, "
               f"multiple {multiple}), then launched", "",
               "As `trackside fit --gpu-mem-gib "
-              f"{cap_gib:g}` computes it: predicted reserved memory (allocated × the probe's "
-              f"reserved/allocated ratio) within the card less "
+              f"{cap_gib:g}` computes it: predicted reserved memory (the larger of "
+              f"allocated × {memory.RESERVED_RATIO:g} and allocated + the probe's measured "
+              "allocator slack) within the card less "
               f"{memory.DEFAULT_HEADROOM_GIB:g} GiB for the CUDA context, which the cap "
               "leaves out.", "", head]
     for r in results:
@@ -194,14 +196,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cap-gib", type=float, default=96.0)
     p.add_argument("--shapes", default="kimi-k2,llama3-8b")
     p.add_argument("--loss-chunk", type=int, default=2048)
-    p.add_argument("--budget-s", type=float, default=360.0,
+    p.add_argument("--budget-s", type=float, default=200.0,
                    help="stop measuring new pairs after this many seconds (the largest "
                         "fitting checks still run)")
     args = p.parse_args(argv)
     started = time.monotonic()
     if args.smoke:
         device, shapes, pairs, points = torch.device("cpu"), ["tiny"], SMOKE_PAIRS, SMOKE_POINTS
-        cap_gib, multiple = 1.01, 128  # 10 MiB above the headroom: a few hundred tokens
+        cap_gib, multiple = 1.02, 128  # 20 MiB above the headroom: a few hundred tokens
         device_name = "CPU smoke: saved-tensor bytes, the cap not enforced"
     else:
         if not torch.cuda.is_available():

@@ -22,9 +22,11 @@ from training.memory import GiB, Calibration, Measurement, StepShape
 from training.model import Eagle3Drafter
 from training.packing import PackedBatch
 
-# Five small steps separate the four term groups: two lengths at TTT 1 give the per-token
-# slope, TTT 3 and 5 the linear and quadratic growth with depth; one more point checks it.
-PROBE_POINTS = ((4096, 1), (8192, 1), (4096, 3), (8192, 3), (4096, 5))
+# Six steps separate the four term groups: lengths at TTT 1 give the per-token slope, TTT
+# 3 and 5 the linear and quadratic growth with depth. The long TTT-1 row is cheap (one
+# step's activations) and reaches the regime long rows peak in (the final norm's
+# backward, not the loss's), where 4096 and 8192 alone left the per-token slope loose.
+PROBE_POINTS = ((4096, 1), (8192, 1), (4096, 3), (8192, 3), (4096, 5), (32768, 1))
 SMOKE_POINTS = ((128, 1), (256, 1), (128, 3), (256, 3), (128, 4))
 TABLE_LENGTHS = (4096, 8192, 16384, 24576, 32768, 65536)
 TABLE_TTT = (1, 3, 5, 7)
@@ -169,6 +171,7 @@ def report(cfg: DrafterConfig, shape: StepShape, args: argparse.Namespace,
         "peak_gib": prediction.total / GiB,
         "reserved_gib": prediction.reserved / GiB,
         "forward_backward_gib": prediction.forward_backward / GiB,
+        "peak_phase": prediction.phase,
         "optimizer_step_gib": prediction.optimizer_step / GiB,
         "fits": memory.fits(prediction, args.gpu_mem_gib, args.headroom_gib),
         "breakdown_bytes": prediction.breakdown(),
@@ -195,7 +198,7 @@ def format_report(r: dict) -> str:
                      f"(largest fit error {fitted.get('max_error', float('nan')):.1%}); "
                      "scales " + ", ".join(f"{g} {v:.3f}" for g, v in
                                            r["calibration"]["scales"].items()))
-    lines += ["", "breakdown (GiB):"]
+    lines += ["", f"breakdown (GiB; forward+backward peaks in the {r['peak_phase']} phase):"]
     for name, b in sorted(r["breakdown_bytes"].items(), key=lambda kv: -kv[1]):
         lines.append(f"  {name:<28} {b / GiB:9.3f}")
     lines += ["", "largest max_seq_len that fits:"]

@@ -1,19 +1,26 @@
 """Peak memory of one training step, analytic and then calibrated on measured peaks.
 
 The terms follow what training/model.py, attention.py and loss.py keep for backward and
-what training/loop.py allocates (fp32 weights under bf16 autocast, fused AdamW, DDP). The
-peak of a step is the larger of two phases:
-- forward + backward: weights, frozen tensors, optimizer state, gradients, the activations
-  every TTT step keeps for backward, and the attention and loss workspaces;
-- the optimizer step: weights, gradients and AdamW state (fused AdamW works in place).
+what training/loop.py allocates (fp32 weights under bf16 autocast, fused AdamW, DDP).
+Every activation of every TTT step is still held when backward starts, so the peak of
+the forward+backward comes in one of its first moments, whichever is the largest:
+- ``loss_forward``: the last step's loss at work (both heads cast, a chunk's logits);
+- ``loss_backward``: its backward (the casts, the lm_head gradient, a chunk's softmaxes,
+  the gradient of the loss's input): the peak at short rows;
+- ``norm_backward``: the last step's final norm backward, after the loss has freed its
+  workspace and inputs: fp32 gradients of the whole row, the peak at long rows.
+(Measured on an H200: kimi-k2 at TTT 1 moves from the second to the third between 16K
+and 32K tokens.) Later moments hold less: the last step's MLP and norms are freed before
+the attention's backward allocates anything per token. The optimizer step (weights,
+gradients and AdamW state; fused AdamW works in place) is a phase of its own.
 
 Every term belongs to one of four groups, by how it grows with the step's shape, T =
 batch_rows × max_seq_len tokens and K TTT steps: ``constant``, ``per_token`` (∝ T),
 ``per_step`` (∝ T·K: what each step keeps) and ``diagonal`` (∝ T·K(K-1)/2: step k re-stacks
 the k diagonal keys and values of the steps before it). A ``Calibration`` fits one scale per
-group from measured peaks (least squares on relative error), so a probe of a few small
-steps, or a finished run's metrics, corrects what the analytic terms miss (allocator
-rounding, kernels' private workspaces) and the corrected model extrapolates in T and K.
+group from measured peaks (least squares on relative error, each measurement in the phase
+that peaks for it), so a probe of a few small steps, or a finished run's metrics, corrects
+what the analytic terms miss and the corrected model extrapolates in T and K.
 
 Predictions assume every position carries loss (the loss keeps per-position tensors), the
 upper bound; hidden states are stored in the activation dtype, as extraction writes them.
@@ -35,18 +42,25 @@ GiB = 1024**3
 PRECISIONS = {"bf16": 2, "fp32": 4}  # bytes of an activation under autocast (fp32: none)
 SHARDINGS = ("ddp", "fsdp")
 GROUPS = ("constant", "per_token", "per_step", "diagonal")
+PHASES = ("loss_forward", "loss_backward", "norm_backward")
 FP32 = 4
 BF16 = 2
 INDEX = 8  # int64 ids, positions, doc ids
-# The caching allocator rounds blocks and keeps freed ones for reuse, so reserved memory
-# runs a few percent above the allocated peak until a probe measures the real ratio.
-DEFAULT_RESERVED_RATIO = 1.04
+# What the caching allocator holds beyond the allocated peak, as a share of it: recorded
+# H200 steps of 45-90 GiB at TTT 3-7 (kimi-k2 and llama3-8b shapes) held 6.3-9.1 % more
+# reserved than allocated. Smaller steps hold relatively more (a fixed few GiB of blocks
+# cut to the weights' sizes), which a probe measures as an absolute slack; extrapolating
+# the small steps' ratio overstates the reserve of the large ones that decide a fit.
+RESERVED_RATIO = 1.075
 # Outside the allocator: CUDA context, cuBLAS/NCCL handles; a card's memory minus this is
 # what the allocator may use.
 DEFAULT_HEADROOM_GIB = 1.0
 # A calibration whose fit misses a measurement by more than this is refused: the model's
 # structure does not describe that trainer.
 MAX_FIT_ERROR = 0.25
+# How strongly a calibration keeps the analytic scales: moving a scale 0.3 from 1 costs as
+# much as missing one measurement by 1 %.
+PRIOR_WEIGHT = 0.03
 
 
 @dataclass(frozen=True)
@@ -140,7 +154,10 @@ def saved_per_token_later_step(cfg: DrafterConfig, precision: str) -> dict[str, 
     a = PRECISIONS[precision]
     q, nh = cfg.num_heads * cfg.head_dim, cfg.num_heads
     return {
-        "diag_query": q * a,  # q regrouped for the diagonal scores
+        # the diagonal scores' batched matmul needs the query heads that share a key head
+        # side by side: a copy of q, unless every query head has its own key head (the
+        # grouped view then is q itself, as the kimi-k2 shape measures)
+        "diag_query": q * a if cfg.num_heads != cfg.num_kv_heads else 0,
         # out0 in fp32, weighted by exp(lse0 - lse); without autocast it is flex's own out
         "step0_output_fp32": q * FP32 if precision == "bf16" else 0,
         "lse_merge": 3 * nh * FP32,  # lse0 in the logsumexp input, lse, exp(lse0 - lse)
@@ -161,7 +178,7 @@ def saved_per_token_diag(cfg: DrafterConfig, precision: str) -> dict[str, int]:
 
 
 def saved_per_token(cfg: DrafterConfig, precision: str) -> dict[str, int]:
-    """Bytes per token independent of the TTT depth."""
+    """Bytes per token independent of the TTT depth, held from forward to the optimizer."""
     a = PRECISIONS[precision]
     H = cfg.hidden_size
     return {
@@ -173,71 +190,87 @@ def saved_per_token(cfg: DrafterConfig, precision: str) -> dict[str, int]:
     }
 
 
-def backward_workspace_per_token(cfg: DrafterConfig, precision: str) -> int:
-    """Gradients of one step's activations in flight during its backward: the attention's
-    output gradient, dq, dk, dv, and the gradients accumulating into the step-0 keys and
-    values, which every step reads."""
+def backward_per_token(cfg: DrafterConfig, precision: str) -> dict[str, dict[str, int]]:
+    """Bytes per token that backward adds in its first moments, by phase (none forward).
+
+    The loss's backward writes the gradient of its input (the normed hidden). The final
+    norm's backward then holds, beside that gradient, three fp32 [T, H] tensors (the
+    incoming gradient cast up, the normalised input's gradient, the product the weight's
+    gradient is summed from), while the loss's saved normed and verifier hidden of the
+    last step are already freed. Measured H200 slopes at TTT 1 agree: +10·H bytes per
+    token over the loss's backward, for both recorded drafter shapes.
+    """
     a = PRECISIONS[precision]
-    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    return (2 * q + 4 * kv) * a
+    H = cfg.hidden_size
+    loss_grad = {"loss_input_grad": H * a}
+    return {"loss_forward": {},
+            "loss_backward": loss_grad,
+            "norm_backward": {**loss_grad,
+                              "norm_backward_fp32": 3 * H * FP32 - 2 * H * a}}
 
 
-def _loss_workspace(cfg: DrafterConfig, shape: StepShape) -> int:
-    """The chunked loss at work, the larger of its forward and its backward.
+def loss_workspace(cfg: DrafterConfig, shape: StepShape) -> dict[str, dict[str, int]]:
+    """The chunked loss at work, by phase (bytes independent of the positions).
 
-    Both cast the two heads to the activation dtype once per call. Forward, per chunk: the
-    logits in the activation dtype, draft and target logits in fp32, the target softmax
-    and a product or logsumexp temporary. Backward, per chunk: the logits in the
-    activation dtype, both softmaxes in fp32, the logits' gradient in the activation
-    dtype; plus the fp32 weight-gradient accumulator and each chunk's contribution.
+    Every call casts both heads to a narrower activation dtype. Forward, per chunk: the drafter's
+    logits in the activation dtype and fp32, the verifier's likewise, and the target
+    softmax. Backward: the fp32 lm_head gradient the chunks accumulate into, and per chunk
+    either three fp32 logit matrices (both softmaxes and their difference scaled) or,
+    once they are freed, the logits' gradient in the activation dtype and its product with
+    the hidden, a [V, H] matrix in the activation dtype.
     """
-    chunk = min(shape.loss_chunk, shape.tokens)
     a = PRECISIONS[shape.precision]
-    logits = chunk * cfg.draft_vocab_size
-    head = cfg.draft_vocab_size * cfg.hidden_size
-    forward = 2 * head * a + logits * (a + 4 * FP32)
-    backward = 2 * head * a + head * (FP32 + a) + logits * (a + 2 * FP32 + a)
-    return max(forward, backward)
+    chunk = min(shape.loss_chunk, shape.tokens)
+    V, H = cfg.draft_vocab_size, cfg.hidden_size
+    # (fp32 activations: the casts are the heads themselves)
+    casts = {"loss_head_casts": 2 * V * H * a} if a < FP32 else {}
+    return {
+        "loss_forward": {**casts, "loss_chunk": chunk * V * (2 * a + 3 * FP32)},
+        "loss_backward": {**casts, "lm_head_grad": V * H * FP32,
+                          "loss_chunk": max(3 * chunk * V * FP32, (chunk + H) * V * a)},
+        # the casts and chunks are freed; the gradient has become lm_head's .grad
+        "norm_backward": {"lm_head_grad": V * H * FP32},
+    }
 
 
-def analytic_terms(cfg: DrafterConfig, shape: StepShape) -> dict[str, dict[str, int]]:
-    """The forward+backward peak's terms in bytes, grouped by how they grow.
-
-    The peak comes at the start of backward: every step's activations are still held
-    while the gradients are allocated and the loss recomputes its chunks.
-    """
+def analytic_phases(cfg: DrafterConfig, shape: StepShape
+                    ) -> dict[str, dict[str, dict[str, int]]]:
+    """Each forward+backward phase's terms in bytes, grouped by how they grow."""
     counts = parameter_counts(cfg)
     p = counts["trainable"]
     a = PRECISIONS[shape.precision]
     # FSDP shards parameters, gradients and optimizer state; one full set of (compute
     # dtype) parameters is gathered while the single decoder layer runs.
     shard = shape.world_size if shape.sharding == "fsdp" else 1
-    constant = {
+    state = {
         "weights": p * FP32 // shard,
         "frozen": frozen_bytes(cfg),
-        "grads": p * FP32 // shard,
         "adamw_state": 2 * p * FP32 // shard,
-        "loss_workspace": _loss_workspace(cfg, shape),
     }
     if shape.precision == "bf16":
-        constant["autocast_weights"] = counts["autocast_cached"] * BF16
+        state["autocast_weights"] = counts["autocast_cached"] * BF16
     if shape.sharding == "fsdp" and shard > 1:
-        constant["fsdp_gathered"] = p * a
+        state["fsdp_gathered"] = p * a
     elif shape.world_size > 1:
-        constant["ddp_buckets"] = p * FP32  # DDP's gradient buckets beside .grad
+        state["ddp_buckets"] = p * FP32  # DDP's gradient buckets beside .grad
     T, K = shape.tokens, shape.ttt_steps
     per_token = {k: v * T for k, v in saved_per_token(cfg, shape.precision).items()}
-    per_token["backward_workspace"] = backward_workspace_per_token(cfg, shape.precision) * T
     padded = shape.max_seq_len % FLEX_BLOCK != 0
     per_step = {f"step_{k}": v * T * K
                 for k, v in saved_per_token_step(cfg, shape.precision, padded).items()}
     per_step.update({f"later_step_{k}": v * T * (K - 1)
-                     for k, v in saved_per_token_later_step(cfg, shape.precision).items()})
+                     for k, v in saved_per_token_later_step(cfg, shape.precision).items()
+                     if v})
     pairs = K * (K - 1) // 2  # diagonal keys over all steps: step k attends to k of them
     diagonal = {k: v * T * pairs
                 for k, v in saved_per_token_diag(cfg, shape.precision).items()}
-    return {"constant": constant, "per_token": per_token, "per_step": per_step,
-            "diagonal": diagonal}
+    workspace = loss_workspace(cfg, shape)
+    backward = backward_per_token(cfg, shape.precision)
+    return {phase: {"constant": {**state, **workspace[phase]},
+                    "per_token": {**per_token,
+                                  **{k: v * T for k, v in backward[phase].items()}},
+                    "per_step": per_step, "diagonal": diagonal}
+            for phase in PHASES}
 
 
 def frozen_bytes(cfg: DrafterConfig) -> int:
@@ -265,10 +298,11 @@ class Measurement:
 
 @dataclass
 class Calibration:
-    """One multiplier per term group, fitted on measured peaks."""
+    """One multiplier per term group, fitted on measured peaks, and the allocator's
+    measured slack: reserved beyond allocated at the probe's largest step."""
 
     scales: dict[str, float]
-    reserved_ratio: float = DEFAULT_RESERVED_RATIO
+    reserved_slack: int = 0
     fitted_on: dict = field(default_factory=dict)  # config, step shape, measurements
 
     def to_dict(self) -> dict:
@@ -280,7 +314,7 @@ class Calibration:
         if not isinstance(scales, dict) or set(scales) != set(GROUPS):
             raise ValueError(f"calibration needs scales for {', '.join(GROUPS)}")
         return cls(scales={g: float(scales[g]) for g in GROUPS},
-                   reserved_ratio=float(d.get("reserved_ratio", DEFAULT_RESERVED_RATIO)),
+                   reserved_slack=int(d.get("reserved_slack", 0)),
                    fitted_on=dict(d.get("fitted_on", {})))
 
     def save(self, path: str | Path) -> None:
@@ -296,10 +330,11 @@ class Calibration:
 
 @dataclass(frozen=True)
 class Prediction:
-    terms: dict[str, dict[str, int]]  # group → term → bytes, calibration applied
+    terms: dict[str, dict[str, int]]  # the peak phase's group → term → bytes, scaled
+    phase: str  # the forward+backward phase that peaks
     forward_backward: int
     optimizer_step: int
-    reserved_ratio: float
+    reserved_slack: int
 
     @property
     def total(self) -> int:
@@ -309,7 +344,7 @@ class Prediction:
     @property
     def reserved(self) -> int:
         """What the caching allocator holds at the peak: what a memory cap is checked against."""
-        return math.ceil(self.total * self.reserved_ratio)
+        return max(math.ceil(self.total * RESERVED_RATIO), self.total + self.reserved_slack)
 
     def breakdown(self) -> dict[str, int]:
         flat = {name: v for group in self.terms.values() for name, v in group.items()}
@@ -319,19 +354,46 @@ class Prediction:
 
 def predict(cfg: DrafterConfig, shape: StepShape,
             calibration: Calibration | None = None) -> Prediction:
-    terms = analytic_terms(cfg, shape)
-    ratio = DEFAULT_RESERVED_RATIO
-    if calibration is not None:
-        terms = {g: {k: round(v * calibration.scales[g]) for k, v in group.items()}
-                 for g, group in terms.items()}
-        ratio = calibration.reserved_ratio
-    forward_backward = sum(v for group in terms.values() for v in group.values())
-    return Prediction(terms, forward_backward, optimizer_phase(cfg, shape), ratio)
+    scales = calibration.scales if calibration else dict.fromkeys(GROUPS, 1.0)
+    phases = {name: {g: {k: round(v * scales[g]) for k, v in group.items()}
+                     for g, group in terms.items()}
+              for name, terms in analytic_phases(cfg, shape).items()}
+    totals = {name: sum(v for group in terms.values() for v in group.values())
+              for name, terms in phases.items()}
+    peak = max(totals, key=totals.get)
+    return Prediction(phases[peak], peak, totals[peak], optimizer_phase(cfg, shape),
+                      calibration.reserved_slack if calibration else 0)
 
 
 def group_totals(cfg: DrafterConfig, shape: StepShape) -> torch.Tensor:
-    terms = analytic_terms(cfg, shape)
-    return torch.tensor([float(sum(terms[g].values())) for g in GROUPS], dtype=torch.float64)
+    """[phase, group] bytes, unscaled."""
+    phases = analytic_phases(cfg, shape)
+    return torch.tensor([[float(sum(phases[p][g].values())) for g in GROUPS]
+                         for p in PHASES], dtype=torch.float64)
+
+
+def _fit_scales(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Scales s minimising Σ ((X s - y) / y)² + Σ (PRIOR_WEIGHT (s - 1))²: the analytic
+    terms are the prior, so directions the rows leave open stay at 1 and a probe's
+    1 %-level noise cannot swing a poorly separated group (kimi-k2's per-token scale went
+    to 0.19 from five recorded H200 points without it). A group that would go
+    non-positive keeps its analytic scale and the others are refitted."""
+    n = X.shape[1]
+    scales = torch.ones(n, dtype=torch.float64)
+    free = list(range(n))
+    while free:
+        A = torch.cat([X[:, free] / y[:, None],
+                       PRIOR_WEIGHT * torch.eye(len(free), dtype=torch.float64)])
+        fixed = X @ scales - X[:, free] @ scales[free]
+        b = torch.cat([1 - fixed / y, torch.full((len(free),), PRIOR_WEIGHT,
+                                                  dtype=torch.float64)])
+        scales[free] = torch.linalg.lstsq(A, b[:, None]).solution[:, 0]
+        stuck = [i for i in free if scales[i] <= 0]
+        if not stuck:
+            break
+        scales[stuck] = 1.0
+        free = [i for i in free if i not in stuck]
+    return scales
 
 
 def calibrate(cfg: DrafterConfig, measurements: list[Measurement], *, batch_rows: int = 1,
@@ -339,45 +401,44 @@ def calibrate(cfg: DrafterConfig, measurements: list[Measurement], *, batch_rows
               sharding: str = "ddp") -> Calibration:
     """Fit the group scales to measured forward+backward peaks.
 
-    Weighted least squares on relative error. Measurements that cannot separate the groups
-    (one point; or every point at the same TTT depth, where per-token and per-step bytes
-    move together) leave the unresolved directions at the analytic values: the fit is the
-    smallest change of the scales from 1 that explains the measurements. A group whose
-    scale would not be positive keeps its analytic value and the others are refitted.
+    Least squares on relative error with the analytic scales (1) as a weak prior, each
+    measurement against the phase that peaks for it under the current scales, until that
+    assignment settles. Measurements that cannot separate the groups (one point; or every
+    point at the same TTT depth, where per-token and per-step bytes move together) leave
+    the unresolved directions near the analytic values.
     """
     if not measurements:
         raise ValueError("calibration needs at least one measurement")
     shapes = [StepShape(m.max_seq_len, m.ttt_steps, batch_rows, loss_chunk, precision,
                         world_size, sharding) for m in measurements]
-    X = torch.stack([group_totals(cfg, s) for s in shapes])
+    by_phase = torch.stack([group_totals(cfg, s) for s in shapes])  # [n, phase, group]
     y = torch.tensor([float(m.peak_bytes) for m in measurements], dtype=torch.float64)
     if (y <= 0).any():
         raise ValueError("measured peaks must be positive")
-    prior = torch.ones(len(GROUPS), dtype=torch.float64)
-    residual = (y - X @ prior) / y
-    free = list(range(len(GROUPS)))
+    rows = torch.arange(len(measurements))
+    scales = torch.ones(len(GROUPS), dtype=torch.float64)
+    seen = set()
     while True:
-        scales = prior.clone()
-        if free:
-            scales[free] += torch.linalg.pinv(X[:, free] / y[:, None]) @ residual
-        stuck = [i for i in free if scales[i] <= 0]
-        if not stuck:
+        peak = (by_phase @ scales).argmax(dim=1)
+        if tuple(peak.tolist()) in seen:  # settled (or cycling: keep the last fit)
             break
-        free = [i for i in free if i not in stuck]
-    errors = (X @ scales - y) / y
+        seen.add(tuple(peak.tolist()))
+        scales = _fit_scales(by_phase[rows, peak], y)
+    errors = ((by_phase @ scales).amax(dim=1) - y) / y
     worst = int(errors.abs().argmax())
     if abs(errors[worst]) > MAX_FIT_ERROR:
         m = measurements[worst]
         raise ValueError(
             f"measurements do not fit the memory model: {float(errors[worst]):+.0%} at "
             f"max_seq_len {m.max_seq_len}, TTT {m.ttt_steps}")
-    # The largest point's allocator overhead: the regime predictions are wanted for.
+    # The largest point's allocator slack: the fixed part of what the allocator holds
+    # beyond the allocated peak (see RESERVED_RATIO for the part that grows).
     largest = max(measurements, key=lambda m: m.peak_bytes)
     fitted = dict(zip(GROUPS, map(float, scales)))
     return Calibration(
         scales=fitted,
-        reserved_ratio=(largest.reserved_bytes / largest.peak_bytes
-                        if largest.reserved_bytes else DEFAULT_RESERVED_RATIO),
+        reserved_slack=max(0, largest.reserved_bytes - largest.peak_bytes)
+        if largest.reserved_bytes else 0,
         fitted_on={"config": cfg.to_dict(),
                    "shape": {"batch_rows": batch_rows, "loss_chunk": loss_chunk,
                              "precision": precision, "world_size": world_size,
@@ -388,13 +449,17 @@ def calibrate(cfg: DrafterConfig, measurements: list[Measurement], *, batch_rows
 
 
 def coefficients(cfg: DrafterConfig, shape: StepShape, scales: dict[str, float]) -> dict:
-    """The fitted model in bytes: peak = constant + T·(per_token + per_token_step·K +
-    per_token_later_step·(K-1) + per_token_diag_key·K(K-1)/2), T = batch_rows × max_seq_len."""
+    """The fitted model in bytes, per phase: peak = max over phases of constant + T·(per_token
+    + per_token_step·K + per_token_later_step·(K-1) + per_token_diag_key·K(K-1)/2),
+    T = batch_rows × max_seq_len."""
     p = shape.precision
+    constant = {phase: sum(terms["constant"].values()) * scales["constant"]
+                for phase, terms in analytic_phases(cfg, shape).items()}
+    per_token = sum(saved_per_token(cfg, p).values())
     return {
-        "constant": sum(analytic_terms(cfg, shape)["constant"].values()) * scales["constant"],
-        "per_token": (sum(saved_per_token(cfg, p).values())
-                      + backward_workspace_per_token(cfg, p)) * scales["per_token"],
+        "constant": constant,
+        "per_token": {phase: (per_token + sum(extra.values())) * scales["per_token"]
+                      for phase, extra in backward_per_token(cfg, p).items()},
         "per_token_step": sum(saved_per_token_step(cfg, p).values()) * scales["per_step"],
         "per_token_later_step": sum(saved_per_token_later_step(cfg, p).values())
         * scales["per_step"],

@@ -52,15 +52,16 @@ def test_config_file_and_calibration_file(tmp_path, capsys):
     cfg = PRESETS["llama3-8b"]
     (tmp_path / "drafter.json").write_text(json.dumps(cfg.to_dict()))
     cal = Calibration(scales={"constant": 1.0, "per_token": 1.0, "per_step": 1.5,
-                              "diagonal": 1.0}, reserved_ratio=1.1)
+                              "diagonal": 1.0}, reserved_slack=20 * GiB)
     cal.save(tmp_path / "cal.json")
     rc, out, _ = run_fit(capsys, "--config", str(tmp_path / "drafter.json"),
                          "--calibration", str(tmp_path / "cal.json"), "--json")
     assert rc == 0
     r = json.loads(out)
     assert r["calibrated"] is True
-    assert r["peak_gib"] == pytest.approx(
-        memory.predict(cfg, StepShape(16384, 5), cal).total / GiB)
+    predicted = memory.predict(cfg, StepShape(16384, 5), cal)
+    assert r["peak_gib"] == pytest.approx(predicted.total / GiB)
+    assert r["reserved_gib"] == pytest.approx(predicted.total / GiB + 20)  # the slack wins
 
 
 def write_run(path: Path, cfg, max_seq_len: int, ttt_steps: int, peak_gib: float) -> Path:
@@ -78,14 +79,15 @@ def write_run(path: Path, cfg, max_seq_len: int, ttt_steps: int, peak_gib: float
 
 def test_from_run_recalibrates_and_saves(tmp_path, capsys):
     cfg = PRESETS["llama3-8b"]
-    run = write_run(tmp_path / "run", cfg, 8192, 5, 33.0)
+    run = write_run(tmp_path / "run", cfg, 8192, 5, 23.0)
     rc, out, _ = run_fit(capsys, "--from-run", str(run), "--calibration",
                          str(tmp_path / "cal.json"), "--json")
     assert rc == 0
     r = json.loads(out)
-    # The run's own shape is the default request, and the run's peak is reproduced.
+    # The run's own shape is the default request, and the run's peak is reproduced (up to
+    # the analytic prior's slight pull).
     assert r["shape"]["max_seq_len"] == 8192 and r["shape"]["ttt_steps"] == 5
-    assert r["forward_backward_gib"] == pytest.approx(33.0, rel=1e-6)
+    assert r["forward_backward_gib"] == pytest.approx(23.0, rel=1e-3)
     saved = Calibration.load(tmp_path / "cal.json")
     assert saved.scales == pytest.approx(r["calibration"]["scales"])
     # A new request for that drafter, from the recalibrated model.
@@ -96,14 +98,14 @@ def test_from_run_recalibrates_and_saves(tmp_path, capsys):
 
 def test_from_several_runs(tmp_path, capsys):
     cfg = PRESETS["llama3-8b"]
-    a = write_run(tmp_path / "a", cfg, 8192, 5, 33.0)
-    b = write_run(tmp_path / "b", cfg, 16384, 3, 41.0)
+    a = write_run(tmp_path / "a", cfg, 8192, 5, 23.0)  # the H200 measured 22.2 and 24.6
+    b = write_run(tmp_path / "b", cfg, 16384, 3, 25.5)
     rc, out, _ = run_fit(capsys, "--from-run", str(a), "--from-run", str(b), "--json")
     assert rc == 0
     cal = Calibration.from_dict(json.loads(out)["calibration"])
-    for length, k, peak in ((8192, 5, 33.0), (16384, 3, 41.0)):  # two points, both met
+    for length, k, peak in ((8192, 5, 23.0), (16384, 3, 25.5)):  # two points, both met
         assert memory.predict(cfg, StepShape(length, k), cal).forward_backward / GiB == \
-            pytest.approx(peak, rel=1e-6)
+            pytest.approx(peak, rel=1e-3)
     other = write_run(tmp_path / "other", PRESETS["kimi-k2"], 8192, 5, 50.0)
     rc, _, err = run_fit(capsys, "--from-run", str(a), "--from-run", str(other))
     assert rc == 2 and f"--from-run {other}" in err

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,25 +40,35 @@ def test_tiny_analytic_terms_by_hand():
     # T = 2 rows × 256 = 512 tokens, K = 3, bf16 activations (a = 2 bytes), chunk 128.
     shape = StepShape(max_seq_len=256, ttt_steps=3, batch_rows=2, loss_chunk=128,
                       precision="bf16")
-    t = memory.analytic_terms(TINY, shape)
+    phases = memory.analytic_phases(TINY, shape)
+    assert tuple(phases) == memory.PHASES
     T, TK, TK1, pairs = 512, 512 * 3, 512 * 2, 512 * 3  # pairs: T·K(K-1)/2 = 512·3
-    assert t["constant"] == {
+    state = {
         "weights": 86272 * 4,  # 345088
         "frozen": 49152 * 4 + 256 * 8 + 512,  # fp32 embedding + head, d2t int64, t2d bool
-        "grads": 86272 * 4,
         "adamw_state": 2 * 86272 * 4,
-        # both heads cast to bf16: 2·256·64·2 = 65536; forward + 128·256·(2+4·4) = 655360;
-        # backward + 256·64·(4+2) (fp32 grad, bf16 product) + 128·256·(2+2·4+2) = 557056
-        "loss_workspace": 655360,
         "autocast_weights": 69632 * 2,
     }
-    assert t["per_token"] == {
-        "batch": (4 * 64 * 2 + 3 * 8 + 1) * T,  # aux 3H + final H in bf16; 3 int64; mask
-        "doc_ids_copy": 8 * T,
-        "backward_workspace": (2 * 64 + 4 * 32) * 2 * T,  # 512 per token
-    }
+    casts = 2 * 256 * 64 * 2  # both heads in bf16: 65536
+    assert phases["loss_forward"]["constant"] == {
+        **state, "loss_head_casts": casts,
+        "loss_chunk": 128 * 256 * (2 * 2 + 3 * 4)}  # logits bf16 ×2, fp32 ×2, softmax
+    assert phases["loss_backward"]["constant"] == {
+        **state, "loss_head_casts": casts, "lm_head_grad": 256 * 64 * 4,
+        # three fp32 chunk × V matrices (393216) beat the bf16 gradient and its [V, H]
+        # product ((128 + 64) · 256 · 2 = 98304)
+        "loss_chunk": 3 * 128 * 256 * 4}
+    assert phases["norm_backward"]["constant"] == {**state, "lm_head_grad": 256 * 64 * 4}
+    batch = {"batch": (4 * 64 * 2 + 3 * 8 + 1) * T,  # aux 3H + final H in bf16; 3 int64; mask
+             "doc_ids_copy": 8 * T}
+    assert phases["loss_forward"]["per_token"] == batch
+    assert phases["loss_backward"]["per_token"] == {**batch, "loss_input_grad": 64 * 2 * T}
+    assert phases["norm_backward"]["per_token"] == {
+        **batch, "loss_input_grad": 64 * 2 * T,
+        # 3 fp32 [T, H] gradients, less the loss's two bf16 [T, H] inputs now freed
+        "norm_backward_fp32": (3 * 64 * 4 - 2 * 64 * 2) * T}
     norm = 2 * 64 * 4 + 4  # fp32 input copy and normalised input, 1/rms: 516
-    assert t["per_step"] == {
+    per_step = {
         "step_embed_norm": 64 * 4 * TK,
         "step_hidden_norm": norm * TK,
         "step_qkv_inputs": (2 * 64) * 2 * TK,  # one bf16 [emb ; hidden] for q, k and v
@@ -67,32 +79,54 @@ def test_tiny_analytic_terms_by_hand():
         "step_post_attn_norm": (norm + 64 * 2) * TK,
         "step_mlp": 4 * 192 * 2 * TK,
         "step_loss_inputs": (norm + 64 * 2 + 64 * 2 + 16 + 4 + 1) * TK,  # 793 per token
-        "later_step_diag_query": 64 * 2 * TK1,
+        "later_step_diag_query": 64 * 2 * TK1,  # 2 query heads per key head: a copy of q
         "later_step_step0_output_fp32": 64 * 4 * TK1,
         "later_step_lse_merge": 3 * 4 * 4 * TK1,
     }
-    assert t["diagonal"] == {"diag_kv": 2 * 32 * 2 * pairs,
-                             "diag_scores": (4 * 4 + 4 * 4 + 4 * 2) * pairs}
+    diagonal = {"diag_kv": 2 * 32 * 2 * pairs, "diag_scores": (4 * 4 + 4 * 4 + 4 * 2) * pairs}
+    for terms in phases.values():
+        assert terms["per_step"] == per_step and terms["diagonal"] == diagonal
     p = memory.predict(TINY, shape)
-    assert p.forward_backward == sum(v for g in t.values() for v in g.values())
+    totals = {name: sum(v for g in t.values() for v in g.values()) for name, t in phases.items()}
+    # At 128-position chunks of a 64-wide drafter the loss's forward logits are the peak.
+    assert p.phase == "loss_forward" == max(totals, key=totals.get)
+    assert p.forward_backward == totals["loss_forward"] and p.terms == phases["loss_forward"]
     # fused AdamW in place: weights, grads, 2 states; plus frozen and the batch
-    assert p.optimizer_step == 4 * 86272 * 4 + t["constant"]["frozen"] + t["per_token"]["batch"]
+    assert p.optimizer_step == 4 * 86272 * 4 + state["frozen"] + batch["batch"]
     assert p.total == max(p.forward_backward, p.optimizer_step)
+    assert p.reserved == math.ceil(p.total * memory.RESERVED_RATIO)
     assert p.breakdown()["allocator_slack"] == p.reserved - p.total > 0
 
 
+def test_query_copy_only_with_grouped_heads():
+    kimi = PRESETS["kimi-k2"]  # 64 query heads, 64 key heads: the grouped view is q itself
+    assert kimi.num_heads == kimi.num_kv_heads
+    assert memory.saved_per_token_later_step(kimi, "bf16")["diag_query"] == 0
+    assert "later_step_diag_query" not in memory.analytic_phases(
+        kimi, StepShape(4096, 3))["loss_backward"]["per_step"]
+
+
+def test_long_rows_peak_in_the_norm_backward():
+    kimi = PRESETS["kimi-k2"]
+    assert memory.predict(kimi, StepShape(8192, 1)).phase == "loss_backward"
+    assert memory.predict(kimi, StepShape(65536, 1)).phase == "norm_backward"
+
+
 def test_padded_rows_and_sharding():
-    whole = memory.analytic_terms(TINY, StepShape(256, 3))["per_step"]
-    padded = memory.analytic_terms(TINY, StepShape(200, 3))["per_step"]
+    def terms(shape, group):
+        return memory.analytic_phases(TINY, shape)["loss_backward"][group]
+
+    whole = terms(StepShape(256, 3), "per_step")
+    padded = terms(StepShape(200, 3), "per_step")
     # 200 tokens are padded to 256 for flex_attention, which then keeps copies of k, v
     assert padded["step_flex_attention"] == (2 * 64 * 2 + 2 * 32 * 2 + 4 * 4) * 200 * 3
     assert whole["step_flex_attention"] == (2 * 64 * 2 + 4 * 4) * 256 * 3
-    one = memory.analytic_terms(TINY, StepShape(256, 3))["constant"]
-    ddp = memory.analytic_terms(TINY, StepShape(256, 3, world_size=4))["constant"]
-    fsdp = memory.analytic_terms(TINY, StepShape(256, 3, world_size=4, sharding="fsdp"))
-    assert ddp["ddp_buckets"] == one["grads"]
-    assert fsdp["constant"]["adamw_state"] == one["adamw_state"] // 4
-    assert fsdp["constant"]["fsdp_gathered"] == 86272 * 2
+    one = terms(StepShape(256, 3), "constant")
+    ddp = terms(StepShape(256, 3, world_size=4), "constant")
+    fsdp = terms(StepShape(256, 3, world_size=4, sharding="fsdp"), "constant")
+    assert ddp["ddp_buckets"] == one["weights"]
+    assert fsdp["adamw_state"] == one["adamw_state"] // 4
+    assert fsdp["fsdp_gathered"] == 86272 * 2
 
 
 @pytest.mark.parametrize("field,value", [("max_seq_len", 0), ("ttt_steps", -1),
@@ -108,42 +142,48 @@ def _synthetic(cfg, truth: dict, points, **shape):
     out = []
     for length, k in points:
         totals = memory.group_totals(cfg, StepShape(length, k, **shape))
-        peak = sum(truth[g] * float(v) for g, v in zip(memory.GROUPS, totals))
+        peak = float((totals @ torch.tensor([truth[g] for g in memory.GROUPS],
+                                            dtype=torch.float64)).max())
         out.append(Measurement(length, k, round(peak), round(peak * 1.07)))
     return out
 
 
-TRUTH = {"constant": 1.12, "per_token": 0.74, "per_step": 1.31, "diagonal": 1.58}
-PROBE = [(4096, 1), (8192, 1), (4096, 3), (4096, 5)]
+TRUTH = {"constant": 1.06, "per_token": 0.85, "per_step": 1.1, "diagonal": 1.2}
+PROBE = [(4096, 1), (8192, 1), (4096, 3), (8192, 3), (4096, 5), (32768, 1)]
 
 
 def test_calibration_recovers_known_scales_and_slopes_and_extrapolates():
     cfg = PRESETS["llama3-8b"]
     cal = memory.calibrate(cfg, _synthetic(cfg, TRUTH, PROBE))
-    assert cal.scales == pytest.approx(TRUTH, rel=1e-6)
-    assert cal.reserved_ratio == pytest.approx(1.07, rel=1e-6)
-    # The slopes in bytes: the analytic per-token bytes times the true scales.
+    # The well separated groups come back; the analytic prior holds the smaller ones
+    # (a few % of the peak) part of the way to 1.
+    assert cal.scales["constant"] == pytest.approx(1.06, abs=0.002)
+    assert cal.scales["per_step"] == pytest.approx(1.1, abs=0.002)
+    assert 0.85 < cal.scales["per_token"] < 1 and 1 < cal.scales["diagonal"] < 1.2
+    biggest = max(_synthetic(cfg, TRUTH, PROBE), key=lambda m: m.peak_bytes)
+    assert cal.reserved_slack == biggest.reserved_bytes - biggest.peak_bytes
+    # The slope in bytes: the analytic per-token-step bytes times the true scale.
     coef = cal.fitted_on["coefficients"]
     per_step = sum(memory.saved_per_token_step(cfg, "bf16").values())
-    diag = sum(memory.saved_per_token_diag(cfg, "bf16").values())
-    assert coef["per_token_step"] == pytest.approx(1.31 * per_step, rel=1e-6)
-    assert coef["per_token_diag_key"] == pytest.approx(1.58 * diag, rel=1e-6)
-    # Far outside the probe: 64K tokens at TTT 7.
-    (far,) = _synthetic(cfg, TRUTH, [(65536, 7)])
-    assert memory.predict(cfg, StepShape(65536, 7), cal).total == pytest.approx(
-        far.peak_bytes, rel=1e-6)
+    assert coef["per_token_step"] == pytest.approx(1.1 * per_step, rel=0.002)
+    # Far outside the probe: 64K tokens at TTT 7, 128K at TTT 1.
+    for far in ((65536, 7), (131072, 1)):
+        (m,) = _synthetic(cfg, TRUTH, [far])
+        assert memory.predict(cfg, StepShape(*far), cal).total == pytest.approx(
+            m.peak_bytes, rel=0.01)
 
 
 def test_calibration_with_noise_stays_close():
     cfg = PRESETS["kimi-k2"]
-    points = PROBE + [(8192, 3), (16384, 1), (8192, 7)]
     g = torch.Generator().manual_seed(0)
+    points = PROBE + [(16384, 3), (8192, 7)]  # a run's metrics added to the probe
     noisy = [dataclasses.replace(m, peak_bytes=round(m.peak_bytes * (1 + 0.01 * float(
         torch.randn(1, generator=g))))) for m in _synthetic(cfg, TRUTH, points)]
     cal = memory.calibrate(cfg, noisy)
-    (far,) = _synthetic(cfg, TRUTH, [(32768, 5)])
-    predicted = memory.predict(cfg, StepShape(32768, 5), cal).total
-    assert abs(predicted - far.peak_bytes) / far.peak_bytes < 0.03
+    for far in ((32768, 5), (65536, 1)):
+        (m,) = _synthetic(cfg, TRUTH, [far])
+        predicted = memory.predict(cfg, StepShape(*far), cal).total
+        assert abs(predicted - m.peak_bytes) / m.peak_bytes < 0.03
 
 
 def test_calibration_from_too_few_points_matches_them_and_keeps_the_rest():
@@ -151,14 +191,14 @@ def test_calibration_from_too_few_points_matches_them_and_keeps_the_rest():
     (one,) = _synthetic(cfg, TRUTH, [(16384, 5)])
     cal = memory.calibrate(cfg, [one])
     assert memory.predict(cfg, StepShape(16384, 5), cal).forward_backward == pytest.approx(
-        one.peak_bytes, rel=1e-6)
+        one.peak_bytes, rel=1e-3)
     # One point moves every scale the same way, in proportion to its group's share.
     assert all(s > 1 for s in cal.scales.values())
     same_k = _synthetic(cfg, TRUTH, [(4096, 3), (16384, 3)])
     cal = memory.calibrate(cfg, same_k)
     for m in same_k:
         p = memory.predict(cfg, StepShape(m.max_seq_len, 3), cal).forward_backward
-        assert p == pytest.approx(m.peak_bytes, rel=1e-6)
+        assert p == pytest.approx(m.peak_bytes, rel=1e-3)
 
 
 def test_calibration_rejects_nonsense():
@@ -295,9 +335,8 @@ def test_cpu_saved_bytes_of_the_layer_match_the_analytic_terms():
 
 def test_a_group_that_would_go_negative_keeps_its_analytic_scale():
     cfg = PRESETS["kimi-k2"]
-    truth = {**TRUTH, "per_token": -0.1}  # no real trainer has this: the fit must not follow
-    points = PROBE + [(8192, 3)]
-    cal = memory.calibrate(cfg, _synthetic(cfg, truth, points))
+    truth = {**TRUTH, "per_token": -3.0}  # no real trainer has this: the fit must not follow
+    cal = memory.calibrate(cfg, _synthetic(cfg, truth, PROBE))
     assert cal.scales["per_token"] == 1.0
     assert all(s > 0 for s in cal.scales.values())
     assert 0 < cal.fitted_on["max_error"] < memory.MAX_FIT_ERROR
@@ -316,7 +355,8 @@ def test_cpu_saved_bytes_of_a_whole_unroll_within_10_percent(L, K, rows):
     batch = random_batch(TINY, L, rows, torch.device("cpu"), torch.float32, sample_len=64)
     with count_saved_bytes(exclude=state_tensors(trainer)) as saved:
         trainer.drafter.step_losses(batch, K, loss_chunk=128)
-    terms = memory.analytic_terms(TINY, StepShape(L, K, rows, 128, "fp32"))
+    # activations and the batch are the same in every phase
+    terms = memory.analytic_phases(TINY, StepShape(L, K, rows, 128, "fp32"))["loss_forward"]
     T, nh, D, H = rows * L, TINY.num_heads, TINY.head_dim, TINY.hidden_size
     kept = (sum(terms["per_step"].values()) + sum(terms["diagonal"].values())
             + terms["per_token"]["doc_ids_copy"]
@@ -324,3 +364,82 @@ def test_cpu_saved_bytes_of_a_whole_unroll_within_10_percent(L, K, rows):
     dense = K * rows * (2 * nh * L * L * 4 + L * L + nh * L * 4 + nh * D * 4 * L)
     predicted = kept - terms["per_step"]["step_flex_attention"] + dense
     assert 0.9 < predicted / saved.nbytes < 1.1
+
+
+RECORDED = Path(__file__).resolve().parents[2] / "bench/results/h200-memory-run1.json"
+
+
+def _recorded(name: str) -> dict[tuple[int, int], Measurement]:
+    """One drafter shape's recorded H200 measurements by (max_seq_len, TTT): the probe's
+    forward+backward peaks and every pair's step peak that did not OOM, with reserved."""
+    (result,) = [r for r in json.loads(RECORDED.read_text()) if r["shape"] == name]
+    found = {(m["max_seq_len"], m["ttt_steps"]): Measurement(**m)
+             for m in result["calibration"]["fitted_on"]["measurements"]}
+    for row in result["rows"] + result["checks"]:
+        if row["measured"] is not None:
+            found[row["max_seq_len"], row["ttt_steps"]] = Measurement(
+                row["max_seq_len"], row["ttt_steps"], row["measured"], row["reserved"])
+    return found
+
+
+def _recorded_calibration(name: str) -> tuple[Calibration, dict]:
+    from training.fit import PROBE_POINTS
+    measured = _recorded(name)
+    return memory.calibrate(PRESETS[name], [measured[p] for p in PROBE_POINTS]), measured
+
+
+@pytest.mark.parametrize("name", ["kimi-k2", "llama3-8b"])
+def test_recorded_h200_pairs_predicted_from_the_probe_points_alone(name):
+    """Real measurements, recorded on an NVIDIA H200 (torch 2.11, bf16, fused AdamW, cap
+    96 GiB) by `python3 bench/memory_probe.py` into bench/results/h200-memory-run1.json:
+    torch.cuda.max_memory_allocated of full training steps. Refit from the probe's points
+    only (fit.PROBE_POINTS: that run's five probe steps, plus its 32768 × TTT 1 pair,
+    measured the same way, which the probe has included since), then predict every
+    measured pair, 4K-64K tokens at TTT 1-7: each within 5 % (the issue asks 10 %)."""
+    cfg = PRESETS[name]
+    cal, measured = _recorded_calibration(name)
+    assert len(measured) >= 14
+    for (length, k), m in measured.items():
+        predicted = memory.predict(cfg, StepShape(length, k), cal).total
+        assert abs(predicted - m.peak_bytes) / m.peak_bytes < 0.05, (length, k)
+
+
+@pytest.mark.parametrize("name", ["kimi-k2", "llama3-8b"])
+def test_recorded_h200_reserved_at_large_steps(name):
+    """The same recorded H200 measurements: where a fit is decided (steps of 45 GiB and
+    more at TTT 3-7), the predicted reserved memory is within 4 % of the recorded
+    torch.cuda.max_memory_reserved; the probe's small-step reserved/allocated ratio
+    (kimi-k2: 1.15) would have overstated it by 7 %."""
+    cfg = PRESETS[name]
+    cal, measured = _recorded_calibration(name)
+    large = [m for m in measured.values() if m.ttt_steps >= 3 and m.peak_bytes > 45 * GiB]
+    assert len(large) >= 4
+    for m in large:
+        reserved = memory.predict(cfg, StepShape(m.max_seq_len, m.ttt_steps), cal).reserved
+        assert abs(reserved - m.reserved_bytes) / m.reserved_bytes < 0.04
+
+
+def test_recorded_h200_largest_fitting_is_the_boundary():
+    """The same recorded H200 measurements, against the issue's test of largest_fitting
+    (96 GiB, TTT 5): the chosen length trains and the next multiple up OOMs or reserves
+    within 5 % of the cap. llama3-8b: both lengths were measured. kimi-k2: the first run
+    chose 21,504 - 1,024, whose next multiple reserved only 93.2 % of the cap; now the
+    choice is past 21,504, and its step extrapolates from the measured ones below it."""
+    cap = 96 * GiB
+    cal, measured = _recorded_calibration("llama3-8b")
+    n = memory.largest_fitting(PRESETS["llama3-8b"], 5, 96, calibration=cal)
+    assert measured[n, 5].reserved_bytes < cap  # trained, under the cap
+    assert measured[n + 1024, 5].reserved_bytes > 0.95 * cap
+
+    cal, measured = _recorded_calibration("kimi-k2")
+    kimi = PRESETS["kimi-k2"]
+    n = memory.largest_fitting(kimi, 5, 96, calibration=cal)
+    assert n > 21504
+    # Measured growth per 1024 tokens at TTT 5, and the recorded slack at 21,504.
+    m20, m21 = measured[20480, 5], measured[21504, 5]
+    per_block = m21.peak_bytes - m20.peak_bytes
+    slack = m21.reserved_bytes - m21.peak_bytes
+    blocks = (n - 21504) // 1024
+    chosen = m21.peak_bytes + blocks * per_block
+    assert chosen + slack * 1.1 < cap  # trains, even with 10 % more slack
+    assert chosen + per_block + slack > 0.95 * cap  # the next multiple up
