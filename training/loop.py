@@ -248,11 +248,16 @@ def train(cfg: TrainConfig) -> int:
             step, position = step + 1, next_position
 
             tokens = batch.input_ids.numel() - batch.pad_tokens
+            # Each rank's peak in its own slot: the same all-reduce gathers them all.
+            peaks = [0.0] * world
+            peaks[rank] = peak_mem_gib(device)
             sums = _all_reduce(
                 [s.losses.detach().sum().item() for s in per_step]
                 + [s.agree.sum().item() for s in per_step]
-                + [tokens, batch.num_samples, batch.pad_tokens, float(stop.requested)],
+                + [tokens, batch.num_samples, batch.pad_tokens, float(stop.requested)]
+                + peaks,
                 device, world)
+            peaks, stop_requested = sums[-world:], sums[-world - 1]
             K = cfg.ttt_steps
             loss_ttt = [sums[k] / max(counts[k], 1) for k in range(K)]
             acc_ttt = [sums[K + k] / max(counts[k], 1) for k in range(K)]
@@ -265,14 +270,16 @@ def train(cfg: TrainConfig) -> int:
                 loss_ttt=loss_ttt, acc_ttt=acc_ttt, lr=lr, grad_norm=grad_norm.item(),
                 tokens=int(tokens), tokens_per_s=tokens / elapsed,
                 samples_per_row=samples / rows, pad_frac=pad / (rows * cfg.max_seq_len),
-                peak_mem_gib=peak_mem_gib(device))
+                peak_mem_gib=peaks[0])
+            if world > 1:
+                record["peak_mem_gib_ranks"] = peaks
             metrics.write("step", **record)
             if rank == 0:
                 print(f"step={step} epoch={epoch} loss={record['loss']:.4f} "
                       f"acc_0={acc_ttt[0]:.3f} lr={lr:.3e} grad_norm={record['grad_norm']:.3f} "
                       f"tokens_per_s={record['tokens_per_s']:.0f} "
                       f"peak_mem_gib={record['peak_mem_gib']:.2f}", flush=True)
-            if sums[-1] > 0:  # any rank was asked to stop
+            if stop_requested > 0:  # any rank was asked to stop
                 status = "stopped"
                 break
             if cfg.save_every and step % cfg.save_every == 0:

@@ -7,7 +7,8 @@ drops everything, so the loop needs no `if rank == 0` around each event.
 Events and fields:
   start       time, config, steps_per_epoch, world_size
   step        time, step, epoch, loss, loss_ttt, acc_ttt, lr, grad_norm, tokens,
-              tokens_per_s, samples_per_row, pad_frac, peak_mem_gib
+              tokens_per_s, samples_per_row, pad_frac, peak_mem_gib (rank 0's);
+              with world_size > 1 also peak_mem_gib_ranks (every rank's, by rank)
   checkpoint  time, step, path
   oom         time, max_seq_len, ttt_steps, tried_gib, peak_mem_gib
   end         time, status ("completed", "stopped", "oom", "failed")
@@ -29,6 +30,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "oom": ("max_seq_len", "ttt_steps", "tried_gib", "peak_mem_gib"),
     "end": ("status",),
 }
+# Fields an event carries only where they mean something.
+OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {"step": ("peak_mem_gib_ranks",)}
 
 
 class MetricsWriter:
@@ -40,9 +43,9 @@ class MetricsWriter:
             self._file = open(path, "a", encoding="utf-8")
 
     def write(self, event: str, **fields) -> None:
-        expected = EVENT_FIELDS[event]
-        if set(fields) != set(expected):
-            raise ValueError(f"{event} event needs exactly {expected}, got {sorted(fields)}")
+        expected, optional = EVENT_FIELDS[event], OPTIONAL_FIELDS.get(event, ())
+        if not set(expected) <= set(fields) <= {*expected, *optional}:
+            raise ValueError(f"{event} event needs {expected} (optional: {optional}), got {sorted(fields)}")
         if self._file is None:
             return
         record = {"event": event, "time": time.time(), **fields}

@@ -20,9 +20,13 @@ ARGS = ["train", "--synthetic", "--steps", "8", "--max-seq-len", "256", "--ttt-s
         "--save-every", "0"]
 
 
-def losses(run_dir: Path) -> dict[int, float]:
+def steps(run_dir: Path) -> list[dict]:
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {e["step"]: e["loss"] for e in events if e["event"] == "step"}
+    return [e for e in events if e["event"] == "step"]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {e["step"]: e["loss"] for e in steps(run_dir)}
 
 
 @pytest.mark.slow
@@ -47,3 +51,8 @@ def test_two_gloo_ranks_match_one_process_with_the_same_global_batch(tmp_path_fa
     for step in one:
         assert two[step] == pytest.approx(one[step], rel=1e-5), step
     assert one[8] < one[1]  # it trains, too
+    # Every rank's peak memory (RSS on CPU), rank 0's also as peak_mem_gib; one process has none.
+    for two_step, one_step in zip(steps(tmp_path / "two"), steps(tmp_path / "one")):
+        ranks = two_step["peak_mem_gib_ranks"]
+        assert len(ranks) == 2 and all(r > 0 for r in ranks) and ranks[0] == two_step["peak_mem_gib"]
+        assert "peak_mem_gib_ranks" not in one_step
