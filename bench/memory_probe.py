@@ -159,9 +159,10 @@ def report(results: list[dict], cap_gib: float, device_name: str, command: str,
     lines += ["", f"### largest_fitting(TTT {LARGEST_TTT}, {cap_gib:g} GiB, "
               f"multiple {multiple}), then launched", "",
               "As `trackside fit --gpu-mem-gib "
-              f"{cap_gib:g}` computes it: predicted reserved memory (the larger of "
-              f"allocated × {memory.RESERVED_RATIO:g} and allocated + the probe's measured "
-              "allocator slack) within the card less "
+              f"{cap_gib:g}` computes it: predicted reserved memory (the largest of "
+              f"allocated × {memory.RESERVED_RATIO:g}, allocated + the probe's measured "
+              f"allocator slack, allocated + {memory.CACHED_ROW_BLOCKS} cached fp32 "
+              "[tokens, hidden] blocks) within the card less "
               f"{memory.DEFAULT_HEADROOM_GIB:g} GiB for the CUDA context, which the cap "
               "leaves out.", "", head]
     for r in results:

@@ -52,6 +52,11 @@ INDEX = 8  # int64 ids, positions, doc ids
 # cut to the weights' sizes), which a probe measures as an absolute slack; extrapolating
 # the small steps' ratio overstates the reserve of the large ones that decide a fit.
 RESERVED_RATIO = 1.075
+# Long rows hold more: blocks of whole-row fp32 tensors [T, H] (the final norm's backward
+# gradients) that the allocator caches but cannot reuse for the next, differently sized
+# ones. Recorded H200 steps of 32K-64K tokens at TTT 1 held 21-28·H bytes per token
+# beyond the allocated peak (kimi-k2 and llama3-8b): about five such blocks.
+CACHED_ROW_BLOCKS = 5
 # Outside the allocator: CUDA context, cuBLAS/NCCL handles; a card's memory minus this is
 # what the allocator may use.
 DEFAULT_HEADROOM_GIB = 1.0
@@ -334,7 +339,8 @@ class Prediction:
     phase: str  # the forward+backward phase that peaks
     forward_backward: int
     optimizer_step: int
-    reserved_slack: int
+    reserved_slack: int  # the probe's measured slack
+    row_slack: int  # the cached whole-row blocks of long rows
 
     @property
     def total(self) -> int:
@@ -344,7 +350,8 @@ class Prediction:
     @property
     def reserved(self) -> int:
         """What the caching allocator holds at the peak: what a memory cap is checked against."""
-        return max(math.ceil(self.total * RESERVED_RATIO), self.total + self.reserved_slack)
+        return max(math.ceil(self.total * RESERVED_RATIO),
+                   self.total + max(self.reserved_slack, self.row_slack))
 
     def breakdown(self) -> dict[str, int]:
         flat = {name: v for group in self.terms.values() for name, v in group.items()}
@@ -362,7 +369,8 @@ def predict(cfg: DrafterConfig, shape: StepShape,
               for name, terms in phases.items()}
     peak = max(totals, key=totals.get)
     return Prediction(phases[peak], peak, totals[peak], optimizer_phase(cfg, shape),
-                      calibration.reserved_slack if calibration else 0)
+                      calibration.reserved_slack if calibration else 0,
+                      CACHED_ROW_BLOCKS * shape.tokens * cfg.hidden_size * FP32)
 
 
 def group_totals(cfg: DrafterConfig, shape: StepShape) -> torch.Tensor:
@@ -432,7 +440,8 @@ def calibrate(cfg: DrafterConfig, measurements: list[Measurement], *, batch_rows
             f"measurements do not fit the memory model: {float(errors[worst]):+.0%} at "
             f"max_seq_len {m.max_seq_len}, TTT {m.ttt_steps}")
     # The largest point's allocator slack: the fixed part of what the allocator holds
-    # beyond the allocated peak (see RESERVED_RATIO for the part that grows).
+    # beyond the allocated peak (see RESERVED_RATIO and CACHED_ROW_BLOCKS for the parts
+    # that grow).
     largest = max(measurements, key=lambda m: m.peak_bytes)
     fitted = dict(zip(GROUPS, map(float, scales)))
     return Calibration(

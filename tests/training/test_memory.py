@@ -405,18 +405,23 @@ def test_recorded_h200_pairs_predicted_from_the_probe_points_alone(name):
 
 
 @pytest.mark.parametrize("name", ["kimi-k2", "llama3-8b"])
-def test_recorded_h200_reserved_at_large_steps(name):
-    """The same recorded H200 measurements: where a fit is decided (steps of 45 GiB and
-    more at TTT 3-7), the predicted reserved memory is within 4 % of the recorded
-    torch.cuda.max_memory_reserved; the probe's small-step reserved/allocated ratio
-    (kimi-k2: 1.15) would have overstated it by 7 %."""
+def test_recorded_h200_reserved(name):
+    """The same recorded H200 measurements, torch.cuda.max_memory_reserved: where a fit is
+    decided (steps of 30 GiB and more, TTT 1-7) the predicted reserved memory is within
+    4 % of it, and it is never predicted more than 3 % low. The probe's own small-step
+    reserved/allocated ratio (kimi-k2: 1.15) would have overstated the large steps' by 7 %;
+    a ratio alone (1.075) would have understated 64K-token rows at TTT 1 by 6 %."""
     cfg = PRESETS[name]
     cal, measured = _recorded_calibration(name)
-    large = [m for m in measured.values() if m.ttt_steps >= 3 and m.peak_bytes > 45 * GiB]
-    assert len(large) >= 4
-    for m in large:
+    large = 0
+    for m in measured.values():
         reserved = memory.predict(cfg, StepShape(m.max_seq_len, m.ttt_steps), cal).reserved
-        assert abs(reserved - m.reserved_bytes) / m.reserved_bytes < 0.04
+        error = (reserved - m.reserved_bytes) / m.reserved_bytes
+        assert error > -0.03, (m.max_seq_len, m.ttt_steps)
+        if m.peak_bytes >= 30 * GiB:
+            large += 1
+            assert abs(error) < 0.04, (m.max_seq_len, m.ttt_steps)
+    assert large >= 6
 
 
 def test_recorded_h200_largest_fitting_is_the_boundary():
