@@ -18,8 +18,8 @@ Every term belongs to one of four groups, by how it grows with the step's shape,
 batch_rows × max_seq_len tokens and K TTT steps: ``constant``, ``per_token`` (∝ T),
 ``per_step`` (∝ T·K: what each step keeps) and ``diagonal`` (∝ T·K(K-1)/2: step k re-stacks
 the k diagonal keys and values of the steps before it). A ``Calibration`` fits one scale per
-group from measured peaks (least squares on relative error, each measurement in the phase
-that peaks for it), so a probe of a few small steps, or a finished run's metrics, corrects
+group from measured peaks (least squares on relative error, the analytic scales as a weak
+prior, each measurement in the phase that peaks for it), so a probe of a few small steps, or a finished run's metrics, corrects
 what the analytic terms miss and the corrected model extrapolates in T and K.
 
 Predictions assume every position carries loss (the loss keeps per-position tensors), the
