@@ -169,9 +169,9 @@ class FleetScreen(Screen):
             table.move_cursor(row=keys.index(selected_key))
         self.app.refresh_bindings()
 
-    def state_changed(self, **_) -> None:
-        if not self.composed:
-            return
+    def state_changed(self, *, host=None, run=None, events=(), lines=()) -> None:
+        if not self.composed or (run is not None and not events):
+            return  # console lines change no cell here that the once-a-second tick misses
         self.query_one(AlertBar).show(list(self.app.alerts.values()))
         self.rebuild()
 

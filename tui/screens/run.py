@@ -14,7 +14,7 @@ from tui.widgets.alert_bar import AlertBar
 from tui.widgets.gpu_panel import GpuPanel
 from tui.widgets.loss_chart import LossChart
 
-LOG_LINES = 1000
+LOG_LINES = 2000  # shown; rewritten down to half when full
 
 
 def stats_text(run: RunState, now: float) -> Text:
@@ -130,17 +130,18 @@ class RunScreen(Screen):
         if current is None:
             self.query_one("#stats", Static).update(self.waiting)
             return
-        if host is None or host == current.host:
+        everything = host is None and run is None  # the once-a-second tick, or a resume
+        if everything or host == current.host:
             watched = app.watched[current.host]
             self.query_one(GpuPanel).show(app.hosts[current.host], watched.host.is_local)
-        if run is None or run == current.key:
+            app.refresh_bindings()  # a listing may have ended the run: k no longer applies
+        if everything or (run == current.key and events):
             self.query_one("#stats", Static).update(stats_text(current, app.clock()))
         if run == current.key:
             if any(e.get("event") == "step" for e in events):
                 self.query_one(LossChart).show(current)
             if lines:
                 self._write_log(lines)
-            app.refresh_bindings()
 
     def _write_log(self, lines: list[str]) -> None:
         """Append lines; past LOG_LINES, start again from the newest half.

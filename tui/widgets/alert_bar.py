@@ -9,7 +9,12 @@ from tui.alerts import Alert
 
 
 class AlertBar(Static):
+    shown: list[Alert] | None = None
+
     def show(self, alerts: list[Alert]) -> None:
+        if alerts == self.shown:
+            return
+        self.shown = alerts
         self.display = bool(alerts)
         text = Text()
         for alert in alerts:

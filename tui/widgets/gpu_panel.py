@@ -75,13 +75,19 @@ def no_gpu_text(host: HostState, is_local: bool) -> str | None:
 
 
 class GpuRow(Horizontal):
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        # Held, not queried: a row may be updated again before it has composed.
+        self.line = Static(classes="gpu-line")
+        self.history = Sparkline([], classes="gpu-history")
+
     def compose(self) -> ComposeResult:
-        yield Static(classes="gpu-line")
-        yield Sparkline([], classes="gpu-history")
+        yield self.line
+        yield self.history
 
     def show(self, reading, history) -> None:
-        self.query_one(".gpu-line", Static).update(gpu_line(reading))
-        self.query_one(Sparkline).data = list(history)
+        self.line.update(gpu_line(reading))
+        self.history.data = list(history)
 
 
 class GpuPanel(Vertical):
@@ -106,13 +112,7 @@ class GpuPanel(Vertical):
             if row_id not in rows:
                 rows[row_id] = GpuRow(id=row_id)
                 self.mount(rows[row_id])
-                self.call_after_refresh(self._show_row, rows[row_id], host, reading)
-            else:
-                self._show_row(rows[row_id], host, reading)
+            trace = host.traces.get(reading.index)
+            rows[row_id].show(reading, trace.power_w if trace else [])
         for row_id in set(rows) - {f"gpu-{r.index}" for r in readings}:
             rows[row_id].remove()
-
-    @staticmethod
-    def _show_row(row: GpuRow, host: HostState, reading) -> None:
-        trace = host.traces.get(reading.index)
-        row.show(reading, trace.power_w if trace else [])

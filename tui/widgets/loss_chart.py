@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
+import time
 
 from rich.text import Text
 from textual.app import RenderResult
+from textual.timer import Timer
 from textual_plotext import PlotextPlot
 
 from tui.state import RunState, ema
 
 MIN_SIZE = (24, 8)  # columns, rows below which there is no chart worth drawing
+REPLOT_S = 0.5
 MAX_POINTS = 400  # plotted per curve; longer histories are thinned evenly
 
 
@@ -30,12 +33,26 @@ class LossChart(PlotextPlot):
         self.smoothing = 0.3  # EMA weight of the newest point; 1.0 shows raw values
         self.log_y = False
         self.run: RunState | None = None
+        self._last = 0.0  # monotonic time of the last replot
+        self._pending: Timer | None = None
 
     def show(self, run: RunState | None) -> None:
+        """Plot `run`; at most every REPLOT_S (a plot costs tens of ms), the latest data last."""
         self.run = run
+        if self._pending is not None:
+            return
+        wait = self._last + REPLOT_S - time.monotonic()
+        if wait <= 0:
+            self.replot()
+        else:
+            self._pending = self.set_timer(wait, self._replot_pending)
+
+    def _replot_pending(self) -> None:
+        self._pending = None
         self.replot()
 
     def replot(self) -> None:
+        self._last = time.monotonic()
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
