@@ -56,6 +56,7 @@ def stats_text(run: RunState, now: float) -> Text:
 class RunScreen(Screen):
     AUTO_FOCUS = "#log"
     composed = False  # the app may report changes between push and compose
+    console_shown: tuple = (None, None)  # progress and console loss the stats last showed
 
     BINDINGS = [
         Binding("y", "log_scale", "Log/lin y", id="trackside.run.log_scale"),
@@ -135,7 +136,10 @@ class RunScreen(Screen):
             watched = app.watched[current.host]
             self.query_one(GpuPanel).show(app.hosts[current.host], watched.host.is_local)
             app.refresh_bindings()  # a listing may have ended the run: k no longer applies
-        if everything or (run == current.key and events):
+        # Console lines change the stats only through progress or a console loss.
+        console = (current.progress, current.console_loss[-1] if current.console_loss else None)
+        if everything or host == current.host or (run == current.key and (events or console != self.console_shown)):
+            self.console_shown = console
             self.query_one("#stats", Static).update(stats_text(current, app.clock()))
         if run == current.key:
             if any(e.get("event") == "step" for e in events):
