@@ -12,13 +12,6 @@ if ! command -v sshd >/dev/null && [ ! -x /usr/sbin/sshd ]; then
     echo "sshd is missing and we are not root: the SSH tests will be skipped" >&2
   fi
 fi
-# pyenv's rehash lock, left behind by an interrupted pip, makes every SSH login of root
-# wait 60 s in .bashrc (`pyenv init`); the SSH tests log in as root.
-lock="$HOME/.pyenv/shims/.pyenv-shim"
-if [ -f "$lock" ] && [ -n "$(find "$lock" -mmin +2 2>/dev/null)" ]; then
-  echo "removing a stale pyenv rehash lock ($lock)" >&2
-  rm -f "$lock"
-fi
 command -v tmux >/dev/null || { echo "tmux is required for the tests" >&2; exit 1; }
 .venv/bin/lint-imports
 exec .venv/bin/python -m pytest "$@"

@@ -88,6 +88,9 @@ class Sshd:
         host_pub = Path(f"{self.host_key}.pub").read_text().split()
         self.known_hosts.write_text(f"[{self.address}]:{self.port} {host_pub[0]} {host_pub[1]}\n")
         path = os.pathsep.join([str(VENV_BIN), "/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"])
+        # bash sources ~/.bashrc for SSH commands only at shell level 1. Root's .bashrc here
+        # runs `pyenv init`, whose rehash lock, left stale by a login the tests cut short,
+        # makes every later login wait 60 s; SHLVL=1 keeps the tests' logins out of it.
         self.config.write_text(
             f"""\
 ListenAddress {self.address}
@@ -101,7 +104,7 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 StrictModes no
 UsePAM no
-SetEnv PATH={path}
+SetEnv PATH={path} SHLVL=1
 LogLevel INFO
 """
         )
