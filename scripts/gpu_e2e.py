@@ -69,18 +69,20 @@ class Mode:
     loss_points: int
     length_cap: int  # the relaunch's max_seq_len: the largest that fits, at most this
     card_gib: float | None  # the card size handed to `fit` when NVML reads none (CPU smoke)
+    # A short schedule on the GPU, so warm-up ends and the loss falls visibly on screen.
+    schedule: tuple[str, ...] = ("--steps", "100000")
 
     def train_argv(self) -> list[str]:
         # Not installed as a package on the GPU box: the trainer is this Python's module.
         return [
             sys.executable, "-m", "training", "train", *self.data, "--preset", self.preset,
             "--device", self.device, "--max-seq-len", str(self.params["max_seq_len"]),
-            "--ttt-steps", str(self.params["ttt_steps"]), "--steps", "100000", "--save-every", "0",
+            "--ttt-steps", str(self.params["ttt_steps"]), *self.schedule, "--save-every", "0",
         ]  # fmt: skip
 
 
 GPU = Mode("gpu", "llama3-8b", ("--data", DATA_DIR), "cuda", {"max_seq_len": 8192, "ttt_steps": 3},
-           300.0, 10.0, 5, 16384, None)  # fmt: skip
+           300.0, 10.0, 40, 16384, None, ("--steps", "300", "--lr", "1e-3"))  # fmt: skip
 SMOKE = Mode("smoke", "tiny", ("--synthetic",), "cpu", {"max_seq_len": 256, "ttt_steps": 2},
              None, None, 5, 512, 4.0)  # fmt: skip
 
