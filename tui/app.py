@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import shlex
-import subprocess
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -18,10 +17,9 @@ from functools import partial
 from textual.app import App, SuspendNotSupported, SystemCommand
 from textual.screen import Screen
 
-from backends import kill, logparse, runs
+from backends import attach, kill, logparse, runs
 from backends.hosts import Host
 from tui.alerts import Alert, host_alerts, kill_alert, run_alerts, update_underfed
-from tui.attach import attach_argv
 from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
 from tui.monitor import HostMonitor
@@ -382,12 +380,12 @@ class TracksideApp(App):
         run = self.selected_run()
         if run is None:
             return
-        argv = attach_argv(self.watched[run.host].host, run.info.session)
+        host = self.watched[run.host].host
         try:
             with self.suspend():
-                # The one process the app starts itself: it must own this terminal.
-                subprocess.run(argv)
+                attach.attach(host, run.info.session)
         except SuspendNotSupported:
+            argv = attach.attach_argv(host, run.info.session)
             self.notify(f"this terminal cannot hand over; run: {shlex.join(argv)}", timeout=15)
 
     async def on_unmount(self) -> None:

@@ -1,4 +1,4 @@
-"""`a`: the argv that opens a run's tmux session in this terminal, for the suspended app.
+"""Attach: open a run's tmux session in this terminal (the dashboard's `a`, suspended).
 
 Locally that is `tmux attach`; on an SSH host it is OpenSSH with a terminal (`ssh -t`)
 carrying the same target, port, jump host, key and known_hosts the host uses, and the
@@ -6,6 +6,8 @@ host's prefix (e.g. `pct exec 129 --`) before tmux, quoted once by Host.shell_co
 """
 
 from __future__ import annotations
+
+import subprocess
 
 from backends import tmux
 from backends.hosts import Host, SSHHost
@@ -28,3 +30,11 @@ def attach_argv(host: Host, session: str) -> list[str]:
         destination = f"{host.user}@{host.address}" if host.user else host.address
         return ["ssh", "-t", *ssh_options(host), destination, host.shell_command(argv)]
     return host.full_argv(argv)
+
+
+def attach(host: Host, session: str) -> int:
+    """Run the attach in the foreground until the user detaches; its exit status.
+
+    Blocking on purpose: the caller has handed this terminal over and waits for it back.
+    """
+    return subprocess.run(attach_argv(host, session)).returncode
