@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from training import memory
+from training import loop, memory
 from training.config import PRESETS, DrafterConfig
 from training.memory import GiB, Calibration, Measurement, StepShape
-from training.model import Eagle3Drafter
+from training.model import Eagle3Drafter, StepLoss
 from training.packing import PackedBatch
 
 # Six steps separate the four term groups: lengths at TTT 1 give the per-token slope, TTT
@@ -300,41 +300,41 @@ def random_batch(cfg: DrafterConfig, max_seq_len: int, batch_rows: int,
 
 class Trainer:
     """A drafter and its optimizer as training/loop.py sets them up (random weights:
-    memory does not depend on their values), and its training step."""
+    memory does not depend on their values), stepped by the loop's own step functions."""
 
-    def __init__(self, cfg: DrafterConfig, device: torch.device, ttt_decay: float = 0.8):
+    def __init__(self, cfg: DrafterConfig, device: torch.device,
+                 ttt_decay: float = loop.TrainConfig.ttt_decay):
         self.cfg, self.device, self.ttt_decay = cfg, device, ttt_decay
         with torch.device(device):  # initialise in place: a 1B-parameter drafter is slow on CPU
             self.drafter = Eagle3Drafter(cfg)
+        self.model = loop.Unroll(self.drafter)
         self.params = [p for p in self.drafter.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, betas=(0.9, 0.95),
-                                           fused=device.type == "cuda")
-        self.precision = "bf16" if device.type == "cuda" else "fp32"
-        self.dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        self.optimizer = loop.make_optimizer(self.params, loop.TrainConfig.lr, device)
+        self.precision = loop.precision(device)
+        self.dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
 
-    def forward_backward(self, batch: PackedBatch, ttt_steps: int, loss_chunk: int) -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
-            steps = self.drafter.step_losses(batch, ttt_steps, loss_chunk)
-        loss = sum(self.ttt_decay ** k * s.losses.sum() / max(s.losses.shape[0], 1)
-                   for k, s in enumerate(steps))
-        loss.backward()
+    def forward_backward(self, batch: PackedBatch, ttt_steps: int,
+                         loss_chunk: int) -> list[StepLoss]:
+        per_step, _ = loop.forward_backward(self.model, batch, ttt_steps, self.ttt_decay,
+                                            loss_chunk)
+        return per_step
 
     def optimizer_step(self) -> None:
-        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        loop.optimizer_step(self.optimizer, self.params, loop.TrainConfig.grad_clip)
 
     def measure(self, max_seq_len: int, ttt_steps: int, *, batch_rows: int = 1,
                 loss_chunk: int = 2048, steps: int = 2) -> StepPeak:
         """Run `steps` steps; the last one's peaks, with AdamW's state already allocated."""
         batch = random_batch(self.cfg, max_seq_len, batch_rows, self.device, self.dtype)
+        # Each step's losses stay referenced, as the loop keeps them for its metrics, through
+        # the optimizer step and the next step's forward and backward.
         for _ in range(steps - 1):
-            self.forward_backward(batch, ttt_steps, loss_chunk)
+            per_step = self.forward_backward(batch, ttt_steps, loss_chunk)
             self.optimizer_step()
         meter = CudaMeter(self.device) if self.device.type == "cuda" else SavedTensorMeter(self)
         started = time.perf_counter()
         with meter.phase() as fb:
-            self.forward_backward(batch, ttt_steps, loss_chunk)
+            per_step = self.forward_backward(batch, ttt_steps, loss_chunk)
         with meter.phase() as opt:
             self.optimizer_step()
         seconds = time.perf_counter() - started

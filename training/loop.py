@@ -3,9 +3,12 @@
 One process per GPU under torchrun (DDP: gloo on CPU, NCCL on CUDA), or one process alone.
 Each rank trains on its slice of the global batch; the loss is normalised by the global
 count of scored positions per TTT step, so N ranks compute exactly what one process with
-the whole global batch would. Rank 0 writes metrics and checkpoints.
+the whole global batch would. Rank 0 writes metrics and checkpoints. The step itself
+(make_optimizer, forward_backward, optimizer_step) is also what `trackside fit --probe`
+measures.
 
-Exit codes: 0 done or stopped by SIGTERM/SIGINT (after a checkpoint), 3 CUDA out of memory.
+Exit codes: 0 done or stopped by SIGTERM/SIGINT (after a checkpoint), 3 CUDA out of memory
+(placing the model, resuming or in a step).
 """
 from __future__ import annotations
 
@@ -30,7 +33,8 @@ from training import checkpoint
 from training.config import DrafterConfig
 from training.data import Dataset, Loader, Position
 from training.metrics import MetricsWriter
-from training.model import Eagle3Drafter
+from training.model import Eagle3Drafter, StepLoss
+from training.packing import PackedBatch
 from training.vocab import build_draft_vocab
 
 EXIT_OOM = 3
@@ -65,14 +69,14 @@ class TrainConfig:
         return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}
 
 
-class _Unroll(nn.Module):
+class Unroll(nn.Module):
     """The drafter's per-step losses as a forward(), so DDP sees the call it syncs."""
 
     def __init__(self, drafter: Eagle3Drafter):
         super().__init__()
         self.drafter = drafter
 
-    def forward(self, batch, ttt_steps: int, loss_chunk: int):
+    def forward(self, batch: PackedBatch, ttt_steps: int, loss_chunk: int) -> list[StepLoss]:
         return self.drafter.step_losses(batch, ttt_steps, loss_chunk)
 
 
@@ -138,6 +142,53 @@ def _all_reduce(values: list[float], device: torch.device, world: int) -> list[f
     return t.tolist()
 
 
+def precision(device: torch.device) -> str:
+    """bf16 autocast on CUDA (as forward_backward runs it), fp32 on CPU."""
+    return "bf16" if device.type == "cuda" else "fp32"
+
+
+def make_optimizer(params, lr: float, device: torch.device,
+                   weight_decay: float = 0.0) -> torch.optim.AdamW:
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay,
+                             fused=device.type == "cuda")
+
+
+# A training step is forward_backward then optimizer_step; two functions, because
+# `trackside fit --probe` measures the peak memory of each phase on its own.
+def forward_backward(model: nn.Module, batch: PackedBatch, ttt_steps: int, ttt_decay: float,
+                     loss_chunk: int, world: int = 1) -> tuple[list[StepLoss], list[float]]:
+    """Backward through Σ_k decay^k · (TTT step k's mean loss over the global batch).
+    Returns each TTT step's losses and its scored positions over all ranks."""
+    device = batch.input_ids.device
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision(device) == "bf16"):
+        per_step = model(batch, ttt_steps, loss_chunk)
+    counts = _all_reduce([float(s.losses.shape[0]) for s in per_step], device, world)
+    # Each rank's share of the global mean; DDP averages gradients over ranks.
+    loss = sum(ttt_decay ** k * s.losses.sum() * (world / max(n, 1))
+               for k, (s, n) in enumerate(zip(per_step, counts)))
+    loss.backward()
+    return per_step, counts
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, params, grad_clip: float) -> torch.Tensor:
+    """Clip, step, drop the gradients; returns the norm before clipping."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
+def record_oom(metrics: MetricsWriter, cfg: TrainConfig, device: torch.device,
+               error: torch.OutOfMemoryError) -> int:
+    """The `oom` and `end` events and the message for an OOM; the exit code."""
+    metrics.write("oom", max_seq_len=cfg.max_seq_len, ttt_steps=cfg.ttt_steps,
+                  tried_gib=_tried_gib(error), peak_mem_gib=peak_mem_gib(device))
+    metrics.write("end", status="oom")
+    print(f"train: CUDA out of memory at max_seq_len={cfg.max_seq_len} "
+          f"ttt_steps={cfg.ttt_steps}: {error}", file=sys.stderr, flush=True)
+    return EXIT_OOM
+
+
 def train(cfg: TrainConfig) -> int:
     # --- processes and device ---
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -156,95 +207,88 @@ def train(cfg: TrainConfig) -> int:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     torch.manual_seed(cfg.seed)
 
-    # --- data, model, optimizer ---
+    # --- data ---
     dataset = Dataset(cfg.data)
     loader = Loader(dataset, cfg.max_seq_len, cfg.batch_rows, seed=cfg.seed, rank=rank,
                     world_size=world)
     total_steps = cfg.steps or cfg.epochs * loader.steps_per_epoch
     warmup = max(1, min(100, total_steps // 10))
     d2t, t2d = build_draft_vocab(dataset.token_counts(), cfg.drafter.draft_vocab_size)
-    drafter = Eagle3Drafter(cfg.drafter)
-    verifier = dataset.verifier()
-    drafter.load_verifier(verifier["embed_tokens"].float(), verifier["lm_head"].float(),
-                          d2t, t2d)
-    drafter.to(device)
-    trainable = {n: p for n, p in drafter.named_parameters() if p.requires_grad}
-    optimizer = torch.optim.AdamW(trainable.values(), lr=cfg.lr, betas=(0.9, 0.95),
-                                  weight_decay=cfg.weight_decay,
-                                  fused=device.type == "cuda")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
-                                                  warmup_cosine(warmup, total_steps))
-    unroll = _Unroll(drafter)
-    if world > 1:
-        unroll = DistributedDataParallel(unroll, device_ids=[device.index]
-                                         if device.type == "cuda" else None)
-
-    # --- resume ---
-    ckpt_root = cfg.run_dir / "checkpoints"
-    step, position = 0, Position()
-    found = checkpoint.latest(ckpt_root) if cfg.resume else None
-    if found is not None:
-        tensors, state, _ = checkpoint.load(found)
-        missing = set(trainable) - set(tensors)
-        if missing:
-            raise ValueError(f"checkpoint {found} lacks {sorted(missing)[:3]}")
-        drafter.load_state_dict({n: tensors[n] for n in trainable}, strict=False)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        step, position = state["step"], Position(**state["data"])
-        _set_rng_state(state["rng"])
 
     metrics = MetricsWriter(cfg.run_dir / "metrics.jsonl" if rank == 0 else None)
-    config = {**cfg.to_dict(), "total_steps": total_steps, "warmup_steps": warmup,
-              "global_batch_rows": cfg.batch_rows * world, "resumed_from_step": step,
-              "precision": "bf16" if device.type == "cuda" else "fp32", "sharding": "ddp",
-              "data_layers": dataset.info["layers"]}
-    metrics.write("start", config=config, steps_per_epoch=loader.steps_per_epoch,
-                  world_size=world)
-    if rank == 0:
-        print(f"train: run_dir={cfg.run_dir} steps={total_steps} "
-              f"steps_per_epoch={loader.steps_per_epoch} world_size={world} "
-              f"device={device.type} start_step={step}", flush=True)
-    last_saved = step
-
-    def save() -> None:
-        nonlocal last_saved
-        if rank == 0 and last_saved != step:
-            tensors = {**trainable, "d2t": drafter.d2t, "t2d": drafter.t2d}
-            state = {"step": step, "data": position.state_dict(), "rng": _rng_state(),
-                     "optimizer": optimizer.state_dict(),
-                     "scheduler": scheduler.state_dict()}
-            path = checkpoint.save(ckpt_root, step, tensors, state, {
-                "drafter": cfg.drafter.to_dict(), "layers": dataset.info["layers"],
-                "num_layers": dataset.info["num_layers"],
-                "max_seq_len": cfg.max_seq_len, "ttt_steps": cfg.ttt_steps})
-            metrics.write("checkpoint", step=step, path=str(path))
-        last_saved = step
-        if world > 1:
-            dist.barrier()
-
-    # --- the steps ---
-    stop = _StopRequest()
-    batches = loader.iterate(position)
-    status = "completed"
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    stop, batches, status = None, None, "completed"
+    # Out of memory anywhere from here (placing the model, a resumed optimizer state, a
+    # step) is an `oom` event and exit 3.
     try:
+        # --- model, optimizer ---
+        drafter = Eagle3Drafter(cfg.drafter)
+        verifier = dataset.verifier()
+        drafter.load_verifier(verifier["embed_tokens"].float(), verifier["lm_head"].float(),
+                              d2t, t2d)
+        drafter.to(device)
+        trainable = {n: p for n, p in drafter.named_parameters() if p.requires_grad}
+        optimizer = make_optimizer(trainable.values(), cfg.lr, device, cfg.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
+                                                      warmup_cosine(warmup, total_steps))
+        unroll = Unroll(drafter)
+        if world > 1:
+            unroll = DistributedDataParallel(unroll, device_ids=[device.index]
+                                             if device.type == "cuda" else None)
+
+        # --- resume ---
+        ckpt_root = cfg.run_dir / "checkpoints"
+        step, position = 0, Position()
+        found = checkpoint.latest(ckpt_root) if cfg.resume else None
+        if found is not None:
+            tensors, state, _ = checkpoint.load(found)
+            missing = set(trainable) - set(tensors)
+            if missing:
+                raise ValueError(f"checkpoint {found} lacks {sorted(missing)[:3]}")
+            drafter.load_state_dict({n: tensors[n] for n in trainable}, strict=False)
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            step, position = state["step"], Position(**state["data"])
+            _set_rng_state(state["rng"])
+
+        config = {**cfg.to_dict(), "total_steps": total_steps, "warmup_steps": warmup,
+                  "global_batch_rows": cfg.batch_rows * world, "resumed_from_step": step,
+                  "precision": precision(device), "sharding": "ddp",
+                  "data_layers": dataset.info["layers"]}
+        metrics.write("start", config=config, steps_per_epoch=loader.steps_per_epoch,
+                      world_size=world)
+        if rank == 0:
+            print(f"train: run_dir={cfg.run_dir} steps={total_steps} "
+                  f"steps_per_epoch={loader.steps_per_epoch} world_size={world} "
+                  f"device={device.type} start_step={step}", flush=True)
+        last_saved = step
+
+        def save() -> None:
+            nonlocal last_saved
+            if rank == 0 and last_saved != step:
+                tensors = {**trainable, "d2t": drafter.d2t, "t2d": drafter.t2d}
+                state = {"step": step, "data": position.state_dict(), "rng": _rng_state(),
+                         "optimizer": optimizer.state_dict(),
+                         "scheduler": scheduler.state_dict()}
+                path = checkpoint.save(ckpt_root, step, tensors, state, {
+                    "drafter": cfg.drafter.to_dict(), "layers": dataset.info["layers"],
+                    "num_layers": dataset.info["num_layers"],
+                    "max_seq_len": cfg.max_seq_len, "ttt_steps": cfg.ttt_steps})
+                metrics.write("checkpoint", step=step, path=str(path))
+            last_saved = step
+            if world > 1:
+                dist.barrier()
+
+        # --- the steps ---
+        stop, batches = _StopRequest(), loader.iterate(position)
         while step < total_steps:
             started = time.perf_counter()
             batch, epoch, next_position = next(batches)
             batch = batch.to(device)
-            with autocast:
-                per_step = unroll(batch, cfg.ttt_steps, cfg.loss_chunk)
-            counts = _all_reduce([float(s.losses.shape[0]) for s in per_step], device, world)
-            # Each rank's share of the global mean; DDP averages gradients over ranks.
-            loss = sum(cfg.ttt_decay ** k * s.losses.sum() * (world / max(n, 1))
-                       for k, (s, n) in enumerate(zip(per_step, counts)))
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(trainable.values(), cfg.grad_clip)
+            per_step, counts = forward_backward(unroll, batch, cfg.ttt_steps, cfg.ttt_decay,
+                                                cfg.loss_chunk, world)
+            grad_norm = optimizer_step(optimizer, trainable.values(), cfg.grad_clip)
             lr = scheduler.get_last_lr()[0]
-            optimizer.step()
             scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
             step, position = step + 1, next_position
 
             tokens = batch.input_ids.numel() - batch.pad_tokens
@@ -286,18 +330,14 @@ def train(cfg: TrainConfig) -> int:
                 save()
         save()
     except torch.OutOfMemoryError as error:
-        metrics.write("oom", max_seq_len=cfg.max_seq_len, ttt_steps=cfg.ttt_steps,
-                      tried_gib=_tried_gib(error), peak_mem_gib=peak_mem_gib(device))
-        metrics.write("end", status="oom")
-        print(f"train: CUDA out of memory at max_seq_len={cfg.max_seq_len} "
-              f"ttt_steps={cfg.ttt_steps}: {error}", file=sys.stderr, flush=True)
-        return EXIT_OOM
+        return record_oom(metrics, cfg, device, error)
     except BaseException:
         metrics.write("end", status="failed")
         raise
     finally:
-        batches.close()
-        stop.restore()
+        if stop is not None:
+            stop.restore()
+            batches.close()
 
     if cfg.export is not None and rank == 0:
         from training.export import export_drafter

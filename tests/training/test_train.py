@@ -17,7 +17,7 @@ from training.checkpoint import latest
 from training.config import PRESETS
 from training.data import Dataset, Loader, Position
 from training.export import export_drafter
-from training.loop import TrainConfig, _tried_gib, train
+from training.loop import EXIT_OOM, TrainConfig, _tried_gib, record_oom, train
 from training.metrics import EVENT_FIELDS, MetricsWriter
 from training.synthetic import synthetic_dataset
 
@@ -113,6 +113,28 @@ def test_the_oom_event_reads_the_failed_allocation():
     assert _tried_gib(torch.OutOfMemoryError("out of memory")) is None
 
 
+@pytest.mark.parametrize("message,tried", [
+    ("CUDA out of memory. Tried to allocate 64.00 MiB. GPU 0 has a total capacity", 0.0625),
+    ("out of memory", None)])
+def test_an_oom_ends_the_run_with_its_params_and_exit_3(tmp_path, capsys, message, tried):
+    """What train() does with any torch.OutOfMemoryError, however far it got (the GPU test
+    below raises real ones while placing the model and in a step)."""
+    cfg = TrainConfig(data=tmp_path, run_dir=tmp_path, drafter=PRESETS["tiny"],
+                      max_seq_len=4096, ttt_steps=5)
+    metrics = MetricsWriter(tmp_path / "metrics.jsonl")
+    assert record_oom(metrics, cfg, torch.device("cpu"),
+                      torch.OutOfMemoryError(message)) == EXIT_OOM == 3
+    oom, end = read_events(tmp_path)
+    for event in (oom, end):
+        check_event(event, ttt_steps=5)
+    assert oom == {**oom, "event": "oom", "max_seq_len": 4096, "ttt_steps": 5,
+                   "tried_gib": tried}
+    assert oom["peak_mem_gib"] > 0  # this process's peak resident set on CPU
+    assert end == {**end, "event": "end", "status": "oom"}
+    err = capsys.readouterr().err
+    assert "max_seq_len=4096 ttt_steps=5" in err and message in err
+
+
 def test_the_loader_resumes_and_splits_global_batches_over_ranks(cache):
     data = Dataset(synthetic_dataset(0))
     whole = Loader(data, 512, 4, seed=3)
@@ -160,17 +182,31 @@ def test_export_writes_the_eagle3_layout(tmp_path, cache):
 
 
 @pytest.mark.gpu
-def test_cuda_oom_is_an_event_and_exit_3(tmp_path, cache):
-    # One 65536-token row of aux hidden states alone is 48 MiB; the cap is 20 MiB.
+@pytest.mark.parametrize("where", ["placing the model", "in a step"])
+def test_cuda_oom_is_an_event_and_exit_3(tmp_path, cache, where):
+    # The cap is 20 MiB. Placing the model: the tiny drafter with an MLP of 2**18 channels,
+    # each of whose 3 weights is 64 MiB. In a step: one 65536-token row of aux hidden
+    # states alone is 48 MiB.
+    if where == "placing the model":
+        wide = {**PRESETS["tiny"].to_dict(), "intermediate_size": 2**18}
+        (tmp_path / "wide.json").write_text(json.dumps(wide))
+        args = ["--model-config", str(tmp_path / "wide.json"), "--max-seq-len", "256"]
+        max_seq_len = 256
+    else:
+        args, max_seq_len = ["--max-seq-len", "65536"], 65536
     result = subprocess.run(
         [sys.executable, "-m", "training", "train", "--synthetic", "--steps", "2",
-         "--device", "cuda", "--max-seq-len", "65536", "--gpu-mem-gib", "0.02",
-         "--out", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True,
-        timeout=300)
+         "--device", "cuda", "--gpu-mem-gib", "0.02", *args, "--out", str(tmp_path / "run")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr and "CUDA out of memory" in result.stderr
     events = read_events(tmp_path / "run")
     for event in events:
         check_event(event, ttt_steps=3)
     oom, end = events[-2:]
-    assert oom["event"] == "oom" and oom["max_seq_len"] == 65536 and oom["ttt_steps"] == 3
+    assert oom["event"] == "oom" and oom["max_seq_len"] == max_seq_len
+    assert oom["ttt_steps"] == 3 and oom["peak_mem_gib"] is not None
     assert end == {**end, "event": "end", "status": "oom"}
+    if where == "placing the model":
+        assert [e["event"] for e in events] == ["oom", "end"]  # before `start`: no step ran
+        assert oom["tried_gib"] == pytest.approx(64 / 1024)
