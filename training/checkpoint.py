@@ -97,6 +97,8 @@ def latest(root: Path) -> Path | None:
 def load(path: Path) -> tuple[dict[str, Tensor], dict, dict]:
     """(tensors, state, config) of one checkpoint directory."""
     tensors = load_file(path / "model.safetensors")
-    state = torch.load(path / "state.pt", weights_only=False)
+    # On the CPU first: every rank resumes on its own GPU, and load_state_dict moves the
+    # optimizer state to each parameter's device.
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     config = json.loads((path / "config.json").read_text())
     return tensors, state, config
