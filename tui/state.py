@@ -153,11 +153,11 @@ class RunState:
 def ema(values: list[float], alpha: float) -> list[float]:
     """Exponential moving average; alpha 1 returns the values unchanged."""
     out: list[float] = []
+    last, keep, isfinite = math.nan, 1 - alpha, math.isfinite  # a plot's thousands of points: one pass, no lookups
     for v in values:
-        if v is None or not math.isfinite(v):
-            out.append(out[-1] if out else float("nan"))
-            continue
-        out.append(v if not out or not math.isfinite(out[-1]) else alpha * v + (1 - alpha) * out[-1])
+        if v is not None and isfinite(v):
+            last = alpha * v + keep * last if isfinite(last) else v
+        out.append(last)
     return out
 
 

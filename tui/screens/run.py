@@ -7,10 +7,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, Log, Static
+from textual.widgets import Header, Input, Log, Static
 
 from tui.state import RunState, format_duration, format_number
 from tui.widgets.alert_bar import AlertBar
+from tui.widgets.footer import Footer
 from tui.widgets.gpu_panel import GpuPanel
 from tui.widgets.loss_chart import LossChart
 
@@ -57,6 +58,8 @@ class RunScreen(Screen):
     AUTO_FOCUS = "#log"
     composed = False  # the app may report changes between push and compose
     console_shown: tuple = (None, None)  # progress and console loss the stats last showed
+    stats_shown: Text | None = None
+    stats_height = 0  # lines the stats took at their last layout
 
     BINDINGS = [
         Binding("y", "log_scale", "Log/lin y", id="trackside.run.log_scale"),
@@ -106,7 +109,7 @@ class RunScreen(Screen):
 
     def show_waiting(self, message: str) -> None:
         self.waiting = message
-        self.query_one("#stats", Static).update(message)
+        self._show_stats(Text(message))
 
     def show_run(self, key: str | None) -> None:
         """Show `key` (a relaunch switches the screen to the new run)."""
@@ -129,7 +132,7 @@ class RunScreen(Screen):
         self.query_one(AlertBar).show(list(app.alerts.values()))
         current = self.run
         if current is None:
-            self.query_one("#stats", Static).update(self.waiting)
+            self._show_stats(Text(self.waiting))
             return
         everything = host is None and run is None  # the once-a-second tick, or a resume
         if everything or host == current.host:
@@ -140,12 +143,22 @@ class RunScreen(Screen):
         console = (current.progress, current.console_loss[-1] if current.console_loss else None)
         if everything or host == current.host or (run == current.key and (events or console != self.console_shown)):
             self.console_shown = console
-            self.query_one("#stats", Static).update(stats_text(current, app.clock()))
+            self._show_stats(stats_text(current, app.clock()))
         if run == current.key:
             if any(e.get("event") == "step" for e in events):
                 self.query_one(LossChart).show(current)
             if lines:
                 self._write_log(lines)
+
+    def _show_stats(self, text: Text) -> None:
+        """Update the stats, with a layout pass (which reflows and repaints the whole
+        screen) only when their height changes: a step changes numbers, rarely lines."""
+        stats = self.query_one("#stats", Static)
+        if text == self.stats_shown:
+            return
+        height = len(text.wrap(self.app.console, max(1, stats.content_size.width)))
+        stats.update(text, layout=height != self.stats_height)
+        self.stats_shown, self.stats_height = text, height
 
     def _write_log(self, lines: list[str]) -> None:
         """Append lines; past LOG_LINES, start again from the newest half.

@@ -75,6 +75,8 @@ def no_gpu_text(host: HostState, is_local: bool) -> str | None:
 
 
 class GpuRow(Horizontal):
+    shown: Text | None = None  # the line on screen
+
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         # Held, not queried: a row may be updated again before it has composed.
@@ -86,7 +88,12 @@ class GpuRow(Horizontal):
         yield self.history
 
     def show(self, reading, history) -> None:
-        self.line.update(gpu_line(reading))
+        line = gpu_line(reading)
+        if line != self.shown:
+            # The line is sized to its text: only a change of width needs a layout pass,
+            # which reflows and repaints the whole screen.
+            self.line.update(line, layout=self.shown is None or line.cell_len != self.shown.cell_len)
+            self.shown = line
         self.history.data = list(history)
 
 

@@ -17,16 +17,6 @@ REPLOT_S = 0.5
 MAX_POINTS = 400  # plotted per curve; longer histories are thinned evenly
 
 
-def thin(xs: list, ys: list) -> tuple[list, list]:
-    stride = max(1, math.ceil(len(xs) / MAX_POINTS))
-    return xs[::stride], ys[::stride]
-
-
-def ttt_loss(event: dict, k: int) -> float | None:
-    values = event.get("loss_ttt") or []
-    return values[k] if k < len(values) else None
-
-
 class LossChart(PlotextPlot):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -63,9 +53,9 @@ class LossChart(PlotextPlot):
         if run is not None and run.steps:
             events = list(run.steps)
             steps = [e.get("step", i) for i, e in enumerate(events)]
-            depth = max((len(e.get("loss_ttt") or []) for e in events), default=0)
-            for k in range(depth):
-                self._curve(steps, [ttt_loss(e, k) for e in events], f"ttt {k}")
+            ttt = [e.get("loss_ttt") or () for e in events]
+            for k in range(max(map(len, ttt), default=0)):
+                self._curve(steps, [losses[k] if k < len(losses) else None for losses in ttt], f"ttt {k}")
             self._curve(steps, [e.get("loss") for e in events], "total")
         elif run is not None and run.console_loss:
             steps, values = zip(*run.console_loss)
@@ -74,12 +64,12 @@ class LossChart(PlotextPlot):
         self.refresh()
 
     def _curve(self, steps: list, values: list, label: str) -> None:
-        smoothed = ema([float("nan") if v is None else float(v) for v in values], self.smoothing)
-        points = [(s, v) for s, v in zip(steps, smoothed) if math.isfinite(v) and (v > 0 or not self.log_y)]
+        floor = 0.0 if self.log_y else -math.inf
+        points = [(s, v) for s, v in zip(steps, ema(values, self.smoothing)) if v > floor and math.isfinite(v)]
         if not points:
             return
-        xs, ys = thin(*map(list, zip(*points)))
-        self.plt.plot(xs, ys, label=label, marker="braille")
+        points = points[:: math.ceil(len(points) / MAX_POINTS)]
+        self.plt.plot([s for s, _ in points], [v for _, v in points], label=label, marker="braille")
 
     def render(self) -> RenderResult:
         # plotext indexes past its canvas when the widget is tiny (a maximized log shrinks
