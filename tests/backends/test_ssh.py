@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from backends.hosts import AuthFailed, HostError, HostKeyRejected, HostUnreachable, SSHHost
+from tests.waiting import wait_until
 
 # Runs the rest of argv as it is, as `pct exec 129 --` or `docker exec NAME` do in a container.
 CONTAINER_PREFIX = ["sh", "-c", 'exec "$@"', "container"]
@@ -24,14 +25,6 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-async def wait_until(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def test_run_output_status_input_and_home(ssh_host):

@@ -6,21 +6,13 @@ import asyncio
 import contextlib
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from backends.hosts import LocalHost
 from backends.streams import Line, follow
-
-
-async def wait_until(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
+from tests.waiting import wait_until
 
 
 class Follower:
