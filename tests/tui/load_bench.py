@@ -278,7 +278,7 @@ async def wait_until(condition, timeout: float, what: str):
     raise SystemExit(f"load bench: timed out after {timeout:.0f}s waiting for {what}")
 
 
-async def bench(seconds: float, trace: bool) -> dict:
+async def bench(seconds: float, trace: bool, gc_freeze: bool) -> dict:
     from backends import runs
     from tests.sshd import Sshd, sshd_available
     from tui.app import Watched
@@ -287,6 +287,12 @@ async def bench(seconds: float, trace: bool) -> dict:
 
     if not sshd_available():
         raise SystemExit("load bench: needs OpenSSH's sshd (/usr/sbin/sshd)")
+    if trace:
+        import tracemalloc
+
+        # From the start, so that objects replaced during the window (the step history
+        # turning over) count as freed, not as new: growth then means growth.
+        tracemalloc.start(1)
     tmp = Path(tempfile.mkdtemp(prefix="trackside-load-"))
     sshd = Sshd(tmp / "sshd")
     sshd.start()
@@ -315,15 +321,25 @@ async def bench(seconds: float, trace: bool) -> dict:
             probe_chart(app, screen.query_one(LossChart))
             await wait_until(lambda: len(app.runs[key].steps) >= HISTORY_STEPS, 60, "the run's step history")
             await asyncio.sleep(WARMUP_S)
+            if gc_freeze:
+                gc.freeze()  # what the app would do once mounted: its code and setup leave the collector's passes
 
-            if trace:
-                import tracemalloc
-
-                tracemalloc.start(1)
             gc.collect()
             start = time.monotonic()
             sampler = Sampler(trace, start)
             sampler.sample()
+            full_gcs: list[float] = []  # durations of the collector's full (generation 2) passes
+            gc_started = 0.0
+
+            def on_gc(phase: str, info: dict) -> None:
+                nonlocal gc_started
+                if info["generation"] == 2:
+                    if phase == "start":
+                        gc_started = time.perf_counter()
+                    else:
+                        full_gcs.append(time.perf_counter() - gc_started)
+
+            gc.callbacks.append(on_gc)
             cpu0, polls0, lines0, steps0 = cpu_s(), app.polls, app.lines_in, app.steps_in
             latencies: list[float] = []
             missed = 0
@@ -343,6 +359,7 @@ async def bench(seconds: float, trace: bool) -> dict:
                 await asyncio.sleep(random.uniform(0.5, 1.5))
             wall = time.monotonic() - start
             cpu = cpu_s() - cpu0 - sampler.cost_s
+            gc.callbacks.remove(on_gc)
             sampler.sample()
             polls, lines, steps = app.polls - polls0, app.lines_in - lines0, app.steps_in - steps0
             run_log = len(app.runs[key].log)
@@ -372,7 +389,10 @@ async def bench(seconds: float, trace: bool) -> dict:
         "load_average": os.getloadavg(),
         "samples": sampler.samples,
         "trace": trace,
+        "gc_freeze": gc_freeze,
         "latency_ms_mean": round(statistics.fmean(latencies), 1),
+        "full_gc_per_min": round(len(full_gcs) * 60 / wall, 1),
+        "full_gc_ms": {"p50": round(statistics.median(full_gcs) * 1000, 1), "max": round(max(full_gcs) * 1000, 1)} if full_gcs else {},
         # Each phase's median, and the phases of the slowest 5 % of keys (their medians).
         "phases_ms_p50": phase_medians(app.phases),
         "phases_ms_slowest_5pct": phase_medians(sorted(app.phases, key=lambda p: p["queued"] + p["replot"] + p["to_frame"] + p["chart_render"] + p["rest_of_frame"])[-max(1, len(app.phases) // 20) :]),
@@ -387,9 +407,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="measured time, after a warm-up")
     parser.add_argument("--tracemalloc", action="store_true", help="trace allocations (slows the app: growth only)")
+    parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the warm-up (a proposed change to the app)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
-    result = asyncio.run(bench(args.seconds, args.tracemalloc))
+    result = asyncio.run(bench(args.seconds, args.tracemalloc, args.gc_freeze))
     summary = {k: v for k, v in result.items() if k != "samples"}
     print(json.dumps(summary, indent=1))
     if args.json:

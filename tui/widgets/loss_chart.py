@@ -65,11 +65,14 @@ class LossChart(PlotextPlot):
 
     def _curve(self, steps: list, values: list, label: str) -> None:
         floor = 0.0 if self.log_y else -math.inf
-        points = [(s, v) for s, v in zip(steps, ema(values, self.smoothing)) if v > floor and math.isfinite(v)]
-        if not points:
+        smoothed = ema(values, self.smoothing)
+        # Indices, not (step, value) pairs: thousands of tuples a replot set off the
+        # garbage collector's full passes, tens of ms that land on a key's repaint.
+        kept = [i for i, v in enumerate(smoothed) if v > floor and math.isfinite(v)]
+        if not kept:
             return
-        points = points[:: math.ceil(len(points) / MAX_POINTS)]
-        self.plt.plot([s for s, _ in points], [v for _, v in points], label=label, marker="braille")
+        kept = kept[:: math.ceil(len(kept) / MAX_POINTS)]
+        self.plt.plot([steps[i] for i in kept], [smoothed[i] for i in kept], label=label, marker="braille")
 
     def render(self) -> RenderResult:
         # plotext indexes past its canvas when the widget is tiny (a maximized log shrinks
