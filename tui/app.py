@@ -8,6 +8,7 @@ notifications, so the UI never waits on the network.
 from __future__ import annotations
 
 import asyncio
+import gc
 import shlex
 import time
 from collections.abc import Callable, Iterable
@@ -82,6 +83,9 @@ class TracksideApp(App):
         from tui.screens.fleet import FleetScreen
         from tui.screens.run import RunScreen
 
+        # What start-up allocated lives as long as the app: keep it out of the collector's
+        # full passes, which otherwise land on key presses (docs/benchmarks.md, load).
+        gc.freeze()
         self.push_screen(FleetScreen())
         for monitor in self.monitors.values():
             monitor.start()

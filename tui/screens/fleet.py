@@ -5,10 +5,11 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Input
+from textual.widgets import DataTable, Header, Input
 
 from tui.state import HostState, RunState, format_duration, format_number
 from tui.widgets.alert_bar import AlertBar
+from tui.widgets.footer import Footer
 
 # (key, label, width): fixed widths keep the table on screen; a host's full error is in
 # the alert bar, the power column takes what is left.
