@@ -76,7 +76,6 @@ class TracksideApp(App):
                 name: HostMonitor(self, w.host, smi=w.smi, interval=poll_interval, clock=clock)
                 for name, w in self.watched.items()
             }
-        self.closing = False
         self.selected: set[str] = set()  # runs open on a run screen: followed even when exited
 
     def on_mount(self) -> None:
@@ -173,8 +172,8 @@ class TracksideApp(App):
         self._changed()
 
     def _changed(self, *, host: str | None = None, run: str | None = None, events=(), lines=()) -> None:
-        if self.closing:
-            return  # the screens are being taken apart
+        if not self.is_running:
+            return  # shutting down: the screens are being taken apart, children first
         self._refresh_alerts()
         # Only the screen in view (under any dialog) repaints; the others catch up on resume.
         shown = self.shown_screen()
@@ -393,7 +392,6 @@ class TracksideApp(App):
             self.notify(f"this terminal cannot hand over; run: {shlex.join(argv)}", timeout=15)
 
     async def on_unmount(self) -> None:
-        self.closing = True
         # Let the workers' own clean-up (killing their tail and tmux children) finish
         # while the event loop still runs.
         for monitor in self.monitors.values():
