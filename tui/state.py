@@ -150,17 +150,6 @@ class RunState:
             self.end = event
 
 
-def ema(values: list[float], alpha: float) -> list[float]:
-    """Exponential moving average; alpha 1 returns the values unchanged."""
-    out: list[float] = []
-    last, keep, isfinite = math.nan, 1 - alpha, math.isfinite  # a plot's thousands of points: one pass, no lookups
-    for v in values:
-        if v is not None and isfinite(v):
-            last = alpha * v + keep * last if isfinite(last) else v
-        out.append(last)
-    return out
-
-
 def format_duration(seconds: float | None) -> str:
     if seconds is None:
         return "—"

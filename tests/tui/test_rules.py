@@ -9,7 +9,8 @@ from backends.gpu import GpuProcess
 from tests.tui.sample import NOW, PARAMS, gpus, metrics_events, run_info
 from tui.alerts import STALL_S, host_alerts, kill_alert, run_alerts, update_underfed
 from tui.predict import predict
-from tui.state import GpuTrace, HostState, RunState, ema
+from tui.state import STEP_HISTORY, GpuTrace, HostState, RunState
+from tui.widgets.loss_chart import Curves
 
 
 def underfed_host(power_w: float) -> HostState:
@@ -70,10 +71,38 @@ def test_kill_alert_names_each_straggler():
     assert "PID 77 (python3) holds 76800 MiB on GPU 3" in alert.text
 
 
-def test_ema_smooths_and_skips_gaps():
-    assert ema([1.0, 2.0, 3.0], 1.0) == [1.0, 2.0, 3.0]
-    assert ema([1.0, 3.0], 0.5) == [1.0, 2.0]
-    assert ema([1.0, float("nan"), 3.0], 0.5) == [1.0, 1.0, 2.0]
+def step(n: int, loss, ttt=None) -> dict:
+    return {"event": "step", "step": n, "loss": loss, "loss_ttt": ttt}
+
+
+def test_curves_smooth_and_skip_gaps_and_garbage():
+    run = make_run([step(1, 1.0, [2.0]), step(2, float("nan"), "x"), step(3, 3.0, [4.0, 5.0])])
+    curves = Curves(0.5)
+    curves.update(run)
+    assert curves.labels == ["total", "ttt 0", "ttt 1"]
+    assert [list(s) for s in curves.smooth] == [[1.0, 1.0, 2.0], [2.0, 2.0, 3.0], [None, None, 5.0]]
+    curves.resmooth(1.0)
+    assert list(curves.smooth[0]) == [1.0, 1.0, 3.0]
+
+
+def test_curves_fold_in_new_steps_as_a_full_pass_would():
+    run = make_run([])
+    followed = Curves(0.1)
+    for n in range(STEP_HISTORY + 300):  # past the history's bound: the oldest steps drop out
+        run.add_event(step(n, 2.0 + (n % 7) / 7, [n % 3, 1.0]))
+        if n % 97 == 0:
+            followed.update(run)
+    followed.update(run)
+    assert list(followed.steps) == list(range(300, STEP_HISTORY + 300))
+    rebuilt = Curves(0.1)
+    rebuilt.update(run)
+    for kept, full in zip(followed.smooth, rebuilt.smooth):
+        assert list(kept)[-1000:] == pytest.approx(list(full)[-1000:])  # the window's start differs, then agrees
+
+    run.reset_streams()  # the files are read again from their start
+    run.add_event(step(0, 9.0))
+    followed.update(run)
+    assert list(followed.steps) == [0] and list(followed.smooth[0]) == [9.0]
 
 
 def test_prediction_scales_steps_with_row_length_and_time_with_ttt():

@@ -1,33 +1,150 @@
-"""The loss chart: the total and one curve per TTT step, EMA-smoothed, linear or log y."""
+"""The loss chart: the total and one curve per TTT step, EMA-smoothed, linear or log y.
+
+Drawn here in braille, not by plotext: plotext rebuilt a 200 × 24 chart in ~20 ms of
+Python, the app re-read 5,000 step events to smooth them on every replot, and each `y`
+or `s` press waited for both (docs/load.md). Here the curves are smoothed as steps
+arrive, cut to one point per dot column, and drawn in a few ms.
+"""
 
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 
+from rich.style import Style
 from rich.text import Text
 from textual.app import RenderResult
 from textual.timer import Timer
-from textual_plotext import PlotextPlot
+from textual.widget import Widget
 
-from tui.state import RunState, ema
+from tui.state import STEP_HISTORY, RunState, format_number
 
 MIN_SIZE = (24, 8)  # columns, rows below which there is no chart worth drawing
 REPLOT_S = 0.5
-MAX_POINTS = 400  # plotted per curve; longer histories are thinned evenly
+SMOOTHING = [1.0, 0.3, 0.1, 0.03]  # the EMA weights `s` cycles through; 1.0 shows raw values
+TOTAL = Style(color="#e4e4e4", bold=True)
+STEP_COLORS = [Style(color=c) for c in ("#5f87ff", "#5fd75f", "#ff8700", "#d787ff", "#00d7d7", "#ffd75f")]
+AXIS = Style(dim=True)
+TITLE = Style(bold=True)
+# Braille dots of one character cell: DOTS[dot column][dot row], rows from the top.
+DOTS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
+# RUNS[dot column][top][bottom]: the bits of a vertical run of dots within one cell.
+RUNS = [[[sum(DOTS[side][top : bottom + 1]) for bottom in range(4)] for top in range(4)] for side in range(2)]
 
 
-class LossChart(PlotextPlot):
+def number(value) -> float | None:
+    """A value fit to plot; metrics lines are the trainer's, or anyone's garbage."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:  # an int past any float
+        return None
+    return value if math.isfinite(value) else None
+
+
+def step_entry(event: dict) -> tuple[float | None, list]:
+    ttt = event.get("loss_ttt")
+    return number(event.get("step")), [number(event.get("loss")), *map(number, ttt if isinstance(ttt, list) else ())]
+
+
+def entries_of(run: RunState) -> tuple[deque, str, object]:
+    """Where a run's curve points come from, the name of its first curve, and how to read
+    one entry as (step, [value per curve]): the total first, so its index never moves."""
+    if run.steps:
+        return run.steps, "total", step_entry
+    return run.console_loss, "loss", lambda pair: (number(pair[0]), [number(pair[1])])
+
+
+class Curves:
+    """A run's loss curves, smoothed as its entries arrive rather than on every replot."""
+
+    def __init__(self, smoothing: float) -> None:
+        self.smoothing = smoothing
+        self.source: deque | None = None
+        self.newest: object = None  # the source's entry folded in last
+        self.labels: list[str] = []
+        self.steps: deque = deque(maxlen=STEP_HISTORY)
+        self.count = 0  # entries folded in since the start over: where thinning keeps its phase
+        self.raw: list[deque] = []  # per curve; None where an entry lacks the value
+        self.smooth: list[deque] = []
+        self.ema: list[float | None] = []  # each curve's EMA so far
+
+    def update(self, run: RunState) -> None:
+        """Fold in what `run` appended since the last update; start over on anything else
+        (another run, its streams read again, more TTT steps than before)."""
+        source, first, read = entries_of(run)
+        fresh = self._fresh(source)
+        entries = None if fresh is None else [read(e) for e in fresh]
+        if entries is None or any(len(values) > len(self.raw) for _, values in entries):
+            entries = [read(e) for e in source]
+            width = max((len(values) for _, values in entries), default=1)
+            self.source, self.labels = source, [first] + [f"ttt {k}" for k in range(width - 1)]
+            self.steps.clear()
+            self.count = 0
+            self.raw = [deque(maxlen=STEP_HISTORY) for _ in range(width)]
+            self.ema = [None] * width
+            self.smooth = [deque(maxlen=STEP_HISTORY) for _ in range(width)]
+        self.newest = source[-1] if source else None
+        self.count += len(entries)
+        for step, _ in entries:
+            self.steps.append(step if step is not None else self.steps[-1] + 1 if self.steps else 0)
+        for k, raw in enumerate(self.raw):
+            column = [values[k] if k < len(values) else None for _, values in entries]
+            raw.extend(column)
+            self._smooth(k, column)
+
+    def resmooth(self, smoothing: float) -> None:
+        self.smoothing = smoothing
+        self.ema = [None] * len(self.raw)
+        self.smooth = [deque(maxlen=STEP_HISTORY) for _ in self.raw]
+        for k, raw in enumerate(self.raw):
+            self._smooth(k, raw)
+
+    def _fresh(self, source: deque) -> list | None:
+        """The entries after the newest one folded in; None when that one is gone."""
+        if source is not self.source or self.newest is None:
+            return None
+        for i in range(len(source) - 1, -1, -1):
+            if source[i] is self.newest:
+                return [source[j] for j in range(i + 1, len(source))]
+        return None
+
+    def _smooth(self, k: int, values) -> None:
+        alpha, keep = self.smoothing, 1 - self.smoothing
+        ema, out = self.ema[k], self.smooth[k]
+        for v in values:
+            if v is not None:
+                ema = v if ema is None else alpha * v + keep * ema
+            out.append(ema)
+        self.ema[k] = ema
+
+
+class LossChart(Widget):
+    DEFAULT_CSS = """
+    LossChart {
+        width: 1fr;
+        height: 1fr;
+    }
+    """
+
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.smoothing = 0.3  # EMA weight of the newest point; 1.0 shows raw values
         self.log_y = False
+        self.curves = Curves(0.3)
         self.run: RunState | None = None
         self._last = 0.0  # monotonic time of the last replot
         self._pending: Timer | None = None
 
+    @property
+    def smoothing(self) -> float:
+        """The EMA weight of the newest point; 1.0 shows raw values."""
+        return self.curves.smoothing
+
     def show(self, run: RunState | None) -> None:
-        """Plot `run`; at most every REPLOT_S (a plot costs tens of ms), the latest data last."""
+        """Plot `run`; at most every REPLOT_S (data arrive faster than anyone reads them),
+        the latest data last."""
         self.run = run
         if self._pending is not None:
             return
@@ -43,52 +160,144 @@ class LossChart(PlotextPlot):
 
     def replot(self) -> None:
         self._last = time.monotonic()
-        plt = self.plt
-        plt.clear_data()
-        plt.clear_figure()
-        scale = "log" if self.log_y else "linear"
-        plt.title(f"loss (EMA {self.smoothing:g}, {scale} y)")
-        plt.xlabel("step")
-        run = self.run
-        if run is not None and run.steps:
-            events = list(run.steps)
-            steps = [e.get("step", i) for i, e in enumerate(events)]
-            ttt = [e.get("loss_ttt") or () for e in events]
-            for k in range(max(map(len, ttt), default=0)):
-                self._curve(steps, [losses[k] if k < len(losses) else None for losses in ttt], f"ttt {k}")
-            self._curve(steps, [e.get("loss") for e in events], "total")
-        elif run is not None and run.console_loss:
-            steps, values = zip(*run.console_loss)
-            self._curve(list(steps), list(values), "loss")
-        plt.yscale(scale)
+        if self.run is not None:
+            self.curves.update(self.run)
         self.refresh()
-
-    def _curve(self, steps: list, values: list, label: str) -> None:
-        floor = 0.0 if self.log_y else -math.inf
-        smoothed = ema(values, self.smoothing)
-        # Indices, not (step, value) pairs: thousands of tuples a replot set off the
-        # garbage collector's full passes, tens of ms that land on a key's repaint.
-        kept = [i for i, v in enumerate(smoothed) if v > floor and math.isfinite(v)]
-        if not kept:
-            return
-        kept = kept[:: math.ceil(len(kept) / MAX_POINTS)]
-        self.plt.plot([steps[i] for i in kept], [smoothed[i] for i in kept], label=label, marker="braille")
-
-    def render(self) -> RenderResult:
-        # plotext indexes past its canvas when the widget is tiny (a maximized log shrinks
-        # it to nothing) or the data are odd; a chart is never worth a crash.
-        if self.size.width < MIN_SIZE[0] or self.size.height < MIN_SIZE[1]:
-            return ""
-        try:
-            return super().render()
-        except Exception as error:
-            return Text(f"loss chart unavailable: {error!r}", style="dim")
 
     def toggle_log(self) -> None:
         self.log_y = not self.log_y
         self.replot()
 
     def cycle_smoothing(self) -> None:
-        options = [1.0, 0.3, 0.1, 0.03]
-        self.smoothing = options[(options.index(self.smoothing) + 1) % len(options)] if self.smoothing in options else 0.3
+        current = self.smoothing
+        self.curves.resmooth(SMOOTHING[(SMOOTHING.index(current) + 1) % len(SMOOTHING)] if current in SMOOTHING else 0.3)
         self.replot()
+
+    def render(self) -> RenderResult:
+        width, height = self.size
+        if width < MIN_SIZE[0] or height < MIN_SIZE[1]:
+            return ""
+        return draw(self.curves if self.run is not None else None, width, height, self.log_y)
+
+
+def draw(curves: Curves | None, width: int, height: int, log_y: bool) -> Text:
+    """The chart as `height` lines of `width` cells: a title and legend, the curves in
+    braille dots against a y axis, and the step axis below."""
+    smoothing = curves.smoothing if curves is not None else 0.3
+    title = f"loss (EMA {smoothing:g}, {'log' if log_y else 'linear'} y)"
+    points = thinned(curves, log_y, width) if curves is not None else []
+    found = [y for _, ys in points for y in ys if y is not None]
+    text = Text(no_wrap=True, overflow="crop", end="")
+    if not found:
+        text.append(title.center(width), TITLE)
+        text.append("\n" * (height - 1))
+        return text
+    steps = list(curves.steps)  # indexed hundreds of times: a deque's middle is not O(1)
+    x0, x1 = steps[0], steps[-1]
+    y0, y1 = min(found), max(found)
+    if y1 - y0 < 1e-12:
+        y0, y1 = y0 - 0.5, y1 + 0.5
+    rows = height - 3  # title above, axis and step labels below
+    label = (lambda v: format_number(10**v, 3)) if log_y else (lambda v: format_number(v, 4))
+    marks = ticks(rows)
+    y_labels = {r: label(y1 - (r + 0.5) / rows * (y1 - y0)) for r in marks}
+    margin = max(map(len, y_labels.values()))
+    cols = width - margin - 2
+    bits = [bytearray(cols) for _ in range(rows)]
+    owner = [bytearray(cols) for _ in range(rows)]  # 1 + the curve drawn last in each cell
+    dots_x, dots_y = 2 * cols - 1, 4 * rows - 1
+    x_scale = dots_x / (x1 - x0) if x1 > x0 else 0.0
+    y_scale = dots_y / (y1 - y0)
+    # The total is drawn last, on top of the TTT steps it summarises.
+    for k in [*range(1, len(points)), 0]:
+        xs, ys = points[k]
+        plot(bits, owner, k + 1, [round((steps[i] - x0) * x_scale) for i in xs], [None if y is None else round((y1 - y) * y_scale) for y in ys])
+    styles = [None, TOTAL, *[STEP_COLORS[(k - 1) % len(STEP_COLORS)] for k in range(1, len(points))]]
+    text.append(" " * (margin + 2))
+    text.append(title, TITLE)
+    for k, name in enumerate(curves.labels[: len(points)]):
+        text.append("  ")
+        text.append("━━ " + name, styles[k + 1])
+    for r in range(rows):
+        text.append("\n")
+        text.append(y_labels.get(r, "").rjust(margin), AXIS)
+        text.append("┤ " if r in y_labels else "│ ", AXIS)
+        cells, who = bits[r], owner[r]
+        c = 0
+        while c < cols:
+            k = who[c]
+            end = c + 1
+            while end < cols and who[end] == k:
+                end += 1
+            text.append("".join(chr(0x2800 + b) if b else " " for b in cells[c:end]), styles[k])
+            c = end
+    count = max(2, cols // 20 + 1)  # a labelled step every ~20 columns
+    tick_cols = [round(i * (cols - 1) / (count - 1)) for i in range(count)]
+    axis = ["─"] * cols
+    under = [" "] * (cols + margin + 2)
+    for c in tick_cols:
+        axis[c] = "┬"
+        value = x0 + c / max(1, cols - 1) * (x1 - x0)
+        name = f"{value:,.0f}" if abs(x1 - x0) >= 10 else format_number(value, 3)
+        start = min(max(0, margin + 2 + c - len(name) // 2), len(under) - len(name))
+        if all(ch == " " for ch in under[max(0, start - 1) : start + len(name) + 1]):
+            under[start : start + len(name)] = name
+    text.append("\n")
+    text.append("step".rjust(margin)[-margin:] + " └" + "".join(axis), AXIS)
+    text.append("\n")
+    text.append("".join(under)[:width], AXIS)
+    return text
+
+
+def ticks(count: int) -> list[int]:
+    """About one labelled row in four, first and last included."""
+    n = max(2, min(count, (count + 3) // 4 + 1))
+    return sorted({round(i * (count - 1) / (n - 1)) for i in range(n)})
+
+
+def thinned(curves: Curves, log_y: bool, width: int) -> list[tuple[list[int], list[float | None]]]:
+    """Per curve, the indices of at most about one point per dot column (every n-th
+    entry counted from the start over, so the kept points do not shift as entries
+    arrive; the newest always), and their values on the y axis (None for a gap)."""
+    n = len(curves.steps)
+    if not n:
+        return []
+    stride = max(1, math.ceil(n / max(1, 2 * width)))
+    first = (stride - (curves.count - n) % stride) % stride
+    kept = list(range(first, n, stride))
+    if not kept or kept[-1] != n - 1:
+        kept.append(n - 1)
+    out = []
+    for smooth in curves.smooth:
+        smooth = list(smooth)
+        values = [smooth[i] for i in kept]
+        if log_y:
+            values = [math.log10(v) if v is not None and v > 0 else None for v in values]
+        out.append((kept, values))
+    return out
+
+
+def plot(bits: list[bytearray], owner: list[bytearray], mark: int, xs: list[int], ys: list[int | None]) -> None:
+    """Draw one curve: each point joined to the next by the dots between them."""
+    rows = len(bits)
+    previous = None
+    for x, y in zip(xs, ys):
+        if y is None:
+            previous = None
+            continue
+        if previous is None or previous[0] >= x:
+            spans = [(x, y, y)] if previous is None else [(x, min(previous[1], y), max(previous[1], y))]
+        else:
+            px, py = previous
+            spans = []
+            last = py
+            for col in range(px + 1, x + 1):
+                at = round(py + (y - py) * (col - px) / (x - px))
+                spans.append((col, min(last, at), max(last, at)))
+                last = at
+        for col, top, bottom in spans:
+            cx, side = col >> 1, col & 1
+            for cy in range(max(0, top >> 2), min(rows - 1, bottom >> 2) + 1):
+                bits[cy][cx] |= RUNS[side][top & 3 if cy == top >> 2 else 0][bottom & 3 if cy == bottom >> 2 else 3]
+                owner[cy][cx] = mark
+        previous = (x, y)
