@@ -19,6 +19,8 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
 
+from training.compiled import cuda_compiled
+
 BLOCK = 128  # flex_attention's sparse block size
 
 
@@ -94,7 +96,10 @@ def doc_causal_block_mask(doc_ids: Tensor) -> BlockMask:
 
 @functools.cache
 def _compiled_flex():
-    return torch.compile(flex_attention, dynamic=False)
+    # Dynamic shapes: one kernel for every row length, found in inductor's on-disk cache
+    # by a relaunch with a new max_seq_len (H200: 6.4 s from the start event to the first
+    # step at a new length, against 14.7 s for a cold compile; docs/benchmarks.md).
+    return torch.compile(flex_attention, dynamic=True)
 
 
 def flex_doc_causal(q: Tensor, k: Tensor, v: Tensor,
@@ -137,11 +142,18 @@ def ttt_attention(q: Tensor, k0: Tensor, v0: Tensor, diag_k: list[Tensor],
     out0, lse0 = layout.doc_causal(q, k0, v0)
     if not diag_k:
         return out0
+    return merge_diagonal(q, out0, lse0, torch.stack(diag_k, dim=-2),
+                          torch.stack(diag_v, dim=-2))
+
+
+@cuda_compiled
+def merge_diagonal(q: Tensor, out0: Tensor, lse0: Tensor, keys: Tensor,
+                   values: Tensor) -> Tensor:
+    """Merge step-0 attention (out0, lse0) with the k diagonal keys/values
+    [B, Hkv, L, k, D] through log-sum-exp."""
     B, Hq, L, D = q.shape
-    Hkv = k0.shape[1]
+    Hkv = keys.shape[1]
     qg = _grouped(q, Hkv)
-    keys = torch.stack(diag_k, dim=-2)  # [B, Hkv, L, k, D]
-    values = torch.stack(diag_v, dim=-2)
     acc = at_least_float32(q.dtype)
     scores = torch.einsum("bhgld,bhlkd->bhglk", qg, keys).to(acc) * (1.0 / math.sqrt(D))
     lse0 = lse0.view(B, Hkv, Hq // Hkv, L, 1).to(acc)

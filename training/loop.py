@@ -221,11 +221,13 @@ def train(cfg: TrainConfig) -> int:
     # step) is an `oom` event and exit 3.
     try:
         # --- model, optimizer ---
-        drafter = Eagle3Drafter(cfg.drafter)
-        verifier = dataset.verifier()
-        drafter.load_verifier(verifier["embed_tokens"].float(), verifier["lm_head"].float(),
-                              d2t, t2d)
-        drafter.to(device)
+        # Built and filled on the device: initialising a 1B-parameter drafter on the CPU
+        # and copying it over took most of a relaunch's start-up.
+        with torch.device(device):
+            drafter = Eagle3Drafter(cfg.drafter)
+        verifier = {k: v.to(device) for k, v in dataset.verifier().items()}
+        drafter.load_verifier(verifier["embed_tokens"], verifier["lm_head"], d2t, t2d)
+        del verifier
         trainable = {n: p for n, p in drafter.named_parameters() if p.requires_grad}
         optimizer = make_optimizer(trainable.values(), cfg.lr, device, cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from training.attention import DocLayout, at_least_float32, ttt_attention
+from training.compiled import cuda_compiled
 from training.config import DrafterConfig
-from training.loss import soft_cross_entropy
+from training.loss import soft_cross_entropy, verifier_targets
 from training.packing import PackedBatch
 
 
@@ -24,11 +25,17 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.to(at_least_float32(x.dtype))
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * self.weight.to(xf.dtype)).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
+@cuda_compiled
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    xf = x.to(at_least_float32(x.dtype))
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * weight.to(xf.dtype)).to(x.dtype)
+
+
+@cuda_compiled
 def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
     """Rotary embedding of x [B, heads, L, D] at positions [B, L] (half-split layout)."""
     D = x.shape[-1]
@@ -85,7 +92,12 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+@cuda_compiled
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    return F.silu(gate) * up
 
 
 class DecoderLayer(nn.Module):
@@ -179,6 +191,9 @@ class Eagle3Drafter(nn.Module):
         if not torch.is_autocast_enabled(aux.device.type):
             aux = aux.to(self.fc.weight.dtype)  # stored hidden states may be bf16
         hidden = self.fc(aux)
+        B, L = ids.shape
+        targets = verifier_targets(batch.final_hidden.reshape(B * L, -1), self.target_head,
+                                   loss_chunk)
         kv = _KV()
         results = []
         for k in range(ttt_steps):
@@ -193,8 +208,8 @@ class Eagle3Drafter(nn.Module):
             index = valid.nonzero()
             rows, cols = index.unbind(1)
             losses, agree = soft_cross_entropy(
-                self.norm(hidden[rows, cols]), self.lm_head.weight,
-                batch.final_hidden[rows, cols + s], self.target_head, loss_chunk)
+                self.norm(hidden[rows, cols]), self.lm_head.weight, targets,
+                rows * L + cols + s, loss_chunk)
             results.append(StepLoss(losses, agree, index))
         return results
 

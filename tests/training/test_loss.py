@@ -1,8 +1,16 @@
 import pytest
 import torch
 
-from training.loss import soft_cross_entropy
+from training.loss import soft_cross_entropy as soft_cross_entropy_of_targets
+from training.loss import verifier_targets
 from training.vocab import build_draft_vocab, default_draft_vocab_size
+
+
+def soft_cross_entropy(hidden, weight, target_hidden, target_weight, chunk=2048):
+    """Each position scored against the verifier's distribution at the same position."""
+    targets = verifier_targets(target_hidden, target_weight, chunk)
+    return soft_cross_entropy_of_targets(hidden, weight, targets,
+                                         torch.arange(hidden.shape[0]), chunk)
 
 
 def reference(hidden, weight, target_hidden, target_weight):
@@ -45,17 +53,20 @@ def test_loss_is_forward_kl_plus_target_entropy():
 
 
 def test_peak_memory_is_bounded_by_the_chunk_not_the_positions(peak_allocated_bytes):
+    # The verifier's table [P, V] is made once per batch, outside this measure; what the
+    # loss itself allocates must not grow with P.
     V, chunk = 4096, 64
 
     def peak(P, chunked):
         hidden, weight, target_hidden, target_weight = (
             t.float().detach().requires_grad_(t.requires_grad)
             for t in inputs(P, V=V, H=16))
+        targets = verifier_targets(target_hidden, target_weight, chunk)
 
         def step():
             if chunked:
-                losses, _ = soft_cross_entropy(hidden, weight, target_hidden,
-                                               target_weight, chunk)
+                losses, _ = soft_cross_entropy_of_targets(hidden, weight, targets,
+                                                          torch.arange(P), chunk)
             else:
                 losses = reference(hidden, weight, target_hidden, target_weight)
             losses.sum().backward()
@@ -83,8 +94,22 @@ def test_bfloat16_activations_give_float32_losses_close_to_float64():
 
 def test_target_side_takes_no_gradient():
     hidden, weight, target_hidden, target_weight = inputs(4)
+    targets = verifier_targets(target_hidden, target_weight)
+    targets.probs.requires_grad_()
     with pytest.raises(ValueError, match="target side"):
-        soft_cross_entropy(hidden, weight, target_hidden.requires_grad_(), target_weight)
+        soft_cross_entropy_of_targets(hidden, weight, targets, torch.arange(4))
+
+
+def test_each_position_is_scored_against_its_target_row():
+    # A TTT step scores position i against the verifier at i + k + 1: any row mapping.
+    hidden, weight, target_hidden, target_weight = inputs(30)
+    rows = torch.randint(30, (30,), generator=torch.Generator().manual_seed(1))
+    targets = verifier_targets(target_hidden, target_weight, chunk=7)
+    losses, agree = soft_cross_entropy_of_targets(hidden, weight, targets, rows, chunk=4)
+    expected = reference(hidden, weight, target_hidden[rows], target_weight)
+    torch.testing.assert_close(losses, expected, rtol=1e-10, atol=1e-12)
+    want_agree = (hidden @ weight.T).argmax(-1) == (target_hidden[rows] @ target_weight.T).argmax(-1)
+    assert torch.equal(agree, want_agree)
 
 
 def test_draft_vocab_is_the_most_frequent_tokens_ties_to_the_lower_id():

@@ -1,0 +1,85 @@
+"""Launch to first completed step: `trackside train` started fresh at max_seq_len values
+it has not run before, as a relaunch with an edited max_seq_len is.
+
+Each launch is a new process (python -m training train) on a random data directory of
+the preset's shape (bench/random_data.py); the time is from just before the process is
+started to the `time` of its first `step` event in metrics.jsonl, so process start,
+imports, data loading, model set-up, compilation and the step itself all count. The
+first length warms whatever caches persist on disk (as the run before a relaunch
+would); the later ones are new lengths.
+
+    python bench/first_step.py                            # H200: llama3-8b, TTT 5
+    python bench/first_step.py --preset tiny --lengths 256 384 --device cpu   # smoke
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench import random_data  # noqa: E402
+
+
+def launch(data: Path, run_dir: Path, preset: str, max_seq_len: int, ttt: int,
+           device: str, timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "training", "train", "--data", str(data), "--out",
+           str(run_dir), "--preset", preset, "--max-seq-len", str(max_seq_len),
+           "--ttt-steps", str(ttt), "--steps", "1", "--device", device, "--save-every", "0"]
+    started = time.time()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    events = {}
+    metrics = run_dir / "metrics.jsonl"
+    for line in metrics.read_text().splitlines() if metrics.exists() else []:
+        event = json.loads(line)
+        events.setdefault(event["event"], event)
+    row = {"max_seq_len": max_seq_len, "exit": proc.returncode,
+           "wall_s": time.time() - started}
+    if "start" in events:
+        row["start_event_s"] = events["start"]["time"] - started
+    if "step" in events:
+        row["first_step_s"] = events["step"]["time"] - started
+    else:
+        row["error"] = (proc.stderr.strip().splitlines() or ["no step event"])[-1]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="llama3-8b")
+    p.add_argument("--lengths", type=int, nargs="+", default=[8192, 12288, 20480, 16384])
+    p.add_argument("--ttt-steps", type=int, default=5)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--samples", type=int, default=24)
+    p.add_argument("--timeout", type=float, default=300.0)
+    args = p.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp, "data")
+        random_data.make(args.preset, data, args.samples, 2048)
+        for i, length in enumerate(args.lengths):
+            row = launch(data, Path(tmp, f"run{i}"), args.preset, length, args.ttt_steps,
+                         args.device, args.timeout)
+            row["cache"] = "cold" if i == 0 else "new length"
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print("\n| max_seq_len | disk caches | start event s | first step s | exit |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in rows:
+        first = f"{r['first_step_s']:.1f}" if "first_step_s" in r else r.get("error", "")
+        start = f"{r['start_event_s']:.1f}" if "start_event_s" in r else ""
+        print(f"| {r['max_seq_len']} | {r['cache']} | {start} | {first} | {r['exit']} |")
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "first_step.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,403 @@
+"""Training-step throughput and memory: trackside's trainer against speculators (vLLM's).
+
+For each cell (drafter shape, max_seq_len, TTT steps) and each repeat, one child process
+per trainer runs a full training step (forward over all TTT steps, backward, grad clip,
+AdamW) on identical packed inputs: one row of max_seq_len tokens holding samples of
+~2K tokens (1,536-2,560), as the trainers pack them. The trainers alternate (A B, then
+B A) so drift of the card's clocks or temperature does not favour one. Each child reports
+its first step's wall time (compilation included), the median of --steps timed steps
+after --warmup, tokens/s, and torch.cuda.max_memory_allocated over the timed steps.
+
+MFU counts the same useful FLOPs for both trainers (model_flops below) over the median
+step time, against a bf16 matmul ceiling measured by the parent at the start and the end
+of the run (8192³ products, the median of many, on random data).
+
+speculators is the anchor: its Eagle3DraftModel (compiled forward, flex_attention with a
+BlockMask extended per TTT step, fused Triton KL loss) built from a Llama layer config,
+its verifier head filled with random weights, stepped as its Trainer does (bf16 autocast,
+clip 1.0, torch.optim.AdamW). It keeps its draft head (lm_head) frozen at the verifier's
+weights, trackside trains it: speculators skips that weight gradient, and model_flops
+counts it for both, so speculators' MFU here is slightly flattering. It is imported from an installed package, never copied here.
+
+    python bench/train_step.py                          # H200: the llama3-8b table, twice
+    python bench/train_step.py --cells llama3-8b:8192:5 --trainers trackside
+    python bench/train_step.py --smoke                  # CPU: tiny shapes, the code paths
+
+With OUT set, also writes $OUT/train_step.json. A child that runs out of memory reports
+OOM; one that fails otherwise reports its last error line; neither stops the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from training.config import PRESETS, DrafterConfig  # noqa: E402
+
+TRAINERS = ("trackside", "speculators")
+DEFAULT_CELLS = [f"llama3-8b:{L}:{K}" for L in (8192, 16384, 32768) for K in (3, 5, 7)]
+SAMPLE_LEN = (1536, 2560)
+TTT_DECAY = 0.8
+LR = 1e-4
+
+
+@dataclass(frozen=True)
+class Cell:
+    preset: str
+    max_seq_len: int
+    ttt_steps: int
+
+    @classmethod
+    def parse(cls, text: str) -> Cell:
+        try:
+            preset, length, ttt = text.split(":")
+            cell = cls(preset, int(length), int(ttt))
+        except ValueError:
+            raise SystemExit(f"bad cell {text!r}: want PRESET:MAX_SEQ_LEN:TTT") from None
+        if preset not in PRESETS:
+            raise SystemExit(f"bad cell {text!r}: unknown preset (known: {', '.join(PRESETS)})")
+        return cell
+
+    def __str__(self) -> str:
+        return f"{self.preset}:{self.max_seq_len}:{self.ttt_steps}"
+
+
+# --- inputs and FLOPs (shared by both trainers) ---------------------------------------------
+
+def sample_lengths(max_seq_len: int, seed: int, span: tuple[int, int] = SAMPLE_LEN) -> list[int]:
+    """Samples packed back to back into one row; the last one is cut to fill it."""
+    g = torch.Generator().manual_seed(seed)
+    lengths, total = [], 0
+    while total < max_seq_len:
+        n = int(torch.randint(span[0], span[1] + 1, (), generator=g))
+        n = min(n, max_seq_len - total)
+        lengths.append(n)
+        total += n
+    return lengths
+
+
+def packed_inputs(cfg: DrafterConfig, max_seq_len: int, device: torch.device,
+                  dtype: torch.dtype, seed: int = 0, span: tuple[int, int] = SAMPLE_LEN) -> dict:
+    """One packed row [1, L]: token ids, per-sample positions and doc ids, a loss mask
+    without each sample's first eighth (its prompt), random hidden states."""
+    lengths = sample_lengths(max_seq_len, seed, span)
+    g = torch.Generator().manual_seed(seed + 1)
+    H, L = cfg.hidden_size, max_seq_len
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    pos = torch.cat([torch.arange(n) for n in lengths])
+    mask = torch.cat([torch.arange(n) >= n // 8 for n in lengths])
+    return {
+        "input_ids": torch.randint(cfg.vocab_size, (1, L), generator=g).to(device),
+        "doc_ids": doc[None].to(device),
+        "position_ids": pos[None].to(device),
+        "loss_mask": mask[None].to(device),
+        "aux_hidden": torch.randn(1, L, 3 * H, generator=g).to(device, dtype),
+        "final_hidden": torch.randn(1, L, H, generator=g).to(device, dtype),
+        "lengths": lengths,
+    }
+
+
+def model_flops(cfg: DrafterConfig, lengths: list[int], ttt_steps: int) -> float:
+    """Useful FLOPs of one training step over one packed row: the work any EAGLE-3 trainer
+    must do, whatever it recomputes or wastes.
+
+    Per token: fc forward and weight gradient; per TTT step the layer's and the draft
+    head's matmuls forward and both gradients (3×); the verifier's head on the draft
+    vocabulary once, forward only. Attention: document-causal pairs over step 0's keys
+    plus the k diagonal keys of step k, QKᵀ and PV forward, ×3.5 with flash-style backward.
+    """
+    H, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    q, kv = cfg.num_heads * D, cfg.num_kv_heads * D
+    T = sum(lengths)
+    layer_macs = 2 * H * (q + 2 * kv) + q * H + 3 * H * I + H * cfg.draft_vocab_size
+    flops = T * (2 * 2 * 3 * H * H + 2 * H * cfg.draft_vocab_size)
+    flops += T * ttt_steps * 6 * layer_macs
+    causal_pairs = sum(n * (n + 1) // 2 for n in lengths)
+    for k in range(ttt_steps):
+        flops += 3.5 * 4 * (causal_pairs + k * T) * q
+    return float(flops)
+
+
+def matmul_ceiling_tflops(n: int = 8192, reps: int = 50) -> float:
+    """Median bf16 n×n×n product rate on this GPU, random operands (zeros run faster)."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(5):
+        a @ b
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * n**3 / statistics.median(times) / 1e12
+
+
+# --- the two trainers' steps -------------------------------------------------------------
+
+def trackside_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: torch.device):
+    from training.fit import Trainer
+    from training.packing import PackedBatch
+
+    trainer = Trainer(cfg, device, ttt_decay=TTT_DECAY)
+    with torch.no_grad():
+        trainer.drafter.target_head.normal_(std=0.02)
+        trainer.drafter.embed_tokens.weight.normal_(std=0.02)
+    batch = PackedBatch(inputs["input_ids"], inputs["position_ids"], inputs["doc_ids"],
+                        inputs["loss_mask"], inputs["aux_hidden"], inputs["final_hidden"],
+                        num_samples=len(inputs["lengths"]), num_truncated=0, pad_tokens=0)
+
+    def step() -> float:
+        per_step = trainer.forward_backward(batch, ttt_steps, 2048)
+        trainer.optimizer_step()
+        return float(per_step[0].losses.detach().mean())
+    return step
+
+
+def speculators_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: torch.device):
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.losses import resolve_loss_config
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+    from speculators.models.eagle3.core import Eagle3DraftModel
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import LlamaConfig
+
+    if device.type == "cuda":
+        from speculators.losses import fused
+        # speculators 0.9.0's two fused-loss kernels share one autotune config list, which
+        # torch.compile on torch 2.11 rejects; a copy per kernel is the whole workaround.
+        fused.loss_backward_kernel.configs = list(fused.loss_backward_kernel.configs)
+        implementation = "fused"
+    else:
+        implementation = "eager"  # the fused loss is Triton: CUDA only
+    layer = LlamaConfig(
+        hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        intermediate_size=cfg.intermediate_size, vocab_size=cfg.vocab_size,
+        num_hidden_layers=1, rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
+        max_position_embeddings=max(131072, inputs["input_ids"].shape[1] + ttt_steps + 2))
+    if device.type != "cuda":
+        layer._attn_implementation = "eager"  # flex_attention has no CPU backward
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer, draft_vocab_size=cfg.draft_vocab_size,
+        norm_before_residual=False,
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=ttt_steps)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig.from_config(layer, name_or_path=None)))
+    model = Eagle3DraftModel(config)
+    model.load_vocab_mappings(torch.ones(cfg.vocab_size, dtype=torch.bool)
+                              .index_fill_(0, torch.arange(cfg.draft_vocab_size,
+                                                           cfg.vocab_size), False),
+                              torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+    with torch.no_grad():  # NaN until a verifier is loaded; frozen, as its trainer keeps them
+        for weight in (model.verifier_lm_head.weight, model.lm_head.weight,
+                       model.embed_tokens.weight):
+            weight.normal_(std=0.02)
+    model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    loss_config = resolve_loss_config("kl_div", implementation)
+    # speculators' collate shifts by one: hidden state i pairs with token i + 1, and its
+    # positions start at 1. Shapes and costs are what matter here.
+    kwargs = dict(hidden_states=inputs["aux_hidden"], input_ids=inputs["input_ids"],
+                  document_ids=inputs["doc_ids"], loss_mask=inputs["loss_mask"],
+                  position_ids=inputs["position_ids"] + 1,
+                  verifier_last_hidden_states=inputs["final_hidden"],
+                  ttt_steps=ttt_steps, ttt_step_loss_decay=TTT_DECAY,
+                  loss_config=loss_config)
+    autocast = device.type == "cuda"
+
+    def step() -> float:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            _, loss, _ = model(**kwargs)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        return float(loss)
+    return step
+
+
+def child(args: argparse.Namespace) -> dict:
+    cell = Cell.parse(args.cell)
+    cfg = PRESETS[cell.preset]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    span = SAMPLE_LEN if cell.max_seq_len >= 4 * SAMPLE_LEN[1] else (64, 160)
+    inputs = packed_inputs(cfg, cell.max_seq_len, device, dtype, span=span)
+    result = {"trainer": args.trainer, "cell": str(cell), "tokens": cell.max_seq_len,
+              "flops": model_flops(cfg, inputs["lengths"], cell.ttt_steps)}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    started = time.perf_counter()
+    try:
+        make = trackside_step if args.trainer == "trackside" else speculators_step
+        step = make(cfg, inputs, cell.ttt_steps, device)
+        first_loss = step()
+        sync()
+        result["first_step_s"] = time.perf_counter() - started
+        for _ in range(args.warmup):
+            step()
+        sync()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        times, losses = [], []
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            losses.append(step())  # float(): waits for the step
+            times.append(time.perf_counter() - t0)
+        if args.profile:
+            profile_steps(step, args.profile)
+    except torch.OutOfMemoryError as e:
+        result.update(oom=True, error=str(e).splitlines()[0])
+        return result
+    result.update(
+        step_s=statistics.median(times), step_s_spread=[min(times), max(times)],
+        tokens_per_s=cell.max_seq_len / statistics.median(times),
+        peak_gib=(torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda"
+                  else None),
+        loss_first=first_loss, loss_last=losses[-1],
+        finite=all(math.isfinite(v) for v in [first_loss, *losses]))
+    return result
+
+
+def profile_steps(step, rows: int, steps: int = 2) -> None:
+    """Print the kernels (or CPU ops) that took the most time over a few steps."""
+    from torch.profiler import ProfilerActivity, profile
+    gpu = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+    key = "cuda_time_total" if gpu else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60),
+          file=sys.stderr, flush=True)
+
+
+# --- the parent: cells × repeats × trainers, alternating -----------------------------------
+
+def run_child(trainer: str, cell: Cell, args: argparse.Namespace) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--trainer", trainer, "--cell", str(cell),
+           "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                              env=env)
+    except subprocess.TimeoutExpired:
+        return {"trainer": trainer, "cell": str(cell), "error": f"timeout {args.timeout} s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"trainer": trainer, "cell": str(cell), "error": f"exit {proc.returncode}: {tail}"}
+
+
+def describe(r: dict, ceiling: float | None) -> str:
+    if r.get("oom"):
+        return "OOM"
+    if "error" in r:
+        return f"error: {r['error'][:90]}"
+    mfu = (f" MFU {r['flops'] / r['step_s'] / 1e12 / ceiling:5.1%}" if ceiling else "")
+    peak = f" {r['peak_gib']:6.2f} GiB" if r.get("peak_gib") is not None else ""
+    return (f"{r['tokens_per_s']:9,.0f} tok/s {r['step_s'] * 1e3:8.1f} ms{peak}{mfu} "
+            f"first {r['first_step_s']:5.1f} s loss {r['loss_first']:.3g}→{r['loss_last']:.3g}")
+
+
+def summarise(results: list[dict], ceiling: float | None) -> list[str]:
+    lines = ["", "| cell | trainer | tokens/s (each repeat) | peak GiB | MFU | first step s |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    cells = list(dict.fromkeys(r["cell"] for r in results))
+    for cell in cells:
+        by_trainer = {}
+        for trainer in TRAINERS:
+            rs = [r for r in results if r["cell"] == cell and r["trainer"] == trainer]
+            if not rs:
+                continue
+            ok = [r for r in rs if "tokens_per_s" in r]
+            by_trainer[trainer] = ok
+            tps = ", ".join("OOM" if r.get("oom") else f"{r['tokens_per_s']:,.0f}"
+                            if "tokens_per_s" in r else "error" for r in rs)
+            peak = ", ".join(f"{r['peak_gib']:.2f}" for r in ok if r.get("peak_gib") is not None)
+            mfu = ", ".join(f"{r['flops'] / r['step_s'] / 1e12 / ceiling:.1%}"
+                            for r in ok) if ceiling else ""
+            first = ", ".join(f"{r['first_step_s']:.1f}" for r in ok)
+            lines.append(f"| {cell} | {trainer} | {tps} | {peak} | {mfu} | {first} |")
+        a, b = by_trainer.get("trackside"), by_trainer.get("speculators")
+        if a and b:
+            speed = statistics.median(r["tokens_per_s"] for r in a) / statistics.median(
+                r["tokens_per_s"] for r in b)
+            line = f"| {cell} | ratio | {speed:.2f}× tokens/s |"
+            pa = [r["peak_gib"] for r in a if r.get("peak_gib") is not None]
+            pb = [r["peak_gib"] for r in b if r.get("peak_gib") is not None]
+            if pa and pb:
+                line += f" {max(pa) / max(pb):.2f}× peak |"
+            lines.append(line)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cells", nargs="+", default=None, help="PRESET:MAX_SEQ_LEN:TTT ...")
+    p.add_argument("--trainers", nargs="+", choices=TRAINERS, default=list(TRAINERS))
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per child")
+    p.add_argument("--smoke", action="store_true", help="CPU: tiny cells, 2 steps")
+    p.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                   help="with --child: print the ROWS costliest kernels of 2 more steps")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--trainer", choices=TRAINERS, help=argparse.SUPPRESS)
+    p.add_argument("--cell", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args)), flush=True)
+        return 0
+    if args.smoke:
+        args.cells = args.cells or ["tiny:512:3"]
+        args.steps, args.warmup, args.repeats = 2, 1, 1
+    cells = [Cell.parse(c) for c in (args.cells or DEFAULT_CELLS)]
+    gpu = torch.cuda.is_available()
+    ceilings = [matmul_ceiling_tflops()] if gpu else []
+    if gpu:
+        print(f"{torch.cuda.get_device_name()}: bf16 matmul ceiling {ceilings[0]:.0f} TFLOP/s",
+              flush=True)
+    results = []
+    for cell in cells:
+        for r in range(args.repeats):
+            order = args.trainers if r % 2 == 0 else list(reversed(args.trainers))
+            for trainer in order:
+                result = run_child(trainer, cell, args)
+                result["repeat"] = r
+                results.append(result)
+                print(f"{cell} #{r + 1} {trainer:11s} {describe(result, ceilings[0] if gpu else None)}",
+                      flush=True)
+    if gpu:
+        ceilings.append(matmul_ceiling_tflops())
+        print(f"bf16 matmul ceiling at the end: {ceilings[1]:.0f} TFLOP/s", flush=True)
+    ceiling = max(ceilings) if ceilings else None
+    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
+              "device": torch.cuda.get_device_name() if gpu else "cpu",
+              "torch": torch.__version__, "ceiling_tflops": ceilings, "results": results}
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "train_step.json").write_text(json.dumps(report, indent=1))
+    print("\n".join(summarise(results, ceiling)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
