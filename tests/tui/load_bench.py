@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
 import random
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -308,6 +310,7 @@ async def bench(seconds: float, trace: bool, gc_freeze: bool) -> dict:
         host = sshd.host(f"gpu{i}", runs_root=str(tmp / f"runs{i}"))
         host.tmux_socket = f"trackside-load-{tag}-{i}"
         hosts.append(host)
+    info = None
     try:
         generator = [sys.executable, str(Path(__file__).resolve()), "generate"]
         info = await runs.launch(hosts[0], ["trackside", "train"], session="load", params={}, train_command=generator)
@@ -365,6 +368,12 @@ async def bench(seconds: float, trace: bool, gc_freeze: bool) -> dict:
             run_log = len(app.runs[key].log)
         written = sum(1 for _ in open(Path(info.run_dir) / "console.log", "rb"))
     finally:
+        if info is not None:
+            # The pane's process group: the launch's wrapper shell traps SIGHUP, so killing
+            # tmux leaves the generator writing 2,000 lines/s into the deleted run dir,
+            # competing with every later run for this machine's cores.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(info.pids[0], signal.SIGKILL)
         for host in hosts:
             subprocess.run(["tmux", "-L", host.tmux_socket, "kill-server"], capture_output=True)
             await host.close()
