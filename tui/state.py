@@ -141,7 +141,10 @@ class RunState:
     def add_event(self, event: dict) -> None:
         kind = event.get("event")
         if kind == "step":
-            self.steps.append(event)
+            # Lists as tuples: the dict then holds only atomic values, and the garbage
+            # collector stops tracking it; 5,000 steps of two lists each were a quarter of
+            # what every full pass walked, tens of ms that land on key presses (docs/load.md).
+            self.steps.append({k: tuple(v) if isinstance(v, list) else v for k, v in event.items()})
         elif kind == "start":
             self.start = event
         elif kind == "oom":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from backends.kill import GpuDelta, KillReport
@@ -73,6 +75,13 @@ def test_kill_alert_names_each_straggler():
 
 def step(n: int, loss, ttt=None) -> dict:
     return {"event": "step", "step": n, "loss": loss, "loss_ttt": ttt}
+
+
+def test_step_history_is_not_walked_by_the_garbage_collector():
+    run = make_run(metrics_events(20))
+    gc.collect()
+    assert run.last["loss_ttt"] == pytest.approx(metrics_events(20)[-1]["loss_ttt"])
+    assert not any(gc.is_tracked(event) for event in run.steps)
 
 
 def test_curves_smooth_and_skip_gaps_and_garbage():

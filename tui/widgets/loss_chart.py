@@ -46,7 +46,7 @@ def number(value) -> float | None:
 
 def step_entry(event: dict) -> tuple[float | None, list]:
     ttt = event.get("loss_ttt")
-    return number(event.get("step")), [number(event.get("loss")), *map(number, ttt if isinstance(ttt, list) else ())]
+    return number(event.get("step")), [number(event.get("loss")), *map(number, ttt if isinstance(ttt, (list, tuple)) else ())]
 
 
 def entries_of(run: RunState) -> tuple[deque, str, object]:
