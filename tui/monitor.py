@@ -4,7 +4,7 @@ One poll loop per host does GPUs then (every few ticks) the run listing, and sle
 after both finished, so polls of one host never overlap and a slow host is polled slower
 rather than piled up. Each followed file has its own worker that buffers lines and posts
 them in batches every FLUSH_S, so a run printing thousands of lines a second costs the UI
-ten messages a second. Nothing here touches widgets.
+four messages a second per file. Nothing here touches widgets.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from backends import gpu, logparse, runs, streams, tmux
 from backends.hosts import AuthFailed, Host, HostError, HostKeyRejected, HostUnreachable
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
 
-FLUSH_S = 0.1
+FLUSH_S = 0.25  # each batch scrolls the log and lays the screen out again: 4 a second reads as live
 POLL_TIMEOUT_S = 20.0
 FOLLOW_RETRY_S = 2.0
 
