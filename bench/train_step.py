@@ -43,10 +43,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
+import torch.utils.checkpoint  # noqa: E402
 
 from training.config import PRESETS, DrafterConfig  # noqa: E402
 
-TRAINERS = ("trackside", "speculators")
+# trackside+ckpt: trackside with --checkpoint-ttt (each TTT step recomputed in backward)
+TRAINERS = ("trackside", "trackside+ckpt", "speculators")
 DEFAULT_CELLS = [f"llama3-8b:{L}:{K}" for L in (8192, 16384, 32768) for K in (3, 5, 7)]
 SAMPLE_LEN = (1536, 2560)
 TTT_DECAY = 0.8
@@ -149,11 +151,12 @@ def matmul_ceiling_tflops(n: int = 8192, reps: int = 50) -> float:
 
 # --- the two trainers' steps -------------------------------------------------------------
 
-def trackside_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: torch.device):
+def trackside_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: torch.device,
+                   checkpoint_ttt: bool = False):
     from training.fit import Trainer
     from training.packing import PackedBatch
 
-    trainer = Trainer(cfg, device, ttt_decay=TTT_DECAY)
+    trainer = Trainer(cfg, device, ttt_decay=TTT_DECAY, checkpoint_ttt=checkpoint_ttt)
     with torch.no_grad():
         trainer.drafter.target_head.normal_(std=0.02)
         trainer.drafter.embed_tokens.weight.normal_(std=0.02)
@@ -229,13 +232,15 @@ def speculators_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: t
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        return float(loss)
+        return float(loss.detach())
     return step
 
 
 def child(args: argparse.Namespace) -> dict:
     cell = Cell.parse(args.cell)
     cfg = PRESETS[cell.preset]
+    if args.debug_checkpoint:  # a recomputation that differs from the forward names its ops
+        torch.utils.checkpoint.set_checkpoint_debug_enabled(True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     span = SAMPLE_LEN if cell.max_seq_len >= 4 * SAMPLE_LEN[1] else (64, 160)
@@ -245,8 +250,11 @@ def child(args: argparse.Namespace) -> dict:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     started = time.perf_counter()
     try:
-        make = trackside_step if args.trainer == "trackside" else speculators_step
-        step = make(cfg, inputs, cell.ttt_steps, device)
+        if args.trainer == "speculators":
+            step = speculators_step(cfg, inputs, cell.ttt_steps, device)
+        else:
+            step = trackside_step(cfg, inputs, cell.ttt_steps, device,
+                                  checkpoint_ttt=args.trainer == "trackside+ckpt")
         first_loss = step()
         sync()
         result["first_step_s"] = time.perf_counter() - started
@@ -336,11 +344,14 @@ def summarise(results: list[dict], ceiling: float | None) -> list[str]:
                             for r in ok) if ceiling else ""
             first = ", ".join(f"{r['first_step_s']:.1f}" for r in ok)
             lines.append(f"| {cell} | {trainer} | {tps} | {peak} | {mfu} | {first} |")
-        a, b = by_trainer.get("trackside"), by_trainer.get("speculators")
-        if a and b:
+        b = by_trainer.get("speculators")
+        for name in ("trackside", "trackside+ckpt"):
+            a = by_trainer.get(name)
+            if not (a and b):
+                continue
             speed = statistics.median(r["tokens_per_s"] for r in a) / statistics.median(
                 r["tokens_per_s"] for r in b)
-            line = f"| {cell} | ratio | {speed:.2f}× tokens/s |"
+            line = f"| {cell} | {name} / speculators | {speed:.2f}× tokens/s |"
             pa = [r["peak_gib"] for r in a if r.get("peak_gib") is not None]
             pb = [r["peak_gib"] for r in b if r.get("peak_gib") is not None]
             if pa and pb:
@@ -352,7 +363,8 @@ def summarise(results: list[dict], ceiling: float | None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cells", nargs="+", default=None, help="PRESET:MAX_SEQ_LEN:TTT ...")
-    p.add_argument("--trainers", nargs="+", choices=TRAINERS, default=list(TRAINERS))
+    p.add_argument("--trainers", nargs="+", choices=TRAINERS,
+                   default=["trackside", "speculators"])
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
@@ -360,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="CPU: tiny cells, 2 steps")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="with --child: print the ROWS costliest kernels of 2 more steps")
+    p.add_argument("--debug-checkpoint", action="store_true",
+                   help="with --child: torch.utils.checkpoint's debug mode")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--trainer", choices=TRAINERS, help=argparse.SUPPRESS)
     p.add_argument("--cell", help=argparse.SUPPRESS)

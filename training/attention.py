@@ -19,7 +19,6 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
 
-from training.compiled import cuda_compiled
 
 BLOCK = 128  # flex_attention's sparse block size
 
@@ -142,24 +141,18 @@ def ttt_attention(q: Tensor, k0: Tensor, v0: Tensor, diag_k: list[Tensor],
     out0, lse0 = layout.doc_causal(q, k0, v0)
     if not diag_k:
         return out0
-    return merge_diagonal(q, out0, lse0, torch.stack(diag_k, dim=-2),
-                          torch.stack(diag_v, dim=-2))
-
-
-@cuda_compiled
-def merge_diagonal(q: Tensor, out0: Tensor, lse0: Tensor, keys: Tensor,
-                   values: Tensor) -> Tensor:
-    """Merge step-0 attention (out0, lse0) with the k diagonal keys/values
-    [B, Hkv, L, k, D] through log-sum-exp."""
+    # One diagonal key at a time, never stacked: a stack of kimi-k2's keys at 64K tokens
+    # passes 2^31 elements, and a compiled merge then changed graphs between the forward
+    # and a checkpointed step's recomputation. Eager ops save the same tensors every time.
     B, Hq, L, D = q.shape
-    Hkv = keys.shape[1]
+    Hkv = k0.shape[1]
     qg = _grouped(q, Hkv)
     acc = at_least_float32(q.dtype)
-    scores = torch.einsum("bhgld,bhlkd->bhglk", qg, keys).to(acc) * (1.0 / math.sqrt(D))
-    lse0 = lse0.view(B, Hkv, Hq // Hkv, L, 1).to(acc)
-    lse = torch.logsumexp(torch.cat([lse0, scores], dim=-1), dim=-1, keepdim=True)
-    w0 = torch.exp(lse0 - lse)
-    wd = torch.exp(scores - lse)
-    out = _grouped(out0, Hkv).to(acc) * w0 + torch.einsum(
-        "bhglk,bhlkd->bhgld", wd, values.to(acc))
+    scores = [torch.einsum("bhgld,bhld->bhgl", qg, k).to(acc) * (1.0 / math.sqrt(D))
+              for k in diag_k]
+    lse0 = lse0.view(B, Hkv, Hq // Hkv, L).to(acc)
+    lse = torch.logsumexp(torch.stack([lse0, *scores]), dim=0)
+    out = _grouped(out0, Hkv).to(acc) * torch.exp(lse0 - lse)[..., None]
+    for score, v in zip(scores, diag_v):
+        out = out + torch.exp(score - lse)[..., None].to(v.dtype) * v[:, :, None]
     return out.to(q.dtype).reshape(B, Hq, L, D)

@@ -303,8 +303,9 @@ class Trainer:
     memory does not depend on their values), stepped by the loop's own step functions."""
 
     def __init__(self, cfg: DrafterConfig, device: torch.device,
-                 ttt_decay: float = loop.TrainConfig.ttt_decay):
+                 ttt_decay: float = loop.TrainConfig.ttt_decay, checkpoint_ttt: bool = False):
         self.cfg, self.device, self.ttt_decay = cfg, device, ttt_decay
+        self.checkpoint_ttt = checkpoint_ttt
         with torch.device(device):  # initialise in place: a 1B-parameter drafter is slow on CPU
             self.drafter = Eagle3Drafter(cfg)
         self.model = loop.Unroll(self.drafter)
@@ -316,7 +317,7 @@ class Trainer:
     def forward_backward(self, batch: PackedBatch, ttt_steps: int,
                          loss_chunk: int) -> list[StepLoss]:
         per_step, _ = loop.forward_backward(self.model, batch, ttt_steps, self.ttt_decay,
-                                            loss_chunk)
+                                            loss_chunk, checkpoint=self.checkpoint_ttt)
         return per_step
 
     def optimizer_step(self) -> None:

@@ -55,6 +55,7 @@ class TrainConfig:
     device: str = "cpu"
     resume: bool = False
     loss_chunk: int = 2048
+    checkpoint_ttt: bool = False  # recompute each TTT step in backward (model.step_losses)
     gpu_mem_gib: float | None = None
     save_every: int = 0  # 0: only at the end and when stopped
     seed: int = 0
@@ -76,8 +77,9 @@ class Unroll(nn.Module):
         super().__init__()
         self.drafter = drafter
 
-    def forward(self, batch: PackedBatch, ttt_steps: int, loss_chunk: int) -> list[StepLoss]:
-        return self.drafter.step_losses(batch, ttt_steps, loss_chunk)
+    def forward(self, batch: PackedBatch, ttt_steps: int, loss_chunk: int,
+                checkpoint: bool = False) -> list[StepLoss]:
+        return self.drafter.step_losses(batch, ttt_steps, loss_chunk, checkpoint)
 
 
 class _StopRequest:
@@ -156,12 +158,13 @@ def make_optimizer(params, lr: float, device: torch.device,
 # A training step is forward_backward then optimizer_step; two functions, because
 # `trackside fit --probe` measures the peak memory of each phase on its own.
 def forward_backward(model: nn.Module, batch: PackedBatch, ttt_steps: int, ttt_decay: float,
-                     loss_chunk: int, world: int = 1) -> tuple[list[StepLoss], list[float]]:
+                     loss_chunk: int, world: int = 1, checkpoint: bool = False
+                     ) -> tuple[list[StepLoss], list[float]]:
     """Backward through Σ_k decay^k · (TTT step k's mean loss over the global batch).
     Returns each TTT step's losses and its scored positions over all ranks."""
     device = batch.input_ids.device
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision(device) == "bf16"):
-        per_step = model(batch, ttt_steps, loss_chunk)
+        per_step = model(batch, ttt_steps, loss_chunk, checkpoint)
     counts = _all_reduce([float(s.losses.shape[0]) for s in per_step], device, world)
     # Each rank's share of the global mean; DDP averages gradients over ranks.
     loss = sum(ttt_decay ** k * s.losses.sum() * (world / max(n, 1))
@@ -287,7 +290,7 @@ def train(cfg: TrainConfig) -> int:
             batch, epoch, next_position = next(batches)
             batch = batch.to(device)
             per_step, counts = forward_backward(unroll, batch, cfg.ttt_steps, cfg.ttt_decay,
-                                                cfg.loss_chunk, world)
+                                                cfg.loss_chunk, world, cfg.checkpoint_ttt)
             grad_norm = optimizer_step(optimizer, trainable.values(), cfg.grad_clip)
             lr = scheduler.get_last_lr()[0]
             scheduler.step()

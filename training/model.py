@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from training.attention import DocLayout, at_least_float32, ttt_attention
@@ -47,16 +48,6 @@ def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
-class _KV:
-    """Keys and values of one TTT unroll: step 0's, and each later step's own."""
-
-    def __init__(self):
-        self.k0: Tensor | None = None
-        self.v0: Tensor | None = None
-        self.diag_k: list[Tensor] = []
-        self.diag_v: list[Tensor] = []
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -67,7 +58,10 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(H2, cfg.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, positions: Tensor, layout: DocLayout, kv: _KV) -> Tensor:
+    def forward(self, x: Tensor, positions: Tensor, layout: DocLayout,
+                earlier: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
+        """earlier: the keys and values of the TTT steps before this one (step 0's
+        first). Returns the output and this step's keys and values."""
         B, L, _ = x.shape
         d = self.cfg.head_dim
         q = self.q_proj(x).view(B, L, -1, d).transpose(1, 2)
@@ -75,13 +69,9 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, L, -1, d).transpose(1, 2)
         q = rope(q, positions, self.cfg.rope_theta)
         k = rope(k, positions, self.cfg.rope_theta)
-        if kv.k0 is None:
-            kv.k0, kv.v0 = k, v
-        else:
-            kv.diag_k.append(k)
-            kv.diag_v.append(v)
-        out = ttt_attention(q, kv.k0, kv.v0, kv.diag_k, kv.diag_v, layout)
-        return self.o_proj(out.transpose(1, 2).reshape(B, L, -1))
+        (k0, v0), diag = (earlier[0], earlier[1:] + [(k, v)]) if earlier else ((k, v), [])
+        out = ttt_attention(q, k0, v0, [dk for dk, _ in diag], [dv for _, dv in diag], layout)
+        return self.o_proj(out.transpose(1, 2).reshape(B, L, -1)), k, v
 
 
 class MLP(nn.Module):
@@ -113,12 +103,13 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, embeds: Tensor, hidden: Tensor, positions: Tensor, layout: DocLayout,
-                kv: _KV) -> Tensor:
+                earlier: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
         # In the hidden stream's dtype (bf16 under autocast), so q/k/v share one cast input.
         embeds = self.input_layernorm(embeds).to(hidden.dtype)
         x = torch.cat([embeds, self.hidden_norm(hidden)], dim=-1)
-        hidden = hidden + self.self_attn(x, positions, layout, kv)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        attn, k, v = self.self_attn(x, positions, layout, earlier)
+        hidden = hidden + attn
+        return hidden + self.mlp(self.post_attention_layernorm(hidden)), k, v
 
 
 @dataclass
@@ -180,9 +171,15 @@ class Eagle3Drafter(nn.Module):
         self.t2d.copy_(t2d)
         self.target_head.copy_(lm_head[d2t.to(lm_head.device)])
 
-    def step_losses(self, batch: PackedBatch, ttt_steps: int,
-                    loss_chunk: int = 2048) -> list[StepLoss]:
-        """Unroll TTT over the batch and return each step's per-position losses."""
+    def step_losses(self, batch: PackedBatch, ttt_steps: int, loss_chunk: int = 2048,
+                    checkpoint: bool = False) -> list[StepLoss]:
+        """Unroll TTT over the batch and return each step's per-position losses.
+
+        checkpoint: keep only each TTT step's inputs and outputs (its hidden state, keys
+        and values) for backward and recompute the rest of the step there: one more
+        forward of the layer and the loss per step, for activations that no longer grow
+        with the step's own intermediates (MLP, norms, attention, loss inputs).
+        """
         if ttt_steps < 1:
             raise ValueError(f"ttt_steps must be at least 1, got {ttt_steps}")
         ids, doc = batch.input_ids, batch.doc_ids
@@ -194,7 +191,7 @@ class Eagle3Drafter(nn.Module):
         B, L = ids.shape
         targets = verifier_targets(batch.final_hidden.reshape(B * L, -1), self.target_head,
                                    loss_chunk)
-        kv = _KV()
+        earlier: list[tuple[Tensor, Tensor]] = []
         results = []
         for k in range(ttt_steps):
             s = k + 1
@@ -202,20 +199,31 @@ class Eagle3Drafter(nn.Module):
             # against the verifier at i+k+1; past its own sample nothing counts.
             same_doc = (_shift(doc, s, -1) == doc) & (doc >= 0)
             tokens = torch.where(same_doc, _shift(ids, s, 0), 0)
-            hidden = self.midlayer(self.embed_tokens(tokens), hidden, batch.position_ids + k,
-                                   layout, kv)
             valid = same_doc & _shift(batch.loss_mask, s, False)
             index = valid.nonzero()
             rows, cols = index.unbind(1)
-            losses, agree = soft_cross_entropy(
-                self.norm(hidden[rows, cols]), self.lm_head.weight, targets,
-                rows * L + cols + s, loss_chunk)
+
+            def ttt_step(tokens, hidden, positions, earlier, rows=rows, cols=cols, s=s):
+                hidden, key, value = self.midlayer(self.embed_tokens(tokens), hidden,
+                                                   positions, layout, earlier)
+                losses, agree = soft_cross_entropy(
+                    self.norm(hidden[rows, cols]), self.lm_head.weight, targets,
+                    rows * L + cols + s, loss_chunk)
+                return hidden, key, value, losses, agree
+
+            args = (tokens, hidden, batch.position_ids + k, earlier)
+            if checkpoint and torch.is_grad_enabled():
+                out = torch.utils.checkpoint.checkpoint(ttt_step, *args, use_reentrant=False)
+            else:
+                out = ttt_step(*args)
+            hidden, key, value, losses, agree = out
+            earlier = earlier + [(key, value)]
             results.append(StepLoss(losses, agree, index))
         return results
 
     def forward(self, batch: PackedBatch, ttt_steps: int, ttt_decay: float = 0.8,
-                loss_chunk: int = 2048) -> DraftOutput:
-        steps = self.step_losses(batch, ttt_steps, loss_chunk)
+                loss_chunk: int = 2048, checkpoint: bool = False) -> DraftOutput:
+        steps = self.step_losses(batch, ttt_steps, loss_chunk, checkpoint)
         loss = 0.0
         loss_ttt, acc_ttt, positions = [], [], []
         for k, step in enumerate(steps):

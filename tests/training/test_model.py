@@ -60,6 +60,36 @@ def test_packed_rows_equal_samples_alone(drafter, make_sample):
     assert all(0 <= a <= 1 for a in out.acc_ttt)
 
 
+def test_checkpointed_ttt_steps_give_the_same_losses_and_gradients(drafter, make_sample):
+    batch = collate([[make_sample(n, seed=i) for i, n in enumerate((30, 41))]], 80)
+    plain = drafter.step_losses(batch, TTT, loss_chunk=16)
+    kept = drafter.step_losses(batch, TTT, loss_chunk=16, checkpoint=True)
+    for a, b in zip(plain, kept):
+        torch.testing.assert_close(a.losses, b.losses, rtol=0, atol=0)
+        assert torch.equal(a.index, b.index)
+    want = trainable_grads(drafter, weighted([s.losses for s in plain]))
+    got = trainable_grads(drafter, weighted([s.losses for s in kept]))
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+def test_checkpointing_keeps_less_for_backward(drafter, make_sample):
+    from torch.autograd.graph import saved_tensors_hooks
+    batch = collate([[make_sample(60, seed=0)]], 64)
+
+    def saved_bytes(checkpoint):
+        total = 0
+
+        def pack(t):
+            nonlocal total
+            total += t.numel() * t.element_size()
+            return t
+        with saved_tensors_hooks(pack, lambda t: t):
+            drafter.step_losses(batch, TTT, loss_chunk=16, checkpoint=checkpoint)
+        return total
+    assert saved_bytes(True) < 0.5 * saved_bytes(False)
+
+
 def test_a_sample_never_sees_its_neighbours(drafter, make_sample):
     samples = [make_sample(n, seed=i) for i, n in enumerate((20, 33, 27))]
     before = drafter.step_losses(collate([samples], 96), TTT)

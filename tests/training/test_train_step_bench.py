@@ -1,0 +1,46 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.train_step import model_flops, sample_lengths
+from training.config import DrafterConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_rows_are_filled_with_samples_of_the_span():
+    lengths = sample_lengths(8192, seed=3)
+    assert sum(lengths) == 8192
+    assert all(1536 <= n <= 2560 for n in lengths[:-1]) and lengths[-1] <= 2560
+
+
+def test_model_flops_counts_each_matmul_once_by_hand():
+    cfg = DrafterConfig(hidden_size=4, num_heads=2, num_kv_heads=1, intermediate_size=6,
+                        vocab_size=20, draft_vocab_size=10)  # head_dim 2: q 4, kv 2
+    lengths, K = [3, 2], 2
+    layer = 2 * 4 * (4 + 2 * 2) + 4 * 4 + 3 * 4 * 6 + 4 * 10  # qkv, o, mlp, head = 192
+    per_token = 4 * 3 * 4 * 4 + 2 * 4 * 10  # fc forward + weight grad, verifier head
+    pairs = 6 + 3  # causal pairs of 3 and 2 tokens
+    attention = sum(3.5 * 4 * (pairs + k * 5) * 4 for k in range(K))
+    assert model_flops(cfg, lengths, K) == 5 * per_token + 5 * K * 6 * layer + attention
+
+
+@pytest.mark.slow
+def test_smoke_runs_both_trackside_modes_and_writes_its_report(tmp_path):
+    done = subprocess.run([sys.executable, "bench/train_step.py", "--smoke", "--trainers",
+                           "trackside", "trackside+ckpt"], cwd=REPO,
+                          env={**os.environ, "OUT": str(tmp_path)}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "train_step.json").read_text())
+    results = {r["trainer"]: r for r in report["results"]}
+    assert set(results) == {"trackside", "trackside+ckpt"}
+    for r in results.values():
+        assert r["tokens_per_s"] > 0 and r["finite"]
+    # Checkpointing recomputes the same step: the same first loss.
+    assert results["trackside"]["loss_first"] == pytest.approx(
+        results["trackside+ckpt"]["loss_first"], rel=1e-6)
