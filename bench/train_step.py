@@ -243,6 +243,7 @@ def child(args: argparse.Namespace) -> dict:
         torch.utils.checkpoint.set_checkpoint_debug_enabled(True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(0)  # the same initial weights for every child of a trainer
     span = SAMPLE_LEN if cell.max_seq_len >= 4 * SAMPLE_LEN[1] else (64, 160)
     inputs = packed_inputs(cfg, cell.max_seq_len, device, dtype, span=span)
     result = {"trainer": args.trainer, "cell": str(cell), "tokens": cell.max_seq_len,

