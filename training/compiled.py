@@ -1,7 +1,7 @@
 """torch.compile for the trainer's elementwise islands, on CUDA only.
 
-Norms, RoPE, SwiGLU, the TTT attention merge and the loss's per-chunk softmax work are
-chains of small elementwise kernels that each read and write whole [tokens x hidden] or
+Norms, RoPE, SwiGLU and the loss's per-chunk softmax work are chains of small
+elementwise kernels that each read and write whole [tokens x hidden] or
 [chunk x vocab] tensors; compiled, each chain is one or two fused kernels. They are
 compiled with dynamic shapes, so one graph serves every row length and a relaunch with a
 new max_seq_len finds it in inductor's on-disk cache instead of compiling again. CPU
