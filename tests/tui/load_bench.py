@@ -325,7 +325,7 @@ async def bench(seconds: float, trace: bool, gc_freeze: bool) -> dict:
             await wait_until(lambda: len(app.runs[key].steps) >= HISTORY_STEPS, 60, "the run's step history")
             await asyncio.sleep(WARMUP_S)
             if gc_freeze:
-                gc.freeze()  # what the app would do once mounted: its code and setup leave the collector's passes
+                gc.freeze()  # on top of the app's own at mount: the history and screens made since leave the passes too
 
             gc.collect()
             start = time.monotonic()
@@ -416,7 +416,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="measured time, after a warm-up")
     parser.add_argument("--tracemalloc", action="store_true", help="trace allocations (slows the app: growth only)")
-    parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the warm-up (a proposed change to the app)")
+    parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() again after the warm-up (the app freezes what its start-up made; this also freezes the run's history and screens)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     result = asyncio.run(bench(args.seconds, args.tracemalloc, args.gc_freeze))
