@@ -234,18 +234,26 @@ def draw(curves: Curves | None, width: int, height: int, log_y: bool) -> Text:
     count = max(2, cols // 20 + 1)  # a labelled step every ~20 columns
     tick_cols = [round(i * (cols - 1) / (count - 1)) for i in range(count)]
     axis = ["─"] * cols
-    under = [" "] * (cols + margin + 2)
+    placed: list[tuple[int, str]] = []  # (first cell, label), left to right
+    end = 0  # the cell after the last label placed
     for c in tick_cols:
         axis[c] = "┬"
         value = x0 + c / max(1, cols - 1) * (x1 - x0)
         name = f"{value:,.0f}" if abs(x1 - x0) >= 10 else format_number(value, 3)
-        start = min(max(0, margin + 2 + c - len(name) // 2), len(under) - len(name))
-        if all(ch == " " for ch in under[max(0, start - 1) : start + len(name) + 1]):
-            under[start : start + len(name)] = name
+        start = min(max(0, margin + 2 + c - len(name) // 2), width - len(name))
+        if start > end or not placed:
+            placed.append((start, name))
+            end = start + len(name)
     text.append("\n")
     text.append("step".rjust(margin)[-margin:] + " └" + "".join(axis), AXIS)
     text.append("\n")
-    text.append("".join(under)[:width], AXIS)
+    # Each label its own span, the gaps unstyled: an SVG export draws a span's text from
+    # its first cell, and renderers collapse a long run of spaces inside one.
+    end = 0
+    for start, name in placed:
+        text.append(" " * (start - end))
+        text.append(name, AXIS)
+        end = start + len(name)
     return text
 
 
