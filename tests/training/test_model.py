@@ -267,6 +267,26 @@ def test_drafter_on_cuda_matches_cpu_and_trains_under_bf16(drafter, make_sample)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
 
 
+@pytest.mark.gpu
+def test_checkpointed_steps_on_cuda_match_under_bf16(drafter, make_sample):
+    """The compiled islands and flex_attention inside a recomputed step: the same losses
+    and gradients as the plain unroll on the GPU."""
+    batch = collate([[make_sample(n, seed=i) for i, n in enumerate((100, 130))]], 256)
+    model, gpu_batch = drafter.float().cuda(), batch.to("cuda")
+    results = []
+    for checkpoint in (False, True):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(gpu_batch, TTT, DECAY, loss_chunk=64, checkpoint=checkpoint)
+        out.loss.backward()
+        results.append((out.loss.item(), [p.grad.clone() for p in model.parameters()
+                                          if p.requires_grad]))
+    (plain, plain_grads), (kept, kept_grads) = results
+    assert kept == pytest.approx(plain, rel=1e-6)
+    for a, b in zip(kept_grads, plain_grads):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
 def test_config_round_trips_and_rejects_bad_shapes():
     from dataclasses import replace
 

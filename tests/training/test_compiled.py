@@ -1,0 +1,46 @@
+"""The CUDA trainer's compiled islands, compiled here for the CPU (inductor's C++ backend):
+the same graphs Dynamo traces for CUDA must compute what the eager functions compute, with
+one graph serving two row lengths (dynamic shapes, fullgraph: no silent fallback)."""
+import pytest
+import torch
+
+from training import loss, model
+
+L_FIRST, L_SECOND = 48, 80
+
+
+def cases(L: int, g: torch.Generator) -> dict:
+    def r(*shape, grad=True):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_(grad)
+    probs = torch.softmax(r(L, 30, grad=False), -1)
+    return {
+        "rms_norm": (model.rms_norm, (r(1, L, 24), r(24), 1e-5)),
+        "rope": (model.rope, (r(1, 4, L, 16), torch.arange(L)[None], 10000.0)),
+        "swiglu": (model.swiglu, (r(1, L, 40), r(1, L, 40))),
+        "chunk_losses": (loss._chunk_losses, (r(L, 30, grad=False), probs)),
+        "chunk_grad_logits": (loss._chunk_grad_logits,
+                              (r(L, 30, grad=False), probs, r(L, grad=False))),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["rms_norm", "rope", "swiglu", "chunk_losses",
+                                  "chunk_grad_logits"])
+def test_compiled_island_equals_eager_at_two_lengths(name):
+    g = torch.Generator().manual_seed(0)
+    fn = cases(L_FIRST, g)[name][0]
+    compiled = torch.compile(fn.__wrapped__, dynamic=True, fullgraph=True)
+    for L in (L_FIRST, L_SECOND):
+        _, args = cases(L, g)[name]
+        got, want = compiled(*args), fn.__wrapped__(*args)
+        got = got if isinstance(got, tuple) else (got,)
+        want = want if isinstance(want, tuple) else (want,)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+        if got[0].requires_grad:
+            inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+            weight = torch.rand_like(got[0])
+            grads = torch.autograd.grad((got[0] * weight).sum(), inputs)
+            expected = torch.autograd.grad((want[0] * weight).sum(), inputs)
+            for a, b in zip(grads, expected):
+                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
