@@ -89,6 +89,7 @@ class GpuSnapshot:
     processes: tuple[GpuProcess, ...] = ()
     time: float = field(default_factory=time.time)
     source: str = ""  # "nvml" or "nvidia-smi": where the figures came from
+    streamed: bool = False  # a `-lms` sample: GPU rows only, its processes were not read
 
     @property
     def ok(self) -> bool:
@@ -236,12 +237,22 @@ def _smi_argv(smi: str, *extra: str) -> list[str]:
     return [smi, f"--query-gpu={','.join(QUERY_GPU_FIELDS)}", CSV_FORMAT, *extra]
 
 
+def _apps_argv(smi: str) -> list[str]:
+    return [smi, f"--query-compute-apps={','.join(QUERY_APPS_FIELDS)}", CSV_FORMAT]
+
+
+def _processes(result: CommandResult, gpus: Sequence[GpuReading]) -> tuple[tuple[GpuProcess, ...], str]:
+    """The processes a `--query-compute-apps` run listed, and why there are none if it failed."""
+    if not result.ok:
+        return (), f"per-process memory unavailable: {(result.stderr or result.stdout).strip()[:200]}"
+    return tuple(parse_compute_apps(result.stdout, {g.uuid: g.index for g in gpus if g.uuid})), ""
+
+
 async def _read_smi(host: Host, smi: str) -> GpuSnapshot:
-    apps_argv = [smi, f"--query-compute-apps={','.join(QUERY_APPS_FIELDS)}", CSV_FORMAT]
     try:
         gpus_result, apps_result = await asyncio.gather(
             host.run(_smi_argv(smi), timeout=SMI_TIMEOUT_S),
-            host.run(apps_argv, timeout=SMI_TIMEOUT_S),
+            host.run(_apps_argv(smi), timeout=SMI_TIMEOUT_S),
         )
     except HostError as e:
         return GpuSnapshot(GpuStatus.ERROR, str(e), source="nvidia-smi")
@@ -253,13 +264,20 @@ async def _read_smi(host: Host, smi: str) -> GpuSnapshot:
         if not text:
             return GpuSnapshot(GpuStatus.NO_GPU, "no GPU: nvidia-smi listed none", source="nvidia-smi")
         return GpuSnapshot(GpuStatus.ERROR, f"unreadable nvidia-smi output: {text[:200]!r}", source="nvidia-smi")
-    message = ""
-    processes: list[GpuProcess] = []
-    if apps_result.ok:
-        processes = parse_compute_apps(apps_result.stdout, {g.uuid: g.index for g in gpus if g.uuid})
-    else:
-        message = f"per-process memory unavailable: {(apps_result.stderr or apps_result.stdout).strip()[:200]}"
-    return GpuSnapshot(GpuStatus.OK, message, tuple(gpus), tuple(processes), source="nvidia-smi")
+    processes, message = _processes(apps_result, gpus)
+    return GpuSnapshot(GpuStatus.OK, message, tuple(gpus), processes, source="nvidia-smi")
+
+
+async def read_processes(
+    host: Host, gpus: Sequence[GpuReading], smi: str = "nvidia-smi"
+) -> tuple[tuple[GpuProcess, ...], str]:
+    """The compute processes on `gpus` (as a snapshot lists them), read now with one
+    `--query-compute-apps`, for a stream's samples, which carry none: (processes, message),
+    the message saying why there are none when nvidia-smi could not list them.
+
+    Raises HostError when the host cannot be reached or the command times out.
+    """
+    return _processes(await host.run(_apps_argv(smi), timeout=SMI_TIMEOUT_S), gpus)
 
 
 _nvml_lib = None  # the pynvml module once nvmlInit succeeded; False once it failed
@@ -403,7 +421,7 @@ async def _stream_smi(host: Host, interval_ms: int, smi: str, last_index: int) -
                 continue
             bad = 0
             for sample in grouper.push(row):
-                yield GpuSnapshot(GpuStatus.OK, gpus=sample, source="nvidia-smi")
+                yield GpuSnapshot(GpuStatus.OK, gpus=sample, source="nvidia-smi", streamed=True)
     finally:
         await lines.aclose()
 
@@ -415,9 +433,10 @@ async def stream_gpus(
 
     The first is a full `read_gpus` (with processes). After it, a local host with working
     NVML is polled in-process; any other is read over one `nvidia-smi … -lms N` channel
-    (snapshots without per-process rows). When the channel fails or ends, the state it left
-    (no nvidia-smi, driver error, unreachable host, …) is yielded and the channel reopened
-    with backoff, so the stream resumes by itself when the GPU or host comes back.
+    (`streamed` snapshots, without per-process rows: `read_processes` reads those). When
+    the channel fails or ends, the state it left (no nvidia-smi, driver error, unreachable
+    host, …) is yielded and the channel reopened with backoff, so the stream resumes by
+    itself when the GPU or host comes back.
     """
     failures = 0
     while True:

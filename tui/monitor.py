@@ -1,7 +1,11 @@
 """Per-host monitors: workers that poll and follow through `backends` and post messages.
 
-One poll loop per host does GPUs then (every few ticks) the run listing, and sleeps only
-after both finished, so polls of one host never overlap and a slow host is polled slower
+A host's GPUs come from one long-lived stream (`backends.gpu.stream_gpus`: one
+`nvidia-smi -lms` channel), not a poll a second: each poll opened two SSH channels and
+started nvidia-smi twice on the host, and the channels' cyclic garbage fed the app's
+collector (docs/load.md, round 3). The run listing, with a refresh of the per-process
+rows that streamed samples lack, is polled by its own loop, which sleeps only after a
+listing finished, so listings of one host never overlap and a slow host is listed slower
 rather than piled up. Each followed file has its own worker that buffers lines and posts
 them in batches every FLUSH_S, so a run printing thousands of lines a second costs the UI
 four messages a second per file. Nothing here touches widgets.
@@ -10,6 +14,8 @@ four messages a second per file. Nothing here touches widgets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import posixpath
 import time
 from collections.abc import Callable
@@ -63,43 +69,96 @@ class HostMonitor:
         self.host = host
         self.smi = smi
         self.interval = interval
-        self.runs_every = runs_every
+        self.runs_every = runs_every  # runs are listed every runs_every intervals
         self.clock = clock
         self._followers: dict[str, list[Worker]] = {}
-        self._poller: Worker | None = None
-        self._tick = 0  # polls done; runs are listed on every runs_every-th
+        self._gpu_watcher: Worker | None = None
+        self._lister: Worker | None = None
+        self._list_now = asyncio.Event()
+        self._latest: gpu.GpuSnapshot | None = None  # the last snapshot the stream gave
+        self._processes: tuple[tuple[gpu.GpuProcess, ...], str] = ((), "")  # the newest read of them
 
     def start(self) -> None:
-        self._poller = self.app.run_worker(
-            self._poll(), name=f"poll {self.host.name}", group="monitor", exit_on_error=False
+        self._watch_gpus_now()
+        self._lister = self.app.run_worker(
+            self._poll_runs(), name=f"runs {self.host.name}", group="monitor", exit_on_error=False
         )
 
     def stop(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
+        for worker in (self._gpu_watcher, self._lister):
+            if worker is not None:
+                worker.cancel()
         for key in list(self._followers):
             self.unfollow(key)
 
     def poll_runs_now(self) -> None:
-        """Ask for a run listing on the next tick (after a launch or a kill)."""
-        self._tick = 0
+        """List runs (and GPU processes) now, not at the next period (after a launch or a kill)."""
+        self._list_now.set()
 
-    async def _poll(self) -> None:
+    def _watch_gpus_now(self) -> None:
+        """(Re)start the GPU stream: its first snapshot is read at once."""
+        if self._gpu_watcher is not None:
+            self._gpu_watcher.cancel()
+        self._gpu_watcher = self.app.run_worker(
+            self._watch_gpus(), name=f"gpus {self.host.name}", group="monitor", exit_on_error=False
+        )
+
+    async def _watch_gpus(self) -> None:
+        interval_ms = max(1, round(self.interval * 1000))
+        while True:
+            async with contextlib.aclosing(gpu.stream_gpus(self.host, interval_ms, self.smi)) as snapshots:
+                while True:
+                    # While it streams, a silent channel is a hung one (a wedged driver): open
+                    # a new one, whose first read times out into a state. After a failure the
+                    # stream is backing off, which may be longer than any timeout here.
+                    streaming = self._latest is not None and self._latest.ok
+                    try:
+                        async with asyncio.timeout(POLL_TIMEOUT_S if streaming else None):
+                            snapshot = await anext(snapshots)
+                    except TimeoutError:
+                        self._latest = None
+                        break
+                    self._latest = snapshot
+                    self.app.post_message(GpusPolled(self.host.name, self._with_processes(snapshot), self.clock()))
+
+    def _with_processes(self, snapshot: gpu.GpuSnapshot) -> gpu.GpuSnapshot:
+        """A streamed sample with the newest per-process rows read (the kill dialog names
+        the GPUs a run's PIDs hold); a full read's own rows become the newest."""
+        if snapshot.streamed:
+            processes, message = self._processes
+            return dataclasses.replace(snapshot, processes=processes, message=message)
+        if snapshot.ok:
+            self._processes = snapshot.processes, snapshot.message
+        return snapshot
+
+    async def _poll_runs(self) -> None:
+        failed = False
         while True:
             started = time.monotonic()
+            self._list_now.clear()
             try:
-                if self._tick % self.runs_every == 0:
-                    listed = await asyncio.wait_for(runs.list_runs(self.host), POLL_TIMEOUT_S)
-                    self.app.post_message(RunsListed(self.host.name, listed, self.clock()))
-                snapshot = await asyncio.wait_for(gpu.read_gpus(self.host, self.smi), POLL_TIMEOUT_S)
-                self.app.post_message(GpusPolled(self.host.name, snapshot, self.clock()))
+                listed = await asyncio.wait_for(runs.list_runs(self.host), POLL_TIMEOUT_S)
+                self.app.post_message(RunsListed(self.host.name, listed, self.clock()))
+                if self._latest is not None and self._latest.streamed:
+                    self._processes = await asyncio.wait_for(
+                        gpu.read_processes(self.host, self._latest.gpus, self.smi), POLL_TIMEOUT_S
+                    )
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # a host's trouble is state, never a crash
+                failed = True
                 status, message = failure_status(error)
                 self.app.post_message(HostFailed(self.host.name, status, message))
-            self._tick += 1
-            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+            else:
+                if failed:
+                    # The host is back: read its GPUs now, not when the stream's backoff
+                    # (up to 30 s) next tries, so it reads as back within a listing.
+                    failed = False
+                    self._watch_gpus_now()
+            period = self.interval * self.runs_every
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, period - (time.monotonic() - started))):
+                    await self._list_now.wait()
 
     def follow(self, key: str, run_dir: str | None, session: str) -> bool:
         """Follow a run's metrics.jsonl and console.log, or, for a tmux session trackside

@@ -1,12 +1,17 @@
 """The dashboard against the real OpenSSH server of the backends tests: a run launched,
-watched, killed and relaunched over SSH, and a host that goes away and comes back."""
+watched, killed and relaunched over SSH, a host that goes away and comes back, and GPUs
+read through one long-lived nvidia-smi channel per host."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import pytest
 
 from backends import params as run_params
 from backends import tmux
+from backends.gpu import GpuProcess
 from tests.tui.conftest import screen_text, wait_for
 from tui.app import Demo, TracksideApp, Watched
 from tui.screens.edit import EditScreen
@@ -70,3 +75,47 @@ async def test_host_lost_and_back(fresh_sshd):
             assert any("flaky is back" in str(n.message) for n in app._notifications)
     finally:
         await host.close()
+
+
+FAKE_SMI = Path(__file__).resolve().parents[1] / "fake_nvidia_smi.py"
+
+
+async def test_gpus_stream_over_one_channel_per_host(sshd, runs_root, tmux_socket, tmp_path):
+    if not sshd.running:
+        sshd.start()
+    calls = tmp_path / "smi-calls"
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\n'
+        f'FAKE_NVIDIA_SMI_GPUS=2 FAKE_NVIDIA_SMI_STATE=load exec {sys.executable} -S {FAKE_SMI} "$@"\n'
+    )
+    smi.chmod(0o755)
+    host = sshd.host("streamed", runs_root=runs_root)
+    host.tmux_socket = tmux_socket
+    snapshots, listings = [], []
+
+    class CountingApp(TracksideApp):
+        CSS_PATH = str(Path(__file__).resolve().parents[2] / "tui" / TracksideApp.CSS_PATH)
+
+        def on_gpus_polled(self, message) -> None:
+            snapshots.append(message.snapshot)
+
+        def on_runs_listed(self, message) -> None:
+            listings.append(message)
+
+    app = CountingApp([Watched(host, smi=str(smi))], poll_interval=0.2)
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: len(snapshots) >= 20, 30, "20 GPU snapshots")
+    finally:
+        await host.close()
+    started = calls.read_text().splitlines()
+    gpu_reads = [c for c in started if "--query-gpu" in c]
+    # One full read, then every sample from one `-lms` channel (polling started nvidia-smi
+    # twice per sample: 40 times here).
+    assert len(gpu_reads) == 2 and gpu_reads[1].endswith("-lms 200"), started
+    # Per-process rows: with the full read, then once per listing, not per sample.
+    assert sum("--query-compute-apps" in c for c in started) <= 1 + len(listings) < len(snapshots), started
+    last = snapshots[-1]
+    assert last.streamed and [g.index for g in last.gpus] == [0, 1]
+    assert last.processes == (GpuProcess(525, 0, 25578, "python3"),)
