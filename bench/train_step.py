@@ -17,7 +17,8 @@ BlockMask extended per TTT step, fused Triton KL loss) built from a Llama layer 
 its verifier head filled with random weights, stepped as its Trainer does (bf16 autocast,
 clip 1.0, torch.optim.AdamW). It keeps its draft head (lm_head) frozen at the verifier's
 weights, trackside trains it: speculators skips that weight gradient, and model_flops
-counts it for both, so speculators' MFU here is slightly flattering. It is imported from an installed package, never copied here.
+counts it for both, so speculators' MFU here is slightly flattering; trackside+frozen
+does the same work as speculators. It is imported from an installed package, never copied here.
 
     python bench/train_step.py                          # H200: the llama3-8b table, twice
     python bench/train_step.py --cells llama3-8b:8192:5 --trainers trackside
@@ -47,8 +48,10 @@ import torch.utils.checkpoint  # noqa: E402
 
 from training.config import PRESETS, DrafterConfig  # noqa: E402
 
-# trackside+ckpt: trackside with --checkpoint-ttt (each TTT step recomputed in backward)
-TRAINERS = ("trackside", "trackside+ckpt", "speculators")
+# trackside+ckpt: trackside with --checkpoint-ttt (each TTT step recomputed in backward);
+# trackside+frozen: its draft head set to the verifier's and frozen, as speculators keeps it
+# (the same work as speculators: no weight gradient for the head)
+TRAINERS = ("trackside", "trackside+ckpt", "trackside+frozen", "speculators")
 DEFAULT_CELLS = [f"llama3-8b:{L}:{K}" for L in (8192, 16384, 32768) for K in (3, 5, 7)]
 SAMPLE_LEN = (1536, 2560)
 TTT_DECAY = 0.8
@@ -152,7 +155,7 @@ def matmul_ceiling_tflops(n: int = 8192, reps: int = 50) -> float:
 # --- the two trainers' steps -------------------------------------------------------------
 
 def trackside_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: torch.device,
-                   checkpoint_ttt: bool = False):
+                   checkpoint_ttt: bool = False, frozen_head: bool = False):
     from training.fit import Trainer
     from training.packing import PackedBatch
 
@@ -160,6 +163,9 @@ def trackside_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: tor
     with torch.no_grad():
         trainer.drafter.target_head.normal_(std=0.02)
         trainer.drafter.embed_tokens.weight.normal_(std=0.02)
+        if frozen_head:  # AdamW skips a parameter without a gradient
+            trainer.drafter.lm_head.weight.copy_(trainer.drafter.target_head)
+            trainer.drafter.lm_head.weight.requires_grad_(False)
     batch = PackedBatch(inputs["input_ids"], inputs["position_ids"], inputs["doc_ids"],
                         inputs["loss_mask"], inputs["aux_hidden"], inputs["final_hidden"],
                         num_samples=len(inputs["lengths"]), num_truncated=0, pad_tokens=0)
@@ -255,7 +261,8 @@ def child(args: argparse.Namespace) -> dict:
             step = speculators_step(cfg, inputs, cell.ttt_steps, device)
         else:
             step = trackside_step(cfg, inputs, cell.ttt_steps, device,
-                                  checkpoint_ttt=args.trainer == "trackside+ckpt")
+                                  checkpoint_ttt=args.trainer == "trackside+ckpt",
+                                  frozen_head=args.trainer == "trackside+frozen")
         first_loss = step()
         sync()
         result["first_step_s"] = time.perf_counter() - started
@@ -346,7 +353,7 @@ def summarise(results: list[dict], ceiling: float | None) -> list[str]:
             first = ", ".join(f"{r['first_step_s']:.1f}" for r in ok)
             lines.append(f"| {cell} | {trainer} | {tps} | {peak} | {mfu} | {first} |")
         b = by_trainer.get("speculators")
-        for name in ("trackside", "trackside+ckpt"):
+        for name in TRAINERS[:-1]:
             a = by_trainer.get(name)
             if not (a and b):
                 continue

@@ -167,7 +167,7 @@ def forward_backward(model: nn.Module, batch: PackedBatch, ttt_steps: int, ttt_d
         per_step = model(batch, ttt_steps, loss_chunk, checkpoint)
     counts = _all_reduce([float(s.losses.shape[0]) for s in per_step], device, world)
     # Each rank's share of the global mean; DDP averages gradients over ranks.
-    loss = sum(ttt_decay ** k * s.losses.sum() * (world / max(n, 1))
+    loss = sum(ttt_decay ** k * s.total * (world / max(n, 1))
                for k, (s, n) in enumerate(zip(per_step, counts)))
     loss.backward()
     return per_step, counts
@@ -301,7 +301,7 @@ def train(cfg: TrainConfig) -> int:
             peaks = [0.0] * world
             peaks[rank] = peak_mem_gib(device)
             sums = _all_reduce(
-                [s.losses.detach().sum().item() for s in per_step]
+                [s.losses.sum().item() for s in per_step]
                 + [s.agree.sum().item() for s in per_step]
                 + [tokens, batch.num_samples, batch.pad_tokens, float(stop.requested)]
                 + peaks,

@@ -4,8 +4,11 @@ The drafter's logits and the verifier's distribution are [positions x draft_voca
 24K positions x 32K-248K entries the float32 softmaxes do not fit next to each other.
 The verifier's distribution is computed once per batch and kept in the activations'
 dtype (TTT step k scores position i against the verifier at i + k + 1, so every step
-reads the same table, shifted); the drafter's side walks the positions in chunks and
-recomputes each chunk's logits in backward, so its peak is set by the chunk size.
+reads the same table, shifted). The drafter's side walks the positions in chunks and,
+as the loss's gradient with respect to the logits is known as soon as they are
+(softmax - target), takes the head's gradients in the same pass: each chunk's logits
+are made once and used three times (loss, input gradient, weight gradient) instead of
+being recomputed in backward, and the peak is set by the chunk size.
 """
 from __future__ import annotations
 
@@ -60,65 +63,84 @@ def _chunk_losses(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @cuda_compiled
-def _chunk_grad_logits(logits: Tensor, target: Tensor, grad_losses: Tensor) -> Tensor:
-    # d loss / d logits = softmax(z) - q
-    z = logits.to(_loss_dtype(logits.dtype))
-    return ((z.softmax(-1) - target) * grad_losses[:, None]).to(logits.dtype)
+def _chunk_losses_and_grad(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """_chunk_losses and d loss / d logits = softmax(z) - q, in one read of the logits."""
+    z, q = logits.to(_loss_dtype(logits.dtype)), target.to(_loss_dtype(logits.dtype))
+    lse = torch.logsumexp(z, -1, keepdim=True)
+    grad = ((z - lse).exp() - q).to(logits.dtype)
+    return lse.squeeze(-1) - (q * z).sum(-1), z.argmax(-1), grad
 
 
-class _ChunkedSoftCrossEntropy(torch.autograd.Function):
+def _accumulate_product(acc: Tensor, a: Tensor, b: Tensor) -> None:
+    """acc += a @ b. A wider acc than a and b is summed in the matmul itself on CUDA
+    (out_dtype), not through a product in the narrow dtype and a second pass."""
+    if acc.dtype == a.dtype:
+        acc.addmm_(a, b)
+    elif acc.is_cuda:
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:  # no out_dtype kernel on the CPU
+        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+
+
+class _HeadSoftCrossEntropy(torch.autograd.Function):
+    """Σ over positions of the soft cross-entropy of (hidden @ weight.T) against the
+    targets; forward also computes the gradients for an upstream gradient of 1, which
+    backward scales."""
+
     @staticmethod
-    def forward(ctx, hidden, weight, probs, target_rows, chunk):
+    def forward(ctx, hidden, weight, probs, target_rows, chunk, grad_enabled):
         w = weight.to(hidden.dtype)
-        dtype = _loss_dtype(hidden.dtype)
-        losses = hidden.new_empty(hidden.shape[0], dtype=dtype)
-        logits_argmax = torch.empty(hidden.shape[0], dtype=torch.long, device=hidden.device)
-        for s in range(0, hidden.shape[0], chunk):
-            c = slice(s, s + chunk)
-            losses[c], logits_argmax[c] = _chunk_losses(hidden[c] @ w.T,
-                                                        probs[target_rows[c]])
-        ctx.save_for_backward(hidden, weight, probs, target_rows)
-        ctx.chunk = chunk
-        ctx.mark_non_differentiable(logits_argmax)
-        return losses, logits_argmax
-
-    @staticmethod
-    def backward(ctx, grad_losses, _grad_argmax):
-        hidden, weight, probs, target_rows = ctx.saved_tensors
-        w = weight.to(hidden.dtype)
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        want_hidden = grad_enabled and ctx.needs_input_grad[0]
+        want_weight = grad_enabled and ctx.needs_input_grad[1]
+        P = hidden.shape[0]
+        losses = hidden.new_empty(P, dtype=_loss_dtype(hidden.dtype))
+        logits_argmax = torch.empty(P, dtype=torch.long, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden) if want_hidden else None
         grad_weight = torch.zeros_like(weight, dtype=_loss_dtype(weight.dtype)) \
-            if ctx.needs_input_grad[1] else None
-        for s in range(0, hidden.shape[0], ctx.chunk):
-            c = slice(s, s + ctx.chunk)
-            grad_logits = _chunk_grad_logits(hidden[c] @ w.T, probs[target_rows[c]],
-                                             grad_losses[c])
-            if grad_hidden is not None:
-                grad_hidden[c] = grad_logits @ w
-            if grad_weight is not None:
-                grad_weight += grad_logits.T @ hidden[c]
+            if want_weight else None
+        for s in range(0, P, chunk):
+            c = slice(s, s + chunk)
+            logits, target = hidden[c] @ w.T, probs[target_rows[c]]
+            if not (want_hidden or want_weight):
+                losses[c], logits_argmax[c] = _chunk_losses(logits, target)
+                continue
+            losses[c], logits_argmax[c], grad_logits = _chunk_losses_and_grad(logits, target)
+            if want_hidden:
+                torch.mm(grad_logits, w, out=grad_hidden[c])
+            if want_weight:
+                _accumulate_product(grad_weight, grad_logits.T, hidden[c])
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.weight_dtype = weight.dtype
+        ctx.mark_non_differentiable(losses, logits_argmax)
+        return losses.sum(), losses, logits_argmax
+
+    @staticmethod
+    def backward(ctx, grad_total, _grad_losses, _grad_argmax):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        if grad_hidden is not None:
+            grad_hidden = grad_hidden * grad_total.to(grad_hidden.dtype)
         if grad_weight is not None:
-            grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None
+            grad_weight = (grad_weight * grad_total).to(ctx.weight_dtype)
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 def soft_cross_entropy(hidden: Tensor, weight: Tensor, targets: Targets, target_rows: Tensor,
-                       chunk: int = 2048) -> tuple[Tensor, Tensor]:
-    """Per-position soft cross-entropy between the drafter's and the verifier's
-    distributions.
+                       chunk: int = 2048) -> tuple[Tensor, Tensor, Tensor]:
+    """Soft cross-entropy between the drafter's and the verifier's distributions.
 
     hidden [P, H] and weight [V, H] give the drafter's logits; position p is scored
     against row target_rows[p] of targets (verifier_targets). The loss equals the forward
     KL(target || drafter) plus the target's entropy, a constant, so both have the same
-    gradient. Returns losses [P] (float32, or float64 for float64 inputs) and agree [P]
-    bool (the two argmaxes coincide). Never holds more than a few chunk x V matrices
-    besides the targets.
+    gradient. Returns the sum over positions (differentiable: weigh it with a scalar),
+    the per-position losses [P] (float32, or float64 for float64 inputs; not
+    differentiable) and agree [P] bool (the two argmaxes coincide). Never holds more
+    than a few chunk x V matrices besides the targets and the gradients it returns.
     """
     if chunk <= 0:
         raise ValueError(f"loss chunk must be positive, got {chunk}")
     if targets.probs.requires_grad:
         raise ValueError("the target side of soft_cross_entropy takes no gradient")
     with torch.autocast(hidden.device.type, enabled=False):
-        losses, logits_argmax = _ChunkedSoftCrossEntropy.apply(
-            hidden, weight, targets.probs, target_rows, chunk)
-    return losses, logits_argmax == targets.argmax[target_rows]
+        total, losses, logits_argmax = _HeadSoftCrossEntropy.apply(
+            hidden, weight, targets.probs, target_rows, chunk, torch.is_grad_enabled())
+    return total, losses, logits_argmax == targets.argmax[target_rows]

@@ -122,8 +122,9 @@ class DraftOutput:
 
 @dataclass
 class StepLoss:
-    """One TTT step's per-position results, for callers that aggregate differently."""
-    losses: Tensor  # [P] float32, differentiable
+    """One TTT step's results: what backward needs, and per position for reporting."""
+    total: Tensor  # the sum of the losses, differentiable; weigh it with a scalar
+    losses: Tensor  # [P] float32, not differentiable
     agree: Tensor  # [P] bool
     index: Tensor  # [P, 2] (row, column) of each position in the batch
 
@@ -176,9 +177,9 @@ class Eagle3Drafter(nn.Module):
         """Unroll TTT over the batch and return each step's per-position losses.
 
         checkpoint: keep only each TTT step's inputs and outputs (its hidden state, keys
-        and values) for backward and recompute the rest of the step there: one more
-        forward of the layer and the loss per step, for activations that no longer grow
-        with the step's own intermediates (MLP, norms, attention, loss inputs).
+        and values) for backward and recompute the rest of the layer there: one more
+        forward of the layer per step, for activations that no longer grow with the
+        layer's own intermediates (MLP, norms, attention).
         """
         if ttt_steps < 1:
             raise ValueError(f"ttt_steps must be at least 1, got {ttt_steps}")
@@ -191,6 +192,10 @@ class Eagle3Drafter(nn.Module):
         B, L = ids.shape
         targets = verifier_targets(batch.final_hidden.reshape(B * L, -1), self.target_head,
                                    loss_chunk)
+
+        def ttt_step(tokens, hidden, positions, earlier):
+            return self.midlayer(self.embed_tokens(tokens), hidden, positions, layout, earlier)
+
         earlier: list[tuple[Tensor, Tensor]] = []
         results = []
         for k in range(ttt_steps):
@@ -203,22 +208,19 @@ class Eagle3Drafter(nn.Module):
             index = valid.nonzero()
             rows, cols = index.unbind(1)
 
-            def ttt_step(tokens, hidden, positions, earlier, rows=rows, cols=cols, s=s):
-                hidden, key, value = self.midlayer(self.embed_tokens(tokens), hidden,
-                                                   positions, layout, earlier)
-                losses, agree = soft_cross_entropy(
-                    self.norm(hidden[rows, cols]), self.lm_head.weight, targets,
-                    rows * L + cols + s, loss_chunk)
-                return hidden, key, value, losses, agree
-
             args = (tokens, hidden, batch.position_ids + k, earlier)
             if checkpoint and torch.is_grad_enabled():
                 out = torch.utils.checkpoint.checkpoint(ttt_step, *args, use_reentrant=False)
             else:
                 out = ttt_step(*args)
-            hidden, key, value, losses, agree = out
+            hidden, key, value = out
             earlier = earlier + [(key, value)]
-            results.append(StepLoss(losses, agree, index))
+            # Outside the checkpoint: the loss keeps its gradients, not its inputs, so a
+            # recomputation would redo its three head matmuls for nothing.
+            total, losses, agree = soft_cross_entropy(
+                self.norm(hidden[rows, cols]), self.lm_head.weight, targets,
+                rows * L + cols + s, loss_chunk)
+            results.append(StepLoss(total, losses, agree, index))
         return results
 
     def forward(self, batch: PackedBatch, ttt_steps: int, ttt_decay: float = 0.8,
@@ -228,7 +230,7 @@ class Eagle3Drafter(nn.Module):
         loss_ttt, acc_ttt, positions = [], [], []
         for k, step in enumerate(steps):
             n = step.losses.shape[0]
-            mean = step.losses.sum() / max(n, 1)
+            mean = step.total / max(n, 1)
             loss = loss + ttt_decay ** k * mean
             loss_ttt.append(mean.detach())
             acc_ttt.append(step.agree.sum() / max(n, 1))

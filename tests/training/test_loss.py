@@ -7,7 +7,8 @@ from training.vocab import build_draft_vocab, default_draft_vocab_size
 
 
 def soft_cross_entropy(hidden, weight, target_hidden, target_weight, chunk=2048):
-    """Each position scored against the verifier's distribution at the same position."""
+    """Each position scored against the verifier's distribution at the same position:
+    (sum, per-position losses, agree)."""
     targets = verifier_targets(target_hidden, target_weight, chunk)
     return soft_cross_entropy_of_targets(hidden, weight, targets,
                                          torch.arange(hidden.shape[0]), chunk)
@@ -29,22 +30,40 @@ def inputs(P, V=300, H=24, seed=0):
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
 def test_chunked_equals_unchunked_loss_and_gradient(chunk):
     hidden, weight, target_hidden, target_weight = inputs(100)
-    scale = torch.rand(100, dtype=torch.float64)  # a non-uniform upstream gradient
-    losses, agree = soft_cross_entropy(hidden, weight, target_hidden, target_weight, chunk)
-    grads = torch.autograd.grad((losses * scale).sum(), (hidden, weight))
+    total, losses, agree = soft_cross_entropy(hidden, weight, target_hidden, target_weight,
+                                              chunk)
+    assert not losses.requires_grad
+    # The gradients are taken in forward for an upstream 1; backward scales them.
+    grads = torch.autograd.grad(0.37 * total, (hidden, weight))
     expected = reference(hidden, weight, target_hidden, target_weight)
-    expected_grads = torch.autograd.grad((expected * scale).sum(), (hidden, weight))
+    expected_grads = torch.autograd.grad(0.37 * expected.sum(), (hidden, weight))
     # float64 throughout: only summation order differs.
     torch.testing.assert_close(losses, expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(total, expected.sum(), rtol=1e-10, atol=1e-12)
     for got, want in zip(grads, expected_grads):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     want_agree = (hidden @ weight.T).argmax(-1) == (target_hidden @ target_weight.T).argmax(-1)
     assert torch.equal(agree, want_agree)
 
 
+def test_gradients_only_for_the_inputs_that_take_them():
+    hidden, weight, target_hidden, target_weight = inputs(40)
+    frozen_head = weight.detach()
+    total, _, _ = soft_cross_entropy(hidden, frozen_head, target_hidden, target_weight, 16)
+    (grad,) = torch.autograd.grad(total, (hidden,))
+    want = torch.autograd.grad(reference(hidden, frozen_head, target_hidden,
+                                         target_weight).sum(), (hidden,))[0]
+    torch.testing.assert_close(grad, want, rtol=1e-10, atol=1e-12)
+    with torch.no_grad():
+        total, losses, _ = soft_cross_entropy(hidden, weight, target_hidden, target_weight, 16)
+    assert not total.requires_grad
+    torch.testing.assert_close(losses, reference(hidden, weight, target_hidden,
+                                                 target_weight).detach())
+
+
 def test_loss_is_forward_kl_plus_target_entropy():
     hidden, weight, target_hidden, target_weight = inputs(20)
-    losses, _ = soft_cross_entropy(hidden, weight, target_hidden, target_weight, 8)
+    _, losses, _ = soft_cross_entropy(hidden, weight, target_hidden, target_weight, 8)
     log_q = torch.log_softmax(target_hidden @ target_weight.T, -1)
     log_p = torch.log_softmax(hidden @ weight.T, -1)
     kl = (log_q.exp() * (log_q - log_p)).sum(-1)
@@ -65,11 +84,11 @@ def test_peak_memory_is_bounded_by_the_chunk_not_the_positions(peak_allocated_by
 
         def step():
             if chunked:
-                losses, _ = soft_cross_entropy_of_targets(hidden, weight, targets,
-                                                          torch.arange(P), chunk)
+                total, _, _ = soft_cross_entropy_of_targets(hidden, weight, targets,
+                                                            torch.arange(P), chunk)
             else:
-                losses = reference(hidden, weight, target_hidden, target_weight)
-            losses.sum().backward()
+                total = reference(hidden, weight, target_hidden, target_weight).sum()
+            total.backward()
         return peak_allocated_bytes(step)
 
     P = 1024
@@ -84,12 +103,19 @@ def test_peak_memory_is_bounded_by_the_chunk_not_the_positions(peak_allocated_by
 
 
 def test_bfloat16_activations_give_float32_losses_close_to_float64():
-    hidden, weight, target_hidden, target_weight = inputs(50)
-    losses, _ = soft_cross_entropy(hidden.detach().bfloat16(), weight.detach(),
-                                   target_hidden.bfloat16(), target_weight, 16)
+    hidden, weight, target_hidden, target_weight = (t.detach() * 0.25 for t in inputs(50))
+    h = hidden.bfloat16().requires_grad_()
+    w = weight.float().requires_grad_()
+    total, losses, _ = soft_cross_entropy(h, w, target_hidden.bfloat16(), target_weight, 16)
     assert losses.dtype == torch.float32
-    expected = reference(hidden, weight, target_hidden, target_weight).float()
-    torch.testing.assert_close(losses, expected, rtol=0.05, atol=0.05)
+    expected = reference(hidden, weight, target_hidden, target_weight)
+    torch.testing.assert_close(losses.double(), expected, rtol=0.05, atol=0.05)
+    grads = torch.autograd.grad(total, (h, w))
+    assert grads[0].dtype == torch.bfloat16 and grads[1].dtype == torch.float32
+    want = torch.autograd.grad(reference(*(t.requires_grad_() for t in (hidden, weight)),
+                                         target_hidden, target_weight).sum(), (hidden, weight))
+    for got, w_ in zip(grads, want):
+        assert (got.double() - w_).norm() / w_.norm() < 0.02
 
 
 def test_target_side_takes_no_gradient():
@@ -105,11 +131,32 @@ def test_each_position_is_scored_against_its_target_row():
     hidden, weight, target_hidden, target_weight = inputs(30)
     rows = torch.randint(30, (30,), generator=torch.Generator().manual_seed(1))
     targets = verifier_targets(target_hidden, target_weight, chunk=7)
-    losses, agree = soft_cross_entropy_of_targets(hidden, weight, targets, rows, chunk=4)
+    _, losses, agree = soft_cross_entropy_of_targets(hidden, weight, targets, rows, chunk=4)
     expected = reference(hidden, weight, target_hidden[rows], target_weight)
     torch.testing.assert_close(losses, expected, rtol=1e-10, atol=1e-12)
     want_agree = (hidden @ weight.T).argmax(-1) == (target_hidden[rows] @ target_weight.T).argmax(-1)
     assert torch.equal(agree, want_agree)
+
+
+@pytest.mark.gpu
+def test_bf16_on_cuda_gives_the_float64_gradients():
+    """The CUDA path: bf16 matmuls, the head gradient summed in float32 inside them."""
+    hidden, weight, target_hidden, target_weight = (t.detach() * 0.25 for t in
+                                                    inputs(3000, V=2000, H=64))
+    hidden.requires_grad_(), weight.requires_grad_()
+    targets = verifier_targets(target_hidden.cuda().bfloat16(), target_weight.cuda(), 512)
+    h = hidden.detach().cuda().bfloat16().requires_grad_()
+    w = weight.detach().float().cuda().requires_grad_()
+    total, losses, _ = soft_cross_entropy_of_targets(h, w, targets, torch.arange(3000).cuda(),
+                                                     512)
+    grads = torch.autograd.grad(0.5 * total, (h, w))
+    assert grads[1].dtype == torch.float32
+    expected = reference(hidden, weight, target_hidden, target_weight)
+    want = torch.autograd.grad(0.5 * expected.sum(), (hidden, weight))
+    torch.testing.assert_close(losses.cpu().double(), expected.detach(), rtol=0.02, atol=0.05)
+    for got, w_ in zip(grads, want):
+        err = (got.cpu().double() - w_).norm() / w_.norm()
+        assert err < 0.02, err
 
 
 def test_draft_vocab_is_the_most_frequent_tokens_ties_to_the_lower_id():
