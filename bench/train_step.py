@@ -8,17 +8,16 @@ B A) so drift of the card's clocks or temperature does not favour one. Each chil
 its first step's wall time (compilation included), the median of --steps timed steps
 after --warmup, tokens/s, and torch.cuda.max_memory_allocated over the timed steps.
 
-MFU counts the same useful FLOPs for both trainers (model_flops below) over the median
-step time, against a bf16 matmul ceiling measured by the parent at the start and the end
+MFU counts each trainer's useful FLOPs (model_flops below: without the draft head's weight
+gradient for the trainers that freeze it) over the median step time, against a bf16 matmul ceiling measured by the parent at the start and the end
 of the run (8192³ products, the median of many, on random data).
 
 speculators is the anchor: its Eagle3DraftModel (compiled forward, flex_attention with a
 BlockMask extended per TTT step, fused Triton KL loss) built from a Llama layer config,
 its verifier head filled with random weights, stepped as its Trainer does (bf16 autocast,
 clip 1.0, torch.optim.AdamW). It keeps its draft head (lm_head) frozen at the verifier's
-weights, trackside trains it: speculators skips that weight gradient, and model_flops
-counts it for both, so speculators' MFU here is slightly flattering; trackside+frozen
-does the same work as speculators. It is imported from an installed package, never copied here.
+weights, trackside trains it: speculators skips that weight gradient (one head-sized
+matmul per TTT step); trackside+frozen does the same work as speculators. It is imported from an installed package, never copied here.
 
     python bench/train_step.py                          # H200: the llama3-8b table, twice
     python bench/train_step.py --cells llama3-8b:8192:5 --trainers trackside
@@ -114,21 +113,24 @@ def packed_inputs(cfg: DrafterConfig, max_seq_len: int, device: torch.device,
     }
 
 
-def model_flops(cfg: DrafterConfig, lengths: list[int], ttt_steps: int) -> float:
+def model_flops(cfg: DrafterConfig, lengths: list[int], ttt_steps: int,
+                head_grad: bool = True) -> float:
     """Useful FLOPs of one training step over one packed row: the work any EAGLE-3 trainer
     must do, whatever it recomputes or wastes.
 
     Per token: fc forward and weight gradient; per TTT step the layer's and the draft
-    head's matmuls forward and both gradients (3×); the verifier's head on the draft
-    vocabulary once, forward only. Attention: document-causal pairs over step 0's keys
-    plus the k diagonal keys of step k, QKᵀ and PV forward, ×3.5 with flash-style backward.
+    head's matmuls forward and both gradients (3×; 2× for the head when it is frozen,
+    head_grad=False); the verifier's head on the draft vocabulary once, forward only.
+    Attention: document-causal pairs over step 0's keys plus the k diagonal keys of step
+    k, QKᵀ and PV forward, ×3.5 with flash-style backward.
     """
     H, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q, kv = cfg.num_heads * D, cfg.num_kv_heads * D
     T = sum(lengths)
-    layer_macs = 2 * H * (q + 2 * kv) + q * H + 3 * H * I + H * cfg.draft_vocab_size
-    flops = T * (2 * 2 * 3 * H * H + 2 * H * cfg.draft_vocab_size)
-    flops += T * ttt_steps * 6 * layer_macs
+    layer_macs = 2 * H * (q + 2 * kv) + q * H + 3 * H * I
+    head_macs = H * cfg.draft_vocab_size
+    flops = T * (2 * 2 * 3 * H * H + 2 * head_macs)
+    flops += T * ttt_steps * (6 * layer_macs + (6 if head_grad else 4) * head_macs)
     causal_pairs = sum(n * (n + 1) // 2 for n in lengths)
     for k in range(ttt_steps):
         flops += 3.5 * 4 * (causal_pairs + k * T) * q
@@ -253,7 +255,11 @@ def child(args: argparse.Namespace) -> dict:
     span = SAMPLE_LEN if cell.max_seq_len >= 4 * SAMPLE_LEN[1] else (64, 160)
     inputs = packed_inputs(cfg, cell.max_seq_len, device, dtype, span=span)
     result = {"trainer": args.trainer, "cell": str(cell), "tokens": cell.max_seq_len,
-              "flops": model_flops(cfg, inputs["lengths"], cell.ttt_steps)}
+              "flops": model_flops(cfg, inputs["lengths"], cell.ttt_steps,
+                                   head_grad=args.trainer in ("trackside", "trackside+ckpt"))}
+    if args.cap_gib and device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * 2**30 / total))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     started = time.perf_counter()
     try:
@@ -309,6 +315,8 @@ def profile_steps(step, rows: int, steps: int = 2) -> None:
 def run_child(trainer: str, cell: Cell, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", "--trainer", trainer, "--cell", str(cell),
            "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    if args.cap_gib:
+        cmd += ["--cap-gib", str(args.cap_gib)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
@@ -378,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per child")
     p.add_argument("--smoke", action="store_true", help="CPU: tiny cells, 2 steps")
+    p.add_argument("--cap-gib", type=float, default=0,
+                   help="cap each child's CUDA allocations (e.g. 96 for a 96 GiB card)")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="with --child: print the ROWS costliest kernels of 2 more steps")
     p.add_argument("--debug-checkpoint", action="store_true",

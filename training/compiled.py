@@ -13,6 +13,12 @@ import functools
 
 import torch
 
+# One island serves several graphs: a norm of [B, L, H] activations and of [P, H] gathered
+# positions, in bf16 and fp32, with and without gradient. fullgraph=True turns Dynamo's
+# default limit of 8 recompilations per function into a hard error, hit by a process that
+# both evaluates in fp32 and trains under bf16.
+torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+
 
 def cuda_compiled(fn):
     compiled = None

@@ -275,6 +275,8 @@ def test_checkpointed_steps_on_cuda_match_under_bf16(drafter, make_sample):
     and gradients as the plain unroll on the GPU."""
     batch = collate([[make_sample(n, seed=i) for i, n in enumerate((100, 130))]], 256)
     model, gpu_batch = drafter.float().cuda(), batch.to("cuda")
+    gpu_batch.aux_hidden, gpu_batch.final_hidden = (gpu_batch.aux_hidden.float(),
+                                                    gpu_batch.final_hidden.float())
     results = []
     for checkpoint in (False, True):
         model.zero_grad(set_to_none=True)
