@@ -4,23 +4,25 @@ The terms follow what training/model.py, attention.py and loss.py keep for backw
 what training/loop.py allocates (fp32 weights under bf16 autocast, fused AdamW, DDP).
 Every activation of every TTT step is still held when backward starts, so the peak of
 the forward+backward comes in one of its first moments, whichever is the largest:
-- ``loss_forward``: the last step's loss at work (both heads cast, a chunk's logits);
-- ``loss_backward``: its backward (the casts, the lm_head gradient, a chunk's softmaxes,
-  the gradient of the loss's input): the peak at short rows;
-- ``norm_backward``: the last step's final norm backward, after the loss has freed its
-  workspace and inputs: fp32 gradients of the whole row, the peak at long rows.
-(Measured on an H200: kimi-k2 at TTT 1 moves from the second to the third between 16K
-and 32K tokens.) Later moments hold less: the last step's MLP and norms are freed before
-the attention's backward allocates anything per token. The optimizer step (weights,
-gradients and AdamW state; fused AdamW works in place) is a phase of its own.
+- ``loss_forward``: the last step's loss at work (the draft head cast, a chunk's logits,
+  probabilities and gradient, every step's fp32 head gradient taken in forward);
+- ``loss_backward``: its backward (the kept gradients scaled: the head's becomes .grad);
+- ``norm_backward``: the last step's final norm backward: fp32 gradients of the whole
+  row in the eager (fp32) trainer;
+- ``attention_backward``: the last step's attention backward, where the keys and values
+  of every step take gradients at once: the peak under --checkpoint-ttt and, compiled,
+  at most shapes.
+The optimizer step (weights, gradients and AdamW state; fused AdamW works in place) is a
+phase of its own.
 
 Every term belongs to one of four groups, by how it grows with the step's shape, T =
 batch_rows × max_seq_len tokens and K TTT steps: ``constant``, ``per_token`` (∝ T),
 ``per_step`` (∝ T·K: what each step keeps) and ``diagonal`` (∝ T·K(K-1)/2: step k re-stacks
 the k diagonal keys and values of the steps before it). A ``Calibration`` fits one scale per
 group from measured peaks (least squares on relative error, the analytic scales as a weak
-prior, each measurement in the phase that peaks for it), so a probe of a few small steps, or a finished run's metrics, corrects
-what the analytic terms miss and the corrected model extrapolates in T and K.
+prior, each measurement in the phase that peaks for it), so a probe of a few small
+steps, or a finished run's metrics, corrects what the analytic terms miss and the
+corrected model extrapolates in T and K.
 
 Predictions assume every position carries loss (the loss keeps per-position tensors), the
 upper bound; hidden states are stored in the activation dtype, as extraction writes them.
@@ -160,10 +162,10 @@ def saved_per_token_step(cfg: DrafterConfig, precision: str,
         "post_attn_norm": _norm_saved(H, precision) + H * a,  # + its output, for gate and up
         # gate, up and silu(gate)·up; eager also keeps silu(gate)
         "mlp": (3 if compiled else 4) * I * a,
-        # the loss on this step's positions: final norm of the gathered hidden, the normed
-        # hidden the chunked loss keeps, its rows in the verifier's table, the positions'
-        # (row, column) index, per-position losses and agreement
-        "loss_inputs": _norm_saved(H, precision) + H * a + 3 * INDEX + FP32 + 1,
+        # the loss on this step's positions: final norm of the gathered hidden, the
+        # gradient of the normed hidden (taken in forward, kept for backward), the
+        # positions' (row, column) index, per-position losses and agreement
+        "loss_inputs": _norm_saved(H, precision) + H * a + 2 * INDEX + FP32 + 1,
     }
 
 
@@ -192,15 +194,15 @@ def saved_per_token_diag(cfg: DrafterConfig, precision: str) -> dict[str, int]:
 
 
 def kept_per_token_checkpointed_step(cfg: DrafterConfig, precision: str) -> dict[str, int]:
-    """What a TTT step keeps under --checkpoint-ttt: its outputs and inputs, no more."""
+    """What a TTT step keeps under --checkpoint-ttt: the layer's outputs and inputs, and
+    the loss, which runs outside the checkpoint (it keeps gradients, not inputs)."""
     a = PRECISIONS[precision]
     H, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
     return {
         "hidden": H * a,  # the next step's input
         "kv": 2 * kv * a,  # the later steps attend to them
         "tokens_positions": 2 * INDEX,  # the step's inputs, rebuilt per step
-        # the positions' (row, column) index, per-position losses and agreement
-        "loss_outputs": 2 * INDEX + FP32 + 1,
+        "loss_inputs": saved_per_token_step(cfg, precision)["loss_inputs"],
     }
 
 
@@ -243,26 +245,26 @@ def backward_per_token(cfg: DrafterConfig, precision: str) -> dict[str, dict[str
 def loss_workspace(cfg: DrafterConfig, shape: StepShape) -> dict[str, dict[str, int]]:
     """The chunked loss at work, by phase (bytes independent of the positions).
 
-    The draft head is cast to a narrower activation dtype (the verifier's head was cast
-    once, for the targets, and freed). Forward, per chunk: the drafter's logits and the
-    gathered verifier probabilities (compiled: both in the activation dtype, reduced in one
-    kernel; eager fp32: with one more fp32 temporary). Backward: the fp32 lm_head gradient
-    the chunks accumulate into, and per chunk the logits, the probabilities and the
-    logits' gradient or, once the first two are freed, that gradient and its product with
-    the hidden, a [V, H] matrix in the activation dtype.
+    Every TTT step's draft-head gradient is taken in its forward, in fp32, and waits for
+    backward (``lm_head_step_grads``, K of them until the last step's backward has scaled
+    its own into lm_head's .grad). Forward, the last step's loss works with the draft head
+    cast to the activation dtype (the verifier's head was cast once, for the targets, and
+    freed) and per chunk the logits, the gathered verifier probabilities and the logits'
+    gradient (compiled: all in the activation dtype; eager fp32: with one more fp32
+    temporary). Backward only scales the kept gradients: the head's, scaled, is a new
+    [V, H] fp32 matrix that becomes lm_head's .grad.
     """
     a = PRECISIONS[shape.precision]
     chunk = min(shape.loss_chunk, shape.tokens)
-    V, H = cfg.draft_vocab_size, cfg.hidden_size
+    V, H, K = cfg.draft_vocab_size, cfg.hidden_size, shape.ttt_steps
     # (fp32 activations: the cast is the head itself)
     casts = {"loss_head_casts": V * H * a} if a < FP32 else {}
-    forward = chunk * V * (2 * a if _compiled(shape.precision) else 3 * FP32)
+    forward = chunk * V * (3 * a if _compiled(shape.precision) else 4 * FP32)
+    kept = V * H * FP32
     return {
-        "loss_forward": {**casts, "loss_chunk": forward},
-        "loss_backward": {**casts, "lm_head_grad": V * H * FP32,
-                          "loss_chunk": max(3 * chunk * V * a, (chunk + H) * V * a)},
-        # the casts and chunks are freed; the gradient has become lm_head's .grad
-        "norm_backward": {"lm_head_grad": V * H * FP32},
+        "loss_forward": {**casts, "lm_head_step_grads": K * kept, "loss_chunk": forward},
+        "loss_backward": {"lm_head_step_grads": K * kept, "lm_head_grad": kept},
+        "norm_backward": {"lm_head_step_grads": (K - 1) * kept, "lm_head_grad": kept},
     }
 
 
@@ -299,7 +301,8 @@ def analytic_phases(cfg: DrafterConfig, shape: StepShape
         per_step = {f"kept_{k}": v * T * K
                     for k, v in kept_per_token_checkpointed_step(cfg, shape.precision).items()}
         per_step.update({f"recomputed_diag_{k}": v * T * (K - 1) for k, v in diag.items()})
-        per_token.update({f"recomputed_step_{k}": v * T for k, v in step.items()})
+        per_token.update({f"recomputed_step_{k}": v * T for k, v in step.items()
+                          if k != "loss_inputs"})
         if K > 1:
             per_token.update({f"recomputed_later_step_{k}": v * T for k, v in later.items()})
         diagonal = {}
@@ -334,10 +337,13 @@ def _attention_backward(cfg: DrafterConfig, shape: StepShape, state: dict, per_t
     if shape.checkpoint_ttt:
         per_token = {k: v for k, v in per_token.items()
                      if k.removeprefix("recomputed_step_") not in freed}
+        # the last step's loss, outside the checkpoint, has done its backward
+        per_step = {**per_step, "freed_last_step": -step["loss_inputs"] * T}
     else:  # the last of the K steps counted in per_step
         per_step = {**per_step, "freed_last_step": -sum(step[k] for k in freed) * T}
+    head = cfg.draft_vocab_size * H * FP32
     return {
-        "constant": {**state, "lm_head_grad": cfg.draft_vocab_size * H * FP32,
+        "constant": {**state, "lm_head_step_grads": (K - 1) * head, "lm_head_grad": head,
                      "mlp_o_proj_grads": (3 * H * I + q * H) * FP32},
         "per_token": {**per_token, "attention_input_grads": (q + 2 * kv + H) * a * T},
         "per_step": {**per_step, "kv_grads": 2 * kv * a * T * K},
