@@ -147,6 +147,14 @@ class RunState:
             self.steps.append({k: tuple(v) if isinstance(v, list) else v for k, v in event.items()})
         elif kind == "start":
             self.start = event
+            self.oom = self.end = None  # a relaunch into the same run dir
+            # A resumed run redoes the steps after its last checkpoint: the ones logged
+            # before it stopped would otherwise show twice, out of order.
+            resumed = (event.get("config") or {}).get("resumed_from_step")
+            if resumed is not None and self.steps and self.steps[-1].get("step", 0) > resumed:
+                kept = [e for e in self.steps if e.get("step", 0) <= resumed]
+                self.steps.clear()
+                self.steps.extend(kept)
         elif kind == "oom":
             self.oom = event
         elif kind == "end":

@@ -114,6 +114,24 @@ def test_curves_fold_in_new_steps_as_a_full_pass_would():
     assert list(followed.steps) == [0] and list(followed.smooth[0]) == [9.0]
 
 
+def test_a_resumed_run_replaces_the_steps_it_redoes():
+    run = make_run([{"event": "start", "config": {"resumed_from_step": 0}}])
+    curves = Curves(0.1)
+    for n in range(1, 11):
+        run.add_event(step(n, 5.0 - n / 10))
+    run.add_event({"event": "end", "status": "error"})
+    curves.update(run)
+    # it stopped after step 10; its last checkpoint was at step 6
+    run.add_event({"event": "start", "config": {"resumed_from_step": 6}})
+    assert run.end is None
+    for n in range(7, 9):
+        run.add_event(step(n, 1.0))
+    assert [e["step"] for e in run.steps] == [1, 2, 3, 4, 5, 6, 7, 8]
+    curves.update(run)
+    assert list(curves.steps) == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert list(curves.raw[0])[-3:] == pytest.approx([4.4, 1.0, 1.0])
+
+
 def test_prediction_scales_steps_with_row_length_and_time_with_ttt():
     run = make_run(metrics_events(50))
     now = predict(run, {})
