@@ -614,12 +614,14 @@ def measurements_from_run(run_dir: str | Path) -> tuple[DrafterConfig, StepShape
         raise ValueError(f"{path}: no start event")
     if not peaks:
         raise ValueError(f"{path}: no step event with peak_mem_gib")
-    cfg, shape = _shape_from_start(start)
+    cfg, shape = shape_from_start(start)
     return cfg, shape, Measurement(shape.max_seq_len, shape.ttt_steps,
                                    round(max(peaks) * GiB))
 
 
-def _shape_from_start(start: dict) -> tuple[DrafterConfig, StepShape]:
+def shape_from_start(start: dict) -> tuple[DrafterConfig, StepShape]:
+    """The drafter and step shape a run's `start` event describes (ValueError if it
+    cannot be read, or the run did not train on a GPU)."""
     config = start.get("config") or {}
     if config.get("device", "cuda") != "cuda":
         raise ValueError(f"the run trained on {config['device']}: its peak_mem_gib is the "

@@ -50,7 +50,7 @@ def _memory(run: RunState, params: dict, gpu_mem_gib: float | None) -> tuple[flo
     if not run.start:
         return None, None
     try:
-        cfg, shape = memory._shape_from_start(run.start)
+        cfg, shape = memory.shape_from_start(run.start)
         peaks = [e["peak_mem_gib"] for e in run.steps if e.get("peak_mem_gib")]
         calibration = None
         if peaks:
