@@ -363,9 +363,11 @@ async def _read_nvml() -> GpuSnapshot | None:
 async def read_gpus(host: Host, smi: str = "nvidia-smi", *, nvml: bool = True) -> GpuSnapshot:
     """Every GPU of `host` and the compute processes holding memory on them, read now.
 
-    NVML when the host is this machine and NVML works (unless `nvml=False`), else `smi`.
+    NVML when the host is this machine, NVML works and `smi` is the plain `nvidia-smi`
+    (unless `nvml=False`), else `smi`: a configured command (one run inside a container,
+    a wrapper) is the operator's choice of what to read.
     """
-    if nvml and host.is_local and (snapshot := await _read_nvml()) is not None:
+    if nvml and host.is_local and smi == "nvidia-smi" and (snapshot := await _read_nvml()) is not None:
         return snapshot
     return await _read_smi(host, smi)
 

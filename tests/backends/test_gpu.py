@@ -496,6 +496,13 @@ async def test_nvml_and_nvidia_smi_agree():
     await read_both()
 
 
+@pytest.mark.gpu
+async def test_a_configured_nvidia_smi_is_read_even_where_nvml_works():
+    snapshot = await read_gpus(LocalHost(), str(FAKE_SMI))
+    assert snapshot.ok and snapshot.source == "nvidia-smi", snapshot.message
+    assert (await read_gpus(LocalHost())).source == "nvml"
+
+
 LOAD = """
 import sys, torch
 x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
