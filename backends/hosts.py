@@ -147,9 +147,13 @@ class LocalHost(Host):
                 proc.communicate(input.encode() if input is not None else None), timeout
             )
         except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise HostError(self.name, f"command timed out after {timeout}s: {shlex.join(full)}")
+            raise HostError(self.name, f"command timed out after {timeout}s: {shlex.join(full)}") from None
+        finally:
+            # Timed out or cancelled (a monitor stopping, the app quitting): the command
+            # must not outlive the call, nor its pipes be left for the loop's close.
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
         return CommandResult(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
     async def chunks(self, argv):

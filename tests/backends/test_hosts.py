@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 
@@ -23,6 +24,21 @@ async def test_run_missing_command_is_127():
 async def test_run_timeout_raises_host_error():
     with pytest.raises(HostError, match="timed out"):
         await LocalHost().run(["sleep", "5"], timeout=0.2)
+
+
+@pytest.mark.parametrize("how", ["timeout", "cancel"])
+async def test_a_command_does_not_outlive_its_call(tmp_path, how):
+    pid_file = tmp_path / "pid"
+    call = asyncio.ensure_future(LocalHost().run(
+        ["sh", "-c", f"echo $$ > {pid_file}; exec sleep 60"], timeout=1.0))
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        await asyncio.sleep(0.02)
+    if how == "cancel":
+        call.cancel()
+    with pytest.raises(asyncio.CancelledError if how == "cancel" else HostError):
+        await call
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)
 
 
 async def test_lines_yields_lines_and_a_last_partial_one():
