@@ -25,10 +25,13 @@ class ParamError(ValueError):
         self.key = key
 
 
+_BOOL = {"true": True, "false": False}
+
+
 @dataclass(frozen=True)
 class Param:
     name: str
-    kind: type  # int or float
+    kind: type  # int, float, or bool (a bare flag: present is true)
     low: float | None = None
     high: float | None = None
     low_open: bool = False  # low itself excluded, as in (0, 1]
@@ -38,17 +41,27 @@ class Param:
         return "--" + self.name.replace("_", "-")
 
     def describe(self) -> str:
+        if self.kind is bool:
+            return "bool: true or false"
         low = "" if self.low is None else f"{'>' if self.low_open else '≥'} {self.low:g}"
         high = "" if self.high is None else f"≤ {self.high:g}"
         return f"{self.kind.__name__} {' and '.join(filter(None, [low, high]))}".strip()
 
-    def parse(self, text: str) -> int | float:
+    def parse(self, text: str) -> int | float | bool:
+        if self.kind is bool:
+            if text not in _BOOL:
+                raise ParamError(self.name, f"{text!r} is not true or false")
+            return _BOOL[text]
         grammar = _INT if self.kind is int else _FLOAT
         if not isinstance(text, str) or not grammar.fullmatch(text):
             raise ParamError(self.name, f"{text!r} is not a plain {self.kind.__name__} ({self.describe()})")
         return self.check(self.kind(text))
 
-    def check(self, value: int | float) -> int | float:
+    def check(self, value: int | float | bool) -> int | float | bool:
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise ParamError(self.name, f"{value!r} is not true or false")
+            return value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ParamError(self.name, f"{value!r} is not a number")
         if self.kind is int and not float(value).is_integer():
@@ -77,6 +90,7 @@ PARAMS: dict[str, Param] = {
         Param("loss_chunk", int, 1),
         Param("save_every", int, 0),
         Param("seed", int, 0),
+        Param("checkpoint_ttt", bool),
     ]
 }
 
@@ -114,14 +128,19 @@ def _flag_index(argv: Sequence[str], flag: str) -> tuple[int, bool] | None:
     return None
 
 
-def read(argv: Sequence[str]) -> dict[str, int | float]:
+def read(argv: Sequence[str]) -> dict[str, int | float | bool]:
     """The known parameters an argv sets; malformed ones raise ParamError."""
-    values: dict[str, int | float] = {}
+    values: dict[str, int | float | bool] = {}
     for param in PARAMS.values():
         found = _flag_index(argv, param.flag)
         if found is None:
             continue
         i, joined = found
+        if param.kind is bool:
+            if joined:
+                raise ParamError(param.name, f"{param.flag} takes no value")
+            values[param.name] = True
+            continue
         if joined:
             text = argv[i].split("=", 1)[1]
         elif i + 1 < len(argv):
@@ -149,8 +168,13 @@ def set_flag(argv: Sequence[str], flag: str, value: str) -> list[str]:
 
 
 def apply(argv: Sequence[str], params: dict) -> list[str]:
-    """A trainer argv with each parameter set to its (validated) value."""
+    """A trainer argv with each parameter set to its (validated) value; a bool flag is
+    added when true, and every occurrence removed when false."""
     argv = list(argv)
     for key, value in check(params).items():
-        argv = set_flag(argv, PARAMS[key].flag, repr(value) if isinstance(value, float) else str(value))
+        flag = PARAMS[key].flag
+        if isinstance(value, bool):
+            argv = [a for a in argv if a != flag] + ([flag] if value else [])
+        else:
+            argv = set_flag(argv, flag, repr(value) if isinstance(value, float) else str(value))
     return argv

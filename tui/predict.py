@@ -58,8 +58,10 @@ def _memory(run: RunState, params: dict, gpu_mem_gib: float | None) -> tuple[flo
             calibration = memory.calibrate(
                 cfg, [measured], batch_rows=shape.batch_rows, loss_chunk=shape.loss_chunk,
                 precision=shape.precision, world_size=shape.world_size, sharding=shape.sharding,
+                checkpoint_ttt=shape.checkpoint_ttt,
             )  # fmt: skip
         changed = {k: int(params[k]) for k in ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk") if k in params}
+        changed["checkpoint_ttt"] = bool(params.get("checkpoint_ttt", shape.checkpoint_ttt))
         new = dataclasses.replace(shape, **changed)
         peak = memory.predict(cfg, new, calibration).reserved / memory.GiB
         largest = None
@@ -67,6 +69,7 @@ def _memory(run: RunState, params: dict, gpu_mem_gib: float | None) -> tuple[flo
             largest = memory.largest_fitting(
                 cfg, new.ttt_steps, gpu_mem_gib, batch_rows=new.batch_rows, loss_chunk=new.loss_chunk,
                 precision=new.precision, world_size=new.world_size, sharding=new.sharding, calibration=calibration,
+                checkpoint_ttt=new.checkpoint_ttt,
             )  # fmt: skip
         return peak, largest
     except Exception:  # an optional estimate: any trouble in it reads as "—", never a crash

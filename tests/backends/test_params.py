@@ -78,3 +78,21 @@ def test_set_flag_keeps_other_arguments_literal():
     argv = ["x", "--note", "--out", "a; rm -rf /"]
     assert set_flag(argv, "--out", "/runs/r1") == ["x", "--note", "--out", "/runs/r1"]
     assert set_flag(["x"], "--out", "/runs/r1") == ["x", "--out", "/runs/r1"]
+
+
+def test_a_bool_param_is_a_bare_flag_added_or_removed():
+    argv = ["python", "-m", "training", "train", "--max-seq-len", "8192"]
+    assert read(argv) == {"max_seq_len": 8192}
+    on = apply(argv, {"checkpoint_ttt": True})
+    assert on == argv + ["--checkpoint-ttt"]
+    assert read(on) == {"max_seq_len": 8192, "checkpoint_ttt": True}
+    assert apply(on, {"checkpoint_ttt": True}) == on  # not added twice
+    assert apply(on + ["--checkpoint-ttt"], {"checkpoint_ttt": False}) == argv
+    assert parse_sets(["checkpoint_ttt=true", "ttt_steps=7"]) == {"checkpoint_ttt": True, "ttt_steps": 7}
+    for bad in ("checkpoint_ttt=1", "checkpoint_ttt=yes", "checkpoint_ttt=True"):
+        with pytest.raises(ParamError, match="checkpoint_ttt"):
+            parse_sets([bad])
+    with pytest.raises(ParamError, match="checkpoint_ttt"):
+        check({"checkpoint_ttt": 1})
+    with pytest.raises(ParamError, match="takes no value"):
+        read(argv + ["--checkpoint-ttt=1"])

@@ -13,7 +13,8 @@ from backends import params as run_params
 from tui.predict import predict
 from tui.state import HostState, RunState, format_duration, format_number
 
-FIELDS = ["max_seq_len", "ttt_steps", "lr", "steps", "batch_rows", "epochs", "ttt_decay", "loss_chunk"]
+FIELDS = ["max_seq_len", "ttt_steps", "lr", "steps", "batch_rows", "epochs", "ttt_decay", "loss_chunk",
+          "checkpoint_ttt"]
 
 
 def gpu_total_gib(host: HostState) -> float | None:
@@ -22,6 +23,8 @@ def gpu_total_gib(host: HostState) -> float | None:
 
 
 def shown(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"  # as the form's input reads it
     return "" if value is None else str(value)
 
 
@@ -96,7 +99,7 @@ class EditScreen(ModalScreen[dict | None]):
             text.append(f"{name}: ")
             text.append(shown(self.run.params.get(name)) or "default", style="red")
             text.append(" → ")
-            text.append(f"{value}\n", style="green")
+            text.append(f"{shown(value)}\n", style="green")
         return text
 
     def cost_text(self) -> Text:
