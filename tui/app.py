@@ -13,10 +13,11 @@ import shlex
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 
 from textual.app import App, SuspendNotSupported, SystemCommand
 from textual.screen import Screen
+from textual.strip import Strip
 
 from backends import attach, kill, logparse, runs
 from backends.hosts import Host
@@ -25,6 +26,23 @@ from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
 from tui.monitor import HostMonitor
 from tui.state import GpuTrace, HostState, RunState, run_key
+
+
+ESCAPE_CACHE = 1024
+
+
+def bound_escape_cache(maxsize: int = ESCAPE_CACHE) -> None:
+    """Shrink Textual's cache of the escapes of Rich styles (`Strip.render_ansi`, 16,384).
+
+    Each rendered segment's style carries its screen offset (for text selection), so under
+    a scrolling log almost every style is new: in the load bench 2 % of lookups hit, and
+    the cache only filled, ~20 styles a second at ~1 KiB each, growing the app by ~11 MiB
+    over its first 13 minutes (docs/load.md, round 3). A style keeps its own escapes once
+    rendered (`Style._ansi`), so a smaller cache costs little.
+    """
+    render_ansi = Strip.render_ansi.__func__
+    if render_ansi.cache_parameters()["maxsize"] > maxsize:
+        Strip.render_ansi = classmethod(lru_cache(maxsize)(render_ansi.__wrapped__))
 
 
 @dataclass
@@ -82,6 +100,7 @@ class TracksideApp(App):
         from tui.screens.fleet import FleetScreen
         from tui.screens.run import RunScreen
 
+        bound_escape_cache()
         # What start-up allocated lives as long as the app: keep it out of the collector's
         # full passes, which otherwise land on key presses (docs/benchmarks.md, load).
         gc.freeze()

@@ -5,7 +5,7 @@ latency, the app's CPU time, lines and polls achieved, and memory over time.
     .venv/bin/python tests/tui/load_bench.py [--seconds 600] [--tracemalloc] [--json FILE]
 
 The setup is real except the GPUs: the test sshd (tests/sshd.py) serves eight SSHHost
-entries (distinct names, runs roots and tmux servers, one address), each polling
+entries (distinct names, runs roots and tmux servers, one address), each reading
 tests/fake_nvidia_smi.py with FAKE_NVIDIA_SMI_GPUS=8 through a wrapper script; a line
 generator (this file's `generate` subcommand) is launched on the first host through
 backends.runs.launch as the host's train command, so it runs in tmux with a run dir the

@@ -5,11 +5,15 @@ from __future__ import annotations
 import gc
 
 import pytest
+from rich.color import ColorSystem
+from rich.style import Style
+from textual.strip import Strip
 
 from backends.kill import GpuDelta, KillReport
 from backends.gpu import GpuProcess
 from tests.tui.sample import NOW, PARAMS, gpus, metrics_events, run_info
 from tui.alerts import STALL_S, host_alerts, kill_alert, run_alerts, update_underfed
+from tui.app import ESCAPE_CACHE, bound_escape_cache
 from tui.predict import predict
 from tui.state import STEP_HISTORY, GpuTrace, HostState, RunState
 from tui.widgets.loss_chart import Curves
@@ -82,6 +86,16 @@ def test_step_history_is_not_walked_by_the_garbage_collector():
     gc.collect()
     assert run.last["loss_ttt"] == pytest.approx(metrics_events(20)[-1]["loss_ttt"])
     assert not any(gc.is_tracked(event) for event in run.steps)
+
+
+def test_escape_cache_stays_small_and_renders_the_same():
+    bound_escape_cache()
+    render_ansi = Strip.render_ansi.__func__
+    # One style per screen offset, as Textual makes them for text selection.
+    for y in range(3 * ESCAPE_CACHE):
+        style = Style(bold=True, color="red", meta={"offset": (0, y)})
+        assert Strip.render_ansi(style, ColorSystem.TRUECOLOR) == render_ansi.__wrapped__(Strip, style, ColorSystem.TRUECOLOR)
+    assert render_ansi.cache_info().currsize <= ESCAPE_CACHE
 
 
 def test_curves_smooth_and_skip_gaps_and_garbage():
