@@ -40,8 +40,12 @@ def bound_escape_cache(maxsize: int = ESCAPE_CACHE) -> None:
     over its first 13 minutes (docs/load.md, round 3). A style keeps its own escapes once
     rendered (`Style._ansi`), so a smaller cache costs little.
     """
-    render_ansi = Strip.render_ansi.__func__
-    if render_ansi.cache_parameters()["maxsize"] > maxsize:
+    try:
+        render_ansi = Strip.render_ansi.__func__
+        too_big = render_ansi.cache_parameters()["maxsize"] > maxsize
+    except AttributeError:
+        return  # a Textual without this cache (pyproject allows older ones): nothing to bound
+    if too_big:
         Strip.render_ansi = classmethod(lru_cache(maxsize)(render_ansi.__wrapped__))
 
 
