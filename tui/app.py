@@ -36,8 +36,8 @@ def bound_escape_cache(maxsize: int = ESCAPE_CACHE) -> None:
 
     Each rendered segment's style carries its screen offset (for text selection), so under
     a scrolling log almost every style is new: in the load bench 2 % of lookups hit, and
-    the cache only filled, ~20 styles a second at ~1 KiB each, growing the app by ~11 MiB
-    over its first 13 minutes (docs/load.md, round 3). A style keeps its own escapes once
+    the cache only filled, ~20 styles a second at ~1 KiB each: ~11 MiB in the bench's 10
+    minutes, full at ~13 (docs/load.md, round 3). A style keeps its own escapes once
     rendered (`Style._ansi`), so a smaller cache costs little.
     """
     try:
