@@ -118,17 +118,24 @@ class TracksideApp(App):
 
     # --- state from messages ---------------------------------------------------------
 
+    def _host_answered(self, host: HostState, time: float) -> None:
+        if host.status in ("offline", "auth", "error"):
+            self.notify(f"{host.name} is back", title="host back")
+        host.status, host.message, host.last_ok = "ok", "", time
+
     def on_gpus_polled(self, message: GpusPolled) -> None:
         host = self.hosts[message.host]
-        was_lost = host.status in ("offline", "auth", "error")
-        host.status, host.message, host.last_ok, host.gpus = "ok", "", message.time, message.snapshot
+        host.gpus = message.snapshot
+        # GPUs read means the host answered. A GPU error may be the host's own loss (the
+        # stream reports it as state): whether the host is up is the listings' to say,
+        # or a lost host would flap between offline and ok.
+        if message.snapshot.ok:
+            self._host_answered(host, message.time)
         for reading in getattr(message.snapshot, "gpus", ()):
             trace = host.traces.setdefault(reading.index, GpuTrace())
             trace.power_w.append(reading.power_w or 0.0)
             trace.mem_mib.append(reading.mem_used_mib or 0)
         update_underfed(host, message.time)
-        if was_lost:
-            self.notify(f"{host.name} is back", title="host back")
         self._changed(host=host.name)
 
     def on_host_failed(self, message: HostFailed) -> None:
@@ -138,6 +145,7 @@ class TracksideApp(App):
 
     def on_runs_listed(self, message: RunsListed) -> None:
         host = self.hosts[message.host]
+        self._host_answered(host, message.time)
         listed = {run_key(host.name, info): info for info in message.runs}
         for key, info in listed.items():
             run = self.runs.get(key)

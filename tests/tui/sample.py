@@ -98,5 +98,6 @@ async def feed(pilot, model: dict | None = None) -> None:
     app.post_message(ConsoleBatch("h200-box", RUN_KEY, LOG))
     refused = HostUnreachable("pve-129", "connection refused by 10.0.0.129:22")
     app.post_message(HostFailed("pve-129", "offline", str(refused)))
+    app.post_message(RunsListed("laptop", [], NOW))
     app.post_message(GpusPolled("laptop", GpuSnapshot(GpuStatus.NO_SMI, "nvidia-smi not found"), NOW))
     await pilot.pause()

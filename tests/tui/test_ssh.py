@@ -4,6 +4,7 @@ read through one long-lived nvidia-smi channel per host."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -68,6 +69,11 @@ async def test_host_lost_and_back(fresh_sshd):
             await wait_for(pilot, lambda: state.status == "offline", 30, "the host to read offline")
             assert "lost:flaky" in app.alerts
             assert "flaky lost" in screen_text(app)
+            seen = set()  # the GPU stream's own failures must not read as the host answering
+            for _ in range(30):
+                await asyncio.sleep(0.2)
+                seen.add(state.status)
+            assert seen == {"offline"}
             fresh_sshd.start()
             await wait_for(pilot, lambda: state.status == "ok", 30, "the host to come back")
             await pilot.pause()
