@@ -196,9 +196,16 @@ async def _read_all(process: asyncssh.SSHClientProcess) -> tuple[str, str]:
     return out, err
 
 
+# Channels that long-lived streams (GPU samples, followed files) leave to commands: a host
+# following many runs must still answer the listings, kills and launches that say whether
+# it is up. A stream beyond its share waits for one to close.
+COMMAND_CHANNELS = 2
+
+
 class SSHHost(Host):
     """A host reached over SSH: one connection, opened on first use and shared by every
-    command (at most `max_channels` at once, within sshd's MaxSessions, default 10).
+    command (at most `max_channels` at once, within sshd's MaxSessions, default 10; streams
+    at most COMMAND_CHANNELS fewer).
 
     After a drop, the next call reconnects; while reconnecting keeps failing, calls fail
     fast with HostUnreachable until the next attempt is due (backoff doubling up to
@@ -240,6 +247,7 @@ class SSHHost(Host):
         self._conn: asyncssh.SSHClientConnection | None = None
         self._connect_lock = asyncio.Lock()
         self._channels = asyncio.Semaphore(max_channels)
+        self._streams = asyncio.Semaphore(max(1, max_channels - COMMAND_CHANNELS))
         self._failures = 0
         self._retry_at = 0.0
         self._last_error: HostError | None = None
@@ -335,7 +343,7 @@ class SSHHost(Host):
 
     @contextlib.asynccontextmanager
     async def _process(
-        self, argv: Sequence[str], input: str | None, **kwargs
+        self, argv: Sequence[str], input: str | None, *, stream: bool = False, **kwargs
     ) -> AsyncIterator[asyncssh.SSHClientProcess]:
         """A remote process on its own channel of the shared connection.
 
@@ -348,7 +356,7 @@ class SSHHost(Host):
             command = shlex.join(_WATCHDOG + self.full_argv(argv))
         else:
             command = self.shell_command(argv)
-        async with self._channels:
+        async with self._streams if stream else contextlib.nullcontext(), self._channels:
             conn = await self.connection()
             try:
                 process = await conn.create_process(command, stdin=asyncssh.PIPE, **kwargs)
@@ -379,7 +387,7 @@ class SSHHost(Host):
             return CommandResult(process.returncode, out, err)
 
     async def chunks(self, argv):
-        async with self._process(argv, None, encoding=None, stderr=asyncssh.DEVNULL) as process:
+        async with self._process(argv, None, stream=True, encoding=None, stderr=asyncssh.DEVNULL) as process:
             while chunk := await process.stdout.read(CHUNK_BYTES):
                 yield chunk
             await process.wait()

@@ -212,6 +212,23 @@ async def test_concurrent_runs_share_one_connection_within_max_channels(sshd):
     assert 1 < peak <= 4  # concurrent, and never more than max_channels
 
 
+async def test_streams_leave_channels_to_commands(sshd):
+    host = sshd.host(max_channels=2)  # streams get 1 (at least one, whatever the budget)
+    streams = [host.lines(["sh", "-c", f"echo {i}; exec sleep 60"]) for i in range(2)]
+    try:
+        assert await anext(streams[0]) == "0"
+        second = asyncio.ensure_future(anext(streams[1]))  # waits for the first to close
+        # Two streams would otherwise hold both channels; commands still run.
+        results = await asyncio.wait_for(asyncio.gather(*(host.run(["true"]) for _ in range(4))), 10)
+        assert all(r.ok for r in results) and not second.done()
+        await streams[0].aclose()
+        assert await asyncio.wait_for(second, 10) == "1"
+    finally:
+        for stream in streams:
+            await stream.aclose()
+        await host.close()
+
+
 # -- reconnecting, jump hosts, ~/.ssh/config ----------------------------------------------
 
 
