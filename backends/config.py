@@ -20,6 +20,7 @@
     nvidia_smi = "nvidia-smi"
     known_hosts = "~/.ssh/known_hosts"
     identity_file = "~/.ssh/id_ed25519"
+    max_channels = 8        # SSH channels at once; streams take all but 2
 
 Host tables may also set runs_root, train_command, nvidia_smi, user, known_hosts and
 identity_file in [defaults]. Without a file, the one host is this machine. Every mistake
