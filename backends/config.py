@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from backends.gpu import DEFAULT_SMI
 from backends.hosts import DEFAULT_RUNS_ROOT, Host, LocalHost, SSHHost
 
 
@@ -100,7 +101,7 @@ def _seconds(key: str, value: Any) -> float:
 _SHARED = {
     "runs_root": (_string, DEFAULT_RUNS_ROOT),
     "train_command": (_command, ["trackside", "train"]),
-    "nvidia_smi": (_string, "nvidia-smi"),
+    "nvidia_smi": (_string, DEFAULT_SMI),
     "user": (_string, None),
     "known_hosts": (_string, None),
     "identity_file": (_string, None),
@@ -130,7 +131,7 @@ class HostConfig:
     prefix: list[str] = field(default_factory=list)
     runs_root: str = DEFAULT_RUNS_ROOT
     train_command: list[str] = field(default_factory=lambda: ["trackside", "train"])
-    nvidia_smi: str = "nvidia-smi"
+    nvidia_smi: str = DEFAULT_SMI
     known_hosts: str | None = None
     identity_file: str | None = None
     max_channels: int = 8

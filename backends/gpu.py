@@ -24,6 +24,10 @@ from backends.hosts import CommandResult, Host, HostError
 
 MIB = 1 << 20
 
+# The command GPUs are read with unless a host is configured otherwise; a configured one
+# is run even where NVML would answer (read_gpus).
+DEFAULT_SMI = "nvidia-smi"
+
 # The fields read_gpus and stream_gpus ask nvidia-smi for, in the column order it prints them.
 QUERY_GPU_FIELDS = (
     "index",
@@ -269,7 +273,7 @@ async def _read_smi(host: Host, smi: str) -> GpuSnapshot:
 
 
 async def read_processes(
-    host: Host, gpus: Sequence[GpuReading], smi: str = "nvidia-smi"
+    host: Host, gpus: Sequence[GpuReading], smi: str = DEFAULT_SMI
 ) -> tuple[tuple[GpuProcess, ...], str]:
     """The compute processes on `gpus` (as a snapshot lists them), read now with one
     `--query-compute-apps`, for a stream's samples, which carry none: (processes, message),
@@ -360,14 +364,14 @@ async def _read_nvml() -> GpuSnapshot | None:
         return None  # let nvidia-smi say what is wrong, in its words
 
 
-async def read_gpus(host: Host, smi: str = "nvidia-smi", *, nvml: bool = True) -> GpuSnapshot:
+async def read_gpus(host: Host, smi: str = DEFAULT_SMI, *, nvml: bool = True) -> GpuSnapshot:
     """Every GPU of `host` and the compute processes holding memory on them, read now.
 
     NVML when the host is this machine, NVML works and `smi` is the plain `nvidia-smi`
     (unless `nvml=False`), else `smi`: a configured command (one run inside a container,
     a wrapper) is the operator's choice of what to read.
     """
-    if nvml and host.is_local and smi == "nvidia-smi" and (snapshot := await _read_nvml()) is not None:
+    if nvml and host.is_local and smi == DEFAULT_SMI and (snapshot := await _read_nvml()) is not None:
         return snapshot
     return await _read_smi(host, smi)
 
@@ -429,7 +433,7 @@ async def _stream_smi(host: Host, interval_ms: int, smi: str, last_index: int) -
 
 
 async def stream_gpus(
-    host: Host, interval_ms: int, smi: str = "nvidia-smi", *, nvml: bool = True
+    host: Host, interval_ms: int, smi: str = DEFAULT_SMI, *, nvml: bool = True
 ) -> AsyncIterator[GpuSnapshot]:
     """Snapshots of `host`'s GPUs every `interval_ms`, forever; the caller closes the iterator.
 

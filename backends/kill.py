@@ -208,7 +208,7 @@ async def kill_run(
     target: str,
     grace_s: float = 30.0,
     poll_s: float = 0.05,
-    smi: str = "nvidia-smi",
+    smi: str = gpu.DEFAULT_SMI,
     gpu_timeout_s: float = 10.0,
     nvml: bool = True,
 ) -> KillReport:

@@ -19,7 +19,7 @@ from textual.app import App, SuspendNotSupported, SystemCommand
 from textual.screen import Screen
 from textual.strip import Strip
 
-from backends import attach, kill, logparse, runs
+from backends import attach, gpu, kill, logparse, runs
 from backends.hosts import Host
 from tui.alerts import Alert, host_alerts, kill_alert, run_alerts, update_underfed
 from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS
@@ -54,7 +54,7 @@ class Watched:
     """A host the dashboard watches, with the settings its config gave it."""
 
     host: Host
-    smi: str = "nvidia-smi"
+    smi: str = gpu.DEFAULT_SMI
     train_command: list[str] | None = None
 
 

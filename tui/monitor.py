@@ -60,7 +60,7 @@ class HostMonitor:
         app: App,
         host: Host,
         *,
-        smi: str = "nvidia-smi",
+        smi: str = gpu.DEFAULT_SMI,
         interval: float = 1.0,
         runs_every: int = 2,
         clock: Callable[[], float] = time.time,
