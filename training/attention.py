@@ -1,14 +1,13 @@
 """Attention for packed rows under EAGLE-3's training-time test (TTT).
 
 At TTT step k a query at index i sees the step-0 keys j <= i of its own sample, and the
-keys that steps 1..k made at index i (the tokens this chain drafted before). The step-0
-part is ordinary document-causal attention; the diagonal part is k extra scores per query.
-They are merged through log-sum-exp, so the step-0 keys and values are computed once and
-the key length never grows with k.
+keys that steps 1..k made at index i (the tokens this chain drafted before). The keys of
+steps 0..k are laid end to end, k + 1 segments of the row's length, and attended in one
+call under one mask: document-causal over segment 0, the diagonal in each later one.
 
-Document-causal attention has two exact implementations: a dense masked one for CPU and
-short rows, and flex_attention with a BlockMask built from the sample boundaries for CUDA
-(never an L x L grid).
+Two exact implementations share that mask: flex_attention with a BlockMask built from the
+sample boundaries for CUDA (never an L x L grid; each later segment adds one block per
+query block), and a dense masked one for CPU and short rows.
 """
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ import math
 
 import torch
 from torch import Tensor
-from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 
 BLOCK = 128  # flex_attention's sparse block size
@@ -36,61 +35,68 @@ def at_least_float32(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _grouped(q: Tensor, num_kv_heads: int) -> Tensor:
-    # [B, Hq, L, D] -> [B, Hkv, G, L, D]: query heads that share one key/value head.
-    B, Hq, L, D = q.shape
-    return q.view(B, num_kv_heads, Hq // num_kv_heads, L, D)
+def ttt_mask_mod(doc_ids: Tensor, segments: int):
+    """mask_mod(b, h, q_idx, kv_idx) over `segments` key segments of the row [B, L]:
+    document-causal in the first, the diagonal (kv position == q_idx) in the others.
+    Indices may be tensors of any broadcastable shapes (the dense path's grids)."""
+    B, L = doc_ids.shape
+    docs = doc_ids.clone()
+    docs[docs < 0] = torch.iinfo(docs.dtype).max  # padding is one more sample, at the end
+    kv_docs = docs.repeat(1, segments)
+    kv_pos = torch.arange(L, device=doc_ids.device).repeat(segments)
+    later = torch.arange(segments * L, device=doc_ids.device) >= L
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        pos = kv_pos[kv_idx]
+        return ((docs[b, q_idx] == kv_docs[b, kv_idx]) & (pos <= q_idx)
+                & (~later[kv_idx] | (pos >= q_idx)))
+    return mask_mod
 
 
-def dense_doc_causal(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor) -> tuple[Tensor, Tensor]:
-    """Exact reference: q [B,Hq,L,D], k/v [B,Hkv,L,D] -> (out [B,Hq,L,D], lse [B,Hq,L])."""
-    B, Hq, L, D = q.shape
-    qg = _grouped(q, k.shape[1])
-    acc = at_least_float32(q.dtype)
-    scores = (qg @ k.unsqueeze(2).transpose(-1, -2)).to(acc) * (1.0 / math.sqrt(D))
-    pos = torch.arange(L, device=q.device)
-    allowed = (doc_ids[:, :, None] == doc_ids[:, None, :]) & (pos[None, :] <= pos[:, None])
-    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - lse[..., None]).to(v.dtype)
-    out = probs @ v.unsqueeze(2)
-    return out.reshape(B, Hq, L, D), lse.reshape(B, Hq, L)
+def ttt_block_mask(doc_ids: Tensor, segments: int = 1) -> BlockMask:
+    """The BlockMask of ttt_mask_mod, from the sample boundaries alone.
 
-
-def doc_causal_block_mask(doc_ids: Tensor) -> BlockMask:
-    """The BlockMask of document-causal attention, from the sample boundaries alone.
-
-    Samples are contiguous, so query block qb needs the kv blocks from the one holding the
-    start of its first query's sample up to qb itself. Of these, the blocks from the one
-    starting at or after the start of its last query's sample up to qb - 1 lie wholly
-    inside that sample and before the queries: full blocks, which skip mask_mod.
+    Samples are contiguous, so query block qb needs the segment-0 kv blocks from the one
+    holding the start of its first query's sample up to qb itself. Of these, the blocks
+    from the one starting at or after the start of its last query's sample up to qb - 1
+    lie wholly inside that sample and before the queries: full blocks, which skip
+    mask_mod. Each later segment s adds its block s * nb + qb, the diagonal's.
     """
     B, L = doc_ids.shape
     if L % BLOCK:
         raise ValueError(f"row length {L} is not a multiple of {BLOCK}")
     nb = L // BLOCK
+    dev = doc_ids.device
     starts = doc_starts(doc_ids)
-    qb = torch.arange(nb, device=doc_ids.device)
+    qb = torch.arange(nb, device=dev)
     lo = starts[:, ::BLOCK] // BLOCK  # [B, nb]
     full_lo = (starts[:, BLOCK - 1::BLOCK] + BLOCK - 1) // BLOCK
     n_partial_before = torch.minimum(full_lo, qb) - lo
-    ar = torch.arange(nb, device=doc_ids.device)
+    ar = torch.arange(segments * nb, device=dev)
     kv_indices = (lo[..., None] + ar).clamp_(max=nb - 1)
-    kv_indices.scatter_(-1, n_partial_before[..., None], qb.expand(B, nb)[..., None])
+    seg = torch.arange(segments, device=dev)
+    kv_indices.scatter_(-1, n_partial_before[..., None] + seg,
+                        (qb[:, None] + seg * nb).expand(B, nb, segments))
     full_indices = (full_lo[..., None] + ar).clamp_(max=nb - 1)
     full_num = (qb - full_lo).clamp_(min=0)
-
-    docs = doc_ids.clone()
-    docs[docs < 0] = torch.iinfo(docs.dtype).max  # padding is one more sample, at the end
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return (docs[b, q_idx] == docs[b, kv_idx]) & (kv_idx <= q_idx)
-
     i32 = torch.int32
     return BlockMask.from_kv_blocks(
-        (n_partial_before + 1).to(i32)[:, None], kv_indices.to(i32)[:, None],
+        (n_partial_before + segments).to(i32)[:, None], kv_indices.to(i32)[:, None],
         full_num.to(i32)[:, None], full_indices.to(i32)[:, None],
-        BLOCK_SIZE=BLOCK, mask_mod=mask_mod, seq_lengths=(L, L))
+        BLOCK_SIZE=BLOCK, mask_mod=ttt_mask_mod(doc_ids, segments),
+        seq_lengths=(L, segments * L))
+
+
+def dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
+    """Exact reference: q [B,Hq,L,D], k/v [B,Hkv,S,D], allowed [B,L,S] -> [B,Hq,L,D]."""
+    B, Hq, L, D = q.shape
+    Hkv = k.shape[1]
+    qg = q.view(B, Hkv, Hq // Hkv, L, D)  # query heads that share one key/value head
+    acc = at_least_float32(q.dtype)
+    scores = (qg @ k.unsqueeze(2).transpose(-1, -2)).to(acc) * (1.0 / math.sqrt(D))
+    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    return (probs @ v.unsqueeze(2)).reshape(B, Hq, L, D)
 
 
 @functools.cache
@@ -101,58 +107,49 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=True)
 
 
-def flex_doc_causal(q: Tensor, k: Tensor, v: Tensor,
-                    block_mask: BlockMask) -> tuple[Tensor, Tensor]:
-    out, aux = _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=True,
-                                return_aux=AuxRequest(lse=True))
-    return out, aux.lse
-
-
 class DocLayout:
     """One packed batch's sample boundaries, prepared once for all layers and TTT steps."""
 
     def __init__(self, doc_ids: Tensor, use_flex: bool | None = None):
         self.doc_ids = doc_ids
         self.use_flex = doc_ids.is_cuda if use_flex is None else use_flex
-        self.block_mask = None
-        if self.use_flex:
-            # flex_attention works on whole blocks: pad the row with one more padding run.
-            self.pad = -doc_ids.shape[1] % BLOCK
-            padded = torch.nn.functional.pad(doc_ids, (0, self.pad), value=-1)
-            self.block_mask = doc_causal_block_mask(padded)
+        # flex_attention works on whole blocks: each segment is padded with one more
+        # padding run.
+        self.pad = -doc_ids.shape[1] % BLOCK if self.use_flex else 0
+        self._masks: dict[int, BlockMask | Tensor] = {}
 
-    def doc_causal(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if not self.use_flex:
-            return dense_doc_causal(q, k, v, self.doc_ids)
-        if not self.pad:
-            return flex_doc_causal(q, k, v, self.block_mask)
-        L = q.shape[2]
-        q, k, v = (torch.nn.functional.pad(t, (0, 0, 0, self.pad)) for t in (q, k, v))
-        out, lse = flex_doc_causal(q, k, v, self.block_mask)
-        return out[:, :, :L], lse[:, :, :L]
+    def mask(self, segments: int) -> BlockMask | Tensor:
+        """The step's mask over `segments` key segments, made once per batch (a
+        checkpointed step's recomputation finds it here)."""
+        if segments not in self._masks:
+            if self.use_flex:
+                padded = torch.nn.functional.pad(self.doc_ids, (0, self.pad), value=-1)
+                self._masks[segments] = ttt_block_mask(padded, segments)
+            else:
+                B, L = self.doc_ids.shape
+                rule = ttt_mask_mod(self.doc_ids, segments)
+                b = torch.arange(B, device=self.doc_ids.device)[:, None, None]
+                idx = torch.arange(segments * L, device=self.doc_ids.device)
+                self._masks[segments] = rule(b, None, idx[None, :L, None], idx[None, None])
+        return self._masks[segments]
 
 
-def ttt_attention(q: Tensor, k0: Tensor, v0: Tensor, diag_k: list[Tensor],
-                  diag_v: list[Tensor], layout: DocLayout) -> Tensor:
-    """Step-k attention: document-causal over step-0 keys plus the diagonal keys of 1..k.
-
-    q [B,Hq,L,D]; k0/v0 and each diag_k/diag_v entry [B,Hkv,L,D]. Returns [B,Hq,L,D].
-    """
-    out0, lse0 = layout.doc_causal(q, k0, v0)
-    if not diag_k:
-        return out0
-    # One diagonal key at a time, never stacked: a stack of kimi-k2's keys at 64K tokens
-    # passes 2^31 elements, and a compiled merge then changed graphs between the forward
-    # and a checkpointed step's recomputation. Eager ops save the same tensors every time.
-    B, Hq, L, D = q.shape
-    Hkv = k0.shape[1]
-    qg = _grouped(q, Hkv)
-    acc = at_least_float32(q.dtype)
-    scores = [torch.einsum("bhgld,bhld->bhgl", qg, k).to(acc) * (1.0 / math.sqrt(D))
-              for k in diag_k]
-    lse0 = lse0.view(B, Hkv, Hq // Hkv, L).to(acc)
-    lse = torch.logsumexp(torch.stack([lse0, *scores]), dim=0)
-    out = _grouped(out0, Hkv).to(acc) * torch.exp(lse0 - lse)[..., None]
-    for score, v in zip(scores, diag_v):
-        out = out + torch.exp(score - lse)[..., None].to(v.dtype) * v[:, :, None]
-    return out.to(q.dtype).reshape(B, Hq, L, D)
+def ttt_attention(q: Tensor, keys: list[Tensor], values: list[Tensor],
+                  layout: DocLayout) -> Tensor:
+    """Step-k attention: q [B,Hq,L,D]; keys and values: step 0's, then those of steps
+    1..k (the diagonal ones), each [B,Hkv,L,D]. Returns [B,Hq,L,D]."""
+    L = q.shape[2]
+    if layout.pad:
+        B, Hkv, _, D = keys[0].shape
+        q = torch.nn.functional.pad(q, (0, 0, 0, layout.pad))
+        gap = keys[0].new_zeros(B, Hkv, layout.pad, D)
+        keys = [t for k in keys for t in (k, gap)]
+        values = [t for v in values for t in (v, gap)]
+    k = keys[0] if len(keys) == 1 else torch.cat(keys, dim=2)
+    v = values[0] if len(values) == 1 else torch.cat(values, dim=2)
+    segments = k.shape[2] // q.shape[2]
+    if layout.use_flex:
+        out = _compiled_flex()(q, k, v, block_mask=layout.mask(segments), enable_gqa=True)
+    else:
+        out = dense_attention(q, k, v, layout.mask(segments))
+    return out[:, :, :L] if layout.pad else out

@@ -17,8 +17,8 @@ phase of its own.
 
 Every term belongs to one of four groups, by how it grows with the step's shape, T =
 batch_rows × max_seq_len tokens and K TTT steps: ``constant``, ``per_token`` (∝ T),
-``per_step`` (∝ T·K: what each step keeps) and ``diagonal`` (∝ T·K(K-1)/2: step k re-stacks
-the k diagonal keys and values of the steps before it). A ``Calibration`` fits one scale per
+``per_step`` (∝ T·K: what each step keeps) and ``diagonal`` (∝ T·K(K-1)/2: step k attends
+to a copy of the keys and values of steps 0..k laid end to end, k of them diagonal). A ``Calibration`` fits one scale per
 group from measured peaks (least squares on relative error, the analytic scales as a weak
 prior, each measurement in the phase that peaks for it), so a probe of a few small
 steps, or a finished run's metrics, corrects what the analytic terms miss and the
@@ -156,7 +156,7 @@ def saved_per_token_step(cfg: DrafterConfig, precision: str,
         # this step's rotated k and v: the next steps attend to them
         "kv": 2 * kv * a,
         # flex_attention keeps q, its output and log-sum-exp (k and v are the ones above,
-        # unless the row is padded to whole blocks)
+        # unless the row is padded to whole blocks: then its keys are a padded copy)
         "flex_attention": (2 * q + (2 * kv if padded else 0)) * a + cfg.num_heads * FP32,
         "o_proj_input": q * a,
         "post_attn_norm": _norm_saved(H, precision) + H * a,  # + its output, for gate and up
@@ -169,28 +169,19 @@ def saved_per_token_step(cfg: DrafterConfig, precision: str,
     }
 
 
-def saved_per_token_later_step(cfg: DrafterConfig, precision: str) -> dict[str, int]:
-    """Extra bytes in steps 1..K-1, whose attention merges in the diagonal keys."""
-    a = PRECISIONS[precision]
-    q, nh = cfg.num_heads * cfg.head_dim, cfg.num_heads
-    return {
-        # the diagonal scores' batched matmul needs the query heads that share a key head
-        # side by side: a copy of q, unless every query head has its own key head (the
-        # grouped view then is q itself, as the kimi-k2 shape measures)
-        "diag_query": q * a if cfg.num_heads != cfg.num_kv_heads else 0,
-        # out0 in fp32, weighted by exp(lse0 - lse); without autocast it is flex's own out
-        "step0_output_fp32": q * FP32 if precision == "bf16" else 0,
-        "lse_merge": 3 * nh * FP32,  # lse0 in the logsumexp input, lse, exp(lse0 - lse)
-    }
+def saved_per_token_later_step(cfg: DrafterConfig, precision: str,
+                               padded: bool = False) -> dict[str, int]:
+    """Extra bytes in steps 1..K-1, whose keys and values are those of steps 0..k laid end
+    to end, a copy: step 0's segment here (the diagonal ones in saved_per_token_diag). In
+    a padded row every step's attention already keeps a copy of one segment."""
+    kv = cfg.num_kv_heads * cfg.head_dim
+    return {"step0_keys_values": 0 if padded else 2 * kv * PRECISIONS[precision]}
 
 
 def saved_per_token_diag(cfg: DrafterConfig, precision: str) -> dict[str, int]:
-    """Bytes per token for each diagonal key in a step (Σ_k k = K(K-1)/2 of them): the
-    keys and values themselves are the earlier steps' (``kv``), never stacked."""
-    a = PRECISIONS[precision]
-    nh = cfg.num_heads
-    # the score in the logsumexp input, its softmax weight (fp32, and cast for the value)
-    return {"diag_scores": nh * FP32 + nh * FP32 + nh * a}
+    """Bytes per token for each diagonal segment of a step's keys and values (Σ_k k =
+    K(K-1)/2 of them over the unroll)."""
+    return {"keys_values": 2 * cfg.num_kv_heads * cfg.head_dim * PRECISIONS[precision]}
 
 
 def kept_per_token_checkpointed_step(cfg: DrafterConfig, precision: str) -> dict[str, int]:
@@ -292,19 +283,25 @@ def analytic_phases(cfg: DrafterConfig, shape: StepShape
     per_token = {k: v * T for k, v in saved_per_token(cfg, shape.precision).items()}
     padded = shape.max_seq_len % FLEX_BLOCK != 0
     step = saved_per_token_step(cfg, shape.precision, padded)
-    later = {k: v for k, v in saved_per_token_later_step(cfg, shape.precision).items() if v}
+    later = {k: v for k, v in saved_per_token_later_step(cfg, shape.precision, padded).items()
+             if v}
     diag = saved_per_token_diag(cfg, shape.precision)
+    recomputed: dict[str, dict[str, int]] = {"per_token": {}, "per_step": {}}
     if shape.checkpoint_ttt:
-        # Every step keeps its inputs and outputs; the last step, recomputed when
-        # backward reaches it, holds everything an uncheckpointed step keeps (its own
-        # diagonal keys, K - 1 of them, counted with the steps: ∝ T·K is near enough).
-        per_step = {f"kept_{k}": v * T * K
+        # Every step keeps its inputs and outputs, but no step reads the last one's keys
+        # and values. The last step is recomputed when backward reaches its layer, so
+        # only the attention backward holds what an uncheckpointed step keeps: its
+        # concatenated keys (its own k and v are copied there, not kept, unless K = 1)
+        # and its diagonal segments, K - 1 of them, counted with the steps (∝ T·K).
+        per_step = {f"kept_{k}": v * T * (K - 1 if k == "kv" else K)
                     for k, v in kept_per_token_checkpointed_step(cfg, shape.precision).items()}
-        per_step.update({f"recomputed_diag_{k}": v * T * (K - 1) for k, v in diag.items()})
-        per_token.update({f"recomputed_step_{k}": v * T for k, v in step.items()
-                          if k != "loss_inputs"})
+        recomputed["per_step"] = {f"recomputed_diag_{k}": v * T * (K - 1)
+                                  for k, v in diag.items()}
+        recomputed["per_token"] = {f"recomputed_step_{k}": v * T for k, v in step.items()
+                                   if k != "loss_inputs" and (k != "kv" or K == 1)}
         if K > 1:
-            per_token.update({f"recomputed_later_step_{k}": v * T for k, v in later.items()})
+            recomputed["per_token"].update(
+                {f"recomputed_later_step_{k}": v * T for k, v in later.items()})
         diagonal = {}
     else:
         per_step = {f"step_{k}": v * T * K for k, v in step.items()}
@@ -318,8 +315,9 @@ def analytic_phases(cfg: DrafterConfig, shape: StepShape
                                     **{k: v * T for k, v in backward[phase].items()}},
                       "per_step": dict(per_step), "diagonal": dict(diagonal)}
               for phase in PHASES[:-1]}
-    phases["attention_backward"] = _attention_backward(cfg, shape, state, per_token,
-                                                       per_step, diagonal, step)
+    phases["attention_backward"] = _attention_backward(
+        cfg, shape, state, {**per_token, **recomputed["per_token"]},
+        {**per_step, **recomputed["per_step"]}, diagonal, step)
     return phases
 
 
@@ -327,7 +325,7 @@ def _attention_backward(cfg: DrafterConfig, shape: StepShape, state: dict, per_t
                         per_step: dict, diagonal: dict, step: dict) -> dict:
     """The last step's attention backward: its MLP, norms, o_proj and loss inputs are
     freed, the layer's weight gradients exist, and the keys and values of every step take
-    gradients at once (the diagonal merge reaches all of them). Under --checkpoint-ttt,
+    gradients at once (the last step attends to all of them). Under --checkpoint-ttt,
     where each step keeps little, this is the peak."""
     a = PRECISIONS[shape.precision]
     H, I = cfg.hidden_size, cfg.intermediate_size

@@ -69,8 +69,8 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, L, -1, d).transpose(1, 2)
         q = rope(q, positions, self.cfg.rope_theta)
         k = rope(k, positions, self.cfg.rope_theta)
-        (k0, v0), diag = (earlier[0], earlier[1:] + [(k, v)]) if earlier else ((k, v), [])
-        out = ttt_attention(q, k0, v0, [dk for dk, _ in diag], [dv for _, dv in diag], layout)
+        out = ttt_attention(q, [ek for ek, _ in earlier] + [k], [ev for _, ev in earlier] + [v],
+                            layout)
         return self.o_proj(out.transpose(1, 2).reshape(B, L, -1)), k, v
 
 

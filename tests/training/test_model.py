@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from training.attention import DocLayout, dense_doc_causal, doc_causal_block_mask, ttt_attention
+from training.attention import DocLayout, ttt_attention, ttt_block_mask
 from training.packing import collate
 
 TTT = 4
@@ -137,19 +137,25 @@ def random_docs(B, L, seed):
     return docs
 
 
-def reference_ttt_attention(q, k0, v0, diag_k, diag_v, doc_ids):
+def reference_mask(doc_ids, segments):
+    """[B, L, segments * L]: document-causal over the first segment, the diagonal after."""
+    B, L = doc_ids.shape
+    i = torch.arange(L)
+    pad = torch.where(doc_ids < 0, L + 1, doc_ids)
+    step0 = (pad[:, :, None] == pad[:, None, :]) & (i[None, None, :] <= i[None, :, None])
+    diag = torch.eye(L, dtype=torch.bool).expand(B, L, L)
+    return torch.cat([step0] + [diag] * (segments - 1), dim=2)
+
+
+def reference_ttt_attention(q, keys, values, doc_ids):
     """Plain softmax over the (k+1) x L keys of the TTT scheme, with an explicit mask."""
     B, Hq, L, D = q.shape
-    G = Hq // k0.shape[1]
-    keys = torch.cat([k0, *diag_k], dim=2).repeat_interleave(G, dim=1)
-    values = torch.cat([v0, *diag_v], dim=2).repeat_interleave(G, dim=1)
-    i = torch.arange(L)
-    step0 = (doc_ids[:, :, None] == doc_ids[:, None, :]) & (i[None, None, :] <= i[None, :, None])
-    diag = torch.eye(L, dtype=torch.bool).expand(B, L, L)
-    mask = torch.cat([step0] + [diag] * len(diag_k), dim=2)
-    scores = (q @ keys.transpose(-1, -2)) / math.sqrt(D)
-    scores = scores.masked_fill(~mask[:, None], float("-inf"))
-    return torch.softmax(scores, dim=-1) @ values
+    G = Hq // keys[0].shape[1]
+    k = torch.cat(keys, dim=2).repeat_interleave(G, dim=1)
+    v = torch.cat(values, dim=2).repeat_interleave(G, dim=1)
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+    scores = scores.masked_fill(~reference_mask(doc_ids, len(keys))[:, None], float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
 
 
 @pytest.mark.parametrize("steps", [0, 1, 3])
@@ -160,12 +166,12 @@ def test_ttt_attention_is_softmax_over_step0_and_diagonal_keys(steps):
 
     def rand(h):
         return torch.randn(B, h, L, D, generator=g, dtype=torch.float64, requires_grad=True)
-    q, k0, v0 = rand(Hq), rand(Hkv), rand(Hkv)
-    diag_k = [rand(Hkv) for _ in range(steps)]
-    diag_v = [rand(Hkv) for _ in range(steps)]
-    inputs = [q, k0, v0, *diag_k, *diag_v]
-    got = ttt_attention(q, k0, v0, diag_k, diag_v, DocLayout(doc_ids))
-    want = reference_ttt_attention(q, k0, v0, diag_k, diag_v, doc_ids)
+    q = rand(Hq)
+    keys = [rand(Hkv) for _ in range(steps + 1)]
+    values = [rand(Hkv) for _ in range(steps + 1)]
+    inputs = [q, *keys, *values]
+    got = ttt_attention(q, keys, values, DocLayout(doc_ids))
+    want = reference_ttt_attention(q, keys, values, doc_ids)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     upstream = torch.randn(got.shape, generator=g, dtype=torch.float64)
     for a, b in zip(torch.autograd.grad((got * upstream).sum(), inputs),
@@ -181,22 +187,22 @@ def blocks_of(block_mask, partial: bool):
             for q in range(num.shape[2]) for n in range(int(num[b, 0, q]))}
 
 
-def test_block_mask_covers_exactly_the_document_causal_pairs():
+@pytest.mark.parametrize("segments", [1, 3])
+def test_block_mask_covers_exactly_the_ttt_pairs(segments):
     B, L, BS = 3, 1024, 128
     doc_ids = random_docs(B, L, seed=5)
     doc_ids[2] = 0  # one sample filling the whole row
-    mask = doc_causal_block_mask(doc_ids)
+    mask = ttt_block_mask(doc_ids, segments)
+    assert mask.shape[-2:] == (L, segments * L)
     partial, full = blocks_of(mask, True), blocks_of(mask, False)
     assert not partial & full
-    i = torch.arange(L)
-    pad = torch.where(doc_ids < 0, L + 1, doc_ids)
-    dense = (pad[:, :, None] == pad[:, None, :]) & (i[None, None, :] <= i[None, :, None])
-    per_block = dense.view(B, L // BS, BS, L // BS, BS)
+    nq, nkv = L // BS, segments * L // BS
+    per_block = reference_mask(doc_ids, segments).view(B, nq, BS, nkv, BS)
     any_allowed = per_block.any(dim=(2, 4))
     all_allowed = per_block.all(dim=(2, 4))
     for b in range(B):
-        for q in range(L // BS):
-            for kv in range(L // BS):
+        for q in range(nq):
+            for kv in range(nkv):
                 listed = (b, q, kv) in partial or (b, q, kv) in full
                 assert listed == bool(any_allowed[b, q, kv]), (b, q, kv)
                 if (b, q, kv) in full:
@@ -207,24 +213,26 @@ def test_block_mask_covers_exactly_the_document_causal_pairs():
 def test_block_mask_of_a_long_row_is_built_without_an_L_by_L_grid(peak_allocated_bytes):
     L = 65536  # an L x L bool grid would be 4 GiB
     doc_ids = torch.repeat_interleave(torch.arange(16), L // 16)[None]
-    peak = peak_allocated_bytes(lambda: doc_causal_block_mask(doc_ids))
-    assert peak < 64 * 2**20  # block-level tensors: (L / 128)^2 entries at most
+    peak = peak_allocated_bytes(lambda: ttt_block_mask(doc_ids, 5))
+    # block-level tensors: 5 (L / 128)^2 entries, a few int64 copies of them while the
+    # mask is transposed for backward (76 MB measured), against 4 GiB for the grid
+    assert peak < 128 * 2**20
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-def test_flex_attention_with_the_block_mask_matches_the_dense_path_on_cpu():
-    # flex_attention runs eagerly (forward only) on CPU: this checks mask_mod and the lse.
-    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
+def test_flex_attention_with_the_block_mask_matches_the_reference_on_cpu():
+    # flex_attention runs eagerly (forward only) on CPU: this checks mask_mod.
+    from torch.nn.attention.flex_attention import flex_attention
     g = torch.Generator().manual_seed(0)
-    B, Hq, Hkv, L, D = 2, 4, 2, 256, 16
+    B, Hq, Hkv, L, D, S = 2, 4, 2, 256, 16, 3
     doc_ids = random_docs(B, L, seed=7)
     q = torch.randn(B, Hq, L, D, generator=g)
-    k, v = torch.randn(B, Hkv, L, D, generator=g), torch.randn(B, Hkv, L, D, generator=g)
-    out, aux = flex_attention(q, k, v, block_mask=doc_causal_block_mask(doc_ids),
-                              enable_gqa=True, return_aux=AuxRequest(lse=True))
-    want_out, want_lse = dense_doc_causal(q, k, v, doc_ids)
-    torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(aux.lse, want_lse, rtol=1e-4, atol=1e-5)
+    keys = [torch.randn(B, Hkv, L, D, generator=g) for _ in range(S)]
+    values = [torch.randn(B, Hkv, L, D, generator=g) for _ in range(S)]
+    out = flex_attention(q, torch.cat(keys, dim=2), torch.cat(values, dim=2),
+                         block_mask=ttt_block_mask(doc_ids, S), enable_gqa=True)
+    want = reference_ttt_attention(q, keys, values, doc_ids)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.gpu
@@ -236,11 +244,11 @@ def test_flex_path_matches_dense_path_on_cuda(L):
 
     def rand(h):
         return torch.randn(B, h, L, D, generator=g).cuda().requires_grad_()
-    q, k0, v0 = rand(Hq), rand(Hkv), rand(Hkv)
-    diag_k, diag_v = [rand(Hkv), rand(Hkv)], [rand(Hkv), rand(Hkv)]
-    inputs = [q, k0, v0, *diag_k, *diag_v]
-    flex = ttt_attention(q, k0, v0, diag_k, diag_v, DocLayout(doc_ids, use_flex=True))
-    dense = ttt_attention(q, k0, v0, diag_k, diag_v, DocLayout(doc_ids, use_flex=False))
+    q = rand(Hq)
+    keys, values = [rand(Hkv) for _ in range(3)], [rand(Hkv) for _ in range(3)]
+    inputs = [q, *keys, *values]
+    flex = ttt_attention(q, keys, values, DocLayout(doc_ids, use_flex=True))
+    dense = ttt_attention(q, keys, values, DocLayout(doc_ids, use_flex=False))
     # float32 kernels with different summation orders (flex may use TF32 for its dots);
     # a masking error would be off by O(1).
     torch.testing.assert_close(flex, dense, rtol=5e-3, atol=5e-3)
