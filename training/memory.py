@@ -164,8 +164,9 @@ def saved_per_token_step(cfg: DrafterConfig, precision: str,
         "mlp": (3 if compiled else 4) * I * a,
         # the loss on this step's positions: final norm of the gathered hidden, the
         # gradient of the normed hidden (taken in forward, kept for backward), the
-        # positions' (row, column) index, per-position losses and agreement
-        "loss_inputs": _norm_saved(H, precision) + H * a + 2 * INDEX + FP32 + 1,
+        # positions' (step, row, column) index (every step's in one tensor), per-position
+        # losses and agreement
+        "loss_inputs": _norm_saved(H, precision) + H * a + 3 * INDEX + FP32 + 1,
     }
 
 

@@ -185,6 +185,15 @@ class Eagle3Drafter(nn.Module):
             raise ValueError(f"ttt_steps must be at least 1, got {ttt_steps}")
         ids, doc = batch.input_ids, batch.doc_ids
         layout = DocLayout(doc)
+        # Index i holds the chain whose step k reads token x_{i+k+1} and is scored against
+        # the verifier at i+k+1; past its own sample nothing counts. Every step's scored
+        # positions are found up front: counting them waits for the device, and one wait
+        # before the unroll costs less than one per step, each draining the GPU's queue.
+        same_docs = [(_shift(doc, s, -1) == doc) & (doc >= 0) for s in range(1, ttt_steps + 1)]
+        scored = torch.stack([same & _shift(batch.loss_mask, s, False)
+                              for s, same in enumerate(same_docs, 1)]).nonzero()
+        counts = torch.bincount(scored[:, 0], minlength=ttt_steps).tolist()
+        step_index = scored[:, 1:].split(counts)  # per step: [P, 2] (row, column)
         aux = batch.aux_hidden
         if not torch.is_autocast_enabled(aux.device.type):
             aux = aux.to(self.fc.weight.dtype)  # stored hidden states may be bf16
@@ -200,12 +209,8 @@ class Eagle3Drafter(nn.Module):
         results = []
         for k in range(ttt_steps):
             s = k + 1
-            # Index i holds the chain whose step k reads token x_{i+k+1} and is scored
-            # against the verifier at i+k+1; past its own sample nothing counts.
-            same_doc = (_shift(doc, s, -1) == doc) & (doc >= 0)
-            tokens = torch.where(same_doc, _shift(ids, s, 0), 0)
-            valid = same_doc & _shift(batch.loss_mask, s, False)
-            index = valid.nonzero()
+            tokens = torch.where(same_docs[k], _shift(ids, s, 0), 0)
+            index = step_index[k]
             rows, cols = index.unbind(1)
 
             args = (tokens, hidden, batch.position_ids + k, earlier)

@@ -77,7 +77,7 @@ def test_tiny_analytic_terms_by_hand():
         "step_o_proj_input": 64 * 2 * TK,
         "step_post_attn_norm": (norm + 64 * 2) * TK,
         "step_mlp": 3 * 192 * 2 * TK,  # gate, up, silu(gate)·up
-        "step_loss_inputs": (norm + 64 * 2 + 16 + 4 + 1) * TK,  # + grad, index, loss, agree
+        "step_loss_inputs": (norm + 64 * 2 + 24 + 4 + 1) * TK,  # + grad, index, loss, agree
         # steps 1, 2 attend to copies of the keys and values of steps 0..k laid end to end
         "later_step_step0_keys_values": 2 * 32 * 2 * TK1,
     }
