@@ -92,6 +92,17 @@ def sample_lengths(max_seq_len: int, seed: int, span: tuple[int, int] = SAMPLE_L
     return lengths
 
 
+def prompt_len(n: int) -> int:
+    """The leading tokens of a sample that carry no loss (its prompt): an eighth."""
+    return n // 8
+
+
+def scored_positions(lengths: list[int], k: int) -> int:
+    """Positions TTT step k scores: i whose target i + k + 1 lies in its sample and
+    after the prompt."""
+    return sum(max(0, n - max(prompt_len(n), k + 1)) for n in lengths)
+
+
 def packed_inputs(cfg: DrafterConfig, max_seq_len: int, device: torch.device,
                   dtype: torch.dtype, seed: int = 0, span: tuple[int, int] = SAMPLE_LEN) -> dict:
     """One packed row [1, L]: token ids, per-sample positions and doc ids, a loss mask
@@ -101,7 +112,7 @@ def packed_inputs(cfg: DrafterConfig, max_seq_len: int, device: torch.device,
     H, L = cfg.hidden_size, max_seq_len
     doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     pos = torch.cat([torch.arange(n) for n in lengths])
-    mask = torch.cat([torch.arange(n) >= n // 8 for n in lengths])
+    mask = torch.cat([torch.arange(n) >= prompt_len(n) for n in lengths])
     return {
         "input_ids": torch.randint(cfg.vocab_size, (1, L), generator=g).to(device),
         "doc_ids": doc[None].to(device),
@@ -118,9 +129,11 @@ def model_flops(cfg: DrafterConfig, lengths: list[int], ttt_steps: int,
     """Useful FLOPs of one training step over one packed row: the work any EAGLE-3 trainer
     must do, whatever it recomputes or wastes.
 
-    Per token: fc forward and weight gradient; per TTT step the layer's and the draft
-    head's matmuls forward and both gradients (3×; 2× for the head when it is frozen,
-    head_grad=False); the verifier's head on the draft vocabulary once, forward only.
+    Per token: fc forward and weight gradient, the verifier's head on the draft vocabulary
+    (forward only); per TTT step the layer's matmuls forward and both gradients (3×), and
+    the draft head's on the positions the step scores (scored_positions: a head on a
+    position without loss is work no trainer needs; 2× when the head is frozen,
+    head_grad=False).
     Attention: document-causal pairs over step 0's keys plus the k diagonal keys of step
     k, QKᵀ and PV forward, ×3.5 with flash-style backward.
     """
@@ -130,7 +143,9 @@ def model_flops(cfg: DrafterConfig, lengths: list[int], ttt_steps: int,
     layer_macs = 2 * H * (q + 2 * kv) + q * H + 3 * H * I
     head_macs = H * cfg.draft_vocab_size
     flops = T * (2 * 2 * 3 * H * H + 2 * head_macs)
-    flops += T * ttt_steps * (6 * layer_macs + (6 if head_grad else 4) * head_macs)
+    flops += T * ttt_steps * 6 * layer_macs
+    flops += sum(scored_positions(lengths, k) for k in range(ttt_steps)) \
+        * (6 if head_grad else 4) * head_macs
     causal_pairs = sum(n * (n + 1) // 2 for n in lengths)
     for k in range(ttt_steps):
         flops += 3.5 * 4 * (causal_pairs + k * T) * q

@@ -21,17 +21,19 @@ def test_rows_are_filled_with_samples_of_the_span():
 def test_model_flops_counts_each_matmul_once_by_hand():
     cfg = DrafterConfig(hidden_size=4, num_heads=2, num_kv_heads=1, intermediate_size=6,
                         vocab_size=20, draft_vocab_size=10)  # head_dim 2: q 4, kv 2
-    lengths, K = [3, 2], 2
+    lengths, K = [16, 9], 2  # prompts of 2 and 1 tokens
     layer = 2 * 4 * (4 + 2 * 2) + 4 * 4 + 3 * 4 * 6  # qkv, o, mlp = 152
     head = 4 * 10
     per_token = 4 * 3 * 4 * 4 + 2 * 4 * 10  # fc forward + weight grad, verifier head
-    pairs = 6 + 3  # causal pairs of 3 and 2 tokens
-    attention = sum(3.5 * 4 * (pairs + k * 5) * 4 for k in range(K))
-    assert model_flops(cfg, lengths, K) == (5 * per_token + 5 * K * 6 * (layer + head)
-                                            + attention)
+    # step 0 scores targets 2..15 and 1..8; step 1 targets 2..15 and 2..8
+    scored = (14 + 8) + (14 + 7)
+    pairs = 16 * 17 // 2 + 9 * 10 // 2  # causal pairs of each sample
+    attention = sum(3.5 * 4 * (pairs + k * 25) * 4 for k in range(K))
+    assert model_flops(cfg, lengths, K) == (25 * per_token + 25 * K * 6 * layer
+                                            + scored * 6 * head + attention)
     # A frozen head: forward and the input gradient only.
     assert model_flops(cfg, lengths, K, head_grad=False) == (
-        5 * per_token + 5 * K * (6 * layer + 4 * head) + attention)
+        25 * per_token + 25 * K * 6 * layer + scored * 4 * head + attention)
 
 
 @pytest.mark.slow
