@@ -18,11 +18,11 @@ phase of its own.
 Every term belongs to one of four groups, by how it grows with the step's shape, T =
 batch_rows × max_seq_len tokens and K TTT steps: ``constant``, ``per_token`` (∝ T),
 ``per_step`` (∝ T·K: what each step keeps) and ``diagonal`` (∝ T·K(K-1)/2: step k attends
-to a copy of the keys and values of steps 0..k laid end to end, k of them diagonal). A ``Calibration`` fits one scale per
-group from measured peaks (least squares on relative error, the analytic scales as a weak
-prior, each measurement in the phase that peaks for it), so a probe of a few small
-steps, or a finished run's metrics, corrects what the analytic terms miss and the
-corrected model extrapolates in T and K.
+to a copy of the keys and values of steps 0..k laid end to end, k of them diagonal). A
+``Calibration`` fits one scale per group from measured peaks (least squares on relative
+error, the analytic scales as a weak prior, each measurement in the phase that peaks for
+it), so a probe of a few small steps, or a finished run's metrics, corrects what the
+analytic terms miss and the corrected model extrapolates in T and K.
 
 Predictions assume every position carries loss (the loss keeps per-position tensors), the
 upper bound; hidden states are stored in the activation dtype, as extraction writes them.
