@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from backends import tmux
+from backends import kill, tmux
 from tests.tui.conftest import TRAIN, screen_text, wait_for
 from tui.app import Demo, TracksideApp, Watched
 from tui.screens.edit import EditScreen
 from tui.screens.kill import KillConfirm, KillReportScreen
 from tui.screens.run import RunScreen
 
+GRACE_S = 20
 PARAMS = {"max_seq_len": 256, "ttt_steps": 2, "steps": 100000, "save_every": 100000}
 
 
@@ -23,7 +24,7 @@ async def test_launch_kill_edit_relaunch(local_host):
     from backends import params as run_params
 
     demo = Demo(run_params.apply(TRAIN, PARAMS), "tui-pilot", dict(PARAMS))
-    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent")], demo=demo, grace_s=20)
+    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent")], demo=demo, grace_s=GRACE_S)
     async with app.run_test(size=(160, 48)) as pilot:
         screen = await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen, 10, "the run screen")
         first = await wait_for(pilot, lambda: screen.run, 30, "the demo run to launch")
@@ -37,7 +38,11 @@ async def test_launch_kill_edit_relaunch(local_host):
         assert confirm.plan.pids and set(first.info.pids) <= set(confirm.plan.pids)
         assert app.focused.id == "no"  # the default answer is No
         await pilot.press("y")
-        report = await wait_for(pilot, lambda: isinstance(app.screen, KillReportScreen) and app.screen, 40, "the kill report")
+        # As long as kill_run may take: the grace, SIGKILL's wait, then the GPU check (10 s
+        # by default) beside the pane's exit status. Alone it takes a few seconds; once, in a
+        # loaded full suite, it took over 40.
+        bound = GRACE_S + kill.KILL_WAIT_S + max(10, kill.PANE_EXIT_WAIT_S)
+        report = await wait_for(pilot, lambda: isinstance(app.screen, KillReportScreen) and app.screen, bound, "the kill report")
         assert set(confirm.plan.pids) <= set(report.report.signalled)
         assert not report.report.survivors
         assert "GPU memory before → after" in str(report.query_one("#kill-report").render())
