@@ -299,7 +299,8 @@ class Flow:
             if mode.min_power_w is None:
                 said = "no GPU on this machine" in screen_text(app)
                 self.check("the run screen says plainly that there is no GPU", said)
-            await self.agreement()
+            else:  # without a GPU there is no reading to agree on, nor a poll to wait for
+                await self.agreement()
             self.save("run-training")
             self.facts["first_run"]["loss"] = [round(e["loss"], 4) for e in first.steps if e.get("loss") is not None]
 
@@ -366,8 +367,9 @@ class Flow:
         host = self.app.hosts["local"]
         samples = []
         for _ in range(AGREEMENT_SAMPLES):
-            seen = host.last_ok
-            await self.until(lambda: host.last_ok != seen, 10, "a fresh GPU poll", poll=0.01)
+            # the GPU snapshot itself: host.last_ok also moves when a runs listing answers
+            seen = host.gpus
+            await self.until(lambda: host.gpus is not seen, 10, "a fresh GPU poll", poll=0.01)
             shown = app_reading(self.app)
             smi_started = time.time()
             smi = start_smi()  # first, so its slow start overlaps the NVML read
@@ -389,13 +391,12 @@ class Flow:
                               agree=power <= POWER_TOLERANCE and memory <= MEMORY_TOLERANCE)  # fmt: skip
             samples.append(sample)
         self.facts["agreement"] = samples
-        if self.mode.min_power_w is not None:
-            sources = {r["source"] for s in samples for r in s["readings"]}
-            self.check("the app reads this machine's GPU through NVML", "app (nvml)" in sources, f"{sorted(sources)}")
-            agreeing = sum(bool(s.get("agree")) for s in samples)
-            within = f"power within {POWER_TOLERANCE:.0%}, memory within {MEMORY_TOLERANCE:.0%}"
-            self.check(f"app, NVML and nvidia-smi agree ({within})", agreeing == len(samples),
-                       f"{agreeing} of {len(samples)} samples")  # fmt: skip
+        sources = {r["source"] for s in samples for r in s["readings"]}
+        self.check("the app reads this machine's GPU through NVML", "app (nvml)" in sources, f"{sorted(sources)}")
+        agreeing = sum(bool(s.get("agree")) for s in samples)
+        within = f"power within {POWER_TOLERANCE:.0%}, memory within {MEMORY_TOLERANCE:.0%}"
+        self.check(f"app, NVML and nvidia-smi agree ({within})", agreeing == len(samples),
+                   f"{agreeing} of {len(samples)} samples")  # fmt: skip
 
     async def kill(self, run, screenshot: str | None) -> dict:
         pressed = time.monotonic()
