@@ -112,8 +112,7 @@ def run_shape(name: str, device: torch.device, pairs, points, cap_gib: float,
         row = measure(trainer, name, length, k, calibration, loss_chunk, deadline)
         log(format_row(row))
         rows.append(row)
-    largest = memory.largest_fitting(cfg, LARGEST_TTT, cap_gib, multiple=multiple,
-                                     loss_chunk=loss_chunk, precision=trainer.precision,
+    largest = memory.largest_fitting(cfg, LARGEST_TTT, cap_gib, shape=base, multiple=multiple,
                                      calibration=calibration)
     checks = []  # the acceptance test: never skipped for time
     for length in (largest, largest + multiple) if largest else ():

@@ -148,12 +148,9 @@ def step_shape(args: argparse.Namespace, base: StepShape | None) -> StepShape:
 def report(cfg: DrafterConfig, shape: StepShape, args: argparse.Namespace,
            calibration: Calibration | None) -> dict:
     prediction = memory.predict(cfg, shape, calibration)
-    options = dict(batch_rows=shape.batch_rows, loss_chunk=shape.loss_chunk,
-                   precision=shape.precision, world_size=shape.world_size,
-                   sharding=shape.sharding, calibration=calibration,
-                   headroom_gib=args.headroom_gib, checkpoint_ttt=shape.checkpoint_ttt)
-    largest = {k: memory.largest_fitting(cfg, k, args.gpu_mem_gib, multiple=args.multiple,
-                                         **options)
+    largest = {k: memory.largest_fitting(cfg, k, args.gpu_mem_gib, shape=shape,
+                                         multiple=args.multiple, calibration=calibration,
+                                         headroom_gib=args.headroom_gib)
                for k in sorted({shape.ttt_steps, *TABLE_TTT})}
     table = []
     for length in sorted({shape.max_seq_len, *TABLE_LENGTHS}):
@@ -236,11 +233,7 @@ def main(argv: list[str]) -> int:
             run_cfg, base, measured = runs_measurements(args.from_run)
             cfg = cfg or run_cfg
             try:
-                calibration = memory.calibrate(
-                    run_cfg, measured, batch_rows=base.batch_rows,
-                    loss_chunk=base.loss_chunk, precision=base.precision,
-                    world_size=base.world_size, sharding=base.sharding,
-                    checkpoint_ttt=base.checkpoint_ttt)
+                calibration = memory.calibrate(run_cfg, measured, base)
             except ValueError as e:
                 raise UsageError(f"--from-run: {e}") from e
         if cfg is None:
@@ -474,9 +467,6 @@ def run_probe(cfg: DrafterConfig, shape: StepShape, *, points=None,
                 f"{peak.forward_backward / GiB:.2f} GiB, optimizer step "
                 f"{peak.optimizer_step / GiB:.2f} GiB ({peak.seconds:.1f} s)")
     try:
-        return memory.calibrate(cfg, measured, batch_rows=shape.batch_rows,
-                                loss_chunk=shape.loss_chunk, precision=shape.precision,
-                                world_size=1, sharding=shape.sharding,
-                                checkpoint_ttt=shape.checkpoint_ttt)
+        return memory.calibrate(cfg, measured, dataclasses.replace(shape, world_size=1))
     except ValueError as e:
         raise ProbeError(str(e)) from e

@@ -476,10 +476,10 @@ def _fit_scales(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return scales
 
 
-def calibrate(cfg: DrafterConfig, measurements: list[Measurement], *, batch_rows: int = 1,
-              loss_chunk: int = 2048, precision: str = "bf16", world_size: int = 1,
-              sharding: str = "ddp", checkpoint_ttt: bool = False) -> Calibration:
-    """Fit the group scales to measured forward+backward peaks.
+def calibrate(cfg: DrafterConfig, measurements: list[Measurement],
+              shape: StepShape | None = None) -> Calibration:
+    """Fit the group scales to measured forward+backward peaks of steps shaped as `shape`
+    (batch rows, precision, ...), each at its own max_seq_len and TTT depth.
 
     Least squares on relative error with the analytic scales (1) as a weak prior, each
     measurement against the phase that peaks for it under the current scales, until that
@@ -489,8 +489,9 @@ def calibrate(cfg: DrafterConfig, measurements: list[Measurement], *, batch_rows
     """
     if not measurements:
         raise ValueError("calibration needs at least one measurement")
-    shapes = [StepShape(m.max_seq_len, m.ttt_steps, batch_rows, loss_chunk, precision,
-                        world_size, sharding, checkpoint_ttt) for m in measurements]
+    base = shape or StepShape(1, 1)
+    shapes = [dataclasses.replace(base, max_seq_len=m.max_seq_len, ttt_steps=m.ttt_steps)
+              for m in measurements]
     by_phase = torch.stack([group_totals(cfg, s) for s in shapes])  # [n, phase, group]
     y = torch.tensor([float(m.peak_bytes) for m in measurements], dtype=torch.float64)
     if (y <= 0).any():
@@ -521,9 +522,8 @@ def calibrate(cfg: DrafterConfig, measurements: list[Measurement], *, batch_rows
         reserved_slack=max(0, largest.reserved_bytes - largest.peak_bytes)
         if largest.reserved_bytes else 0,
         fitted_on={"config": cfg.to_dict(),
-                   "shape": {"batch_rows": batch_rows, "loss_chunk": loss_chunk,
-                             "precision": precision, "world_size": world_size,
-                             "sharding": sharding, "checkpoint_ttt": checkpoint_ttt},
+                   "shape": {k: v for k, v in dataclasses.asdict(base).items()
+                             if k not in ("max_seq_len", "ttt_steps")},
                    "measurements": [dataclasses.asdict(m) for m in measurements],
                    "max_error": float(errors.abs().max()),
                    "coefficients": coefficients(cfg, shapes[0], fitted)})
@@ -554,12 +554,11 @@ def fits(prediction: Prediction, gpu_mem_gib: float,
 
 
 def largest_fitting(cfg: DrafterConfig, ttt_steps: int, gpu_mem_gib: float, *,
-                    multiple: int = 1024, batch_rows: int = 1, loss_chunk: int = 2048,
-                    precision: str = "bf16", world_size: int = 1, sharding: str = "ddp",
+                    shape: StepShape | None = None, multiple: int = 1024,
                     calibration: Calibration | None = None,
-                    headroom_gib: float = DEFAULT_HEADROOM_GIB,
-                    checkpoint_ttt: bool = False) -> int:
-    """The largest max_seq_len, a multiple of `multiple`, whose predicted peak fits; 0 if none.
+                    headroom_gib: float = DEFAULT_HEADROOM_GIB) -> int:
+    """The largest max_seq_len, a multiple of `multiple`, whose predicted peak fits at
+    `ttt_steps` in steps otherwise shaped as `shape` (batch rows, precision, ...); 0 if none.
 
     The prediction grows monotonically with max_seq_len: doubling finds a bound, bisection
     the answer.
@@ -569,10 +568,11 @@ def largest_fitting(cfg: DrafterConfig, ttt_steps: int, gpu_mem_gib: float, *,
     if gpu_mem_gib <= 0:
         raise ValueError(f"gpu_mem_gib must be positive, got {gpu_mem_gib}")
 
+    base = shape or StepShape(1, 1)
+
     def fits_at(k: int) -> bool:
-        shape = StepShape(k * multiple, ttt_steps, batch_rows, loss_chunk, precision,
-                          world_size, sharding, checkpoint_ttt)
-        return fits(predict(cfg, shape, calibration), gpu_mem_gib, headroom_gib)
+        at = dataclasses.replace(base, max_seq_len=k * multiple, ttt_steps=ttt_steps)
+        return fits(predict(cfg, at, calibration), gpu_mem_gib, headroom_gib)
 
     if not fits_at(1):
         return 0

@@ -55,22 +55,14 @@ def _memory(run: RunState, params: dict, gpu_mem_gib: float | None) -> tuple[flo
         calibration = None
         if peaks:
             measured = memory.Measurement(shape.max_seq_len, shape.ttt_steps, round(max(peaks) * memory.GiB))
-            calibration = memory.calibrate(
-                cfg, [measured], batch_rows=shape.batch_rows, loss_chunk=shape.loss_chunk,
-                precision=shape.precision, world_size=shape.world_size, sharding=shape.sharding,
-                checkpoint_ttt=shape.checkpoint_ttt,
-            )  # fmt: skip
+            calibration = memory.calibrate(cfg, [measured], shape)
         changed = {k: int(params[k]) for k in ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk") if k in params}
         changed["checkpoint_ttt"] = bool(params.get("checkpoint_ttt", shape.checkpoint_ttt))
         new = dataclasses.replace(shape, **changed)
         peak = memory.predict(cfg, new, calibration).reserved / memory.GiB
         largest = None
         if gpu_mem_gib:
-            largest = memory.largest_fitting(
-                cfg, new.ttt_steps, gpu_mem_gib, batch_rows=new.batch_rows, loss_chunk=new.loss_chunk,
-                precision=new.precision, world_size=new.world_size, sharding=new.sharding, calibration=calibration,
-                checkpoint_ttt=new.checkpoint_ttt,
-            )  # fmt: skip
+            largest = memory.largest_fitting(cfg, new.ttt_steps, gpu_mem_gib, shape=new, calibration=calibration)
         return peak, largest
     except Exception:  # an optional estimate: any trouble in it reads as "—", never a crash
         return None, None
