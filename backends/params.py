@@ -91,6 +91,7 @@ PARAMS: dict[str, Param] = {
         Param("save_every", int, 0),
         Param("seed", int, 0),
         Param("checkpoint_ttt", bool),
+        Param("freeze_lm_head", bool),
     ]
 }
 

@@ -16,8 +16,10 @@ speculators is the anchor: its Eagle3DraftModel (compiled forward, flex_attentio
 BlockMask extended per TTT step, fused Triton KL loss) built from a Llama layer config,
 its verifier head filled with random weights, stepped as its Trainer does (bf16 autocast,
 clip 1.0, torch.optim.AdamW). It keeps its draft head (lm_head) frozen at the verifier's
-weights, trackside trains it: speculators skips that weight gradient (one head-sized
-matmul per TTT step); trackside+frozen does the same work as speculators. It is imported from an installed package, never copied here.
+weights, trackside trains it unless --freeze-lm-head: speculators skips that weight
+gradient (one head-sized matmul per TTT step); trackside+frozen (--freeze-lm-head) does
+the same work as speculators. It is imported from an installed package, never copied
+here.
 
     python bench/train_step.py                          # H200: the llama3-8b table, twice
     python bench/train_step.py --cells llama3-8b:8192:5 --trainers trackside
@@ -48,8 +50,8 @@ import torch.utils.checkpoint  # noqa: E402
 from training.config import PRESETS, DrafterConfig  # noqa: E402
 
 # trackside+ckpt: trackside with --checkpoint-ttt (each TTT step recomputed in backward);
-# trackside+frozen: its draft head set to the verifier's and frozen, as speculators keeps it
-# (the same work as speculators: no weight gradient for the head)
+# trackside+frozen: with --freeze-lm-head, its draft head kept at the verifier's as
+# speculators keeps it (the same work as speculators: no weight gradient for the head)
 TRAINERS = ("trackside", "trackside+ckpt", "trackside+frozen", "speculators")
 DEFAULT_CELLS = [f"llama3-8b:{L}:{K}" for L in (8192, 16384, 32768) for K in (3, 5, 7)]
 SAMPLE_LEN = (1536, 2560)
@@ -180,9 +182,8 @@ def trackside_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: tor
     with torch.no_grad():
         trainer.drafter.target_head.normal_(std=0.02)
         trainer.drafter.embed_tokens.weight.normal_(std=0.02)
-        if frozen_head:  # AdamW skips a parameter without a gradient
-            trainer.drafter.lm_head.weight.copy_(trainer.drafter.target_head)
-            trainer.drafter.lm_head.weight.requires_grad_(False)
+    if frozen_head:  # --freeze-lm-head, after the verifier's head is set (AdamW skips
+        trainer.drafter.freeze_lm_head()  # a parameter that has no gradient)
     batch = PackedBatch(inputs["input_ids"], inputs["position_ids"], inputs["doc_ids"],
                         inputs["loss_mask"], inputs["aux_hidden"], inputs["final_hidden"],
                         num_samples=len(inputs["lengths"]), num_truncated=0, pad_tokens=0)

@@ -68,6 +68,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="ddp (replicated state) or fsdp (sharded)")
     p.add_argument("--checkpoint-ttt", action="store_true", default=None,
                    help="as train --checkpoint-ttt: each TTT step recomputed in backward")
+    p.add_argument("--freeze-lm-head", action="store_true", default=None,
+                   help="as train --freeze-lm-head: the draft head takes no gradient")
     p.add_argument("--multiple", type=int, default=1024,
                    help="round the largest max_seq_len down to a multiple of this")
     p.add_argument("--headroom-gib", type=float, default=memory.DEFAULT_HEADROOM_GIB,
@@ -137,7 +139,7 @@ def step_shape(args: argparse.Namespace, base: StepShape | None) -> StepShape:
     fallback = base or StepShape(16384, 5, precision="bf16")
     values = {name: getattr(args, name) for name in
               ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk", "precision",
-               "world_size", "sharding", "checkpoint_ttt")}
+               "world_size", "sharding", "checkpoint_ttt", "freeze_lm_head")}
     try:
         return dataclasses.replace(
             fallback, **{k: v for k, v in values.items() if v is not None})
@@ -189,7 +191,8 @@ def format_report(r: dict) -> str:
         f"largest that fits: {f'{largest:,}' if largest else 'none'}",
         f"  batch rows {s['batch_rows']}, loss chunk {s['loss_chunk']}, {s['precision']}, "
         f"{s['world_size']} GPU(s) {s['sharding']}"
-        f"{', TTT steps checkpointed' if s['checkpoint_ttt'] else ''}, "
+        f"{', TTT steps checkpointed' if s['checkpoint_ttt'] else ''}"
+        f"{', draft head frozen' if s['freeze_lm_head'] else ''}, "
         f"{r['headroom_gib']:g} GiB outside the "
         "allocator" + ("" if r["calibrated"] else "; analytic model, uncalibrated (--probe)"),
     ]
@@ -301,11 +304,14 @@ class Trainer:
     memory does not depend on their values), stepped by the loop's own step functions."""
 
     def __init__(self, cfg: DrafterConfig, device: torch.device,
-                 ttt_decay: float = loop.TrainConfig.ttt_decay, checkpoint_ttt: bool = False):
+                 ttt_decay: float = loop.TrainConfig.ttt_decay, checkpoint_ttt: bool = False,
+                 freeze_lm_head: bool = False):
         self.cfg, self.device, self.ttt_decay = cfg, device, ttt_decay
         self.checkpoint_ttt = checkpoint_ttt
         with torch.device(device):  # initialise in place: a 1B-parameter drafter is slow on CPU
             self.drafter = Eagle3Drafter(cfg)
+        if freeze_lm_head:
+            self.drafter.freeze_lm_head()
         self.model = loop.Unroll(self.drafter)
         self.params = [p for p in self.drafter.parameters() if p.requires_grad]
         self.optimizer = loop.make_optimizer(self.params, loop.TrainConfig.lr, device)
@@ -446,7 +452,8 @@ def run_probe(cfg: DrafterConfig, shape: StepShape, *, points=None,
             if not torch.cuda.is_available():
                 raise ProbeError("--probe needs a CUDA GPU (none is visible)")
             device = torch.device("cuda", torch.cuda.current_device())
-        trainer = Trainer(cfg, device, checkpoint_ttt=shape.checkpoint_ttt)
+        trainer = Trainer(cfg, device, checkpoint_ttt=shape.checkpoint_ttt,
+                          freeze_lm_head=shape.freeze_lm_head)
     if shape.precision != trainer.precision:
         raise UsageError(f"--precision {shape.precision}: the trainer uses "
                          f"{trainer.precision} on {trainer.device.type}")

@@ -56,6 +56,7 @@ class TrainConfig:
     resume: bool = False
     loss_chunk: int = 2048
     checkpoint_ttt: bool = False  # recompute each TTT step in backward (model.step_losses)
+    freeze_lm_head: bool = False  # the draft head stays the verifier's (model.freeze_lm_head)
     gpu_mem_gib: float | None = None
     save_every: int = 0  # 0: only at the end and when stopped
     seed: int = 0
@@ -231,7 +232,12 @@ def train(cfg: TrainConfig) -> int:
         verifier = {k: v.to(device) for k, v in dataset.verifier().items()}
         drafter.load_verifier(verifier["embed_tokens"], verifier["lm_head"], d2t, t2d)
         del verifier
+        if cfg.freeze_lm_head:
+            drafter.freeze_lm_head()
         trainable = {n: p for n, p in drafter.named_parameters() if p.requires_grad}
+        # A checkpoint holds the drafter's own weights, trained or frozen (an export needs
+        # its head either way), not the verifier's embedding.
+        weights = {n: p for n, p in drafter.named_parameters() if n != "embed_tokens.weight"}
         optimizer = make_optimizer(trainable.values(), cfg.lr, device, cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
                                                       warmup_cosine(warmup, total_steps))
@@ -245,10 +251,14 @@ def train(cfg: TrainConfig) -> int:
         step, position = 0, Position()
         found = checkpoint.latest(ckpt_root) if cfg.resume else None
         if found is not None:
-            tensors, state, _ = checkpoint.load(found)
+            tensors, state, saved = checkpoint.load(found)
             missing = set(trainable) - set(tensors)
             if missing:
                 raise ValueError(f"checkpoint {found} lacks {sorted(missing)[:3]}")
+            if saved.get("freeze_lm_head", False) != cfg.freeze_lm_head:
+                raise ValueError(f"checkpoint {found} was trained with"
+                                 f"{'' if saved.get('freeze_lm_head') else 'out'} "
+                                 "--freeze-lm-head: resume it the same way")
             drafter.load_state_dict({n: tensors[n] for n in trainable}, strict=False)
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
@@ -270,14 +280,15 @@ def train(cfg: TrainConfig) -> int:
         def save() -> None:
             nonlocal last_saved
             if rank == 0 and last_saved != step:
-                tensors = {**trainable, "d2t": drafter.d2t, "t2d": drafter.t2d}
+                tensors = {**weights, "d2t": drafter.d2t, "t2d": drafter.t2d}
                 state = {"step": step, "data": position.state_dict(), "rng": _rng_state(),
                          "optimizer": optimizer.state_dict(),
                          "scheduler": scheduler.state_dict()}
                 path = checkpoint.save(ckpt_root, step, tensors, state, {
                     "drafter": cfg.drafter.to_dict(), "layers": dataset.info["layers"],
                     "num_layers": dataset.info["num_layers"],
-                    "max_seq_len": cfg.max_seq_len, "ttt_steps": cfg.ttt_steps})
+                    "max_seq_len": cfg.max_seq_len, "ttt_steps": cfg.ttt_steps,
+                    "freeze_lm_head": cfg.freeze_lm_head})
                 metrics.write("checkpoint", step=step, path=str(path))
             last_saved = step
             if world > 1:

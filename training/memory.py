@@ -82,6 +82,7 @@ class StepShape:
     world_size: int = 1
     sharding: str = "ddp"
     checkpoint_ttt: bool = False  # train --checkpoint-ttt: each TTT step recomputed
+    freeze_lm_head: bool = False  # train --freeze-lm-head: the draft head takes no gradient
 
     def __post_init__(self) -> None:
         for name in ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk", "world_size"):
@@ -100,8 +101,9 @@ class StepShape:
         return self.batch_rows * self.max_seq_len
 
 
-def parameter_counts(cfg: DrafterConfig) -> dict[str, int]:
-    """Parameters of model.py's Eagle3Drafter: trainable, frozen, and the autocast-cached."""
+def parameter_counts(cfg: DrafterConfig, freeze_lm_head: bool = False) -> dict[str, int]:
+    """Parameters of model.py's Eagle3Drafter: trainable, frozen, and the autocast-cached
+    (a frozen draft head counts with the frozen ones)."""
     H, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
     layer_matmuls = (
@@ -112,11 +114,13 @@ def parameter_counts(cfg: DrafterConfig) -> dict[str, int]:
     )
     lm_head = cfg.draft_vocab_size * H
     return {
-        "trainable": layer_matmuls + lm_head + 4 * H,  # + 4 RMSNorm weights
+        # + 4 RMSNorm weights
+        "trainable": layer_matmuls + 4 * H + (0 if freeze_lm_head else lm_head),
         # Autocast caches a bf16 copy of each weight its matmuls read, for the whole
         # forward and backward; the loss casts lm_head itself (its workspace).
         "autocast_cached": layer_matmuls,
-        "frozen": cfg.vocab_size * H + cfg.draft_vocab_size * H,  # embedding, target head
+        # embedding, target head
+        "frozen": (cfg.vocab_size + cfg.draft_vocab_size) * H + (lm_head if freeze_lm_head else 0),
     }
 
 
@@ -252,6 +256,9 @@ def loss_workspace(cfg: DrafterConfig, shape: StepShape) -> dict[str, dict[str, 
     # (fp32 activations: the cast is the head itself)
     casts = {"loss_head_casts": V * H * a} if a < FP32 else {}
     forward = chunk * V * (3 * a if _compiled(shape.precision) else 4 * FP32)
+    if shape.freeze_lm_head:  # no gradients for the head at all
+        return {"loss_forward": {**casts, "loss_chunk": forward},
+                "loss_backward": {}, "norm_backward": {}}
     kept = V * H * FP32
     return {
         "loss_forward": {**casts, "lm_head_step_grads": K * kept, "loss_chunk": forward},
@@ -263,7 +270,7 @@ def loss_workspace(cfg: DrafterConfig, shape: StepShape) -> dict[str, dict[str, 
 def analytic_phases(cfg: DrafterConfig, shape: StepShape
                     ) -> dict[str, dict[str, dict[str, int]]]:
     """Each forward+backward phase's terms in bytes, grouped by how they grow."""
-    counts = parameter_counts(cfg)
+    counts = parameter_counts(cfg, shape.freeze_lm_head)
     p = counts["trainable"]
     a = PRECISIONS[shape.precision]
     # FSDP shards parameters, gradients and optimizer state; one full set of (compute
@@ -271,7 +278,7 @@ def analytic_phases(cfg: DrafterConfig, shape: StepShape
     shard = shape.world_size if shape.sharding == "fsdp" else 1
     state = {
         "weights": p * FP32 // shard,
-        "frozen": frozen_bytes(cfg),
+        "frozen": frozen_bytes(cfg, shape.freeze_lm_head),
         "adamw_state": 2 * p * FP32 // shard,
     }
     if shape.precision == "bf16":
@@ -341,28 +348,30 @@ def _attention_backward(cfg: DrafterConfig, shape: StepShape, state: dict, per_t
     else:  # the last of the K steps counted in per_step
         per_step = {**per_step, "freed_last_step": -sum(step[k] for k in freed) * T}
     head = cfg.draft_vocab_size * H * FP32
+    head_grads = {} if shape.freeze_lm_head else {"lm_head_step_grads": (K - 1) * head,
+                                                  "lm_head_grad": head}
     return {
-        "constant": {**state, "lm_head_step_grads": (K - 1) * head, "lm_head_grad": head,
-                     "mlp_o_proj_grads": (3 * H * I + q * H) * FP32},
+        "constant": {**state, **head_grads, "mlp_o_proj_grads": (3 * H * I + q * H) * FP32},
         "per_token": {**per_token, "attention_input_grads": (q + 2 * kv + H) * a * T},
         "per_step": {**per_step, "kv_grads": 2 * kv * a * T * K},
         "diagonal": dict(diagonal),
     }
 
 
-def frozen_bytes(cfg: DrafterConfig) -> int:
-    """The verifier's embedding and draft-vocabulary head (fp32), and the d2t/t2d maps."""
-    return parameter_counts(cfg)["frozen"] * FP32 + cfg.draft_vocab_size * INDEX \
-        + cfg.vocab_size
+def frozen_bytes(cfg: DrafterConfig, freeze_lm_head: bool = False) -> int:
+    """The verifier's embedding and draft-vocabulary head (fp32), a frozen draft head,
+    and the d2t/t2d maps."""
+    return parameter_counts(cfg, freeze_lm_head)["frozen"] * FP32 \
+        + cfg.draft_vocab_size * INDEX + cfg.vocab_size
 
 
 def optimizer_phase(cfg: DrafterConfig, shape: StepShape) -> int:
     """Peak of the optimizer step: weights, gradients, AdamW state (fused AdamW works in
     place), the frozen tensors and the batch, which is still referenced."""
-    p = parameter_counts(cfg)["trainable"]
+    p = parameter_counts(cfg, shape.freeze_lm_head)["trainable"]
     shard = shape.world_size if shape.sharding == "fsdp" else 1
     batch = saved_per_token(cfg, shape.precision)["batch"] * shape.tokens
-    return frozen_bytes(cfg) + 4 * p * FP32 // shard + batch
+    return frozen_bytes(cfg, shape.freeze_lm_head) + 4 * p * FP32 // shard + batch
 
 
 @dataclass(frozen=True)
@@ -634,7 +643,8 @@ def shape_from_start(start: dict) -> tuple[DrafterConfig, StepShape]:
                           precision=config.get("precision", "bf16"),
                           world_size=int(start.get("world_size", 1)),
                           sharding=config.get("sharding", "ddp"),
-                          checkpoint_ttt=bool(config.get("checkpoint_ttt", False)))
+                          checkpoint_ttt=bool(config.get("checkpoint_ttt", False)),
+                          freeze_lm_head=bool(config.get("freeze_lm_head", False)))
     except KeyError as e:
         raise ValueError(f"the start event's config lacks {e.args[0]}") from e
     except (TypeError, ValueError) as e:

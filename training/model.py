@@ -172,6 +172,15 @@ class Eagle3Drafter(nn.Module):
         self.t2d.copy_(t2d)
         self.target_head.copy_(lm_head[d2t.to(lm_head.device)])
 
+    @torch.no_grad()
+    def freeze_lm_head(self) -> None:
+        """Keep the draft head at the verifier's head on the draft vocabulary, untrained,
+        as speculators does: each TTT step skips the head's weight gradient (one of its
+        three head-sized matmuls) and the optimizer keeps no state for it. After
+        load_verifier."""
+        self.lm_head.weight.copy_(self.target_head)
+        self.lm_head.weight.requires_grad_(False)
+
     def step_losses(self, batch: PackedBatch, ttt_steps: int, loss_chunk: int = 2048,
                     checkpoint: bool = False) -> list[StepLoss]:
         """Unroll TTT over the batch and return each step's per-position losses.

@@ -96,3 +96,16 @@ def test_a_bool_param_is_a_bare_flag_added_or_removed():
         check({"checkpoint_ttt": 1})
     with pytest.raises(ParamError, match="takes no value"):
         read(argv + ["--checkpoint-ttt=1"])
+
+
+def test_every_param_is_a_flag_of_the_trainer_with_its_kind():
+    # The trainer's parser is the other side of the argv contract: a param it lacks would
+    # relaunch into a usage error.
+    from backends.params import PARAMS
+    from training.cli import train_parser
+
+    actions = {a.dest: a for a in train_parser()._actions}
+    for name, param in PARAMS.items():
+        assert name in actions, name
+        assert param.flag in actions[name].option_strings
+        assert (actions[name].nargs == 0) == (param.kind is bool), name

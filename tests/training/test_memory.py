@@ -35,6 +35,21 @@ def test_tiny_parameter_counts_by_hand_and_against_the_model():
     frozen = model.embed_tokens.weight.numel() + model.target_head.numel()
     assert (trainable, frozen) == (counts["trainable"], counts["frozen"])
 
+    # --freeze-lm-head: the draft head moves from the trained to the frozen ones
+    model.freeze_lm_head()
+    held = memory.parameter_counts(TINY, freeze_lm_head=True)
+    assert held["trainable"] == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert (held["trainable"], held["frozen"]) == (86272 - lm_head, 49152 + lm_head)
+
+
+def test_a_frozen_head_takes_no_gradient_memory():
+    plain = memory.analytic_phases(TINY, StepShape(256, 3))
+    frozen = memory.analytic_phases(TINY, StepShape(256, 3, freeze_lm_head=True))
+    for phase in memory.PHASES:
+        names = set(frozen[phase]["constant"])
+        assert not names & {"lm_head_step_grads", "lm_head_grad"}, phase
+        assert names | {"lm_head_step_grads", "lm_head_grad"} >= set(plain[phase]["constant"])
+
 
 def test_tiny_analytic_terms_by_hand():
     # T = 2 rows × 256 = 512 tokens, K = 3, bf16 activations (a = 2 bytes), chunk 128.
@@ -397,6 +412,7 @@ def test_recorded_h200_peaks_of_the_current_trainer_uncalibrated():
     is tested on them."""
     for point in json.loads(CURRENT.read_text())["points"]:
         shape = StepShape(point["max_seq_len"], point["ttt_steps"],
-                          checkpoint_ttt=point["checkpoint_ttt"])
+                          checkpoint_ttt=point["checkpoint_ttt"],
+                          freeze_lm_head=point.get("freeze_lm_head", False))
         predicted = memory.predict(PRESETS[point["preset"]], shape).total / GiB
         assert abs(predicted - point["peak_gib"]) / point["peak_gib"] < 0.08, point

@@ -181,6 +181,29 @@ def test_export_writes_the_eagle3_layout(tmp_path, cache):
         == tmp_path / "e2"
 
 
+def test_a_frozen_draft_head_stays_the_verifiers_and_is_exported(tmp_path, cache):
+    data = synthetic_dataset(0)
+    cfg = TrainConfig(data=data, run_dir=tmp_path / "run", drafter=PRESETS["tiny"], steps=3,
+                      max_seq_len=256, freeze_lm_head=True, save_every=2,
+                      export=tmp_path / "export")
+    assert train(cfg) == 0
+    start = read_events(cfg.run_dir)[0]
+    assert start["config"]["freeze_lm_head"] is True
+    saved = load_file(latest(cfg.run_dir / "checkpoints") / "model.safetensors")
+    # the verifier's head on the draft vocabulary, unchanged by three steps
+    head = Dataset(data).verifier()["lm_head"][saved["d2t"]]
+    assert torch.equal(saved["lm_head.weight"], head)
+    exported = load_file(tmp_path / "export" / "model.safetensors")
+    assert torch.equal(exported["lm_head.weight"], head.to(torch.bfloat16))
+    # the rest still trains: the layer moved between the checkpoints of steps 2 and 3
+    before = load_file(cfg.run_dir / "checkpoints" / "step-2" / "model.safetensors")
+    assert not torch.equal(before["fc.weight"], saved["fc.weight"])
+    resumed = TrainConfig(data=data, run_dir=cfg.run_dir, drafter=PRESETS["tiny"], steps=4,
+                          max_seq_len=256, resume=True)
+    with pytest.raises(ValueError, match="--freeze-lm-head"):
+        train(resumed)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("where", ["placing the model", "in a step"])
 def test_cuda_oom_is_an_event_and_exit_3(tmp_path, cache, where):

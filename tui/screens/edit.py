@@ -14,7 +14,7 @@ from tui.predict import predict
 from tui.state import HostState, RunState, format_duration, format_number
 
 FIELDS = ["max_seq_len", "ttt_steps", "lr", "steps", "batch_rows", "epochs", "ttt_decay", "loss_chunk",
-          "checkpoint_ttt"]
+          "checkpoint_ttt", "freeze_lm_head"]
 
 
 def gpu_total_gib(host: HostState) -> float | None:
