@@ -15,6 +15,7 @@ from tests.tui.sample import NOW, PARAMS, gpus, metrics_events, run_info
 from tui.alerts import STALL_S, host_alerts, kill_alert, run_alerts, update_underfed
 from tui.app import ESCAPE_CACHE, bound_escape_cache
 from tui.predict import predict
+from tui.screens.run import stats_text
 from tui.state import STEP_HISTORY, GpuTrace, HostState, RunState
 from tui.widgets.loss_chart import Curves
 
@@ -178,3 +179,16 @@ def test_pane_captures_yield_each_new_line_once():
     assert new_lines(["a", "b", "c"], ["b", "c", "d", "e"]) == ["d", "e"]  # scrolled by one
     assert new_lines(["a", "b"], ["a", "b"]) == []
     assert new_lines(["a", "b"], ["x", "y"]) == ["x", "y"]  # scrolled past everything seen
+
+
+@pytest.mark.parametrize("status, code, shown", [
+    ("stopped", 1, "(stopped) launcher exit 1"),  # torchrun after a clean stop
+    ("completed", 0, "(completed) exit 0"),
+    ("failed", 1, "(failed) exit 1"),
+    (None, -9, "exit -9"),  # killed before it could write its end
+])
+def test_the_launchers_exit_code_after_the_trainers_own_end(status, code, shown):
+    run = make_run(metrics_events(3) + ([{"event": "end", "status": status}] if status else []))
+    run.info.exit_status = code
+    first_line = stats_text(run, NOW).plain.splitlines()[1]
+    assert first_line.endswith(shown), first_line

@@ -26,10 +26,17 @@ def stats_text(run: RunState, now: float) -> Text:
     text.append(f"  tmux {info.session}\n", style="dim")
     text.append("state ")
     text.append(run.state_label, style="bold red" if run.state_label in ("OOM", "gone") else "bold green")
+    status = run.end.get("status") if run.end else None
     if run.end:
-        text.append(f" ({run.end.get('status', '')})")
-    if getattr(info, "exit_status", None) is not None:
-        text.append(f" exit {info.exit_status}")
+        text.append(f" ({status or ''})")
+    code = getattr(info, "exit_status", None)
+    if code is not None:
+        # torchrun exits 1 on a clean stop's SIGTERM though its workers saved and exited 0:
+        # after the trainer's own clean end the launcher's code is a footnote, not a failure
+        if code and status in ("completed", "stopped"):
+            text.append(f" launcher exit {code}", style="dim")
+        else:
+            text.append(f" exit {code}")
     text.append("\n")
     shown = [k for k in ("max_seq_len", "ttt_steps", "lr", "batch_rows", "steps") if k in params]
     text.append("  ".join(f"{k} {format_number(params[k])}" for k in shown) + "\n", style="cyan")
