@@ -1,6 +1,6 @@
 """Checkpoints that a kill -9 at any moment cannot corrupt.
 
-    checkpoints/step-<N>/model.safetensors   trainable weights (and d2t/t2d)
+    checkpoints/step-<N>/model.safetensors   the drafter's weights (not the embedding), d2t/t2d
     checkpoints/step-<N>/config.json         drafter shape and data facts, for export
     checkpoints/step-<N>/state.pt            optimizer, scheduler, data position, RNG
     checkpoints/latest                       "step-<N>", repointed last
