@@ -137,7 +137,7 @@ def train_main(argv: list[str]) -> int:
     import torch
 
     from training.data import Dataset, DatasetError
-    from training.loop import TrainConfig, train
+    from training.loop import ResumeError, TrainConfig, train
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -171,6 +171,8 @@ def train_main(argv: list[str]) -> int:
         return train(cfg)
     except DatasetError as exc:
         raise UsageError(f"--batch-rows/--max-seq-len: {exc}") from None
+    except ResumeError as exc:
+        raise UsageError(f"--resume: {exc}") from None
 
 
 def extract_main(argv: list[str]) -> int:

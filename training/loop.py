@@ -71,6 +71,10 @@ class TrainConfig:
         return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}
 
 
+class ResumeError(ValueError):
+    """The checkpoint to resume does not fit the run as now configured."""
+
+
 class Unroll(nn.Module):
     """The drafter's per-step losses as a forward(), so DDP sees the call it syncs."""
 
@@ -254,12 +258,16 @@ def train(cfg: TrainConfig) -> int:
             tensors, state, saved = checkpoint.load(found)
             missing = set(trainable) - set(tensors)
             if missing:
-                raise ValueError(f"checkpoint {found} lacks {sorted(missing)[:3]}")
+                raise ResumeError(f"checkpoint {found} lacks {sorted(missing)[:3]}")
             if saved.get("freeze_lm_head", False) != cfg.freeze_lm_head:
-                raise ValueError(f"checkpoint {found} was trained with"
-                                 f"{'' if saved.get('freeze_lm_head') else 'out'} "
-                                 "--freeze-lm-head: resume it the same way")
-            drafter.load_state_dict({n: tensors[n] for n in trainable}, strict=False)
+                raise ResumeError(f"checkpoint {found} was trained with"
+                                  f"{'' if saved.get('freeze_lm_head') else 'out'} "
+                                  "--freeze-lm-head: resume it the same way")
+            try:
+                drafter.load_state_dict({n: tensors[n] for n in trainable}, strict=False)
+            except RuntimeError as e:  # another drafter shape
+                raise ResumeError(f"checkpoint {found} does not fit this drafter: "
+                                  f"{str(e).splitlines()[-1].strip()}") from None
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
             step, position = state["step"], Position(**state["data"])

@@ -116,3 +116,17 @@ def test_the_module_entry_point_exits_2_as_a_process(tmp_path):
                             env={**os.environ, "TRACKSIDE_RUNS_ROOT": str(tmp_path)})
     assert result.returncode == 2
     assert "--ttt-steps" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("changed, says", [
+    (["--freeze-lm-head"], "--freeze-lm-head"),
+    (["--preset", "tiny", "--draft-vocab-size", "128"], "does not fit this drafter"),
+])
+def test_a_resume_that_does_not_fit_the_checkpoint_exits_2(changed, says, tmp_path, cache,
+                                                            capsys):
+    run = ["train", "--synthetic", "--out", str(tmp_path / "run"), "--steps", "2",
+           "--max-seq-len", "256", "--save-every", "1"]
+    assert run_main(run, capsys)[0] == 0
+    code, err = run_main(run[:-2] + ["--steps", "3", "--resume"] + changed, capsys)
+    assert code == 2 and "--resume" in err and says in err, err
+    assert "Traceback" not in err
