@@ -355,6 +355,8 @@ def train(cfg: TrainConfig) -> int:
         save()
     except torch.OutOfMemoryError as error:
         return record_oom(metrics, cfg, device, error)
+    except ResumeError:  # nothing was run: the run's record stays as it ended
+        raise
     except BaseException:
         metrics.write("end", status="failed")
         raise

@@ -127,6 +127,8 @@ def test_a_resume_that_does_not_fit_the_checkpoint_exits_2(changed, says, tmp_pa
     run = ["train", "--synthetic", "--out", str(tmp_path / "run"), "--steps", "2",
            "--max-seq-len", "256", "--save-every", "1"]
     assert run_main(run, capsys)[0] == 0
+    record = (tmp_path / "run" / "metrics.jsonl").read_text()
     code, err = run_main(run[:-2] + ["--steps", "3", "--resume"] + changed, capsys)
     assert code == 2 and "--resume" in err and says in err, err
     assert "Traceback" not in err
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == record  # still completed
