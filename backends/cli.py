@@ -108,7 +108,10 @@ def _show_runs(infos: list[runs.RunInfo]) -> str:
         return "no runs and no tmux sessions"
     rows = [("RUN", "SESSION", "STATE", "STEP", "LOSS", "PARAMS", "PIDS")]
     for r in infos:
-        state = r.state.value + (f" ({r.exit_status})" if r.exit_status is not None else "")
+        if runs.launcher_code(r.end_status, r.exit_status):
+            state = f"{r.state.value} ({r.end_status}; launcher exit {r.exit_status})"
+        else:
+            state = r.state.value + (f" ({r.exit_status})" if r.exit_status is not None else "")
         loss = f"{r.last_loss:.4g}" if isinstance(r.last_loss, (int, float)) else "-"
         rows.append((
             r.run_id or "-", r.session, state, str(r.last_step if r.last_step is not None else "-"), loss,

@@ -83,6 +83,7 @@ class RunInfo:
     run_dir: str | None = None
     parent: str | None = None
     started: str | None = None
+    end_status: str | None = None  # the trainer's own end event: completed, stopped, ...
 
     def to_json(self) -> dict:
         return {**asdict(self), "state": self.state.value}
@@ -260,7 +261,8 @@ async def read_exit_status(host: Host, directory: str) -> int | None:
 
 
 def _metrics_summary(lines: list[str]) -> dict:
-    summary: dict = {"oom": False, "last_step": None, "last_loss": None, "steps_per_epoch": None}
+    summary: dict = {"oom": False, "last_step": None, "last_loss": None, "steps_per_epoch": None,
+                     "end_status": None}
     for line in lines:
         try:
             event = json.loads(line)
@@ -269,14 +271,25 @@ def _metrics_summary(lines: list[str]) -> dict:
         if not isinstance(event, dict):
             continue
         kind = event.get("event")
-        if kind == "start" and isinstance(event.get("steps_per_epoch"), int):
-            summary["steps_per_epoch"] = event["steps_per_epoch"]
+        if kind == "start":  # a resume starts again: an earlier end no longer holds
+            summary["end_status"] = None
+            if isinstance(event.get("steps_per_epoch"), int):
+                summary["steps_per_epoch"] = event["steps_per_epoch"]
         elif kind == "step":
             summary["last_step"] = event.get("step", summary["last_step"])
             summary["last_loss"] = event.get("loss", summary["last_loss"])
         elif kind == "oom":
             summary["oom"] = True
+        elif kind == "end" and isinstance(event.get("status"), str):
+            summary["end_status"] = event["status"]
     return summary
+
+
+def launcher_code(end_status: str | None, exit_status: int | None) -> bool:
+    """Whether a nonzero exit code is the launcher's after the trainer's own clean end
+    (torchrun exits 1 on a clean stop's SIGTERM though its workers saved and exited 0),
+    not the run's failure."""
+    return bool(exit_status) and end_status in ("completed", "stopped")
 
 
 async def _read_run_dirs(host: Host) -> list[tuple[dict, int | None, dict]]:
@@ -334,7 +347,7 @@ async def list_runs(host: Host) -> list[RunInfo]:
             RunInfo(
                 manifest["run_id"], session, host.name, state, exit_status, manifest.get("params", {}),
                 metrics["last_step"], metrics["last_loss"], metrics["steps_per_epoch"], [] if ended else alive,
-                manifest.get("run_dir"), manifest.get("parent"), manifest.get("started"),
+                manifest.get("run_dir"), manifest.get("parent"), manifest.get("started"), metrics["end_status"],
             )  # fmt: skip
         )
     for session, session_panes in by_session.items():

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from backends import gpu
-from backends.cli import main
+from backends import gpu, runs
+from backends.cli import _show_runs, main
 from tests.backends.test_kill import FAKE_SMI
 from tests.backends.test_runs import PY, eventually, fake_trainer, tmux_dir, written  # noqa: F401 (fixtures)
 
@@ -183,3 +183,10 @@ def test_the_installed_command_routes_here(config, tmp_path):
     assert json.loads(asyncio.run(eventually(lambda: written(out)))) == hostile and not pwned.exists()
     failed = subprocess.run([trackside, "kill", "nope", "--config", config], capture_output=True, text=True)
     assert failed.returncode == 1 and "Traceback" not in failed.stderr
+
+
+def test_a_clean_stop_whose_launcher_exits_1_reads_as_a_clean_stop():
+    stopped = runs.RunInfo("r1", "s1", "local", runs.RunState.EXITED, 1, end_status="stopped")
+    failed = runs.RunInfo("r2", "s2", "local", runs.RunState.EXITED, 1, end_status="failed")
+    shown = _show_runs([stopped, failed])
+    assert "exited (stopped; launcher exit 1)" in shown and "exited (1)" in shown

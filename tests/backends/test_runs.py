@@ -180,6 +180,22 @@ async def test_metrics_tail_gives_step_loss_and_oom(host):
     assert (await run_named(host, info.run_id)).state is RunState.OOM
 
 
+async def test_the_trainers_end_is_listed_beside_the_launchers_exit_code(host):
+    # What torchrun leaves after a clean stop: the workers wrote `end stopped`, it exits 1.
+    info = await runs.launch(host, ["sh", "-c", "sleep 0.5; exit 1"])
+    lines = [{"event": "start", "config": {}}, {"event": "end", "status": "stopped"}]
+    Path(info.run_dir, "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    done = await eventually(lambda: ended(host, info.run_id))
+    assert (done.state, done.exit_status, done.end_status) == (RunState.EXITED, 1, "stopped")
+    assert runs.launcher_code(done.end_status, done.exit_status)
+    # a resume starts again: the earlier end no longer holds
+    lines.append({"event": "start", "config": {"resumed_from_step": 2}})
+    Path(info.run_dir, "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    again = await run_named(host, info.run_id)
+    assert again.end_status is None and not runs.launcher_code(again.end_status, again.exit_status)
+    assert not runs.launcher_code("failed", 1) and not runs.launcher_code("completed", 0)
+
+
 async def test_session_names_are_checked_and_duplicates_refused(host):
     with pytest.raises(ValueError, match="session name"):
         await runs.launch(host, ["true"], session="a:b")

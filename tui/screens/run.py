@@ -9,6 +9,7 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Header, Input, Log, Static
 
+from backends.runs import launcher_code
 from tui.state import RunState, format_duration, format_number
 from tui.widgets.alert_bar import AlertBar
 from tui.widgets.footer import Footer
@@ -31,9 +32,7 @@ def stats_text(run: RunState, now: float) -> Text:
         text.append(f" ({status or ''})")
     code = getattr(info, "exit_status", None)
     if code is not None:
-        # torchrun exits 1 on a clean stop's SIGTERM though its workers saved and exited 0:
-        # after the trainer's own clean end the launcher's code is a footnote, not a failure
-        if code and status in ("completed", "stopped"):
+        if launcher_code(status, code):  # a footnote, not the run's failure
             text.append(f" launcher exit {code}", style="dim")
         else:
             text.append(f" exit {code}")
