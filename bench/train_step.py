@@ -6,7 +6,8 @@ AdamW) on identical packed inputs: one row of max_seq_len tokens holding samples
 ~2K tokens (1,536-2,560), as the trainers pack them. The trainers alternate (A B, then
 B A) so drift of the card's clocks or temperature does not favour one. Each child reports
 its first step's wall time (compilation included), the median of --steps timed steps
-after --warmup, tokens/s, and torch.cuda.max_memory_allocated over the timed steps.
+after --warmup, tokens/s, and torch.cuda.max_memory_allocated (and _reserved, in the
+JSON) over the timed steps.
 
 MFU counts each trainer's useful FLOPs (model_flops below: without the draft head's weight
 gradient for the trainers that freeze it) over the median step time, against a bf16 matmul ceiling measured by the parent at the start and the end
@@ -308,6 +309,10 @@ def child(args: argparse.Namespace) -> dict:
         tokens_per_s=cell.max_seq_len / statistics.median(times),
         peak_gib=(torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda"
                   else None),
+        # what the caching allocator held: the memory model's reserve (RESERVED_RATIO) is
+        # fitted to such pairs
+        reserved_gib=(torch.cuda.max_memory_reserved() / 2**30 if device.type == "cuda"
+                      else None),
         loss_first=first_loss, loss_last=losses[-1],
         finite=all(math.isfinite(v) for v in [first_loss, *losses]))
     return result
