@@ -319,9 +319,11 @@ def train(cfg: TrainConfig) -> int:
             # Each rank's peak in its own slot: the same all-reduce gathers them all.
             peaks = [0.0] * world
             peaks[rank] = peak_mem_gib(device)
+            # Every step's loss and agreement sums in one read from the device, not 2K
+            per_step_sums = torch.stack([s.losses.sum().double() for s in per_step]
+                                        + [s.agree.sum().double() for s in per_step]).tolist()
             sums = _all_reduce(
-                [s.losses.sum().item() for s in per_step]
-                + [s.agree.sum().item() for s in per_step]
+                per_step_sums
                 + [tokens, batch.num_samples, batch.pad_tokens, float(stop.requested)]
                 + peaks,
                 device, world)
