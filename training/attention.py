@@ -80,11 +80,26 @@ def ttt_block_mask(doc_ids: Tensor, segments: int = 1) -> BlockMask:
     full_indices = (full_lo[..., None] + ar).clamp_(max=nb - 1)
     full_num = (qb - full_lo).clamp_(min=0)
     i32 = torch.int32
-    return BlockMask.from_kv_blocks(
-        (n_partial_before + segments).to(i32)[:, None], kv_indices.to(i32)[:, None],
-        full_num.to(i32)[:, None], full_indices.to(i32)[:, None],
+    mask = BlockMask.from_kv_blocks(
+        (n_partial_before + segments)[:, None].to(i32), kv_indices[:, None].to(i32),
+        full_num[:, None].to(i32), full_indices[:, None].to(i32),
         BLOCK_SIZE=BLOCK, mask_mod=ttt_mask_mod(doc_ids, segments),
         seq_lengths=(L, segments * L))
+    # Left static, the block counts would key the compiled flex graphs to this row
+    # length: a launch at a new max_seq_len would compile flex again instead of finding
+    # it in inductor's disk cache. A view is guarded on its base's strides too, so each
+    # tensor marked must own its storage.
+    for name in _BLOCK_TENSORS:
+        t = getattr(mask, name)
+        t = t.clone() if t._base is not None else t
+        for dim in range(2, t.dim()):
+            torch._dynamo.maybe_mark_dynamic(t, dim)
+        setattr(mask, name, t)
+    return mask
+
+
+_BLOCK_TENSORS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                  "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
 
 
 def dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:

@@ -235,6 +235,40 @@ def test_flex_attention_with_the_block_mask_matches_the_reference_on_cpu():
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
 
 
+def run_compiled_flex_at_two_lengths(device: str, backward: bool) -> None:
+    """The trainer's compiled flex at row lengths 256 then 384, each with one key segment
+    and three: matches the reference, and the 384 calls reuse the 256 calls' graphs
+    (block counts symbolic, so inductor's disk cache serves a relaunch at a new length)."""
+    from torch._dynamo.utils import counters
+    g = torch.Generator().manual_seed(1)
+    B, Hq, Hkv, D = 1, 4, 2, 16
+    graphs = []
+    for L in (256, 384):
+        doc_ids = random_docs(B, L, seed=L).to(device)
+        layout = DocLayout(doc_ids, use_flex=True)
+        for S in (1, 3):
+            def rand(h):
+                return torch.randn(B, h, L, D, generator=g).to(device).requires_grad_(backward)
+            q, keys, values = rand(Hq), [rand(Hkv) for _ in range(S)], [rand(Hkv) for _ in range(S)]
+            out = ttt_attention(q, keys, values, layout)
+            want = reference_ttt_attention(q, keys, values, doc_ids)
+            torch.testing.assert_close(out, want, rtol=5e-3, atol=5e-3)
+            if backward:
+                out.sum().backward()
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[1] == graphs[0], "a new row length compiled flex again"
+
+
+@pytest.mark.slow
+def test_compiled_flex_serves_a_new_row_length_without_recompiling_on_cpu():
+    run_compiled_flex_at_two_lengths("cpu", backward=False)  # no CPU backward for flex
+
+
+@pytest.mark.gpu
+def test_compiled_flex_serves_a_new_row_length_without_recompiling_on_cuda():
+    run_compiled_flex_at_two_lengths("cuda", backward=True)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("L", [384, 300])  # 300: the row is padded to whole blocks
 def test_flex_path_matches_dense_path_on_cuda(L):
