@@ -35,6 +35,9 @@ def launch(data: Path, run_dir: Path, preset: str, max_seq_len: int, ttt: int,
            "--ttt-steps", str(ttt), "--steps", "1", "--device", device, "--save-every", "0"]
     started = time.time()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    if os.environ.get("OUT"):  # e.g. run with TORCH_LOGS=recompiles: what was compiled
+        Path(os.environ["OUT"], f"first_step_{max_seq_len}.log").write_text(
+            proc.stdout + proc.stderr)
     events = {}
     metrics = run_dir / "metrics.jsonl"
     for line in metrics.read_text().splitlines() if metrics.exists() else []:
