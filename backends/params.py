@@ -35,6 +35,9 @@ class Param:
     low: float | None = None
     high: float | None = None
     low_open: bool = False  # low itself excluded, as in (0, 1]
+    # An int flag that may also be given bare stands for this value then, and is left
+    # out of the argv at 0.
+    bare: int | None = None
 
     @property
     def flag(self) -> str:
@@ -90,7 +93,9 @@ PARAMS: dict[str, Param] = {
         Param("loss_chunk", int, 1),
         Param("save_every", int, 0),
         Param("seed", int, 0),
-        Param("checkpoint_ttt", bool),
+        # the first N TTT steps recomputed; bare, every step (the trainer takes at most
+        # its ttt_steps, at most 16 here)
+        Param("checkpoint_ttt", int, 0, 16, bare=16),
         Param("freeze_lm_head", bool),
     ]
 }
@@ -142,6 +147,9 @@ def read(argv: Sequence[str]) -> dict[str, int | float | bool]:
                 raise ParamError(param.name, f"{param.flag} takes no value")
             values[param.name] = True
             continue
+        if param.bare is not None and not joined and not _has_value(argv, i):
+            values[param.name] = param.bare
+            continue
         if joined:
             text = argv[i].split("=", 1)[1]
         elif i + 1 < len(argv):
@@ -150,6 +158,23 @@ def read(argv: Sequence[str]) -> dict[str, int | float | bool]:
             raise ParamError(param.name, f"{param.flag} has no value")
         values[param.name] = param.parse(text)
     return values
+
+
+def _has_value(argv: Sequence[str], i: int) -> bool:
+    return i + 1 < len(argv) and not argv[i + 1].startswith("--")
+
+
+def _without(argv: Sequence[str], param: Param) -> list[str]:
+    """argv with every occurrence of the param's flag removed, with its value if given."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == param.flag:
+            i += 2 if param.kind is not bool and _has_value(argv, i) else 1
+            continue
+        if not argv[i].startswith(param.flag + "="):
+            out.append(argv[i])
+        i += 1
+    return out
 
 
 def set_flag(argv: Sequence[str], flag: str, value: str) -> list[str]:
@@ -170,12 +195,16 @@ def set_flag(argv: Sequence[str], flag: str, value: str) -> list[str]:
 
 def apply(argv: Sequence[str], params: dict) -> list[str]:
     """A trainer argv with each parameter set to its (validated) value; a bool flag is
-    added when true, and every occurrence removed when false."""
+    added when true, and every occurrence removed when false; a flag that may be bare is
+    removed at 0."""
     argv = list(argv)
     for key, value in check(params).items():
-        flag = PARAMS[key].flag
+        param = PARAMS[key]
+        flag = param.flag
         if isinstance(value, bool):
-            argv = [a for a in argv if a != flag] + ([flag] if value else [])
+            argv = _without(argv, param) + ([flag] if value else [])
+        elif param.bare is not None:
+            argv = _without(argv, param) + ([flag, str(value)] if value else [])
         else:
             argv = set_flag(argv, flag, repr(value) if isinstance(value, float) else str(value))
     return argv

@@ -35,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -50,10 +51,25 @@ import torch.utils.checkpoint  # noqa: E402
 
 from training.config import PRESETS, DrafterConfig  # noqa: E402
 
-# trackside+ckpt: trackside with --checkpoint-ttt (each TTT step recomputed in backward);
-# trackside+frozen: with --freeze-lm-head, its draft head kept at the verifier's as
-# speculators keeps it (the same work as speculators: no weight gradient for the head)
-TRAINERS = ("trackside", "trackside+ckpt", "trackside+frozen", "speculators")
+# trackside takes its options as suffixes, in this order: +frozen (--freeze-lm-head, its
+# draft head kept at the verifier's as speculators keeps it: the same work as speculators,
+# no weight gradient for the head), then +ckpt (--checkpoint-ttt: every TTT step
+# recomputed in backward) or +ckptN (the first N steps). E.g. trackside+frozen+ckpt2.
+TRAINER = re.compile(r"speculators|trackside(?P<frozen>\+frozen)?(?:\+ckpt(?P<ckpt>[0-9]*))?")
+
+
+def trainer_name(text: str) -> str:
+    if not TRAINER.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: speculators, or trackside[+frozen][+ckpt[N]]")
+    return text
+
+
+def trackside_options(name: str) -> tuple[int, bool]:
+    """(TTT steps recomputed, head frozen) of a trackside trainer name."""
+    m = TRAINER.fullmatch(name)
+    ckpt = m["ckpt"]
+    return (0 if ckpt is None else int(ckpt) if ckpt else sys.maxsize), bool(m["frozen"])
 DEFAULT_CELLS = [f"llama3-8b:{L}:{K}" for L in (8192, 16384, 32768) for K in (3, 5, 7)]
 SAMPLE_LEN = (1536, 2560)
 TTT_DECAY = 0.8
@@ -175,16 +191,13 @@ def matmul_ceiling_tflops(n: int = 8192, reps: int = 50) -> float:
 # --- the two trainers' steps -------------------------------------------------------------
 
 def trackside_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: torch.device,
-                   checkpoint_ttt: bool = False, frozen_head: bool = False):
+                   name: str):
     from training.fit import Trainer
     from training.packing import PackedBatch
 
-    trainer = Trainer(cfg, device, ttt_decay=TTT_DECAY, checkpoint_ttt=checkpoint_ttt)
-    with torch.no_grad():
-        trainer.drafter.target_head.normal_(std=0.02)
-        trainer.drafter.embed_tokens.weight.normal_(std=0.02)
-    if frozen_head:  # --freeze-lm-head, after the verifier's head is set (AdamW skips
-        trainer.drafter.freeze_lm_head()  # a parameter that has no gradient)
+    checkpoint_ttt, frozen = trackside_options(name)
+    trainer = Trainer(cfg, device, ttt_decay=TTT_DECAY, checkpoint_ttt=checkpoint_ttt,
+                      freeze_lm_head=frozen)
     batch = PackedBatch(inputs["input_ids"], inputs["position_ids"], inputs["doc_ids"],
                         inputs["loss_mask"], inputs["aux_hidden"], inputs["final_hidden"],
                         num_samples=len(inputs["lengths"]), num_truncated=0, pad_tokens=0)
@@ -273,7 +286,8 @@ def child(args: argparse.Namespace) -> dict:
     inputs = packed_inputs(cfg, cell.max_seq_len, device, dtype, span=span)
     result = {"trainer": args.trainer, "cell": str(cell), "tokens": cell.max_seq_len,
               "flops": model_flops(cfg, inputs["lengths"], cell.ttt_steps,
-                                   head_grad=args.trainer in ("trackside", "trackside+ckpt"))}
+                                   head_grad=args.trainer != "speculators"
+                                   and not trackside_options(args.trainer)[1])}
     if args.cap_gib and device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * 2**30 / total))
@@ -283,9 +297,7 @@ def child(args: argparse.Namespace) -> dict:
         if args.trainer == "speculators":
             step = speculators_step(cfg, inputs, cell.ttt_steps, device)
         else:
-            step = trackside_step(cfg, inputs, cell.ttt_steps, device,
-                                  checkpoint_ttt=args.trainer == "trackside+ckpt",
-                                  frozen_head=args.trainer == "trackside+frozen")
+            step = trackside_step(cfg, inputs, cell.ttt_steps, device, args.trainer)
         first_loss = step()
         sync()
         result["first_step_s"] = time.perf_counter() - started
@@ -368,7 +380,7 @@ def summarise(results: list[dict], ceiling: float | None) -> list[str]:
     cells = list(dict.fromkeys(r["cell"] for r in results))
     for cell in cells:
         by_trainer = {}
-        for trainer in TRAINERS:
+        for trainer in dict.fromkeys(r["trainer"] for r in results):
             rs = [r for r in results if r["cell"] == cell and r["trainer"] == trainer]
             if not rs:
                 continue
@@ -382,7 +394,7 @@ def summarise(results: list[dict], ceiling: float | None) -> list[str]:
             first = ", ".join(f"{r['first_step_s']:.1f}" for r in ok)
             lines.append(f"| {cell} | {trainer} | {tps} | {peak} | {mfu} | {first} |")
         b = by_trainer.get("speculators")
-        for name in TRAINERS[:-1]:
+        for name in [n for n in by_trainer if n != "speculators"]:
             a = by_trainer.get(name)
             if not (a and b):
                 continue
@@ -400,7 +412,7 @@ def summarise(results: list[dict], ceiling: float | None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cells", nargs="+", default=None, help="PRESET:MAX_SEQ_LEN:TTT ...")
-    p.add_argument("--trainers", nargs="+", choices=TRAINERS,
+    p.add_argument("--trainers", nargs="+", type=trainer_name,
                    default=["trackside", "speculators"])
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--steps", type=int, default=10)
@@ -414,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--debug-checkpoint", action="store_true",
                    help="with --child: torch.utils.checkpoint's debug mode")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--trainer", choices=TRAINERS, help=argparse.SUPPRESS)
+    p.add_argument("--trainer", type=trainer_name, help=argparse.SUPPRESS)
     p.add_argument("--cell", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:

@@ -80,9 +80,11 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in --out")
     p.add_argument("--loss-chunk", type=POSITIVE_INT, default=2048)
-    p.add_argument("--checkpoint-ttt", action="store_true",
-                   help="recompute each TTT step in backward: activations stop growing "
-                        "with the step's intermediates, for about a third more compute")
+    p.add_argument("--checkpoint-ttt", type=NON_NEGATIVE_INT, nargs="?", const=sys.maxsize,
+                   default=0, metavar="N",
+                   help="recompute the first N TTT steps in backward (bare: every step): "
+                        "each saves its activations' share of the peak for about a third "
+                        "more of its compute")
     p.add_argument("--freeze-lm-head", action="store_true",
                    help="keep the draft head at the verifier's instead of training it (as "
                         "speculators does): less compute and memory per step")
@@ -161,7 +163,8 @@ def train_main(argv: list[str]) -> int:
         max_seq_len=args.max_seq_len or (512 if args.synthetic else 2048), ttt_steps=args.ttt_steps, ttt_decay=args.ttt_decay,
         lr=args.lr or (3e-3 if args.synthetic else 1e-4), batch_rows=args.batch_rows,
         device=device, resume=args.resume, loss_chunk=args.loss_chunk,
-        checkpoint_ttt=args.checkpoint_ttt, freeze_lm_head=args.freeze_lm_head,
+        checkpoint_ttt=min(args.checkpoint_ttt, args.ttt_steps),
+        freeze_lm_head=args.freeze_lm_head,
         gpu_mem_gib=args.gpu_mem_gib, save_every=args.save_every, seed=args.seed,
         export=args.export)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -66,8 +66,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--world-size", type=int, help="GPUs in the run (default 1)")
     p.add_argument("--sharding", choices=memory.SHARDINGS, default=None,
                    help="ddp (replicated state) or fsdp (sharded)")
-    p.add_argument("--checkpoint-ttt", action="store_true", default=None,
-                   help="as train --checkpoint-ttt: each TTT step recomputed in backward")
+    p.add_argument("--checkpoint-ttt", type=int, nargs="?", const=sys.maxsize, default=None,
+                   metavar="N", help="as train --checkpoint-ttt: the first N TTT steps "
+                   "recomputed in backward (bare: every step)")
     p.add_argument("--freeze-lm-head", action="store_true", default=None,
                    help="as train --freeze-lm-head: the draft head takes no gradient")
     p.add_argument("--multiple", type=int, default=1024,
@@ -141,8 +142,10 @@ def step_shape(args: argparse.Namespace, base: StepShape | None) -> StepShape:
               ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk", "precision",
                "world_size", "sharding", "checkpoint_ttt", "freeze_lm_head")}
     try:
-        return dataclasses.replace(
+        shape = dataclasses.replace(
             fallback, **{k: v for k, v in values.items() if v is not None})
+        return dataclasses.replace(
+            shape, checkpoint_ttt=min(shape.checkpoint_ttt, shape.ttt_steps))
     except ValueError as e:
         raise UsageError(str(e)) from e
 
@@ -181,6 +184,14 @@ def report(cfg: DrafterConfig, shape: StepShape, args: argparse.Namespace,
     }
 
 
+def checkpointed(n: int, ttt_steps: int) -> str:
+    if not n:
+        return ""
+    return ", every TTT step recomputed" if n >= ttt_steps else \
+        f", TTT steps 1-{n} of {ttt_steps} recomputed" if n > 1 else \
+        f", TTT step 1 of {ttt_steps} recomputed"
+
+
 def format_report(r: dict) -> str:
     s = r["shape"]
     verdict = "fits" if r["fits"] else "will not fit"
@@ -191,7 +202,7 @@ def format_report(r: dict) -> str:
         f"largest that fits: {f'{largest:,}' if largest else 'none'}",
         f"  batch rows {s['batch_rows']}, loss chunk {s['loss_chunk']}, {s['precision']}, "
         f"{s['world_size']} GPU(s) {s['sharding']}"
-        f"{', TTT steps checkpointed' if s['checkpoint_ttt'] else ''}"
+        f"{checkpointed(s['checkpoint_ttt'], s['ttt_steps'])}"
         f"{', draft head frozen' if s['freeze_lm_head'] else ''}, "
         f"{r['headroom_gib']:g} GiB outside the "
         "allocator" + ("" if r["calibrated"] else "; analytic model, uncalibrated (--probe)"),
@@ -304,12 +315,17 @@ class Trainer:
     memory does not depend on their values), stepped by the loop's own step functions."""
 
     def __init__(self, cfg: DrafterConfig, device: torch.device,
-                 ttt_decay: float = loop.TrainConfig.ttt_decay, checkpoint_ttt: bool = False,
+                 ttt_decay: float = loop.TrainConfig.ttt_decay, checkpoint_ttt: int = 0,
                  freeze_lm_head: bool = False):
         self.cfg, self.device, self.ttt_decay = cfg, device, ttt_decay
         self.checkpoint_ttt = checkpoint_ttt
         with torch.device(device):  # initialise in place: a 1B-parameter drafter is slow on CPU
             self.drafter = Eagle3Drafter(cfg)
+            # a random verifier in the dtype extract.py writes, loaded as the loop loads one
+            V, D, H = cfg.vocab_size, cfg.draft_vocab_size, cfg.hidden_size
+            self.drafter.load_verifier(*(torch.randn(V, H, dtype=torch.bfloat16) * 0.02
+                                         for _ in range(2)),
+                                       torch.arange(D), torch.arange(V) < D)
         if freeze_lm_head:
             self.drafter.freeze_lm_head()
         self.model = loop.Unroll(self.drafter)

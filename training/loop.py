@@ -55,7 +55,7 @@ class TrainConfig:
     device: str = "cpu"
     resume: bool = False
     loss_chunk: int = 2048
-    checkpoint_ttt: bool = False  # recompute each TTT step in backward (model.step_losses)
+    checkpoint_ttt: int = 0  # TTT steps recomputed in backward, the first ones (model.step_losses)
     freeze_lm_head: bool = False  # the draft head stays the verifier's (model.freeze_lm_head)
     gpu_mem_gib: float | None = None
     save_every: int = 0  # 0: only at the end and when stopped
@@ -83,7 +83,7 @@ class Unroll(nn.Module):
         self.drafter = drafter
 
     def forward(self, batch: PackedBatch, ttt_steps: int, loss_chunk: int,
-                checkpoint: bool = False) -> list[StepLoss]:
+                checkpoint: int = 0) -> list[StepLoss]:
         return self.drafter.step_losses(batch, ttt_steps, loss_chunk, checkpoint)
 
 
@@ -163,7 +163,7 @@ def make_optimizer(params, lr: float, device: torch.device,
 # A training step is forward_backward then optimizer_step; two functions, because
 # `trackside fit --probe` measures the peak memory of each phase on its own.
 def forward_backward(model: nn.Module, batch: PackedBatch, ttt_steps: int, ttt_decay: float,
-                     loss_chunk: int, world: int = 1, checkpoint: bool = False
+                     loss_chunk: int, world: int = 1, checkpoint: int = 0
                      ) -> tuple[list[StepLoss], list[float]]:
     """Backward through Σ_k decay^k · (TTT step k's mean loss over the global batch).
     Returns each TTT step's losses and its scored positions over all ranks."""

@@ -81,7 +81,7 @@ class StepShape:
     precision: str = "bf16"
     world_size: int = 1
     sharding: str = "ddp"
-    checkpoint_ttt: bool = False  # train --checkpoint-ttt: each TTT step recomputed
+    checkpoint_ttt: int = 0  # train --checkpoint-ttt N: the first N TTT steps recomputed
     freeze_lm_head: bool = False  # train --freeze-lm-head: the draft head takes no gradient
 
     def __post_init__(self) -> None:
@@ -89,6 +89,10 @@ class StepShape:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.checkpoint_ttt, bool) or not isinstance(self.checkpoint_ttt, int) \
+                or self.checkpoint_ttt < 0:
+            raise ValueError("checkpoint_ttt counts TTT steps (0 or more), "
+                             f"got {self.checkpoint_ttt!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, "
                              f"got {self.precision!r}")
@@ -151,9 +155,10 @@ def saved_per_token_step(cfg: DrafterConfig, precision: str,
     q, kv = cfg.num_heads * D, cfg.num_kv_heads * D
     compiled = _compiled(precision)
     return {
-        # norm(embedding): the embedding (fp32, frozen) takes no gradient. Eager keeps the
-        # normalised input; compiled keeps the embedding itself and 1/rms.
-        "embed_norm": H * FP32 + (FP32 if compiled else 0),
+        # norm(embedding): the embedding (frozen, cast to the activation dtype) takes no
+        # gradient. Eager keeps the normalised fp32 input; compiled keeps the cast
+        # embedding itself and 1/rms.
+        "embed_norm": H * a + FP32 if compiled else H * FP32,
         "hidden_norm": _norm_saved(H, precision),
         "qkv_inputs": 2 * H * a,  # [norm(embedding) ; norm(hidden)], shared by q, k, v
         "rope_cos_sin": 2 * 2 * (D // 2) * FP32,  # cos and sin, for q and for k
@@ -164,8 +169,8 @@ def saved_per_token_step(cfg: DrafterConfig, precision: str,
         "flex_attention": (2 * q + (2 * kv if padded else 0)) * a + cfg.num_heads * FP32,
         "o_proj_input": q * a,
         "post_attn_norm": _norm_saved(H, precision) + H * a,  # + its output, for gate and up
-        # gate, up and silu(gate)·up; eager also keeps silu(gate)
-        "mlp": (3 if compiled else 4) * I * a,
+        # gate and up (SwiGLUDown recomputes silu(gate)·up in backward)
+        "mlp": 2 * I * a,
         # the loss on this step's positions: final norm of the gathered hidden, the
         # gradient of the normed hidden (taken in forward, kept for backward), the
         # positions' (step, row, column) index (every step's in one tensor), per-position
@@ -295,7 +300,8 @@ def analytic_phases(cfg: DrafterConfig, shape: StepShape
              if v}
     diag = saved_per_token_diag(cfg, shape.precision)
     recomputed: dict[str, dict[str, int]] = {"per_token": {}, "per_step": {}}
-    if shape.checkpoint_ttt:
+    n = min(shape.checkpoint_ttt, K)  # the first n steps are recomputed
+    if n == K:
         # Every step keeps its inputs and outputs, but no step reads the last one's keys
         # and values. The last step is recomputed when backward reaches its layer, so
         # only the attention backward holds what an uncheckpointed step keeps: its
@@ -312,9 +318,17 @@ def analytic_phases(cfg: DrafterConfig, shape: StepShape
                 {f"recomputed_later_step_{k}": v * T for k, v in later.items()})
         diagonal = {}
     else:
-        per_step = {f"step_{k}": v * T * K for k, v in step.items()}
-        per_step.update({f"later_step_{k}": v * T * (K - 1) for k, v in later.items()})
-        pairs = K * (K - 1) // 2  # diagonal keys over all steps: step k attends to k
+        # Steps n..K-1 keep everything; backward frees them before it recomputes steps
+        # 0..n-1, which until then keep their inputs and outputs. Step k > 0 keeps its
+        # concatenated keys: a step-0 copy and k diagonal segments.
+        full = K - n
+        per_step = {f"step_{k}": v * T * full for k, v in step.items()}
+        per_step.update({f"later_step_{k}": v * T * (full if n else K - 1)
+                         for k, v in later.items()})
+        if n:
+            per_step.update({f"kept_{k}": v * T * n for k, v in
+                             kept_per_token_checkpointed_step(cfg, shape.precision).items()})
+        pairs = (K * (K - 1) - n * (n - 1)) // 2  # Σ k over the steps that keep everything
         diagonal = {k: v * T * pairs for k, v in diag.items()}
     workspace = loss_workspace(cfg, shape)
     backward = backward_per_token(cfg, shape.precision)
@@ -340,7 +354,7 @@ def _attention_backward(cfg: DrafterConfig, shape: StepShape, state: dict, per_t
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     T, K = shape.tokens, shape.ttt_steps
     freed = ("mlp", "post_attn_norm", "loss_inputs", "o_proj_input")
-    if shape.checkpoint_ttt:
+    if shape.checkpoint_ttt >= K:
         per_token = {k: v for k, v in per_token.items()
                      if k.removeprefix("recomputed_step_") not in freed}
         # the last step's loss, outside the checkpoint, has done its backward
@@ -359,9 +373,10 @@ def _attention_backward(cfg: DrafterConfig, shape: StepShape, state: dict, per_t
 
 
 def frozen_bytes(cfg: DrafterConfig, freeze_lm_head: bool = False) -> int:
-    """The verifier's embedding and draft-vocabulary head (fp32), a frozen draft head,
-    and the d2t/t2d maps."""
-    return parameter_counts(cfg, freeze_lm_head)["frozen"] * FP32 \
+    """The verifier's embedding and draft-vocabulary head (in its extracted dtype, bf16),
+    a frozen draft head (an fp32 parameter), and the d2t/t2d maps."""
+    tables = (cfg.vocab_size + cfg.draft_vocab_size) * cfg.hidden_size
+    return tables * BF16 + (parameter_counts(cfg, freeze_lm_head)["frozen"] - tables) * FP32 \
         + cfg.draft_vocab_size * INDEX + cfg.vocab_size
 
 
@@ -636,6 +651,9 @@ def shape_from_start(start: dict) -> tuple[DrafterConfig, StepShape]:
                          "process's resident set, not GPU memory")
     try:
         cfg = DrafterConfig.from_dict(config["model"])
+        checkpointed = config.get("checkpoint_ttt", 0)
+        if isinstance(checkpointed, bool):  # runs from before partial checkpointing
+            checkpointed = int(config["ttt_steps"]) if checkpointed else 0
         shape = StepShape(max_seq_len=int(config["max_seq_len"]),
                           ttt_steps=int(config["ttt_steps"]),
                           batch_rows=int(config.get("batch_rows", 1)),
@@ -643,7 +661,7 @@ def shape_from_start(start: dict) -> tuple[DrafterConfig, StepShape]:
                           precision=config.get("precision", "bf16"),
                           world_size=int(start.get("world_size", 1)),
                           sharding=config.get("sharding", "ddp"),
-                          checkpoint_ttt=bool(config.get("checkpoint_ttt", False)),
+                          checkpoint_ttt=int(checkpointed),
                           freeze_lm_head=bool(config.get("freeze_lm_head", False)))
     except KeyError as e:
         raise ValueError(f"the start event's config lacks {e.args[0]}") from e

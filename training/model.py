@@ -82,12 +82,45 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+        return SwiGLUDown.apply(self.gate_proj(x), self.up_proj(x), self.down_proj.weight)
 
 
 @cuda_compiled
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     return F.silu(gate) * up
+
+
+@cuda_compiled
+def swiglu_backward(gate: Tensor, up: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
+    g = gate.to(at_least_float32(gate.dtype))
+    sig = torch.sigmoid(g)
+    grad = grad.to(g.dtype)
+    grad_up = grad * g * sig
+    grad_gate = grad * up.to(g.dtype) * sig * (1 + g * (1 - sig))
+    return grad_gate.to(gate.dtype), grad_up.to(up.dtype)
+
+
+class SwiGLUDown(torch.autograd.Function):
+    """down_proj(silu(gate) * up), keeping only gate and up for backward: silu(gate) * up,
+    the [tokens x intermediate] input of down_proj's weight gradient, is recomputed there
+    (one elementwise pass) instead of kept through every TTT step (a third of the MLP's
+    saved bytes, the largest term of a step's activations)."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
+    def forward(ctx, gate: Tensor, up: Tensor, weight: Tensor) -> Tensor:
+        ctx.save_for_backward(gate, up, weight)
+        return F.linear(swiglu(gate, up), weight)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")  # backward's matmuls in forward's autocast
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        gate, up, weight = ctx.saved_tensors
+        h = swiglu(gate, up)
+        grad_weight = grad.flatten(0, -2).T @ h.flatten(0, -2)
+        del h  # not held beside the three [tokens x intermediate] gradients below
+        grad_gate, grad_up = swiglu_backward(gate, up, grad @ weight)
+        return grad_gate, grad_up, grad_weight
 
 
 class DecoderLayer(nn.Module):
@@ -105,7 +138,7 @@ class DecoderLayer(nn.Module):
     def forward(self, embeds: Tensor, hidden: Tensor, positions: Tensor, layout: DocLayout,
                 earlier: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
         # In the hidden stream's dtype (bf16 under autocast), so q/k/v share one cast input.
-        embeds = self.input_layernorm(embeds).to(hidden.dtype)
+        embeds = self.input_layernorm(embeds.to(hidden.dtype))
         x = torch.cat([embeds, self.hidden_norm(hidden)], dim=-1)
         attn, k, v = self.self_attn(x, positions, layout, earlier)
         hidden = hidden + attn
@@ -167,10 +200,13 @@ class Eagle3Drafter(nn.Module):
             if tuple(t.shape) != shape:
                 raise ValueError(f"verifier {name} has shape {tuple(t.shape)}, "
                                  f"the drafter config wants {shape}")
-        self.embed_tokens.weight.copy_(embed_tokens)
+        # Both tables stay in the verifier's dtype (bf16 as extracted): an fp32 copy adds
+        # no precision, and would double them and the embeddings each TTT step keeps.
+        device = self.embed_tokens.weight.device
+        self.embed_tokens.weight = nn.Parameter(embed_tokens.to(device), requires_grad=False)
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)
-        self.target_head.copy_(lm_head[d2t.to(lm_head.device)])
+        self.target_head = lm_head[d2t.to(lm_head.device)].to(device)
 
     @torch.no_grad()
     def freeze_lm_head(self) -> None:
@@ -182,16 +218,20 @@ class Eagle3Drafter(nn.Module):
         self.lm_head.weight.requires_grad_(False)
 
     def step_losses(self, batch: PackedBatch, ttt_steps: int, loss_chunk: int = 2048,
-                    checkpoint: bool = False) -> list[StepLoss]:
+                    checkpoint: int = 0) -> list[StepLoss]:
         """Unroll TTT over the batch and return each step's per-position losses.
 
-        checkpoint: keep only each TTT step's inputs and outputs (its hidden state, keys
-        and values) for backward and recompute the rest of the layer there: one more
-        forward of the layer per step, for activations that no longer grow with the
-        layer's own intermediates (MLP, norms, attention).
+        checkpoint: how many TTT steps, the first ones, keep only their inputs and outputs
+        (hidden state, keys and values) for backward and recompute the rest of the layer
+        there: one more forward of the layer per such step, for activations that no
+        longer grow with the layer's own intermediates (MLP, norms, attention). The first
+        ones, because backward reaches them last: by then the later steps' activations
+        are freed, so each recomputed step saves its whole share of the peak.
         """
         if ttt_steps < 1:
             raise ValueError(f"ttt_steps must be at least 1, got {ttt_steps}")
+        if isinstance(checkpoint, bool) or checkpoint < 0:
+            raise ValueError(f"checkpoint counts TTT steps (0 or more), got {checkpoint!r}")
         ids, doc = batch.input_ids, batch.doc_ids
         layout = DocLayout(doc)
         # Index i holds the chain whose step k reads token x_{i+k+1} and is scored against
@@ -223,7 +263,7 @@ class Eagle3Drafter(nn.Module):
             rows, cols = index.unbind(1)
 
             args = (tokens, hidden, batch.position_ids + k, earlier)
-            if checkpoint and torch.is_grad_enabled():
+            if k < checkpoint and torch.is_grad_enabled():
                 out = torch.utils.checkpoint.checkpoint(ttt_step, *args, use_reentrant=False)
             else:
                 out = ttt_step(*args)
@@ -238,7 +278,7 @@ class Eagle3Drafter(nn.Module):
         return results
 
     def forward(self, batch: PackedBatch, ttt_steps: int, ttt_decay: float = 0.8,
-                loss_chunk: int = 2048, checkpoint: bool = False) -> DraftOutput:
+                loss_chunk: int = 2048, checkpoint: int = 0) -> DraftOutput:
         steps = self.step_losses(batch, ttt_steps, loss_chunk, checkpoint)
         loss = 0.0
         loss_ttt, acc_ttt, positions = [], [], []

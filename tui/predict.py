@@ -57,8 +57,8 @@ def _memory(run: RunState, params: dict, gpu_mem_gib: float | None) -> tuple[flo
             measured = memory.Measurement(shape.max_seq_len, shape.ttt_steps, round(max(peaks) * memory.GiB))
             calibration = memory.calibrate(cfg, [measured], shape)
         changed = {k: int(params[k]) for k in ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk") if k in params}
-        for flag in ("checkpoint_ttt", "freeze_lm_head"):
-            changed[flag] = bool(params.get(flag, getattr(shape, flag)))
+        changed["checkpoint_ttt"] = int(params.get("checkpoint_ttt", shape.checkpoint_ttt))
+        changed["freeze_lm_head"] = bool(params.get("freeze_lm_head", shape.freeze_lm_head))
         new = dataclasses.replace(shape, **changed)
         peak = memory.predict(cfg, new, calibration).reserved / memory.GiB
         largest = None

@@ -83,19 +83,38 @@ def test_set_flag_keeps_other_arguments_literal():
 def test_a_bool_param_is_a_bare_flag_added_or_removed():
     argv = ["python", "-m", "training", "train", "--max-seq-len", "8192"]
     assert read(argv) == {"max_seq_len": 8192}
-    on = apply(argv, {"checkpoint_ttt": True})
-    assert on == argv + ["--checkpoint-ttt"]
-    assert read(on) == {"max_seq_len": 8192, "checkpoint_ttt": True}
-    assert apply(on, {"checkpoint_ttt": True}) == on  # not added twice
-    assert apply(on + ["--checkpoint-ttt"], {"checkpoint_ttt": False}) == argv
-    assert parse_sets(["checkpoint_ttt=true", "ttt_steps=7"]) == {"checkpoint_ttt": True, "ttt_steps": 7}
-    for bad in ("checkpoint_ttt=1", "checkpoint_ttt=yes", "checkpoint_ttt=True"):
+    on = apply(argv, {"freeze_lm_head": True})
+    assert on == argv + ["--freeze-lm-head"]
+    assert read(on) == {"max_seq_len": 8192, "freeze_lm_head": True}
+    assert apply(on, {"freeze_lm_head": True}) == on  # not added twice
+    assert apply(on + ["--freeze-lm-head"], {"freeze_lm_head": False}) == argv
+    assert parse_sets(["freeze_lm_head=true", "ttt_steps=7"]) == {"freeze_lm_head": True, "ttt_steps": 7}
+    for bad in ("freeze_lm_head=1", "freeze_lm_head=yes", "freeze_lm_head=True"):
+        with pytest.raises(ParamError, match="freeze_lm_head"):
+            parse_sets([bad])
+    with pytest.raises(ParamError, match="freeze_lm_head"):
+        check({"freeze_lm_head": 1})
+    with pytest.raises(ParamError, match="takes no value"):
+        read(argv + ["--freeze-lm-head=1"])
+
+
+def test_checkpoint_ttt_counts_steps_and_may_be_given_bare():
+    argv = ["python", "-m", "training", "train", "--max-seq-len", "8192"]
+    # bare (as runs before partial checkpointing were launched): every step
+    bare = argv[:4] + ["--checkpoint-ttt"] + argv[4:]
+    assert read(bare) == {"max_seq_len": 8192, "checkpoint_ttt": 16}
+    assert read(argv + ["--checkpoint-ttt"]) == {"max_seq_len": 8192, "checkpoint_ttt": 16}
+    two = apply(bare, {"checkpoint_ttt": 2})
+    assert two == argv + ["--checkpoint-ttt", "2"]  # the flag after it kept its value
+    assert read(two) == {"max_seq_len": 8192, "checkpoint_ttt": 2}
+    assert apply(two, {"checkpoint_ttt": 0}) == argv
+    assert apply(argv + ["--checkpoint-ttt=3"], {"checkpoint_ttt": 0}) == argv
+    assert parse_sets(["checkpoint_ttt=3"]) == {"checkpoint_ttt": 3}
+    for bad in ("checkpoint_ttt=true", "checkpoint_ttt=-1", "checkpoint_ttt=17"):
         with pytest.raises(ParamError, match="checkpoint_ttt"):
             parse_sets([bad])
     with pytest.raises(ParamError, match="checkpoint_ttt"):
-        check({"checkpoint_ttt": 1})
-    with pytest.raises(ParamError, match="takes no value"):
-        read(argv + ["--checkpoint-ttt=1"])
+        check({"checkpoint_ttt": True})
 
 
 def test_every_param_is_a_flag_of_the_trainer_with_its_kind():

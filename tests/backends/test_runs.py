@@ -248,14 +248,18 @@ async def test_trainer_argv_gets_out_params_and_relaunch_links_parent(host, tmp_
     listed = await run_named(host, second.run_id)
     assert listed.parent == first.run_id and listed.params["ttt_steps"] == 5
 
-    # A bare flag: switched on, then off again, by a relaunch.
-    third = await runs.relaunch(host, second.run_id, {"checkpoint_ttt": True}, train_command=train)
-    assert third.params == {**second.params, "checkpoint_ttt": True}
+    # A bare flag and a step count: switched on, then off again, by a relaunch.
+    changes = {"freeze_lm_head": True, "checkpoint_ttt": 2}
+    third = await runs.relaunch(host, second.run_id, changes, train_command=train)
+    assert third.params == {**second.params, **changes}
     argv = json.loads(await eventually(lambda: written(Path(third.run_dir, "argv.json"))))
-    assert argv.count("--checkpoint-ttt") == 1
-    fourth = await runs.relaunch(host, third.run_id, {"checkpoint_ttt": False}, train_command=train)
+    assert argv.count("--freeze-lm-head") == 1 and argv.count("--checkpoint-ttt") == 1
+    assert argv[argv.index("--checkpoint-ttt") + 1] == "2"
+    changes = {"freeze_lm_head": False, "checkpoint_ttt": 0}
+    fourth = await runs.relaunch(host, third.run_id, changes, train_command=train)
     argv = json.loads(await eventually(lambda: written(Path(fourth.run_dir, "argv.json"))))
-    assert "--checkpoint-ttt" not in argv and fourth.params["checkpoint_ttt"] is False
+    assert "--checkpoint-ttt" not in argv and "--freeze-lm-head" not in argv
+    assert fourth.params["checkpoint_ttt"] == 0 and fourth.params["freeze_lm_head"] is False
 
 
 def test_launch_command_maps_trackside_train_to_the_hosts_train_command():

@@ -17,13 +17,14 @@ def cases(L: int, g: torch.Generator) -> dict:
         "rms_norm": (model.rms_norm, (r(1, L, 24), r(24), 1e-5)),
         "rope": (model.rope, (r(1, 4, L, 16), torch.arange(L)[None], 10000.0)),
         "swiglu": (model.swiglu, (r(1, L, 40), r(1, L, 40))),
+        "swiglu_backward": (model.swiglu_backward, tuple(r(1, L, 40, grad=False) for _ in range(3))),
         "chunk_losses": (loss._chunk_losses, (r(L, 30, grad=False), probs)),
         "chunk_losses_and_grad": (loss._chunk_losses_and_grad, (r(L, 30, grad=False), probs)),
     }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["rms_norm", "rope", "swiglu", "chunk_losses",
+@pytest.mark.parametrize("name", ["rms_norm", "rope", "swiglu", "swiglu_backward", "chunk_losses",
                                   "chunk_losses_and_grad"])
 def test_compiled_island_equals_eager_at_two_lengths(name):
     g = torch.Generator().manual_seed(0)

@@ -87,7 +87,7 @@ def test_from_run_recalibrates_and_saves(tmp_path, capsys):
     # The run's own shape is the default request, and the run's peak is reproduced (up to
     # the analytic prior's slight pull).
     assert r["shape"]["max_seq_len"] == 8192 and r["shape"]["ttt_steps"] == 5
-    assert r["forward_backward_gib"] == pytest.approx(23.0, rel=1e-3)
+    assert r["forward_backward_gib"] == pytest.approx(23.0, rel=2e-3)
     saved = Calibration.load(tmp_path / "cal.json")
     assert saved.scales == pytest.approx(r["calibration"]["scales"])
     # A new request for that drafter, from the recalibrated model.
@@ -184,9 +184,9 @@ def test_probe_on_cpu_calibrates_to_its_measurements():
 def test_probe_points_shrink_for_a_smaller_card():
     kimi, shape = PRESETS["kimi-k2"], StepShape(16384, 5)
     assert fit.probe_points(kimi, shape, 141 * GiB) == fit.PROBE_POINTS  # an H200
-    smaller = fit.probe_points(kimi, shape, 40 * GiB)
+    smaller = fit.probe_points(kimi, shape, 36 * GiB)
     assert smaller == tuple((n // 2, k) for n, k in fit.PROBE_POINTS)
-    assert all(memory.predict(kimi, StepShape(n, k)).total < 0.8 * 40 * GiB
+    assert all(memory.predict(kimi, StepShape(n, k)).total < 0.8 * 36 * GiB
                for n, k in smaller)
 
 
