@@ -437,5 +437,10 @@ def test_recorded_h200_peaks_of_the_current_trainer_uncalibrated():
         shape = StepShape(point["max_seq_len"], point["ttt_steps"],
                           checkpoint_ttt=point["checkpoint_ttt"],
                           freeze_lm_head=point.get("freeze_lm_head", False))
-        predicted = memory.predict(PRESETS[point["preset"]], shape).total / GiB
-        assert abs(predicted - point["peak_gib"]) / point["peak_gib"] < 0.08, point
+        predicted = memory.predict(PRESETS[point["preset"]], shape)
+        assert abs(predicted.total / GiB - point["peak_gib"]) / point["peak_gib"] < 0.08, point
+        # what a cap is checked against: the caching allocator's reserve at the peak
+        # (RESERVED_RATIO, CACHED_ROW_BLOCKS; seen -1.4 % to +1.0 %)
+        if "reserved_gib" in point:
+            error = predicted.reserved / GiB / point["reserved_gib"] - 1
+            assert abs(error) < 0.05, point
