@@ -38,6 +38,7 @@ class Param:
     # An int flag that may also be given bare stands for this value then, and is left
     # out of the argv at 0.
     bare: int | None = None
+    meaning: str | None = None  # what the number counts, where its name does not say
 
     @property
     def flag(self) -> str:
@@ -48,7 +49,8 @@ class Param:
             return "bool: true or false"
         low = "" if self.low is None else f"{'>' if self.low_open else '≥'} {self.low:g}"
         high = "" if self.high is None else f"≤ {self.high:g}"
-        return f"{self.kind.__name__} {' and '.join(filter(None, [low, high]))}".strip()
+        text = f"{self.kind.__name__} {' and '.join(filter(None, [low, high]))}".strip()
+        return f"{text}: {self.meaning}" if self.meaning else text
 
     def parse(self, text: str) -> int | float | bool:
         if self.kind is bool:
@@ -95,7 +97,8 @@ PARAMS: dict[str, Param] = {
         Param("seed", int, 0),
         # the first N TTT steps recomputed; bare, every step (the trainer takes at most
         # its ttt_steps, at most 16 here)
-        Param("checkpoint_ttt", int, 0, 16, bare=16),
+        Param("checkpoint_ttt", int, 0, 16, bare=16,
+              meaning="TTT steps recomputed"),
         Param("freeze_lm_head", bool),
     ]
 }

@@ -52,7 +52,7 @@ class EditScreen(ModalScreen[dict | None]):
                     yield Label(name)
                     yield Input(
                         shown(self.pending.get(name, current.get(name))),
-                        placeholder=f"{run_params.PARAMS[name].describe()} (unset: trainer default)",
+                        placeholder=f"{run_params.PARAMS[name].describe()} (unset: default)",
                         id=f"param-{name}",
                         compact=True,
                     )
