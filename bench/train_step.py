@@ -70,6 +70,8 @@ def trackside_options(name: str) -> tuple[int, bool]:
     m = TRAINER.fullmatch(name)
     ckpt = m["ckpt"]
     return (0 if ckpt is None else int(ckpt) if ckpt else sys.maxsize), bool(m["frozen"])
+
+
 DEFAULT_CELLS = [f"llama3-8b:{L}:{K}" for L in (8192, 16384, 32768) for K in (3, 5, 7)]
 SAMPLE_LEN = (1536, 2560)
 TTT_DECAY = 0.8
