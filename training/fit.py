@@ -92,6 +92,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for flag in ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk", "world_size",
                  "multiple"):
         _positive_int("--" + flag.replace("_", "-"), getattr(args, flag))
+    if args.checkpoint_ttt is not None and args.checkpoint_ttt < 0:
+        raise UsageError(f"--checkpoint-ttt counts TTT steps (0 or more), got {args.checkpoint_ttt}")
     if not args.gpu_mem_gib > 0 or not math.isfinite(args.gpu_mem_gib):
         raise UsageError(f"--gpu-mem-gib must be positive, got {args.gpu_mem_gib}")
     if not 0 <= args.headroom_gib < args.gpu_mem_gib:

@@ -46,6 +46,7 @@ def cache(tmp_path_factory, monkeypatch):
     (["--loss-chunk", "0"], "--loss-chunk"),
     (["--gpu-mem-gib", "-2"], "--gpu-mem-gib"),
     (["--save-every", "-1"], "--save-every"),
+    (["--checkpoint-ttt", "-1"], "--checkpoint-ttt"),
     (["--seed", "x"], "--seed"),
     (["--data", "/nonexistent"], "--data"),
 ])
@@ -73,6 +74,19 @@ def test_a_bad_model_config_exits_2(tmp_path, cache, capsys):
     code, err = run_main(["train", "--synthetic", "--model-config",
                           str(tmp_path / "drafter.json")], capsys)
     assert code == 2 and "--model-config" in err and "heads" in err
+
+
+@pytest.mark.parametrize("flag, recorded", [([], 0), (["--checkpoint-ttt", "1"], 1),
+                                           (["--checkpoint-ttt"], 2),  # bare: every step
+                                           (["--checkpoint-ttt", "5"], 2)])  # at most all
+def test_checkpoint_ttt_counts_the_steps_recomputed(flag, recorded, tmp_path, cache, capsys):
+    out = tmp_path / "run"
+    code, _ = run_main(["train", "--synthetic", "--steps", "1", "--ttt-steps", "2",
+                        "--out", str(out), *flag, "--freeze-lm-head"], capsys)
+    assert code == 0
+    start = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["config"]["checkpoint_ttt"] == recorded
+    assert start["config"]["freeze_lm_head"] is True  # a bare flag after it stays a flag
 
 
 def test_an_existing_run_dir_needs_resume(tmp_path, cache, capsys):

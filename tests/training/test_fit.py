@@ -37,6 +37,22 @@ def test_json_report_is_the_memory_model(capsys):
     assert {(4096, 1), (65536, 7), (32768, 5)} <= pairs
 
 
+def test_checkpoint_ttt_counts_the_steps_recomputed(capsys):
+    llama = PRESETS["llama3-8b"]
+    base = ["--preset", "llama3-8b", "--max-seq-len", "32768", "--ttt-steps", "7"]
+    for flag, n in ((["--checkpoint-ttt", "2"], 2), (["--checkpoint-ttt"], 7),
+                    (["--checkpoint-ttt", "9"], 7)):
+        rc, out, _ = run_fit(capsys, *base, *flag, "--json")
+        r = json.loads(out)
+        assert rc == 0 and r["shape"]["checkpoint_ttt"] == n
+        p = memory.predict(llama, StepShape(32768, 7, checkpoint_ttt=n))
+        assert r["peak_gib"] == pytest.approx(p.total / GiB)
+    rc, out, _ = run_fit(capsys, *base, "--checkpoint-ttt", "2")
+    assert rc == 0 and "TTT steps 1-2 of 7 recomputed" in out.splitlines()[1]
+    rc, out, _ = run_fit(capsys, *base, "--checkpoint-ttt")
+    assert "every TTT step recomputed" in out.splitlines()[1]
+
+
 def test_text_report(capsys):
     rc, out, _ = run_fit(capsys, "--preset", "llama3-8b", "--gpu-mem-gib", "80",
                          "--ttt-steps", "3")
@@ -124,6 +140,7 @@ def test_from_several_runs(tmp_path, capsys):
     (["--preset", "tiny", "--precision", "fp8"], "--precision"),
     (["--preset", "tiny", "--world-size", "0"], "--world-size"),
     (["--preset", "tiny", "--multiple", "0"], "--multiple"),
+    (["--preset", "tiny", "--checkpoint-ttt", "-1"], "--checkpoint-ttt"),
     (["--preset", "tiny", "--config", "x.json"], "--config"),
     (["--config", "/nonexistent/drafter.json"], "--config"),
     (["--preset", "tiny", "--calibration", "/nonexistent/cal.json"], "--calibration"),
