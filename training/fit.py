@@ -159,6 +159,11 @@ def report(cfg: DrafterConfig, shape: StepShape, args: argparse.Namespace,
                                          multiple=args.multiple, calibration=calibration,
                                          headroom_gib=args.headroom_gib)
                for k in sorted({shape.ttt_steps, *TABLE_TTT})}
+    # What a step that does not fit as asked needs: the fewest TTT steps recomputed.
+    fewest = next((n for n in range(shape.checkpoint_ttt, shape.ttt_steps + 1)
+                   if memory.fits(memory.predict(cfg, dataclasses.replace(
+                       shape, checkpoint_ttt=n), calibration),
+                       args.gpu_mem_gib, args.headroom_gib)), None)
     table = []
     for length in sorted({shape.max_seq_len, *TABLE_LENGTHS}):
         for k in sorted({shape.ttt_steps, *TABLE_TTT}):
@@ -182,6 +187,7 @@ def report(cfg: DrafterConfig, shape: StepShape, args: argparse.Namespace,
         "fits": memory.fits(prediction, args.gpu_mem_gib, args.headroom_gib),
         "breakdown_bytes": prediction.breakdown(),
         "largest_max_seq_len": {str(k): v for k, v in largest.items()},
+        "fewest_checkpoint_ttt": fewest,
         "table": table,
     }
 
@@ -209,6 +215,10 @@ def format_report(r: dict) -> str:
         f"{r['headroom_gib']:g} GiB outside the "
         "allocator" + ("" if r["calibrated"] else "; analytic model, uncalibrated (--probe)"),
     ]
+    if not r["fits"]:
+        n = r["fewest_checkpoint_ttt"]
+        lines.append(f"  fits with --checkpoint-ttt {n}" if n is not None else
+                     "  does not fit even with every TTT step recomputed (--checkpoint-ttt)")
     if r["calibrated"]:
         fitted = r["calibration"]["fitted_on"]
         lines.append(f"  calibrated on {len(fitted.get('measurements', []))} measured peaks "

@@ -51,6 +51,15 @@ def test_checkpoint_ttt_counts_the_steps_recomputed(capsys):
     assert rc == 0 and "TTT steps 1-2 of 7 recomputed" in out.splitlines()[1]
     rc, out, _ = run_fit(capsys, *base, "--checkpoint-ttt")
     assert "every TTT step recomputed" in out.splitlines()[1]
+    # a step that does not fit is told the fewest steps to recompute
+    cap = memory.predict(llama, StepShape(32768, 7, checkpoint_ttt=2)).reserved / GiB + 1.5
+    rc, out, _ = run_fit(capsys, *base, "--gpu-mem-gib", f"{cap:.2f}", "--json")
+    r = json.loads(out)
+    assert r["fits"] is False and r["fewest_checkpoint_ttt"] == 2
+    rc, out, _ = run_fit(capsys, *base, "--gpu-mem-gib", f"{cap:.2f}")
+    assert out.splitlines()[2] == "  fits with --checkpoint-ttt 2"
+    rc, out, _ = run_fit(capsys, *base, "--gpu-mem-gib", "16")
+    assert "does not fit even with every TTT step recomputed" in out.splitlines()[2]
 
 
 def test_text_report(capsys):
