@@ -45,7 +45,7 @@ async def shoot() -> list[Path]:
         save("kill")
         app.pop_screen()
         run = app.runs[RUN_KEY]
-        app.push_screen(EditScreen(run, app.hosts[run.host], {"max_seq_len": 16384, "ttt_steps": 5}))
+        app.push_screen(EditScreen(run, app.hosts[run.host], {"max_seq_len": 98304, "ttt_steps": 5}))
         await pilot.pause()
         save("edit")
     return saved

@@ -159,11 +159,9 @@ def report(cfg: DrafterConfig, shape: StepShape, args: argparse.Namespace,
                                          multiple=args.multiple, calibration=calibration,
                                          headroom_gib=args.headroom_gib)
                for k in sorted({shape.ttt_steps, *TABLE_TTT})}
-    # What a step that does not fit as asked needs: the fewest TTT steps recomputed.
-    fewest = next((n for n in range(shape.checkpoint_ttt, shape.ttt_steps + 1)
-                   if memory.fits(memory.predict(cfg, dataclasses.replace(
-                       shape, checkpoint_ttt=n), calibration),
-                       args.gpu_mem_gib, args.headroom_gib)), None)
+    fewest = memory.fewest_checkpoint_ttt(cfg, shape, args.gpu_mem_gib,
+                                          calibration=calibration,
+                                          headroom_gib=args.headroom_gib)
     table = []
     for length in sorted({shape.max_seq_len, *TABLE_LENGTHS}):
         for k in sorted({shape.ttt_steps, *TABLE_TTT}):

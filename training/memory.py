@@ -577,6 +577,17 @@ def fits(prediction: Prediction, gpu_mem_gib: float,
     return prediction.reserved <= (gpu_mem_gib - headroom_gib) * GiB
 
 
+def fewest_checkpoint_ttt(cfg: DrafterConfig, shape: StepShape, gpu_mem_gib: float, *,
+                          calibration: Calibration | None = None,
+                          headroom_gib: float = DEFAULT_HEADROOM_GIB) -> int | None:
+    """The fewest TTT steps recomputed (at least the shape's own) with which the step fits
+    the card, or None if it does not fit even with every step recomputed."""
+    return next((n for n in range(min(shape.checkpoint_ttt, shape.ttt_steps),
+                                  shape.ttt_steps + 1)
+                 if fits(predict(cfg, dataclasses.replace(shape, checkpoint_ttt=n),
+                                 calibration), gpu_mem_gib, headroom_gib)), None)
+
+
 def largest_fitting(cfg: DrafterConfig, ttt_steps: int, gpu_mem_gib: float, *,
                     shape: StepShape | None = None, multiple: int = 1024,
                     calibration: Calibration | None = None,

@@ -19,6 +19,7 @@ class Cost:
     epoch_s: float | None
     peak_gib: float | None
     largest_max_seq_len: int | None  # that fits the GPU at the new TTT depth
+    fewest_checkpoint_ttt: int | None  # TTT steps to recompute for the new step to fit
 
 
 def predict(run: RunState, changes: dict, gpu_mem_gib: float | None = None) -> Cost:
@@ -42,13 +43,14 @@ def _schedule(run: RunState, params: dict) -> tuple[int | None, float | None]:
     return new_spe, spe * tokens / rate * depth
 
 
-def _memory(run: RunState, params: dict, gpu_mem_gib: float | None) -> tuple[float | None, int | None]:
+def _memory(run: RunState, params: dict, gpu_mem_gib: float | None
+            ) -> tuple[float | None, int | None, int | None]:
     try:
         from training import memory
     except ImportError:
-        return None, None
+        return None, None, None
     if not run.start:
-        return None, None
+        return None, None, None
     try:
         cfg, shape = memory.shape_from_start(run.start)
         peaks = [e["peak_mem_gib"] for e in run.steps if e.get("peak_mem_gib")]
@@ -61,9 +63,10 @@ def _memory(run: RunState, params: dict, gpu_mem_gib: float | None) -> tuple[flo
         changed["freeze_lm_head"] = bool(params.get("freeze_lm_head", shape.freeze_lm_head))
         new = dataclasses.replace(shape, **changed)
         peak = memory.predict(cfg, new, calibration).reserved / memory.GiB
-        largest = None
+        largest = fewest = None
         if gpu_mem_gib:
             largest = memory.largest_fitting(cfg, new.ttt_steps, gpu_mem_gib, shape=new, calibration=calibration)
-        return peak, largest
+            fewest = memory.fewest_checkpoint_ttt(cfg, new, gpu_mem_gib, calibration=calibration)
+        return peak, largest, fewest
     except Exception:  # an optional estimate: any trouble in it reads as "—", never a crash
-        return None, None
+        return None, None, None

@@ -170,6 +170,12 @@ def test_prediction_of_peak_memory_grows_with_row_length():
     largest = predict(run, {}, gpu_mem_gib=140.4).largest_max_seq_len
     assert largest > 8192 and largest % 1024 == 0
     assert predict(run, {"ttt_steps": 5}, gpu_mem_gib=140.4).largest_max_seq_len < largest
+    # a step too long to fit is told how many TTT steps to recompute
+    longer = {"max_seq_len": 98304, "ttt_steps": 5}
+    n = predict(run, longer, gpu_mem_gib=140.4).fewest_checkpoint_ttt
+    assert 0 < n < 5
+    assert predict(run, {**longer, "checkpoint_ttt": n}, gpu_mem_gib=140.4).largest_max_seq_len >= 98304
+    assert predict(run, {**longer, "checkpoint_ttt": n - 1}, gpu_mem_gib=140.4).largest_max_seq_len < 98304
 
 
 def test_pane_captures_yield_each_new_line_once():

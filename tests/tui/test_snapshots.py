@@ -43,7 +43,7 @@ def test_kill_modal(snap_compare):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
 
 
-def test_edit_form(snap_compare):
+def edit_to(max_seq_len: str):
     async def run_before(pilot) -> None:
         await on_run(pilot)
         app = pilot.app
@@ -53,11 +53,18 @@ def test_edit_form(snap_compare):
         await pilot.click("#param-ttt_steps")
         await pilot.press("ctrl+a", "ctrl+k", "5")
         await pilot.click("#param-max_seq_len")
-        await pilot.press("ctrl+a", "ctrl+k", *"16384")
+        await pilot.press("ctrl+a", "ctrl+k", *max_seq_len)
         pilot.app.screen.query_one("#keep").focus()  # no blinking text cursor in the picture
         await pilot.pause()
+    return run_before
 
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+
+def test_edit_form(snap_compare):
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=edit_to("16384"))
+
+
+def test_edit_form_names_the_checkpointing_a_step_too_long_needs(snap_compare):
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=edit_to("98304"))
 
 
 def test_kill_report_with_a_straggler(snap_compare):

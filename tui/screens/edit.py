@@ -120,6 +120,10 @@ class EditScreen(ModalScreen[dict | None]):
         text.append(f"≈{new.peak_gib:.1f} GiB", style="green" if fits else "bold red")
         text.append(f" of {total:.0f} GiB per GPU" if total else " (no GPU reading)")
         text.append("" if fits else "  — will not fit", style="bold red")
+        fewest = new.fewest_checkpoint_ttt
+        if not fits and fewest and fewest != self.new_params.get("checkpoint_ttt"):
+            text.append(f"\nfits with checkpoint_ttt {fewest}", style="bold")
+            text.append(f" (the first {fewest} TTT steps recomputed in backward)")
         if new.largest_max_seq_len:
             text.append(f"\nlargest max_seq_len that fits at ttt_steps {self.new_params.get('ttt_steps')}: ")
             text.append(f"{new.largest_max_seq_len}", style="bold")
