@@ -63,6 +63,9 @@ class Param:
         return self.check(self.kind(text))
 
     def check(self, value: int | float | bool) -> int | float | bool:
+        if self.bare is not None and isinstance(value, bool):
+            # as manifests wrote it while the flag was a bool: bare, or left out
+            return self.bare if value else 0
         if self.kind is bool:
             if not isinstance(value, bool):
                 raise ParamError(self.name, f"{value!r} is not true or false")

@@ -113,8 +113,10 @@ def test_checkpoint_ttt_counts_steps_and_may_be_given_bare():
     for bad in ("checkpoint_ttt=true", "checkpoint_ttt=-1", "checkpoint_ttt=17"):
         with pytest.raises(ParamError, match="checkpoint_ttt"):
             parse_sets([bad])
-    with pytest.raises(ParamError, match="checkpoint_ttt"):
-        check({"checkpoint_ttt": True})
+    # a run launched while the flag was a bool recorded true/false in its manifest
+    assert check({"checkpoint_ttt": True, "ttt_steps": 5}) == {"checkpoint_ttt": 16, "ttt_steps": 5}
+    assert apply(argv, {"checkpoint_ttt": True}) == argv + ["--checkpoint-ttt", "16"]
+    assert apply(bare, {"checkpoint_ttt": False}) == argv
 
 
 def test_every_param_is_a_flag_of_the_trainer_with_its_kind():
