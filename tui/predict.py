@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from backends import params as run_params
 from tui.state import RunState
 
 
@@ -59,7 +60,9 @@ def _memory(run: RunState, params: dict, gpu_mem_gib: float | None
             measured = memory.Measurement(shape.max_seq_len, shape.ttt_steps, round(max(peaks) * memory.GiB))
             calibration = memory.calibrate(cfg, [measured], shape)
         changed = {k: int(params[k]) for k in ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk") if k in params}
-        changed["checkpoint_ttt"] = int(params.get("checkpoint_ttt", shape.checkpoint_ttt))
+        # (check: a manifest from when the flag was a bool holds true/false)
+        changed["checkpoint_ttt"] = run_params.PARAMS["checkpoint_ttt"].check(
+            params.get("checkpoint_ttt", shape.checkpoint_ttt))
         changed["freeze_lm_head"] = bool(params.get("freeze_lm_head", shape.freeze_lm_head))
         new = dataclasses.replace(shape, **changed)
         peak = memory.predict(cfg, new, calibration).reserved / memory.GiB

@@ -176,6 +176,9 @@ def test_prediction_of_peak_memory_grows_with_row_length():
     assert 0 < n < 5
     assert predict(run, {**longer, "checkpoint_ttt": n}, gpu_mem_gib=140.4).largest_max_seq_len >= 98304
     assert predict(run, {**longer, "checkpoint_ttt": n - 1}, gpu_mem_gib=140.4).largest_max_seq_len < 98304
+    # a run launched while the flag was a bool recorded `true`: every step
+    assert predict(run, {**longer, "checkpoint_ttt": True}).peak_gib == \
+        predict(run, {**longer, "checkpoint_ttt": 5}).peak_gib
 
 
 def test_pane_captures_yield_each_new_line_once():
