@@ -6,6 +6,7 @@ headless commands never load textual.
 
 from __future__ import annotations
 
+import os
 import sys
 
 TRAINING_COMMANDS = {"train", "extract", "fit"}
@@ -15,14 +16,21 @@ BACKEND_COMMANDS = {"launch", "runs", "kill", "relaunch"}
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv else ""
-    if command in TRAINING_COMMANDS:
-        from training.cli import main as training_main
+    try:
+        if command in TRAINING_COMMANDS:
+            from training.cli import main as training_main
 
-        return training_main(argv)
-    if command in BACKEND_COMMANDS:
-        from backends.cli import main as backends_main
+            return training_main(argv)
+        if command in BACKEND_COMMANDS:
+            from backends.cli import main as backends_main
 
-        return backends_main(argv)
+            return backends_main(argv)
+    except BrokenPipeError:
+        # The reader went away (`trackside runs | head -1`): stop without a traceback, as
+        # other command-line tools do; what is still buffered goes to /dev/null, so the
+        # interpreter's exit does not fail on it again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     from tui.app_cli import main as dashboard_main
 
     return dashboard_main(argv)

@@ -184,6 +184,16 @@ def test_through_the_trackside_command():
     assert bad.returncode == 2 and "--max-seq-len" in bad.stderr
 
 
+def test_a_reader_that_stops_early_gets_no_traceback():
+    # `trackside fit | head -1`: the pipe is closed before the report is written
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "tui.cli", "fit", "--preset", "tiny"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 1 and "Traceback" not in err, err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_probe_without_a_gpu_fails_clearly(capsys):
     rc, _, err = run_fit(capsys, "--preset", "tiny", "--probe")
