@@ -444,6 +444,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{torch.cuda.get_device_name()}: bf16 matmul ceiling {ceilings[0]:.0f} TFLOP/s",
               flush=True)
     results = []
+    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
+              "device": torch.cuda.get_device_name() if gpu else "cpu",
+              "torch": torch.__version__, "ceiling_tflops": ceilings, "results": results}
+
+    def save() -> None:
+        # after every child: a run cut short by its caller's time limit keeps what it did
+        if os.environ.get("OUT"):
+            Path(os.environ["OUT"], "train_step.json").write_text(json.dumps(report, indent=1))
+
     for cell in cells:
         for r in range(args.repeats):
             order = args.trainers if r % 2 == 0 else list(reversed(args.trainers))
@@ -451,18 +460,14 @@ def main(argv: list[str] | None = None) -> int:
                 result = run_child(trainer, cell, args)
                 result["repeat"] = r
                 results.append(result)
+                save()
                 print(f"{cell} #{r + 1} {trainer:11s} {describe(result, ceilings[0] if gpu else None)}",
                       flush=True)
     if gpu:
         ceilings.append(matmul_ceiling_tflops())
         print(f"bf16 matmul ceiling at the end: {ceilings[1]:.0f} TFLOP/s", flush=True)
-    ceiling = max(ceilings) if ceilings else None
-    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
-              "device": torch.cuda.get_device_name() if gpu else "cpu",
-              "torch": torch.__version__, "ceiling_tflops": ceilings, "results": results}
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "train_step.json").write_text(json.dumps(report, indent=1))
-    print("\n".join(summarise(results, ceiling)))
+    save()
+    print("\n".join(summarise(results, max(ceilings) if ceilings else None)))
     return 0
 
 

@@ -51,3 +51,21 @@ def test_smoke_runs_both_trackside_modes_and_writes_its_report(tmp_path):
     # Checkpointing recomputes the same step: the same first loss.
     assert results["trackside"]["loss_first"] == pytest.approx(
         results["trackside+ckpt"]["loss_first"], rel=1e-6)
+
+
+def test_a_run_cut_short_keeps_the_children_it_finished(tmp_path):
+    # as a device call's time limit ends a bench: after its first child, before the rest
+    proc = subprocess.Popen([sys.executable, "bench/train_step.py", "--smoke", "--trainers",
+                             "trackside+frozen+ckpt1", "trackside"], cwd=REPO,
+                            env={**os.environ, "OUT": str(tmp_path)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("tiny:512:3 #1"):
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+    results = json.loads((tmp_path / "train_step.json").read_text())["results"]
+    assert [r["trainer"] for r in results] == ["trackside+frozen+ckpt1"]
+    assert results[0]["tokens_per_s"] > 0
