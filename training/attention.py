@@ -53,6 +53,11 @@ def ttt_mask_mod(doc_ids: Tensor, segments: int):
     return mask_mod
 
 
+# The BlockMask's index tensors, whose block-count dimensions ttt_block_mask marks dynamic.
+_BLOCK_TENSORS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                  "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
+
+
 def ttt_block_mask(doc_ids: Tensor, segments: int = 1) -> BlockMask:
     """The BlockMask of ttt_mask_mod, from the sample boundaries alone.
 
@@ -96,10 +101,6 @@ def ttt_block_mask(doc_ids: Tensor, segments: int = 1) -> BlockMask:
             torch._dynamo.maybe_mark_dynamic(t, dim)
         setattr(mask, name, t)
     return mask
-
-
-_BLOCK_TENSORS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
-                  "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
 
 
 def dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
