@@ -10,12 +10,16 @@ would); the later ones are new lengths.
 
     python bench/first_step.py                            # H200: llama3-8b, TTT 5
     python bench/first_step.py --preset tiny --lengths 256 384 --device cpu   # smoke
+
+--profile runs the named lengths under cProfile (slower: for where the time goes, not
+for the figure) and writes each one's cumulative and own-time tops to $OUT.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import pstats
 import subprocess
 import sys
 import tempfile
@@ -29,8 +33,9 @@ from bench import random_data  # noqa: E402
 
 
 def launch(data: Path, run_dir: Path, preset: str, max_seq_len: int, ttt: int,
-           device: str, timeout: float) -> dict:
-    cmd = [sys.executable, "-m", "training", "train", "--data", str(data), "--out",
+           device: str, timeout: float, profile: Path | None = None) -> dict:
+    python = [sys.executable] + (["-m", "cProfile", "-o", str(profile)] if profile else [])
+    cmd = python + ["-m", "training", "train", "--data", str(data), "--out",
            str(run_dir), "--preset", preset, "--max-seq-len", str(max_seq_len),
            "--ttt-steps", str(ttt), "--steps", "1", "--device", device, "--save-every", "0"]
     started = time.time()
@@ -54,6 +59,15 @@ def launch(data: Path, run_dir: Path, preset: str, max_seq_len: int, ttt: int,
     return row
 
 
+def write_profile(profile: Path, text: Path) -> None:
+    if not profile.exists():
+        return
+    with text.open("w") as f:
+        stats = pstats.Stats(str(profile), stream=f)
+        stats.sort_stats("cumulative").print_stats(80)
+        stats.sort_stats("tottime").print_stats(40)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="llama3-8b")
@@ -62,15 +76,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--samples", type=int, default=24)
     p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--profile", type=int, nargs="*", default=[], metavar="MAX_SEQ_LEN")
     args = p.parse_args(argv)
+    out = Path(os.environ.get("OUT", "."))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp, "data")
         random_data.make(args.preset, data, args.samples, 2048)
         for i, length in enumerate(args.lengths):
+            profile = Path(tmp, f"{length}.prof") if length in args.profile else None
             row = launch(data, Path(tmp, f"run{i}"), args.preset, length, args.ttt_steps,
-                         args.device, args.timeout)
+                         args.device, args.timeout, profile)
             row["cache"] = "cold" if i == 0 else "new length"
+            if profile is not None:
+                row["profiled"] = True
+                write_profile(profile, out / f"first_step_{length}.prof.txt")
             rows.append(row)
             print(json.dumps(row), flush=True)
     print("\n| max_seq_len | disk caches | start event s | first step s | exit |")
