@@ -12,7 +12,8 @@ would); the later ones are new lengths.
     python bench/first_step.py --preset tiny --lengths 256 384 --device cpu   # smoke
 
 --profile runs the named lengths under cProfile (slower: for where the time goes, not
-for the figure) and writes each one's cumulative and own-time tops to $OUT.
+for the figure) and keeps each one's profile and its cumulative and own-time tops in
+$OUT.
 """
 from __future__ import annotations
 
@@ -84,13 +85,13 @@ def main(argv: list[str] | None = None) -> int:
         data = Path(tmp, "data")
         random_data.make(args.preset, data, args.samples, 2048)
         for i, length in enumerate(args.lengths):
-            profile = Path(tmp, f"{length}.prof") if length in args.profile else None
+            profile = out / f"first_step_{length}.prof" if length in args.profile else None
             row = launch(data, Path(tmp, f"run{i}"), args.preset, length, args.ttt_steps,
                          args.device, args.timeout, profile)
             row["cache"] = "cold" if i == 0 else "new length"
             if profile is not None:
                 row["profiled"] = True
-                write_profile(profile, out / f"first_step_{length}.prof.txt")
+                write_profile(profile, profile.with_suffix(".prof.txt"))
             rows.append(row)
             print(json.dumps(row), flush=True)
     print("\n| max_seq_len | disk caches | start event s | first step s | exit |")
