@@ -33,6 +33,7 @@ from training import memory  # noqa: E402
 from training.config import PRESETS  # noqa: E402
 from training.fit import (PROBE_POINTS, SMOKE_POINTS, ProbeError, Trainer,  # noqa: E402
                          run_probe)
+from training.loop import use_cuda_allocator_settings  # noqa: E402
 from training.memory import GiB, StepShape  # noqa: E402
 
 # Lengths shared with the probe where possible (flex_attention compiles once per length),
@@ -201,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                         "fitting checks still run)")
     args = p.parse_args(argv)
     started = time.monotonic()
+    use_cuda_allocator_settings()
     if args.smoke:
         device, shapes, pairs, points = torch.device("cpu"), ["tiny"], SMOKE_PAIRS, SMOKE_POINTS
         cap_gib, multiple = 1.02, 128  # 20 MiB above the headroom: a few hundred tokens

@@ -50,6 +50,7 @@ import torch  # noqa: E402
 import torch.utils.checkpoint  # noqa: E402
 
 from training.config import PRESETS, DrafterConfig  # noqa: E402
+from training.loop import use_cuda_allocator_settings  # noqa: E402
 
 # trackside takes its options as suffixes, in this order: +frozen (--freeze-lm-head, its
 # draft head kept at the verifier's as speculators keeps it: the same work as speculators,
@@ -281,6 +282,8 @@ def child(args: argparse.Namespace) -> dict:
     cfg = PRESETS[cell.preset]
     if args.debug_checkpoint:  # a recomputation that differs from the forward names its ops
         torch.utils.checkpoint.set_checkpoint_debug_enabled(True)
+    if args.trainer != "speculators":  # speculators runs under the allocator it is given
+        use_cuda_allocator_settings()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)  # the same initial weights for every child of a trainer

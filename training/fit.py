@@ -475,6 +475,7 @@ def run_probe(cfg: DrafterConfig, shape: StepShape, *, points=None,
     """Calibrate the memory model with one real step (after a warm-up step) per point."""
     if trainer is None:
         if device is None:
+            loop.use_cuda_allocator_settings()  # the trainer's allocator, so its slack is measured
             if not torch.cuda.is_available():
                 raise ProbeError("--probe needs a CUDA GPU (none is visible)")
             device = torch.device("cuda", torch.cuda.current_device())

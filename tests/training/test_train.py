@@ -204,6 +204,27 @@ def test_a_frozen_draft_head_stays_the_verifiers_and_is_exported(tmp_path, cache
         train(resumed)
 
 
+EXPANDABLE = """
+import torch  # first, as the trainer imports it: the setting still counts after the import
+from training.loop import use_cuda_allocator_settings
+use_cuda_allocator_settings()
+x = torch.ones(2**20, device="cuda")
+print(all(s["is_expandable"] for s in torch.cuda.memory_snapshot()))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("user_conf", [None, "expandable_segments:False"])
+def test_the_trainer_allocates_from_expandable_segments_unless_the_user_says(user_conf):
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
+    if user_conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = user_conf
+    result = subprocess.run([sys.executable, "-c", EXPANDABLE], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False" if user_conf else "True"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("where", ["placing the model", "in a step"])
 def test_cuda_oom_is_an_event_and_exit_3(tmp_path, cache, where):
