@@ -48,17 +48,18 @@ PHASES = ("loss_forward", "loss_backward", "norm_backward", "attention_backward"
 FP32 = 4
 BF16 = 2
 INDEX = 8  # int64 ids, positions, doc ids
-# What the caching allocator holds beyond the allocated peak, as a share of it: recorded
-# H200 steps of 45-90 GiB at TTT 3-7 (kimi-k2 and llama3-8b shapes) held 6.3-9.1 % more
-# reserved than allocated. Smaller steps hold relatively more (a fixed few GiB of blocks
-# cut to the weights' sizes), which a probe measures as an absolute slack; extrapolating
-# the small steps' ratio overstates the reserve of the large ones that decide a fit.
-RESERVED_RATIO = 1.075
-# Long rows hold more: blocks of whole-row fp32 tensors [T, H] (the final norm's backward
-# gradients) that the allocator caches but cannot reuse for the next, differently sized
-# ones. Recorded H200 steps of 32K-64K tokens at TTT 1 held 21-28·H bytes per token
-# beyond the allocated peak (kimi-k2 and llama3-8b): about five such blocks.
-CACHED_ROW_BLOCKS = 5
+# What the caching allocator holds beyond the allocated peak, with the trainer's expandable
+# segments (loop.use_cuda_allocator_settings): recorded H200 steps of 16K-64K tokens held
+# 1.3-1.9 % more reserved than allocated (without them, 6.3-9.1 %). Smaller steps hold
+# relatively more (a fixed few GiB of blocks cut to the weights' sizes), which a probe
+# measures as an absolute slack; extrapolating the small steps' ratio overstates the
+# reserve of the large ones that decide a fit.
+RESERVED_RATIO = 1.02
+# Long rows hold more: whole-row fp32 tensors [T, H] (the final norm's backward gradients)
+# cached between uses. Recorded H200 steps held 1.1-1.9 such blocks (llama3-8b, 16K-32K
+# tokens) and 4.05 with every TTT step recomputed (kimi-k2, 64K) beyond the allocated
+# peak; the model's own allocated peak for that step is 1.6 GiB above the measured one.
+CACHED_ROW_BLOCKS = 4
 # Outside the allocator: CUDA context, cuBLAS/NCCL handles; a card's memory minus this is
 # what the allocator may use.
 DEFAULT_HEADROOM_GIB = 1.0

@@ -421,26 +421,31 @@ def test_cpu_saved_bytes_of_a_whole_unroll_within_10_percent(L, K, rows):
     assert 0.9 < predicted / saved.nbytes < 1.1
 
 
-CURRENT = Path(__file__).resolve().parents[2] / "bench/results/h200-peaks-session5.json"
+RESULTS = Path(__file__).resolve().parents[2] / "bench/results"
+CURRENT = [RESULTS / "h200-peaks-session5.json", RESULTS / "h200-peaks-session6.json"]
 
 
 def test_recorded_h200_peaks_of_the_current_trainer_uncalibrated():
     """Peaks of the trainer as it is now (compiled islands, verifier targets once per
     batch, the head's gradients taken in the loss's forward, each TTT step's attention
     one flex call over the concatenated keys, silu(gate)·up recomputed, the verifier's
-    tables in bf16, --checkpoint-ttt N and --freeze-lm-head), measured on an NVIDIA
-    H200 by bench/train_step.py (each point's command is in the file): the analytic model,
+    tables in bf16, --checkpoint-ttt N and --freeze-lm-head), measured on NVIDIA H200s
+    by bench/train_step.py (each point's command is in its file): the analytic model,
     with no calibration, predicts each within 8 % (seen: -3.3 % to +2.0 %; the issue asks
     10 %). The older recorded runs above describe earlier trainers: only the calibration
     is tested on them."""
-    for point in json.loads(CURRENT.read_text())["points"]:
-        shape = StepShape(point["max_seq_len"], point["ttt_steps"],
-                          checkpoint_ttt=point["checkpoint_ttt"],
-                          freeze_lm_head=point.get("freeze_lm_head", False))
-        predicted = memory.predict(PRESETS[point["preset"]], shape)
-        assert abs(predicted.total / GiB - point["peak_gib"]) / point["peak_gib"] < 0.08, point
-        # what a cap is checked against: the caching allocator's reserve at the peak
-        # (RESERVED_RATIO, CACHED_ROW_BLOCKS; seen -1.4 % to +1.0 %)
-        if "reserved_gib" in point:
-            error = predicted.reserved / GiB / point["reserved_gib"] - 1
-            assert abs(error) < 0.05, point
+    for record in CURRENT:
+        data = json.loads(record.read_text())
+        for point in data["points"]:
+            shape = StepShape(point["max_seq_len"], point["ttt_steps"],
+                              checkpoint_ttt=point["checkpoint_ttt"],
+                              freeze_lm_head=point.get("freeze_lm_head", False))
+            predicted = memory.predict(PRESETS[point["preset"]], shape)
+            error = predicted.total / GiB / point["peak_gib"] - 1
+            assert abs(error) < 0.08, point
+            # What a cap is checked against: the caching allocator's reserve at the peak
+            # (RESERVED_RATIO, CACHED_ROW_BLOCKS), under the trainer's allocator; never
+            # below what was held (seen +1.2 % to +2.0 %).
+            if data.get("allocator") == "expandable_segments:True":
+                error = predicted.reserved / GiB / point["reserved_gib"] - 1
+                assert 0 <= error < 0.05, point
