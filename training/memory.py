@@ -49,11 +49,10 @@ FP32 = 4
 BF16 = 2
 INDEX = 8  # int64 ids, positions, doc ids
 # What the caching allocator holds beyond the allocated peak, with the trainer's expandable
-# segments (loop.use_cuda_allocator_settings): recorded H200 steps of 16K-64K tokens held
-# 1.3-1.9 % more reserved than allocated (without them, 6.3-9.1 %). Smaller steps hold
-# relatively more (a fixed few GiB of blocks cut to the weights' sizes), which a probe
-# measures as an absolute slack; extrapolating the small steps' ratio overstates the
-# reserve of the large ones that decide a fit.
+# segments (loop.use_cuda_allocator_settings): recorded H200 steps of 8K-32K tokens held
+# 0.8-1.9 % more reserved than allocated (without them, 6.3-9.1 %). A probe's small steps
+# give their slack as an absolute amount (Calibration.reserved_slack), not as a ratio to
+# extrapolate to the large steps that decide a fit.
 RESERVED_RATIO = 1.02
 # Long rows hold more: whole-row fp32 tensors [T, H] (the final norm's backward gradients)
 # cached between uses. Recorded H200 steps held 1.1-1.9 such blocks (llama3-8b, 16K-32K
