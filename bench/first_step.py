@@ -60,6 +60,17 @@ def launch(data: Path, run_dir: Path, preset: str, max_seq_len: int, ttt: int,
     return row
 
 
+def without_torch_bytecode() -> bool:
+    """True when each launch compiles torch's Python from source: no bytecode beside it
+    and none written (PYTHONDONTWRITEBYTECODE). A pip-installed torch has its bytecode; the
+    lent H200 machine's image had none and set the flag, ~6 s of every launch there."""
+    import importlib.util
+
+    import torch
+    return (sys.flags.dont_write_bytecode
+            and not Path(importlib.util.cache_from_source(torch.__file__)).exists())
+
+
 def write_profile(profile: Path, text: Path) -> None:
     if not profile.exists():
         return
@@ -80,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=int, nargs="*", default=[], metavar="MAX_SEQ_LEN")
     args = p.parse_args(argv)
     out = Path(os.environ.get("OUT", "."))
+    if without_torch_bytecode():
+        print("first_step: torch has no bytecode and PYTHONDONTWRITEBYTECODE is set: every "
+              "launch below compiles torch's modules from source (python -m compileall on "
+              "torch's directory first measures what a pip install sees)", file=sys.stderr)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp, "data")
