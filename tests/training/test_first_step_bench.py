@@ -1,0 +1,32 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_launches_at_each_length_report_their_first_step_and_keep_the_profile(tmp_path):
+    # A pycache of its own under PYTHONDONTWRITEBYTECODE: no bytecode for torch, as on the
+    # lent H200 machine, which the bench must say.
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONPYCACHEPREFIX": str(tmp_path / "pycache")}
+    done = subprocess.run([sys.executable, "bench/first_step.py", "--preset", "tiny",
+                           "--lengths", "256", "384", "--device", "cpu", "--samples", "8",
+                           "--profile", "384"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "torch has no bytecode" in done.stderr
+    rows = json.loads((tmp_path / "first_step.json").read_text())
+    assert [(r["max_seq_len"], r["cache"], r["exit"]) for r in rows] == [
+        (256, "cold", 0), (384, "new length", 0)]
+    for r in rows:
+        assert 0 < r["start_event_s"] <= r["first_step_s"] <= r["wall_s"]
+    assert "profiled" in rows[1] and "profiled" not in rows[0]
+    tops = (tmp_path / "first_step_384.prof.txt").read_text()
+    assert "Ordered by: cumulative time" in tops and "training/loop.py" in tops
+    assert (tmp_path / "first_step_384.prof").stat().st_size > 0
