@@ -151,9 +151,7 @@ class LocalHost(Host):
         finally:
             # Timed out or cancelled (a monitor stopping, the app quitting): the command
             # must not outlive the call, nor its pipes be left for the loop's close.
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+            await _killed(proc)
         return CommandResult(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
     async def chunks(self, argv):
@@ -173,9 +171,26 @@ class LocalHost(Host):
             while chunk := await proc.stdout.read(CHUNK_BYTES):
                 yield chunk
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+            await _killed(proc)
+
+
+async def _killed(proc: asyncio.subprocess.Process) -> None:
+    """Kill proc if it still runs and reap it, even through further cancellations (a
+    worker cancelled again while it cleans up, as the app quits): a process left unreaped
+    when the event loop closes is reported as an error, its pipes collected without a loop.
+    A SIGKILLed process is reaped within milliseconds; a cancellation that arrived
+    meanwhile is raised afterwards."""
+    if proc.returncode is None:
+        proc.kill()
+    cancelled = None
+    while True:
+        try:
+            await proc.wait()
+            break
+        except asyncio.CancelledError as error:
+            cancelled = error
+    if cancelled is not None:
+        raise cancelled
 
 
 # Runs argv with stdin from /dev/null; SIGTERMs it when our stdin (the channel) closes.

@@ -26,16 +26,23 @@ async def test_run_timeout_raises_host_error():
         await LocalHost().run(["sleep", "5"], timeout=0.2)
 
 
-@pytest.mark.parametrize("how", ["timeout", "cancel"])
+async def cancel(task: asyncio.Task, times: int) -> None:
+    # Again while the first cancellation's clean-up runs: a worker being stopped as the app
+    # quits is cancelled by trackside and again by Textual.
+    for _ in range(times):
+        task.cancel()
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("how", ["timeout", "cancel", "cancel twice"])
 async def test_a_command_does_not_outlive_its_call(tmp_path, how):
     pid_file = tmp_path / "pid"
     call = asyncio.ensure_future(LocalHost().run(
         ["sh", "-c", f"echo $$ > {pid_file}; exec sleep 60"], timeout=1.0))
     while not pid_file.exists() or not pid_file.read_text().strip():
         await asyncio.sleep(0.02)
-    if how == "cancel":
-        call.cancel()
-    with pytest.raises(asyncio.CancelledError if how == "cancel" else HostError):
+    await cancel(call, {"timeout": 0, "cancel": 1, "cancel twice": 2}[how])
+    with pytest.raises(asyncio.CancelledError if how != "timeout" else HostError):
         await call
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid_file.read_text()), 0)
@@ -44,6 +51,22 @@ async def test_a_command_does_not_outlive_its_call(tmp_path, how):
 async def test_lines_yields_lines_and_a_last_partial_one():
     lines = [line async for line in LocalHost().lines(["printf", "a\nb\n\nc"])]
     assert lines == ["a", "b", "", "c"]
+
+
+async def test_a_stream_cancelled_twice_has_ended_its_process_when_it_returns():
+    started = asyncio.get_running_loop().create_future()
+
+    async def consume() -> None:
+        async for line in LocalHost().lines(["sh", "-c", "echo $$; exec sleep 60"]):
+            started.set_result(int(line))
+
+    task = asyncio.create_task(consume())
+    pid = await started
+    await cancel(task, 2)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    with pytest.raises(ProcessLookupError):  # reaped, not left for the loop's close
+        os.kill(pid, 0)
 
 
 async def test_closing_lines_ends_the_process():
