@@ -20,6 +20,13 @@ from training.data import (DATASET_JSON, TOKEN_COUNTS_FILE, VERIFIER_FILE, sampl
                            write_json_atomic, write_tensors_atomic)
 
 
+
+def prompt_len(n: int) -> int:
+    """The leading tokens of a sample that carry no loss (its prompt, as chat data has): an
+    eighth."""
+    return n // 8
+
+
 def make(preset: str, out: Path, samples: int, length: int, seed: int = 0) -> dict:
     cfg = PRESETS[preset]
     h, vocab = cfg.hidden_size, cfg.vocab_size
@@ -35,7 +42,7 @@ def make(preset: str, out: Path, samples: int, length: int, seed: int = 0) -> di
         n = int(length * (0.75 + 0.5 * torch.rand((), generator=g)))
         ids = torch.randint(vocab, (n,), generator=g)
         mask = torch.ones(n, dtype=torch.bool)
-        mask[: n // 8] = False  # a prompt without loss, as chat data has
+        mask[: prompt_len(n)] = False
         write_tensors_atomic(sample_path(out, i), {
             "input_ids": ids, "loss_mask": mask,
             "aux_hidden": torch.randn(n, 3 * h, generator=g).bfloat16(),

@@ -49,6 +49,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 import torch.utils.checkpoint  # noqa: E402
 
+from bench.random_data import prompt_len  # noqa: E402
 from training.config import PRESETS, DrafterConfig  # noqa: E402
 from training.loop import use_cuda_allocator_settings  # noqa: E402
 
@@ -112,11 +113,6 @@ def sample_lengths(max_seq_len: int, seed: int, span: tuple[int, int] = SAMPLE_L
         lengths.append(n)
         total += n
     return lengths
-
-
-def prompt_len(n: int) -> int:
-    """The leading tokens of a sample that carry no loss (its prompt): an eighth."""
-    return n // 8
 
 
 def scored_positions(lengths: list[int], k: int) -> int:
