@@ -18,6 +18,7 @@ $OUT.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import pstats
@@ -29,6 +30,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
 
 from bench import random_data  # noqa: E402
 
@@ -64,9 +67,6 @@ def without_torch_bytecode() -> bool:
     """True when each launch compiles torch's Python from source: no bytecode beside it
     and none written (PYTHONDONTWRITEBYTECODE). A pip-installed torch has its bytecode; the
     lent H200 machine's image had none and set the flag, ~6 s of every launch there."""
-    import importlib.util
-
-    import torch
     return (sys.flags.dont_write_bytecode
             and not Path(importlib.util.cache_from_source(torch.__file__)).exists())
 
