@@ -98,11 +98,13 @@ class Loader:
     seeded by (seed, epoch), so a position alone says what comes next. A global batch is
     batch_rows × world_size consecutive rows of that order and rank r takes its slice, so
     N ranks see together exactly the rows one process with N × batch_rows would.
-    Batches are loaded and collated on a background thread, `prefetch` ahead.
+    Batches are loaded and collated on a background thread, `prefetch` ahead, into pinned
+    memory when pin_memory (for a CUDA device).
     """
 
     def __init__(self, dataset: Dataset, max_seq_len: int, batch_rows: int, *, seed: int,
-                 rank: int = 0, world_size: int = 1, prefetch: int = 2):
+                 rank: int = 0, world_size: int = 1, prefetch: int = 2,
+                 pin_memory: bool = False):
         self.dataset = dataset
         self.max_seq_len = max_seq_len
         self.batch_rows = batch_rows
@@ -110,6 +112,7 @@ class Loader:
         self.rank = rank
         self.world_size = world_size
         self.prefetch = prefetch
+        self.pin_memory = pin_memory
         self.plan = plan_rows(dataset.lengths, max_seq_len)
         self.steps_per_epoch = len(self.plan) // (batch_rows * world_size)
         if self.steps_per_epoch == 0:
@@ -130,7 +133,8 @@ class Loader:
             first = (batch * self.world_size + self.rank) * self.batch_rows
             rows = [[self.dataset[i] for i in self.plan[r]]
                     for r in order[first:first + self.batch_rows]]
-            yield collate(rows, self.max_seq_len), epoch, Position(epoch, batch + 1)
+            packed = collate(rows, self.max_seq_len, self.pin_memory)
+            yield packed, epoch, Position(epoch, batch + 1)
             batch += 1
 
     def iterate(self, start: Position):

@@ -228,7 +228,7 @@ def train(cfg: TrainConfig) -> int:
     # --- data ---
     dataset = Dataset(cfg.data)
     loader = Loader(dataset, cfg.max_seq_len, cfg.batch_rows, seed=cfg.seed, rank=rank,
-                    world_size=world)
+                    world_size=world, pin_memory=device.type == "cuda")
     total_steps = cfg.steps or cfg.epochs * loader.steps_per_epoch
     warmup = max(1, min(100, total_steps // 10))
     d2t, t2d = build_draft_vocab(dataset.token_counts(), cfg.drafter.draft_vocab_size)
@@ -319,7 +319,7 @@ def train(cfg: TrainConfig) -> int:
         while step < total_steps:
             started = time.perf_counter()
             batch, epoch, next_position = next(batches)
-            batch = batch.to(device)
+            batch = batch.to(device, non_blocking=True)
             per_step, counts = forward_backward(unroll, batch, cfg.ttt_steps, cfg.ttt_decay,
                                                 cfg.loss_chunk, world, cfg.checkpoint_ttt)
             grad_norm = optimizer_step(optimizer, trainable.values(), cfg.grad_clip)

@@ -156,6 +156,26 @@ def test_the_loader_resumes_and_splits_global_batches_over_ranks(cache):
         assert torch.equal(torch.cat(parts), batches[b][0].input_ids)
 
 
+
+@pytest.mark.gpu
+def test_the_loader_collates_into_pinned_memory_for_a_cuda_device(cache):
+    # Pageable batches cost the loop 20 % of a llama3-8b 8192 × 5 step (docs/benchmarks.md,
+    # round 6): the device copy of pinned ones is fast and does not block the CPU.
+    data = Dataset(synthetic_dataset(0))
+    batches = []
+    for pin in (True, False):
+        it = Loader(data, 512, 2, seed=3, pin_memory=pin).iterate(Position())
+        batches.append(next(it)[0])
+        it.close()
+    pinned, pageable = batches
+    tensors = ("input_ids", "position_ids", "doc_ids", "loss_mask", "aux_hidden",
+               "final_hidden")
+    assert all(getattr(pinned, name).is_pinned() for name in tensors)
+    assert not any(getattr(pageable, name).is_pinned() for name in tensors)
+    on_gpu = pinned.to("cuda", non_blocking=True)
+    for name in tensors:
+        assert torch.equal(getattr(on_gpu, name).cpu(), getattr(pageable, name))
+
 def test_export_writes_the_eagle3_layout(tmp_path, cache):
     cfg = TrainConfig(data=synthetic_dataset(0), run_dir=tmp_path / "run",
                       drafter=PRESETS["tiny"], steps=2, max_seq_len=256,
