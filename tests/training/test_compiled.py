@@ -4,7 +4,7 @@ one graph serving two row lengths (dynamic shapes, fullgraph: no silent fallback
 import pytest
 import torch
 
-from training import loss, model
+from training import attention, loss, model
 
 L_FIRST, L_SECOND = 48, 80
 
@@ -15,17 +15,22 @@ def cases(L: int, g: torch.Generator) -> dict:
     probs = torch.softmax(r(L, 30, grad=False), -1)
     return {
         "rms_norm": (model.rms_norm, (r(1, L, 24), r(24), 1e-5)),
-        "rope": (model.rope, (r(1, 4, L, 16), torch.arange(L)[None], 10000.0)),
+        "rope": (model.rope, (r(1, 4, L, 16), *model.rotary_tables(torch.arange(L)[None], 16,
+                                                                 10000.0, torch.float64))),
         "swiglu": (model.swiglu, (r(1, L, 40), r(1, L, 40))),
         "swiglu_backward": (model.swiglu_backward, tuple(r(1, L, 40, grad=False) for _ in range(3))),
+        "with_diagonal_keys": (attention.with_diagonal_keys,
+                               (r(1, 4, L, 16), r(1, 4, L, 16), r(1, 4, L),
+                                [r(1, 2, L, 16) for _ in range(2)],
+                                [r(1, 2, L, 16) for _ in range(2)])),
         "chunk_losses": (loss._chunk_losses, (r(L, 30, grad=False), probs)),
         "chunk_losses_and_grad": (loss._chunk_losses_and_grad, (r(L, 30, grad=False), probs)),
     }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["rms_norm", "rope", "swiglu", "swiglu_backward", "chunk_losses",
-                                  "chunk_losses_and_grad"])
+@pytest.mark.parametrize("name", ["rms_norm", "rope", "swiglu", "swiglu_backward",
+                                  "with_diagonal_keys", "chunk_losses", "chunk_losses_and_grad"])
 def test_compiled_island_equals_eager_at_two_lengths(name):
     g = torch.Generator().manual_seed(0)
     fn = cases(L_FIRST, g)[name][0]
