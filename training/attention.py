@@ -134,23 +134,73 @@ def _compiled_flex():
 
 
 @cuda_compiled
+def _fold_forward(q: Tensor, out: Tensor, lse: Tensor, keys: Tensor,
+                  values: Tensor) -> tuple[Tensor, Tensor]:
+    """with_diagonal_keys on stacked keys and values [S, B, Hkv, L, D]; also returns the
+    softmax weights [S + 1, B, Hkv, G, L] (flex's output first), what backward needs."""
+    S, B, Hkv, L, D = keys.shape
+    G = q.shape[1] // Hkv  # query heads that share one key/value head
+    f = at_least_float32(q.dtype)
+    scores = (q.view(B, Hkv, G, L, D).to(f) * keys[:, :, :, None].to(f)).sum(-1)
+    logits = torch.cat([lse.view(1, B, Hkv, G, L).to(f), scores / math.sqrt(D)])
+    p = logits.softmax(0)
+    o = out.view(B, Hkv, G, L, D).to(f) * p[0, ..., None] \
+        + (p[1:, ..., None] * values[:, :, :, None].to(f)).sum(0)
+    return o.view(B, Hkv * G, L, D).to(q.dtype), p
+
+
+@cuda_compiled
+def _fold_backward(grad: Tensor, q: Tensor, out: Tensor, p: Tensor, keys: Tensor,
+                   values: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of _fold_forward's output for q, out, lse, keys and values."""
+    S, B, Hkv, L, D = keys.shape
+    G = q.shape[1] // Hkv
+    f = p.dtype
+    g = grad.view(B, Hkv, G, L, D).to(f)
+    # the softmax over [lse, scores]: d logit_j = p_j (g·v_j - g·o), v_0 being flex's out
+    a_out = (g * out.view(B, Hkv, G, L, D).to(f)).sum(-1)
+    a_keys = (g[None] * values[:, :, :, None].to(f)).sum(-1)
+    a_mean = p[0] * a_out + (p[1:] * a_keys).sum(0)
+    d_lse = p[0] * (a_out - a_mean)
+    d_scores = p[1:] * (a_keys - a_mean) / math.sqrt(D)
+    d_q = (d_scores[..., None] * keys[:, :, :, None].to(f)).sum(0)
+    d_keys = (d_scores[..., None] * q.view(B, Hkv, G, L, D).to(f)).sum(3)
+    d_values = (p[1:, ..., None] * g).sum(3)
+    d_out = g * p[0, ..., None]
+    return (d_q.view(B, Hkv * G, L, D).to(q.dtype), d_out.view(B, Hkv * G, L, D).to(out.dtype),
+            d_lse.view(B, Hkv * G, L), d_keys.to(keys.dtype), d_values.to(values.dtype))
+
+
+class _DiagonalFold(torch.autograd.Function):
+    """with_diagonal_keys' autograd: the keys and values are stacked for each pass and the
+    stack freed after it, so one compiled graph serves any number of them (a list
+    argument compiles one per length) and backward keeps only the softmax weights besides
+    tensors the step keeps anyway."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, out: Tensor, lse: Tensor, *keys_values: Tensor) -> Tensor:
+        S = len(keys_values) // 2
+        o, p = _fold_forward(q, out, lse, torch.stack(keys_values[:S]),
+                             torch.stack(keys_values[S:]))
+        ctx.save_for_backward(q, out, p, *keys_values)
+        ctx.lse_dtype = lse.dtype
+        return o
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        q, out, p, *keys_values = ctx.saved_tensors
+        S = len(keys_values) // 2
+        d_q, d_out, d_lse, d_keys, d_values = _fold_backward(
+            grad, q, out, p, torch.stack(keys_values[:S]), torch.stack(keys_values[S:]))
+        return d_q, d_out, d_lse.to(ctx.lse_dtype), *d_keys.unbind(0), *d_values.unbind(0)
+
+
 def with_diagonal_keys(q: Tensor, out: Tensor, lse: Tensor, keys: list[Tensor],
                        values: list[Tensor]) -> Tensor:
     """The attention of q over some keys, given as its output `out` and log-sum-exp `lse`
     [B, Hq, L], extended by one more key and value per query and list entry, at the
     query's own index: each [B, Hkv, L, D]."""
-    B, Hq, L, D = q.shape
-    Hkv = keys[0].shape[1]
-    f = at_least_float32(q.dtype)
-    qg = q.view(B, Hkv, Hq // Hkv, L, D).to(f)  # query heads that share one key/value head
-    scores = torch.stack([(qg * k[:, :, None].to(f)).sum(-1) for k in keys]) / math.sqrt(D)
-    lse = lse.view(B, Hkv, Hq // Hkv, L).to(f)
-    top = torch.maximum(lse, scores.amax(0))
-    w_out, w_keys = (lse - top).exp(), (scores - top).exp()
-    acc = out.view(B, Hkv, Hq // Hkv, L, D).to(f) * w_out[..., None]
-    for w, v in zip(w_keys, values):
-        acc = acc + w[..., None] * v[:, :, None].to(f)
-    return (acc / (w_out + w_keys.sum(0))[..., None]).view(B, Hq, L, D).to(q.dtype)
+    return _DiagonalFold.apply(q, out, lse, *keys, *values)
 
 
 class DocLayout:

@@ -182,16 +182,18 @@ def saved_per_token_step(cfg: DrafterConfig, precision: str,
 def saved_per_token_later_step(cfg: DrafterConfig, precision: str,
                                padded: bool = False) -> dict[str, int]:
     """Extra bytes in steps 1..K-1, which fold their diagonal keys into flex's output
-    (attention.with_diagonal_keys): it keeps q, the one flex keeps, unless the row is
-    padded to whole blocks: then flex keeps a padded copy and q is kept besides."""
+    (attention.with_diagonal_keys): the fold keeps the fp32 softmax weight of flex's output
+    per query head, and q, the one flex keeps, unless the row is padded to whole blocks:
+    then flex keeps a padded copy and q is kept besides."""
     q = cfg.num_heads * cfg.head_dim
-    return {"unpadded_q": q * PRECISIONS[precision] if padded else 0}
+    return {"fold_out_weight": cfg.num_heads * FP32,
+            "unpadded_q": q * PRECISIONS[precision] if padded else 0}
 
 
 def saved_per_token_diag(cfg: DrafterConfig, precision: str) -> dict[str, int]:
     """Bytes per token for each diagonal key of a step (Σ_k k = K(K-1)/2 of them over the
-    unroll): with_diagonal_keys keeps one fp32 weight per query head (compiled; measured
-    with saved-tensor hooks). The keys and values are each step's own, counted there."""
+    unroll): the fold keeps its fp32 softmax weight per query head. The keys and values
+    are each step's own, counted there."""
     return {"diagonal_weights": cfg.num_heads * FP32}
 
 

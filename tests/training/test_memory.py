@@ -57,7 +57,7 @@ def test_tiny_analytic_terms_by_hand():
                       precision="bf16")
     phases = memory.analytic_phases(TINY, shape)
     assert tuple(phases) == memory.PHASES
-    T, TK, pairs = 512, 512 * 3, 512 * 3  # pairs: T·K(K-1)/2 = 512·3
+    T, TK, TK1, pairs = 512, 512 * 3, 512 * 2, 512 * 3  # pairs: T·K(K-1)/2 = 512·3
     state = {
         "weights": 86272 * 4,  # 345088
         "frozen": 49152 * 2 + 256 * 8 + 512,  # bf16 embedding + head, d2t int64, t2d bool
@@ -93,6 +93,8 @@ def test_tiny_analytic_terms_by_hand():
         "step_post_attn_norm": (norm + 64 * 2) * TK,
         "step_mlp": 2 * 192 * 2 * TK,  # gate, up
         "step_loss_inputs": (norm + 64 * 2 + 24 + 4 + 1) * TK,  # + grad, index, loss, agree
+        # steps 1, 2 fold their diagonal keys into flex's output: its softmax weight
+        "later_step_fold_out_weight": 4 * 4 * TK1,  # fp32, per query head
     }
     diagonal = {"diagonal_weights": 4 * 4 * pairs}  # fp32, per query head
     for name in memory.PHASES[:-1]:

@@ -431,6 +431,20 @@ def test_load_verifier_takes_the_target_head_rows_of_the_draft_vocab(tiny_cfg):
         model.load_verifier(torch.randn(V, H), head[:10], d2t, torch.ones(V, dtype=torch.bool))
 
 
+
+def test_diagonal_fold_backward_is_the_gradient_of_its_forward():
+    from training.attention import with_diagonal_keys
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+    B, Hq, Hkv, L, D = 1, 4, 2, 6, 4
+    inputs = [rand(B, Hq, L, D), rand(B, Hq, L, D), rand(B, Hq, L)] + \
+        [rand(B, Hkv, L, D) for _ in range(4)]
+    assert torch.autograd.gradcheck(
+        lambda q, out, lse, k1, k2, v1, v2: with_diagonal_keys(q, out, lse, [k1, k2], [v1, v2]),
+        inputs)
+
 def test_rope_rotates_as_the_verifiers_llama_layers_do():
     # An exported drafter runs under vLLM's Llama rotary embedding: the same rotation.
     transformers = pytest.importorskip("transformers")
