@@ -161,7 +161,7 @@ def saved_per_token_step(cfg: DrafterConfig, precision: str,
         "embed_norm": H * a + FP32 if compiled else H * FP32,
         "hidden_norm": _norm_saved(H, precision),
         "qkv_inputs": 2 * H * a,  # [norm(embedding) ; norm(hidden)], shared by q, k, v
-        "rope_cos_sin": 2 * 2 * (D // 2) * FP32,  # cos and sin, for q and for k
+        "rope_cos_sin": 2 * (D // 2) * FP32,  # cos and sin, one pair for q and k
         # this step's rotated k and v: the next steps attend to them
         "kv": 2 * kv * a,
         # flex_attention keeps q, its output and log-sum-exp (k and v are the ones above,

@@ -15,7 +15,8 @@ def cases(L: int, g: torch.Generator) -> dict:
     probs = torch.softmax(r(L, 30, grad=False), -1)
     return {
         "rms_norm": (model.rms_norm, (r(1, L, 24), r(24), 1e-5)),
-        "rope": (model.rope, (r(1, 4, L, 16), torch.arange(L)[None], 10000.0)),
+        "rope": (model.rope, (r(1, 4, L, 16), *model.rotary_tables(torch.arange(L)[None], 16,
+                                                                 10000.0, torch.float64))),
         "swiglu": (model.swiglu, (r(1, L, 40), r(1, L, 40))),
         "swiglu_backward": (model.swiglu_backward, tuple(r(1, L, 40, grad=False) for _ in range(3))),
         "chunk_losses": (loss._chunk_losses, (r(L, 30, grad=False), probs)),

@@ -86,7 +86,7 @@ def test_tiny_analytic_terms_by_hand():
         "step_embed_norm": norm * TK,  # the embedding cast to bf16, and 1/rms
         "step_hidden_norm": norm * TK,
         "step_qkv_inputs": (2 * 64) * 2 * TK,  # one bf16 [emb ; hidden] for q, k and v
-        "step_rope_cos_sin": 2 * 2 * 8 * 4 * TK,  # cos, sin × (q, k) × D/2 fp32
+        "step_rope_cos_sin": 2 * 8 * 4 * TK,  # cos, sin (shared by q and k) × D/2 fp32
         "step_kv": 2 * 32 * 2 * TK,
         "step_flex_attention": (2 * 64 * 2 + 4 * 4) * TK,  # q, out; lse (fp32, per head)
         "step_o_proj_input": 64 * 2 * TK,

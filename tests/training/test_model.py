@@ -398,3 +398,20 @@ def test_load_verifier_takes_the_target_head_rows_of_the_draft_vocab(tiny_cfg):
             "norm.weight", "lm_head.weight", "d2t", "t2d"} <= set(model.state_dict())
     with pytest.raises(ValueError, match="lm_head has shape"):
         model.load_verifier(torch.randn(V, H), head[:10], d2t, torch.ones(V, dtype=torch.bool))
+
+
+def test_rope_rotates_as_the_verifiers_llama_layers_do():
+    # An exported drafter runs under vLLM's Llama rotary embedding: the same rotation.
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama import modeling_llama
+
+    from training.model import rope, rotary_tables
+    D, theta, L = 16, 500000.0, 40
+    config = transformers.LlamaConfig(hidden_size=4 * D, num_attention_heads=4,
+                                      head_dim=D, rope_theta=theta)
+    positions = torch.cat([torch.arange(25), torch.arange(15) + 7])[None]
+    x = torch.randn(1, 4, L, D, dtype=torch.float64)
+    cos, sin = modeling_llama.LlamaRotaryEmbedding(config)(x, positions)
+    want, _ = modeling_llama.apply_rotary_pos_emb(x, x, cos.double(), sin.double())
+    got = rope(x, *rotary_tables(positions, D, theta, torch.float64))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
