@@ -431,7 +431,6 @@ def test_load_verifier_takes_the_target_head_rows_of_the_draft_vocab(tiny_cfg):
         model.load_verifier(torch.randn(V, H), head[:10], d2t, torch.ones(V, dtype=torch.bool))
 
 
-
 def test_diagonal_fold_backward_is_the_gradient_of_its_forward():
     from training.attention import with_diagonal_keys
     g = torch.Generator().manual_seed(0)
@@ -444,6 +443,7 @@ def test_diagonal_fold_backward_is_the_gradient_of_its_forward():
     assert torch.autograd.gradcheck(
         lambda q, out, lse, k1, k2, v1, v2: with_diagonal_keys(q, out, lse, [k1, k2], [v1, v2]),
         inputs)
+
 
 def test_rope_rotates_as_the_verifiers_llama_layers_do():
     # An exported drafter runs under vLLM's Llama rotary embedding: the same rotation.
