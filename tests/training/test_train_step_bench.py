@@ -55,6 +55,7 @@ def test_kernel_summary_counts_overlaps_once_and_sorts_kinds():
     assert lines[1].split()[0] == "3.00" and lines[1].split()[2] == "46.2"
     assert kernel_summary([], steps=2) == ["no kernels recorded"]
 
+
 @pytest.mark.slow
 def test_smoke_runs_both_trackside_modes_and_writes_its_report(tmp_path):
     done = subprocess.run([sys.executable, "bench/train_step.py", "--smoke", "--trainers",
