@@ -39,6 +39,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -332,7 +333,8 @@ def child(args: argparse.Namespace) -> dict:
 
 
 def profile_steps(step, rows: int, steps: int = 2) -> None:
-    """Print the kernels (or CPU ops) that took the most time over a few steps."""
+    """Print the kernels (or CPU ops) that took the most time over a few steps and, on a
+    GPU, kernel_summary of them."""
     from torch.profiler import ProfilerActivity, profile
     gpu = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
@@ -342,6 +344,49 @@ def profile_steps(step, rows: int, steps: int = 2) -> None:
     key = "cuda_time_total" if gpu else "cpu_time_total"
     print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60),
           file=sys.stderr, flush=True)
+    if gpu:
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = Path(tmp, "trace.json")
+            prof.export_chrome_trace(str(trace))
+            events = json.loads(trace.read_text())["traceEvents"]
+        kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
+        print("\n".join(kernel_summary(kernels, steps)), file=sys.stderr, flush=True)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    if "flex" in low:
+        return "flex attention"
+    if any(mark in low for mark in ("nvjet", "gemm", "cutlass")):
+        return "matmul"
+    if low.startswith("triton"):
+        return "compiled (triton)"
+    return "eager: " + name.removeprefix("void ").split("<")[0].split("(")[0][:50]
+
+
+def kernel_summary(kernels: list[dict], steps: int) -> list[str]:
+    """Per step, from a profile's kernel events (chrome trace: ts, dur in µs): the time
+    from the first kernel's start to the last one's end, how much of it some kernel ran
+    (overlapping kernels count once) and the GPU idled, and kernel time by kind."""
+    if not kernels:
+        return ["no kernels recorded"]
+    kernels = sorted(kernels, key=lambda e: e["ts"])
+    busy, reached = 0.0, kernels[0]["ts"]
+    for e in kernels:
+        end = e["ts"] + e["dur"]
+        busy += max(0.0, end - max(e["ts"], reached))
+        reached = max(reached, end)
+    span = reached - kernels[0]["ts"]
+    by_kind: dict[str, float] = {}
+    for e in kernels:
+        kind = kernel_kind(e["name"])
+        by_kind[kind] = by_kind.get(kind, 0.0) + e["dur"]
+    total = sum(by_kind.values())
+    lines = [f"per step: {span / steps / 1e3:.1f} ms from first kernel to last, "
+             f"{busy / steps / 1e3:.1f} ms busy, {(span - busy) / steps / 1e3:.1f} ms idle"]
+    lines += [f"  {t / steps / 1e3:8.2f} ms {100 * t / total:5.1f} %  {kind}"
+              for kind, t in sorted(by_kind.items(), key=lambda kv: -kv[1])]
+    return lines
 
 
 # --- the parent: cells × repeats × trainers, alternating -----------------------------------

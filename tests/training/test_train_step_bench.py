@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.train_step import model_flops, sample_lengths
+from bench.train_step import kernel_summary, model_flops, sample_lengths
 from training.config import DrafterConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,6 +34,26 @@ def test_model_flops_counts_each_matmul_once_by_hand():
     # A frozen head: forward and the input gradient only.
     assert model_flops(cfg, lengths, K, head_grad=False) == (
         25 * per_token + 25 * K * 6 * layer + scored * 4 * head + attention)
+
+
+
+def test_kernel_summary_counts_overlaps_once_and_sorts_kinds():
+    # two steps' kernel events as a chrome trace lists them (µs); a matmul overlaps a copy
+    kernels = [
+        {"name": "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "ts": 0, "dur": 6000},
+        {"name": "void at::native::vectorized_elementwise_kernel<8, add>(int)",
+         "ts": 5000, "dur": 2000},
+        {"name": "triton_tem_fused_flex_attention_backward_1", "ts": 9000, "dur": 3000},
+        {"name": "triton_poi_fused_mul_silu_0", "ts": 14000, "dur": 2000},
+    ]
+    lines = kernel_summary(kernels, steps=2)
+    # span 16 ms, busy 0-7, 9-12, 14-16: 12 ms, idle 4 ms; per step halves
+    assert lines[0] == "per step: 8.0 ms from first kernel to last, 6.0 ms busy, 2.0 ms idle"
+    assert [line.split("%")[1].strip() for line in lines[1:]] == [
+        "matmul", "flex attention", "eager: at::native::vectorized_elementwise_kernel",
+        "compiled (triton)"]
+    assert lines[1].split()[0] == "3.00" and lines[1].split()[2] == "46.2"
+    assert kernel_summary([], steps=2) == ["no kernels recorded"]
 
 
 @pytest.mark.slow

@@ -1,0 +1,25 @@
+"""bench/islands.py on the CPU: every island runs, eagerly, at the tiny preset's shapes."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_smoke_times_every_island_and_writes_its_report(tmp_path):
+    done = subprocess.run([sys.executable, "bench/islands.py", "--smoke"], cwd=REPO,
+                          env={**os.environ, "OUT": str(tmp_path)}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "islands.json").read_text())
+    names = [row["island"] for row in report["rows"]]
+    assert len(names) == 6 and len(set(names)) == 6
+    assert {row["mode"] for row in report["rows"]} == {"eager"}
+    for row in report["rows"]:
+        assert row["s"] > 0 and row["bytes"] > 0
+    # the islands the trainer takes a gradient through are timed forward and backward too
+    with_grad = {row["island"] for row in report["rows"] if "fb_s" in row}
+    assert with_grad == {"rms_norm [L, H]", "rope q (transposed view)", "rope q (contiguous)"}
+    assert report["copy_bytes_per_s"] > 0
