@@ -1,14 +1,14 @@
 """The trainer's compiled elementwise islands, one at a time, against the memory bandwidth.
 
 A profile of a llama3-8b 8192 × TTT 5 step (docs/benchmarks.md, round 6) has the compiled
-islands at ~10 % of the kernel time, and its rope kernel at 5-8× the time its bytes take
-at the card's copy bandwidth. Each island here runs at one cell's shapes, as the trainer
-calls it (bf16 activations, fp32 weights and tables), compiled as the trainer compiles it
-(dynamic shapes, so one graph serves every max_seq_len) and with static shapes: if the
-static one is much faster, the symbolic sizes' index arithmetic is what costs. Each row:
-the median time of a call, forward (and forward + backward where the trainer takes a
-gradient), the bytes the call must read and write, and the bandwidth that makes against a
-device-to-device copy measured in the same run.
+islands at ~10 % of the kernel time, and its rope kernels at 170-320 µs a call for 128 MB
+read and written, several times what an H200's bandwidth allows. Each island here runs at
+one cell's shapes, as the trainer calls it (bf16 activations, fp32 weights and tables),
+compiled as the trainer compiles it (dynamic shapes, so one graph serves every
+max_seq_len) and with static shapes: if the static one is much faster, the symbolic sizes'
+index arithmetic is what costs. Each row: the median time of a call, forward (and forward
++ backward where the trainer takes a gradient), the bytes the call must read and write,
+and the bandwidth that makes against a device-to-device copy measured in the same run.
 
     python bench/islands.py                               # H200: llama3-8b at 8192
     python bench/islands.py --cell kimi-k2:65536:5
