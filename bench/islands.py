@@ -30,14 +30,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from training import loss, model  # noqa: E402
+from training import attention, loss, model  # noqa: E402
 from training.config import PRESETS  # noqa: E402
 
 
-def islands(preset: str, L: int, device: torch.device, dtype: torch.dtype) -> dict:
+def islands(preset: str, L: int, ttt_steps: int, device: torch.device,
+            dtype: torch.dtype) -> dict:
     """name: (function as the trainer defines it, its inputs, whether a gradient is taken)."""
     cfg = PRESETS[preset]
     H, I, D, Hq = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.num_heads
+    Hkv, K = cfg.num_kv_heads, ttt_steps
     g = torch.Generator(device=device).manual_seed(0)
     f32 = torch.float32 if dtype != torch.float64 else dtype
 
@@ -58,6 +60,14 @@ def islands(preset: str, L: int, device: torch.device, dtype: torch.dtype) -> di
                                    (rand(1, L, I), rand(1, L, I), rand(1, L, I)), False),
         "loss chunk [chunk, V]": (loss._chunk_losses_and_grad,
                                   (rand(chunk, cfg.draft_vocab_size), probs), False),
+        # the last TTT step's fold of its K - 1 diagonal keys, forward and backward
+        "fold forward (K-1 keys)": (attention._fold_forward,
+                                    (rand(1, Hq, L, D), rand(1, Hq, L, D), rand(1, Hq, L, kind=f32),
+                                     rand(K - 1, 1, Hkv, L, D), rand(K - 1, 1, Hkv, L, D)), False),
+        "fold backward (K-1 keys)": (attention._fold_backward,
+                                     (rand(1, Hq, L, D), rand(1, Hq, L, D), rand(1, Hq, L, D),
+                                      torch.softmax(rand(K, 1, Hkv, Hq // Hkv, L, kind=f32), 0),
+                                      rand(K - 1, 1, Hkv, L, D), rand(K - 1, 1, Hkv, L, D)), False),
     }
 
 
@@ -124,20 +134,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--smoke", action="store_true", help="CPU: the tiny preset, eager only")
     args = p.parse_args(argv)
-    preset, length = args.cell.split(":")[:2]
+    preset, length, *rest = args.cell.split(":")
+    ttt_steps = int(rest[0]) if rest else 5
     if preset not in PRESETS:
         raise SystemExit(f"unknown preset {preset!r} (known: {', '.join(PRESETS)})")
     gpu = torch.cuda.is_available() and not args.smoke
     device = torch.device("cuda" if gpu else "cpu")
     if args.smoke:
-        preset, length, args.reps = "tiny", "256", 2
+        preset, length, ttt_steps, args.reps = "tiny", "256", 3, 2
     modes = ("dynamic", "static") if gpu else ("eager",)
     bandwidth = copy_bandwidth(device, args.reps)
     dtype = torch.bfloat16 if gpu else torch.float32
     print(f"{torch.cuda.get_device_name() if gpu else 'cpu'}: copy {bandwidth / 1e9:.0f} GB/s; "
           f"{preset} at {length} tokens, {dtype}", flush=True)
     rows = []
-    for name, (fn, inputs, grad) in islands(preset, int(length), device, dtype).items():
+    for name, (fn, inputs, grad) in islands(preset, int(length), ttt_steps, device,
+                                            dtype).items():
         for mode in modes:
             row = measure(name, fn, inputs, grad, mode, device, args.reps)
             rows.append(row)

@@ -17,8 +17,8 @@ phase of its own.
 
 Every term belongs to one of four groups, by how it grows with the step's shape, T =
 batch_rows × max_seq_len tokens and K TTT steps: ``constant``, ``per_token`` (∝ T),
-``per_step`` (∝ T·K: what each step keeps) and ``diagonal`` (∝ T·K(K-1)/2: step k attends
-to a copy of the keys and values of steps 0..k laid end to end, k of them diagonal). A
+``per_step`` (∝ T·K: what each step keeps) and ``diagonal`` (∝ T·K(K-1)/2: step k folds k
+diagonal keys into its attention, keeping a weight per query head for each). A
 ``Calibration`` fits one scale per group from measured peaks (least squares on relative
 error, the analytic scales as a weak prior, each measurement in the phase that peaks for
 it), so a probe of a few small steps, or a finished run's metrics, corrects what the
@@ -181,17 +181,20 @@ def saved_per_token_step(cfg: DrafterConfig, precision: str,
 
 def saved_per_token_later_step(cfg: DrafterConfig, precision: str,
                                padded: bool = False) -> dict[str, int]:
-    """Extra bytes in steps 1..K-1, whose keys and values are those of steps 0..k laid end
-    to end, a copy: step 0's segment here (the diagonal ones in saved_per_token_diag). In
-    a padded row every step's attention already keeps a copy of one segment."""
-    kv = cfg.num_kv_heads * cfg.head_dim
-    return {"step0_keys_values": 0 if padded else 2 * kv * PRECISIONS[precision]}
+    """Extra bytes in steps 1..K-1, which fold their diagonal keys into flex's output
+    (attention.with_diagonal_keys): the fold keeps the fp32 softmax weight of flex's output
+    per query head, and q, the one flex keeps, unless the row is padded to whole blocks:
+    then flex keeps a padded copy and q is kept besides."""
+    q = cfg.num_heads * cfg.head_dim
+    return {"fold_out_weight": cfg.num_heads * FP32,
+            "unpadded_q": q * PRECISIONS[precision] if padded else 0}
 
 
 def saved_per_token_diag(cfg: DrafterConfig, precision: str) -> dict[str, int]:
-    """Bytes per token for each diagonal segment of a step's keys and values (Σ_k k =
-    K(K-1)/2 of them over the unroll)."""
-    return {"keys_values": 2 * cfg.num_kv_heads * cfg.head_dim * PRECISIONS[precision]}
+    """Bytes per token for each diagonal key of a step (Σ_k k = K(K-1)/2 of them over the
+    unroll): the fold keeps its fp32 softmax weight per query head. The keys and values
+    are each step's own, counted there."""
+    return {"diagonal_weights": cfg.num_heads * FP32}
 
 
 def kept_per_token_checkpointed_step(cfg: DrafterConfig, precision: str) -> dict[str, int]:
@@ -304,23 +307,23 @@ def analytic_phases(cfg: DrafterConfig, shape: StepShape
     if n == K:
         # Every step keeps its inputs and outputs, but no step reads the last one's keys
         # and values. The last step is recomputed when backward reaches its layer, so
-        # only the attention backward holds what an uncheckpointed step keeps: its
-        # concatenated keys (its own k and v are copied there, not kept, unless K = 1)
-        # and its diagonal segments, K - 1 of them, counted with the steps (∝ T·K).
+        # only the attention backward holds what an uncheckpointed step keeps, its own
+        # keys and values among them, and the weights of its K - 1 diagonal keys, counted
+        # with the steps (∝ T·K).
         per_step = {f"kept_{k}": v * T * (K - 1 if k == "kv" else K)
                     for k, v in kept_per_token_checkpointed_step(cfg, shape.precision).items()}
         recomputed["per_step"] = {f"recomputed_diag_{k}": v * T * (K - 1)
                                   for k, v in diag.items()}
         recomputed["per_token"] = {f"recomputed_step_{k}": v * T for k, v in step.items()
-                                   if k != "loss_inputs" and (k != "kv" or K == 1)}
+                                   if k != "loss_inputs"}
         if K > 1:
             recomputed["per_token"].update(
                 {f"recomputed_later_step_{k}": v * T for k, v in later.items()})
         diagonal = {}
     else:
         # Steps n..K-1 keep everything; backward frees them before it recomputes steps
-        # 0..n-1, which until then keep their inputs and outputs. Step k > 0 keeps its
-        # concatenated keys: a step-0 copy and k diagonal segments.
+        # 0..n-1, which until then keep their inputs and outputs. Step k > 0 also keeps
+        # the weights of its k diagonal keys.
         full = K - n
         per_step = {f"step_{k}": v * T * full for k, v in step.items()}
         per_step.update({f"later_step_{k}": v * T * (full if n else K - 1)

@@ -93,10 +93,10 @@ def test_tiny_analytic_terms_by_hand():
         "step_post_attn_norm": (norm + 64 * 2) * TK,
         "step_mlp": 2 * 192 * 2 * TK,  # gate, up
         "step_loss_inputs": (norm + 64 * 2 + 24 + 4 + 1) * TK,  # + grad, index, loss, agree
-        # steps 1, 2 attend to copies of the keys and values of steps 0..k laid end to end
-        "later_step_step0_keys_values": 2 * 32 * 2 * TK1,
+        # steps 1, 2 fold their diagonal keys into flex's output: its softmax weight
+        "later_step_fold_out_weight": 4 * 4 * TK1,  # fp32, per query head
     }
-    diagonal = {"keys_values": 2 * 32 * 2 * pairs}
+    diagonal = {"diagonal_weights": 4 * 4 * pairs}  # fp32, per query head
     for name in memory.PHASES[:-1]:
         assert phases[name]["per_step"] == per_step and phases[name]["diagonal"] == diagonal
     attention = phases["attention_backward"]
@@ -145,8 +145,8 @@ def test_checkpointing_the_first_steps_trades_their_share_of_the_peak():
     kept = memory.kept_per_token_checkpointed_step(llama, "bf16")
     assert phases["per_step"]["step_mlp"] == step["mlp"] * T * 5
     assert phases["per_step"]["kept_hidden"] == kept["hidden"] * T * 2
-    diag = memory.saved_per_token_diag(llama, "bf16")["keys_values"]
-    assert phases["diagonal"]["keys_values"] == diag * T * (2 + 3 + 4 + 5 + 6)
+    diag = memory.saved_per_token_diag(llama, "bf16")["diagonal_weights"]
+    assert phases["diagonal"]["diagonal_weights"] == diag * T * (2 + 3 + 4 + 5 + 6)
     with pytest.raises(ValueError, match="counts TTT steps"):
         StepShape(T, 7, checkpoint_ttt=True)
 
@@ -162,7 +162,7 @@ def test_checkpointing_keeps_each_step_small():
     # the last step is recomputed only when backward reaches its layer
     assert not any(k.startswith("recomputed") for k in phases["loss_backward"]["per_token"])
     assert set(phases["attention_backward"]["per_step"]) == kept | {
-        "recomputed_diag_keys_values", "freed_last_step", "kv_grads"}
+        "recomputed_diag_diagonal_weights", "freed_last_step", "kv_grads"}
 
 
 def test_padded_rows_and_sharding():
@@ -208,17 +208,19 @@ PROBE = [(4096, 1), (8192, 1), (4096, 3), (8192, 3), (4096, 5), (32768, 1)]
 def test_calibration_recovers_known_scales_and_slopes_and_extrapolates():
     cfg = PRESETS["llama3-8b"]
     cal = memory.calibrate(cfg, _synthetic(cfg, TRUTH, PROBE))
-    # The well separated groups come back; the smaller ones (a few % of the peak) come
-    # back near their truth or held part of the way to 1 by the analytic prior.
+    # The well separated groups come back; the smaller ones come back near their truth or
+    # held part of the way to 1 by the analytic prior: the diagonal group (a weight per
+    # head and diagonal key, 0.1 % of a step's peak) stays at its prior, and per_step,
+    # which the fit cannot tell from it, takes up its share.
     assert cal.scales["constant"] == pytest.approx(1.06, abs=0.002)
-    assert cal.scales["per_step"] == pytest.approx(1.1, abs=0.005)
-    assert 0.84 < cal.scales["per_token"] < 1 and 1 < cal.scales["diagonal"] < 1.2
+    assert cal.scales["per_step"] == pytest.approx(1.1, abs=0.01)
+    assert 0.84 < cal.scales["per_token"] < 1 and 1 <= cal.scales["diagonal"] < 1.2
     biggest = max(_synthetic(cfg, TRUTH, PROBE), key=lambda m: m.peak_bytes)
     assert cal.reserved_slack == biggest.reserved_bytes - biggest.peak_bytes
     # The slope in bytes: the analytic per-token-step bytes times the true scale.
     coef = cal.fitted_on["coefficients"]
     per_step = sum(memory.saved_per_token_step(cfg, "bf16").values())
-    assert coef["per_token_step"] == pytest.approx(1.1 * per_step, rel=0.005)
+    assert coef["per_token_step"] == pytest.approx(1.1 * per_step, rel=0.01)
     # Far outside the probe: 64K tokens at TTT 7, 128K at TTT 1.
     for far in ((65536, 7), (131072, 1)):
         (m,) = _synthetic(cfg, TRUTH, [far])
@@ -402,9 +404,10 @@ def test_cpu_saved_bytes_of_a_whole_unroll_within_10_percent(L, K, rows):
     """Everything autograd keeps over a whole TTT unroll of the tiny drafter on CPU (fp32,
     saved-tensor hooks, parameters left out) against the analytic activation terms.
 
-    The CPU runs the dense attention, not flex_attention, so the check swaps the flex term
-    for what the dense path keeps at step k: q and the fp32 probabilities [heads, L, (k+1)L],
-    and once per batch the mask [L, (k+1)L] of each row. Stated bound: within 10 %.
+    The CPU runs the dense attention, not flex_attention, so the check swaps the flex and
+    diagonal-key terms for what the dense path keeps at step k: q, the fp32 probabilities
+    [heads, L, (k+1)L], the keys and values of steps 0..k concatenated (k > 0), and once
+    per batch the mask [L, (k+1)L] of each row. Stated bound: within 10 %.
     """
     trainer = Trainer(TINY, torch.device("cpu"))
     batch = random_batch(TINY, L, rows, torch.device("cpu"), torch.float32, sample_len=64)
@@ -413,27 +416,27 @@ def test_cpu_saved_bytes_of_a_whole_unroll_within_10_percent(L, K, rows):
     # activations and the batch are the same in every phase
     terms = memory.analytic_phases(TINY, StepShape(L, K, rows, 128, "fp32"))["loss_forward"]
     T, nh, D, H = rows * L, TINY.num_heads, TINY.head_dim, TINY.hidden_size
-    kept = (sum(terms["per_step"].values()) + sum(terms["diagonal"].values())
-            + terms["per_token"]["doc_ids_copy"]
+    kv = TINY.num_kv_heads * D
+    kept = (sum(terms["per_step"].values()) + terms["per_token"]["doc_ids_copy"]
             + 3 * H * 4 * T)  # fc keeps the batch's aux hidden states
-    dense = sum(rows * (nh * L * S * L * 4 + L * S * L + nh * D * 4 * L) for S in range(1, K + 1))
+    dense = sum(rows * (nh * L * S * L * 4 + L * S * L + nh * D * 4 * L
+                        + (2 * S * L * kv * 4 if S > 1 else 0)) for S in range(1, K + 1))
     predicted = kept - terms["per_step"]["step_flex_attention"] + dense
     assert 0.9 < predicted / saved.nbytes < 1.1
 
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench/results"
-CURRENT = [RESULTS / "h200-peaks-session5.json", RESULTS / "h200-peaks-session6.json"]
+CURRENT = [RESULTS / "h200-peaks-session7.json"]
 
 
 def test_recorded_h200_peaks_of_the_current_trainer_uncalibrated():
     """Peaks of the trainer as it is now (compiled islands, verifier targets once per
-    batch, the head's gradients taken in the loss's forward, each TTT step's attention
-    one flex call over the concatenated keys, silu(gate)·up recomputed, the verifier's
-    tables in bf16, --checkpoint-ttt N and --freeze-lm-head), measured on NVIDIA H200s
-    by bench/train_step.py (each point's command is in its file): the analytic model,
-    with no calibration, predicts each within 8 % (seen: -3.3 % to +2.0 %; the issue asks
-    10 %). The older recorded runs above describe earlier trainers: only the calibration
-    is tested on them."""
+    batch, the head's gradients taken in the loss's forward, flex attention over the
+    step-0 keys with the diagonal keys folded in, silu(gate)·up recomputed, the verifier's
+    tables in bf16), measured on NVIDIA H200s by bench/train_step.py (each point's
+    command is in its file): the analytic model, with no calibration, predicts each within
+    8 % (seen: -2.7 % to -0.5 %; the issue asks 10 %). The older recorded runs above
+    describe earlier trainers: only the calibration is tested on them."""
     for record in CURRENT:
         data = json.loads(record.read_text())
         for point in data["points"]:
@@ -445,7 +448,7 @@ def test_recorded_h200_peaks_of_the_current_trainer_uncalibrated():
             assert abs(error) < 0.08, point
             # What a cap is checked against: the caching allocator's reserve at the peak
             # (RESERVED_RATIO, CACHED_ROW_BLOCKS), under the trainer's allocator; never
-            # below what was held (seen +0.4 % to +2.0 %).
+            # below what was held (seen +0.1 % to +2.9 %).
             if data.get("allocator") == "expandable_segments:True":
                 error = predicted.reserved / GiB / point["reserved_gib"] - 1
                 assert 0 <= error < 0.05, point

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from training.attention import DocLayout, ttt_attention, ttt_block_mask
+from training.attention import DocLayout, doc_causal_block_mask, ttt_attention
 from training.packing import collate
 
 TTT = 4
@@ -194,17 +194,16 @@ def blocks_of(block_mask, partial: bool):
             for q in range(num.shape[2]) for n in range(int(num[b, 0, q]))}
 
 
-@pytest.mark.parametrize("segments", [1, 3])
-def test_block_mask_covers_exactly_the_ttt_pairs(segments):
+def test_block_mask_covers_exactly_the_document_causal_pairs():
     B, L, BS = 3, 1024, 128
     doc_ids = random_docs(B, L, seed=5)
     doc_ids[2] = 0  # one sample filling the whole row
-    mask = ttt_block_mask(doc_ids, segments)
-    assert mask.shape[-2:] == (L, segments * L)
+    mask = doc_causal_block_mask(doc_ids)
+    assert mask.shape[-2:] == (L, L)
     partial, full = blocks_of(mask, True), blocks_of(mask, False)
     assert not partial & full
-    nq, nkv = L // BS, segments * L // BS
-    per_block = reference_mask(doc_ids, segments).view(B, nq, BS, nkv, BS)
+    nq = nkv = L // BS
+    per_block = reference_mask(doc_ids, 1).view(B, nq, BS, nkv, BS)
     any_allowed = per_block.any(dim=(2, 4))
     all_allowed = per_block.all(dim=(2, 4))
     for b in range(B):
@@ -220,9 +219,9 @@ def test_block_mask_covers_exactly_the_ttt_pairs(segments):
 def test_block_mask_of_a_long_row_is_built_without_an_L_by_L_grid(peak_allocated_bytes):
     L = 65536  # an L x L bool grid would be 4 GiB
     doc_ids = torch.repeat_interleave(torch.arange(16), L // 16)[None]
-    peak = peak_allocated_bytes(lambda: ttt_block_mask(doc_ids, 5))
-    # block-level tensors: 5 (L / 128)^2 entries, a few int64 copies of them while the
-    # mask is transposed for backward (76 MB measured), against 4 GiB for the grid
+    peak = peak_allocated_bytes(lambda: doc_causal_block_mask(doc_ids))
+    # block-level tensors: (L / 128)^2 entries, a few int64 copies of them while the mask
+    # is transposed for backward, against 4 GiB for the grid
     assert peak < 128 * 2**20
 
 
@@ -231,33 +230,38 @@ def test_flex_attention_with_the_block_mask_matches_the_reference_on_cpu():
     # flex_attention runs eagerly (forward only) on CPU: this checks mask_mod.
     from torch.nn.attention.flex_attention import flex_attention
     g = torch.Generator().manual_seed(0)
-    B, Hq, Hkv, L, D, S = 2, 4, 2, 256, 16, 3
+    B, Hq, Hkv, L, D = 2, 4, 2, 256, 16
     doc_ids = random_docs(B, L, seed=7)
     q = torch.randn(B, Hq, L, D, generator=g)
-    keys = [torch.randn(B, Hkv, L, D, generator=g) for _ in range(S)]
-    values = [torch.randn(B, Hkv, L, D, generator=g) for _ in range(S)]
-    out = flex_attention(q, torch.cat(keys, dim=2), torch.cat(values, dim=2),
-                         block_mask=ttt_block_mask(doc_ids, S), enable_gqa=True)
-    want = reference_ttt_attention(q, keys, values, doc_ids)
+    k, v = (torch.randn(B, Hkv, L, D, generator=g) for _ in range(2))
+    out = flex_attention(q, k, v, block_mask=doc_causal_block_mask(doc_ids), enable_gqa=True)
+    want = reference_ttt_attention(q, [k], [v], doc_ids)
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
 
 
 def run_compiled_flex_at_two_lengths(device: str, backward: bool) -> None:
-    """The trainer's compiled flex at row lengths 256 then 384, each with one key segment
-    and three: matches the reference, and the 384 calls reuse the 256 calls' graphs
-    (block counts symbolic, so inductor's disk cache serves a relaunch at a new length)."""
+    """The trainer's compiled flex at row lengths 256 then 384: matches the reference, and
+    the 384 calls reuse the 256 calls' graphs (block counts symbolic, so inductor's disk
+    cache serves a relaunch at a new length). On CUDA, ttt_attention with one key segment
+    and three; inductor's CPU flex has no log-sum-exp output, so on CPU flex alone."""
     from torch._dynamo.utils import counters
+
+    from training.attention import _compiled_flex
     g = torch.Generator().manual_seed(1)
     B, Hq, Hkv, D = 1, 4, 2, 16
     graphs = []
     for L in (256, 384):
         doc_ids = random_docs(B, L, seed=L).to(device)
         layout = DocLayout(doc_ids, use_flex=True)
-        for S in (1, 3):
+        for S in (1, 3) if backward else (1,):
             def rand(h):
                 return torch.randn(B, h, L, D, generator=g).to(device).requires_grad_(backward)
             q, keys, values = rand(Hq), [rand(Hkv) for _ in range(S)], [rand(Hkv) for _ in range(S)]
-            out = ttt_attention(q, keys, values, layout)
+            if backward:
+                out = ttt_attention(q, keys, values, layout)
+            else:
+                out = _compiled_flex()(q, keys[0], values[0], block_mask=layout.mask(1),
+                                       enable_gqa=True)
             want = reference_ttt_attention(q, keys, values, doc_ids)
             torch.testing.assert_close(out, want, rtol=5e-3, atol=5e-3)
             if backward:
@@ -274,6 +278,33 @@ def test_compiled_flex_serves_a_new_row_length_without_recompiling_on_cpu():
 @pytest.mark.gpu
 def test_compiled_flex_serves_a_new_row_length_without_recompiling_on_cuda():
     run_compiled_flex_at_two_lengths("cuda", backward=True)
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_diagonal_keys_extend_the_step0_softmax_exactly(steps):
+    """flex's output and log-sum-exp over the step-0 keys, extended by with_diagonal_keys:
+    the softmax over all the step's keys, values and gradients (lse's included)."""
+    from training.attention import with_diagonal_keys
+    g = torch.Generator().manual_seed(steps)
+    B, Hq, Hkv, L, D = 2, 4, 2, 40, 8
+    doc_ids = random_docs(B, L, seed=steps)
+
+    def rand(h):
+        return torch.randn(B, h, L, D, generator=g, dtype=torch.float64, requires_grad=True)
+    q, keys, values = rand(Hq), [rand(Hkv) for _ in range(steps + 1)], \
+        [rand(Hkv) for _ in range(steps + 1)]
+    k0, v0 = (t.repeat_interleave(Hq // Hkv, dim=1) for t in (keys[0], values[0]))
+    scores = (q @ k0.transpose(-1, -2) / math.sqrt(D)).masked_fill(
+        ~reference_mask(doc_ids, 1)[:, None], float("-inf"))
+    lse = scores.logsumexp(-1)
+    got = with_diagonal_keys(q, torch.softmax(scores, -1) @ v0, lse, keys[1:], values[1:])
+    want = reference_ttt_attention(q, keys, values, doc_ids)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    inputs = [q, *keys, *values]
+    upstream = torch.randn(got.shape, generator=g, dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad((got * upstream).sum(), inputs),
+                    torch.autograd.grad((want * upstream).sum(), inputs)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.gpu
@@ -398,6 +429,20 @@ def test_load_verifier_takes_the_target_head_rows_of_the_draft_vocab(tiny_cfg):
             "norm.weight", "lm_head.weight", "d2t", "t2d"} <= set(model.state_dict())
     with pytest.raises(ValueError, match="lm_head has shape"):
         model.load_verifier(torch.randn(V, H), head[:10], d2t, torch.ones(V, dtype=torch.bool))
+
+
+def test_diagonal_fold_backward_is_the_gradient_of_its_forward():
+    from training.attention import with_diagonal_keys
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+    B, Hq, Hkv, L, D = 1, 4, 2, 6, 4
+    inputs = [rand(B, Hq, L, D), rand(B, Hq, L, D), rand(B, Hq, L)] + \
+        [rand(B, Hkv, L, D) for _ in range(4)]
+    assert torch.autograd.gradcheck(
+        lambda q, out, lse, k1, k2, v1, v2: with_diagonal_keys(q, out, lse, [k1, k2], [v1, v2]),
+        inputs)
 
 
 def test_rope_rotates_as_the_verifiers_llama_layers_do():
