@@ -4,11 +4,12 @@ A profile of a llama3-8b 8192 × TTT 5 step (docs/benchmarks.md, round 6) has th
 islands at ~10 % of the kernel time, and its rope kernels at 170-320 µs a call for 128 MB
 read and written, several times what an H200's bandwidth allows. Each island here runs at
 one cell's shapes, as the trainer calls it (bf16 activations, fp32 weights and tables),
-compiled as the trainer compiles it (dynamic shapes, so one graph serves every
-max_seq_len) and with static shapes: if the static one is much faster, the symbolic sizes'
-index arithmetic is what costs. Each row: the median time of a call, forward (and forward
-+ backward where the trainer takes a gradient), the bytes the call must read and write,
-and the bandwidth that makes against a device-to-device copy measured in the same run.
+three ways: as the trainer compiles it (training/compiled.py: only the dims that change
+with the row symbolic), with every size symbolic (dynamic=True, how the trainer compiled
+them until session 8) and with static shapes. Each row: the median time of a call, forward
+(and forward + backward where the trainer takes a gradient), the bytes the call must read
+and write, and the bandwidth that makes against a device-to-device copy measured in the
+same run.
 
     python bench/islands.py                               # H200: llama3-8b at 8192
     python bench/islands.py --cell kimi-k2:65536:5
@@ -106,9 +107,9 @@ def copy_bandwidth(device: torch.device, reps: int) -> float:
 
 
 def measure(name: str, fn, args: tuple, grad: bool, mode: str, device, reps: int) -> dict:
-    call = fn.__wrapped__
-    if mode != "eager":
-        call = torch.compile(call, dynamic=mode == "dynamic", fullgraph=True)
+    call = fn  # "trainer": compiled by cuda_compiled on CUDA, eager on the CPU
+    if mode != "trainer":
+        call = torch.compile(fn.__wrapped__, dynamic=mode == "dynamic", fullgraph=True)
     started = time.perf_counter()
     out = call(*args)
     first = time.perf_counter() - started
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if gpu else "cpu")
     if args.smoke:
         preset, length, ttt_steps, args.reps = "tiny", "256", 3, 2
-    modes = ("dynamic", "static") if gpu else ("eager",)
+    modes = ("trainer", "dynamic", "static") if gpu else ("trainer",)
     bandwidth = copy_bandwidth(device, args.reps)
     dtype = torch.bfloat16 if gpu else torch.float32
     print(f"{torch.cuda.get_device_name() if gpu else 'cpu'}: copy {bandwidth / 1e9:.0f} GB/s; "

@@ -133,7 +133,7 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=True)
 
 
-@cuda_compiled
+@cuda_compiled(varying=((-2,), (-2,), (-1,), (0, -2), (0, -2)))
 def _fold_forward(q: Tensor, out: Tensor, lse: Tensor, keys: Tensor,
                   values: Tensor) -> tuple[Tensor, Tensor]:
     """with_diagonal_keys on stacked keys and values [S, B, Hkv, L, D]; also returns the
@@ -149,7 +149,7 @@ def _fold_forward(q: Tensor, out: Tensor, lse: Tensor, keys: Tensor,
     return o.view(B, Hkv * G, L, D).to(q.dtype), p
 
 
-@cuda_compiled
+@cuda_compiled(varying=((-2,), (-2,), (-2,), (0, -1), (0, -2), (0, -2)))
 def _fold_backward(grad: Tensor, q: Tensor, out: Tensor, p: Tensor, keys: Tensor,
                    values: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Gradients of _fold_forward's output for q, out, lse, keys and values."""

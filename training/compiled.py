@@ -2,14 +2,18 @@
 
 Norms, RoPE, SwiGLU and the loss's per-chunk softmax work are chains of small
 elementwise kernels that each read and write whole [tokens x hidden] or
-[chunk x vocab] tensors; compiled, each chain is one or two fused kernels. They are
-compiled with dynamic shapes, so one graph serves every row length and a relaunch with a
-new max_seq_len finds it in inductor's on-disk cache instead of compiling again. CPU
-tensors (the tests, the demo) run the same functions eagerly.
+[chunk x vocab] tensors; compiled, each chain is one or two fused kernels. Only the dims
+that change with the row (tokens, positions, the number of keys) are compiled as symbolic
+sizes, so one graph serves every row length and a relaunch with a new max_seq_len finds
+it in inductor's on-disk cache instead of compiling again. The model's own sizes
+(hidden, heads, head_dim, vocab) stay constants: with every size symbolic (dynamic=True)
+the same kernels ran 1.1-3.6× slower on an H200 (bench/islands.py, docs/benchmarks.md).
+CPU tensors (the tests, the demo) run the same functions eagerly.
 """
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import torch
 
@@ -20,7 +24,12 @@ import torch
 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
 
-def cuda_compiled(fn):
+def cuda_compiled(fn=None, *, varying: Sequence[Sequence[int]] = ()):
+    """Compile fn for CUDA tensors. varying[i]: the dims of positional argument i whose size
+    changes from row to row (negative counts from the end); for an argument past its end,
+    every dim but the last (the [..., features] layout of most islands)."""
+    if fn is None:
+        return functools.partial(cuda_compiled, varying=varying)
     compiled = None
 
     @functools.wraps(fn)
@@ -29,6 +38,11 @@ def cuda_compiled(fn):
         if not args[0].is_cuda:
             return fn(*args, **kwargs)
         if compiled is None:
-            compiled = torch.compile(fn, dynamic=True, fullgraph=True)
+            compiled = torch.compile(fn, fullgraph=True)
+        for i, arg in enumerate(args):
+            if isinstance(arg, torch.Tensor):
+                dims = varying[i] if i < len(varying) else range(arg.dim() - 1)
+                # "maybe": a dim of size 1 (one row per batch) is specialised, not an error
+                torch._dynamo.maybe_mark_dynamic(arg, [d % arg.dim() for d in dims])
         return compiled(*args, **kwargs)
     return call

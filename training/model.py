@@ -47,7 +47,7 @@ def rotary_tables(positions: Tensor, head_dim: int, theta: float,
     return angles.cos(), angles.sin()
 
 
-@cuda_compiled
+@cuda_compiled(varying=((-2,), (-2,), (-2,)))
 def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotary embedding of x [B, heads, L, D] by rotary_tables (half-split layout)."""
     x1, x2 = x.to(cos.dtype).chunk(2, dim=-1)

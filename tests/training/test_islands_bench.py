@@ -16,7 +16,7 @@ def test_smoke_times_every_island_and_writes_its_report(tmp_path):
     report = json.loads((tmp_path / "islands.json").read_text())
     names = [row["island"] for row in report["rows"]]
     assert len(names) == 8 and len(set(names)) == 8
-    assert {row["mode"] for row in report["rows"]} == {"eager"}
+    assert {row["mode"] for row in report["rows"]} == {"trainer"}
     for row in report["rows"]:
         assert row["s"] > 0 and row["bytes"] > 0
     # the islands the trainer takes a gradient through are timed forward and backward too
