@@ -24,10 +24,25 @@ import torch
 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
 
+def compile_island(fn, varying: Sequence[Sequence[int]] = ()):
+    """fn compiled with only its varying dims symbolic. varying[i]: the dims of positional
+    argument i whose size changes from row to row (negative counts from the end); for an
+    argument past its end, every dim but the last (the [..., features] layout of most
+    islands)."""
+    compiled = torch.compile(fn, fullgraph=True)
+
+    def call(*args, **kwargs):
+        for i, arg in enumerate(args):
+            if isinstance(arg, torch.Tensor):
+                dims = varying[i] if i < len(varying) else range(arg.dim() - 1)
+                # "maybe": a dim of size 1 (one row per batch) is specialised, not an error
+                torch._dynamo.maybe_mark_dynamic(arg, [d % arg.dim() for d in dims])
+        return compiled(*args, **kwargs)
+    return call
+
+
 def cuda_compiled(fn=None, *, varying: Sequence[Sequence[int]] = ()):
-    """Compile fn for CUDA tensors. varying[i]: the dims of positional argument i whose size
-    changes from row to row (negative counts from the end); for an argument past its end,
-    every dim but the last (the [..., features] layout of most islands)."""
+    """fn, compiled by compile_island (on first use) for CUDA tensors, eager for others."""
     if fn is None:
         return functools.partial(cuda_compiled, varying=varying)
     compiled = None
@@ -38,11 +53,7 @@ def cuda_compiled(fn=None, *, varying: Sequence[Sequence[int]] = ()):
         if not args[0].is_cuda:
             return fn(*args, **kwargs)
         if compiled is None:
-            compiled = torch.compile(fn, fullgraph=True)
-        for i, arg in enumerate(args):
-            if isinstance(arg, torch.Tensor):
-                dims = varying[i] if i < len(varying) else range(arg.dim() - 1)
-                # "maybe": a dim of size 1 (one row per batch) is specialised, not an error
-                torch._dynamo.maybe_mark_dynamic(arg, [d % arg.dim() for d in dims])
+            compiled = compile_island(fn, varying)
         return compiled(*args, **kwargs)
+    call.varying = varying
     return call

@@ -1,10 +1,14 @@
-"""The CUDA trainer's compiled islands, compiled here for the CPU (inductor's C++ backend):
-the same graphs Dynamo traces for CUDA must compute what the eager functions compute, with
-one graph serving two row lengths (dynamic shapes, fullgraph: no silent fallback)."""
+"""The CUDA trainer's compiled islands, compiled here for the CPU (inductor's C++ backend)
+as cuda_compiled compiles them for CUDA: the same graphs must compute what the eager
+functions compute, with one graph serving two row lengths (only the row's dims symbolic,
+fullgraph: no silent fallback)."""
 import pytest
 import torch
 
+from torch._dynamo.utils import counters
+
 from training import attention, loss, model
+from training.compiled import compile_island
 
 L_FIRST, L_SECOND = 48, 80
 
@@ -13,32 +17,40 @@ def cases(L: int, g: torch.Generator) -> dict:
     def r(*shape, grad=True):
         return torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_(grad)
     probs = torch.softmax(r(L, 30, grad=False), -1)
+    keys = r(2, 1, 2, L, 16, grad=False)  # two diagonal keys (also standing for the values)
+    p = torch.softmax(r(3, 1, 2, 2, L, grad=False), 0)
     return {
-        "rms_norm": (model.rms_norm, (r(1, L, 24), r(24), 1e-5)),
+        "rms_norm": (model.rms_norm, (r(1, L, 24, grad=False), r(24, grad=False), 1e-5)),
+        "rms_norm_backward": (model.rms_norm_backward,
+                              (*(r(1, L, 24, grad=False) for _ in range(2)), r(24, grad=False),
+                               r(1, L, 1, grad=False).abs())),
         "rope": (model.rope, (r(1, 4, L, 16), *model.rotary_tables(torch.arange(L)[None], 16,
                                                                  10000.0, torch.float64))),
         "swiglu": (model.swiglu, (r(1, L, 40), r(1, L, 40))),
         "swiglu_backward": (model.swiglu_backward, tuple(r(1, L, 40, grad=False) for _ in range(3))),
-        "fold_forward": (attention._fold_forward,
-                         (r(1, 4, L, 16), r(1, 4, L, 16), r(1, 4, L), r(2, 1, 2, L, 16),
-                          r(2, 1, 2, L, 16))),
-        "fold_backward": (attention._fold_backward,
-                          (r(1, 4, L, 16, grad=False), r(1, 4, L, 16, grad=False),
-                           r(1, 4, L, 16, grad=False), torch.softmax(r(3, 1, 2, 2, L, grad=False), 0),
-                           r(2, 1, 2, L, 16, grad=False), r(2, 1, 2, L, 16, grad=False))),
+        "fold_weights": (attention._fold_weights,
+                         (r(1, 4, L, 16, grad=False), r(1, 4, L, grad=False), keys)),
+        "fold_output": (attention._fold_output, (r(1, 4, L, 16, grad=False), p, keys)),
+        "fold_logit_grads": (attention._fold_logit_grads,
+                             (r(1, 4, L, 16, grad=False), r(1, 4, L, 16, grad=False), p, keys)),
+        "fold_input_grads": (attention._fold_input_grads,
+                             (r(1, 4, L, 16, grad=False), r(1, 4, L, 16, grad=False), p,
+                              p[1:].clone(), keys)),
         "chunk_losses": (loss._chunk_losses, (r(L, 30, grad=False), probs)),
         "chunk_losses_and_grad": (loss._chunk_losses_and_grad, (r(L, 30, grad=False), probs)),
     }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["rms_norm", "rope", "swiglu", "swiglu_backward",
-                                  "fold_forward", "fold_backward", "chunk_losses",
+@pytest.mark.parametrize("name", ["rms_norm", "rms_norm_backward", "rope", "swiglu",
+                                  "swiglu_backward", "fold_weights", "fold_output",
+                                  "fold_logit_grads", "fold_input_grads", "chunk_losses",
                                   "chunk_losses_and_grad"])
 def test_compiled_island_equals_eager_at_two_lengths(name):
     g = torch.Generator().manual_seed(0)
     fn = cases(L_FIRST, g)[name][0]
-    compiled = torch.compile(fn.__wrapped__, dynamic=True, fullgraph=True)
+    compiled = compile_island(fn.__wrapped__, fn.varying)
+    graphs = []
     for L in (L_FIRST, L_SECOND):
         _, args = cases(L, g)[name]
         got, want = compiled(*args), fn.__wrapped__(*args)
@@ -53,3 +65,5 @@ def test_compiled_island_equals_eager_at_two_lengths(name):
             expected = torch.autograd.grad((want[0] * weight).sum(), inputs)
             for a, b in zip(grads, expected):
                 torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[1] == graphs[0], "the second row length compiled the island again"
