@@ -67,14 +67,12 @@ def islands(preset: str, L: int, ttt_steps: int, device: torch.device,
         "loss chunk [chunk, V]": (loss._chunk_losses_and_grad,
                                   (rand(chunk, cfg.draft_vocab_size), probs), False),
         # the last TTT step's fold of its K - 1 diagonal keys, forward and backward
-        "fold weights (K-1 keys)": (attention._fold_weights,
-                                    (rand(1, Hq, L, D), rand(1, Hq, L, kind=f32), keys), False),
-        "fold output (K-1 keys)": (attention._fold_output, (rand(1, Hq, L, D), p, keys), False),
-        "fold logit grads (K-1 keys)": (attention._fold_logit_grads,
-                                        (rand(1, Hq, L, D), rand(1, Hq, L, D), p, keys), False),
-        "fold input grads (K-1 keys)": (attention._fold_input_grads,
-                                        (rand(1, Hq, L, D), rand(1, Hq, L, D), p,
-                                         p[1:].clone(), keys), False),
+        "fold forward (K-1 keys)": (attention._fold_forward,
+                                    (rand(1, Hq, L, D), rand(1, Hq, L, D), rand(1, Hq, L, kind=f32),
+                                     keys, keys), False),
+        "fold backward (K-1 keys)": (attention._fold_backward,
+                                     (rand(1, Hq, L, D), rand(1, Hq, L, D), rand(1, Hq, L, D), p,
+                                      keys, keys), False),
     }
 
 

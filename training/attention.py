@@ -133,60 +133,42 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=True)
 
 
-# The fold in four compiled pieces, each ending where the next needs a whole reduction
-# over head_dim: in one graph inductor fused the softmax weights into every element of
-# the output instead of keeping them, redoing each q.k dot product head_dim times (fold
-# forward 0.75 ms at llama3-8b 8192 with 4 keys on an H200, ~10x its bytes' time).
-
-@cuda_compiled(varying=((-2,), (-1,), (0, -2)))
-def _fold_weights(q: Tensor, lse: Tensor, keys: Tensor) -> Tensor:
-    """The softmax weights [S + 1, B, Hkv, G, L] of flex's output (first) and of each of
-    the stacked keys [S, B, Hkv, L, D] for q [B, Hq, L, D] (G query heads per key head)."""
+@cuda_compiled(varying=((-2,), (-2,), (-1,), (0, -2), (0, -2)))
+def _fold_forward(q: Tensor, out: Tensor, lse: Tensor, keys: Tensor,
+                  values: Tensor) -> tuple[Tensor, Tensor]:
+    """with_diagonal_keys on stacked keys and values [S, B, Hkv, L, D]; also returns the
+    softmax weights [S + 1, B, Hkv, G, L] (flex's output first), what backward needs."""
     S, B, Hkv, L, D = keys.shape
-    G = q.shape[1] // Hkv
+    G = q.shape[1] // Hkv  # query heads that share one key/value head
     f = at_least_float32(q.dtype)
     scores = (q.view(B, Hkv, G, L, D).to(f) * keys[:, :, :, None].to(f)).sum(-1)
-    return torch.cat([lse.view(1, B, Hkv, G, L).to(f), scores / math.sqrt(D)]).softmax(0)
+    logits = torch.cat([lse.view(1, B, Hkv, G, L).to(f), scores / math.sqrt(D)])
+    p = logits.softmax(0)
+    o = out.view(B, Hkv, G, L, D).to(f) * p[0, ..., None] \
+        + (p[1:, ..., None] * values[:, :, :, None].to(f)).sum(0)
+    return o.view(B, Hkv * G, L, D).to(q.dtype), p
 
 
-@cuda_compiled(varying=((-2,), (0, -1), (0, -2)))
-def _fold_output(out: Tensor, p: Tensor, values: Tensor) -> Tensor:
-    """flex's output and the stacked values [S, B, Hkv, L, D] mixed by _fold_weights."""
-    S, B, Hkv, L, D = values.shape
-    G = out.shape[1] // Hkv
-    o = out.view(B, Hkv, G, L, D).to(p.dtype) * p[0, ..., None] \
-        + (p[1:, ..., None] * values[:, :, :, None].to(p.dtype)).sum(0)
-    return o.view(B, Hkv * G, L, D).to(out.dtype)
-
-
-@cuda_compiled(varying=((-2,), (-2,), (0, -1), (0, -2)))
-def _fold_logit_grads(grad: Tensor, out: Tensor, p: Tensor, values: Tensor
-                      ) -> tuple[Tensor, Tensor]:
-    """Gradients of the fold's output for lse [B, Hkv, G, L] and the scores [S, B, Hkv, G, L]:
-    the softmax over [lse, scores] gives d logit_j = p_j (g.v_j - g.o), v_0 being flex's out."""
-    S, B, Hkv, L, D = values.shape
-    G = out.shape[1] // Hkv
-    g = grad.view(B, Hkv, G, L, D).to(p.dtype)
-    a_out = (g * out.view(B, Hkv, G, L, D).to(p.dtype)).sum(-1)
-    a_keys = (g[None] * values[:, :, :, None].to(p.dtype)).sum(-1)
-    a_mean = p[0] * a_out + (p[1:] * a_keys).sum(0)
-    return p[0] * (a_out - a_mean), p[1:] * (a_keys - a_mean) / math.sqrt(D)
-
-
-@cuda_compiled(varying=((-2,), (-2,), (0, -1), (0, -1), (0, -2)))
-def _fold_input_grads(grad: Tensor, q: Tensor, p: Tensor, d_scores: Tensor, keys: Tensor
-                      ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Gradients of the fold's output for q, flex's out, the keys and the values."""
+@cuda_compiled(varying=((-2,), (-2,), (-2,), (0, -1), (0, -2), (0, -2)))
+def _fold_backward(grad: Tensor, q: Tensor, out: Tensor, p: Tensor, keys: Tensor,
+                   values: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of _fold_forward's output for q, out, lse, keys and values."""
     S, B, Hkv, L, D = keys.shape
     G = q.shape[1] // Hkv
     f = p.dtype
     g = grad.view(B, Hkv, G, L, D).to(f)
+    # the softmax over [lse, scores]: d logit_j = p_j (g·v_j - g·o), v_0 being flex's out
+    a_out = (g * out.view(B, Hkv, G, L, D).to(f)).sum(-1)
+    a_keys = (g[None] * values[:, :, :, None].to(f)).sum(-1)
+    a_mean = p[0] * a_out + (p[1:] * a_keys).sum(0)
+    d_lse = p[0] * (a_out - a_mean)
+    d_scores = p[1:] * (a_keys - a_mean) / math.sqrt(D)
     d_q = (d_scores[..., None] * keys[:, :, :, None].to(f)).sum(0)
     d_keys = (d_scores[..., None] * q.view(B, Hkv, G, L, D).to(f)).sum(3)
     d_values = (p[1:, ..., None] * g).sum(3)
     d_out = g * p[0, ..., None]
-    return (d_q.view(B, Hkv * G, L, D).to(q.dtype), d_out.view(B, Hkv * G, L, D).to(grad.dtype),
-            d_keys.to(keys.dtype), d_values.to(keys.dtype))
+    return (d_q.view(B, Hkv * G, L, D).to(q.dtype), d_out.view(B, Hkv * G, L, D).to(out.dtype),
+            d_lse.view(B, Hkv * G, L), d_keys.to(keys.dtype), d_values.to(values.dtype))
 
 
 class _DiagonalFold(torch.autograd.Function):
@@ -198,8 +180,8 @@ class _DiagonalFold(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, out: Tensor, lse: Tensor, *keys_values: Tensor) -> Tensor:
         S = len(keys_values) // 2
-        p = _fold_weights(q, lse, torch.stack(keys_values[:S]))
-        o = _fold_output(out, p, torch.stack(keys_values[S:]))
+        o, p = _fold_forward(q, out, lse, torch.stack(keys_values[:S]),
+                             torch.stack(keys_values[S:]))
         ctx.save_for_backward(q, out, p, *keys_values)
         ctx.lse_dtype = lse.dtype
         return o
@@ -208,11 +190,9 @@ class _DiagonalFold(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         q, out, p, *keys_values = ctx.saved_tensors
         S = len(keys_values) // 2
-        d_lse, d_scores = _fold_logit_grads(grad, out, p, torch.stack(keys_values[S:]))
-        d_q, d_out, d_keys, d_values = _fold_input_grads(grad, q, p, d_scores,
-                                                         torch.stack(keys_values[:S]))
-        return (d_q, d_out, d_lse.view(q.shape[:3]).to(ctx.lse_dtype), *d_keys.unbind(0),
-                *d_values.unbind(0))
+        d_q, d_out, d_lse, d_keys, d_values = _fold_backward(
+            grad, q, out, p, torch.stack(keys_values[:S]), torch.stack(keys_values[S:]))
+        return d_q, d_out, d_lse.to(ctx.lse_dtype), *d_keys.unbind(0), *d_values.unbind(0)
 
 
 def with_diagonal_keys(q: Tensor, out: Tensor, lse: Tensor, keys: list[Tensor],

@@ -28,14 +28,12 @@ def cases(L: int, g: torch.Generator) -> dict:
                                                                  10000.0, torch.float64))),
         "swiglu": (model.swiglu, (r(1, L, 40), r(1, L, 40))),
         "swiglu_backward": (model.swiglu_backward, tuple(r(1, L, 40, grad=False) for _ in range(3))),
-        "fold_weights": (attention._fold_weights,
-                         (r(1, 4, L, 16, grad=False), r(1, 4, L, grad=False), keys)),
-        "fold_output": (attention._fold_output, (r(1, 4, L, 16, grad=False), p, keys)),
-        "fold_logit_grads": (attention._fold_logit_grads,
-                             (r(1, 4, L, 16, grad=False), r(1, 4, L, 16, grad=False), p, keys)),
-        "fold_input_grads": (attention._fold_input_grads,
-                             (r(1, 4, L, 16, grad=False), r(1, 4, L, 16, grad=False), p,
-                              p[1:].clone(), keys)),
+        "fold_forward": (attention._fold_forward,
+                         (r(1, 4, L, 16), r(1, 4, L, 16), r(1, 4, L), r(2, 1, 2, L, 16),
+                          r(2, 1, 2, L, 16))),
+        "fold_backward": (attention._fold_backward,
+                          (r(1, 4, L, 16, grad=False), r(1, 4, L, 16, grad=False),
+                           r(1, 4, L, 16, grad=False), p, keys, keys)),
         "chunk_losses": (loss._chunk_losses, (r(L, 30, grad=False), probs)),
         "chunk_losses_and_grad": (loss._chunk_losses_and_grad, (r(L, 30, grad=False), probs)),
     }
@@ -43,9 +41,8 @@ def cases(L: int, g: torch.Generator) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["rms_norm", "rms_norm_backward", "rope", "swiglu",
-                                  "swiglu_backward", "fold_weights", "fold_output",
-                                  "fold_logit_grads", "fold_input_grads", "chunk_losses",
-                                  "chunk_losses_and_grad"])
+                                  "swiglu_backward", "fold_forward", "fold_backward",
+                                  "chunk_losses", "chunk_losses_and_grad"])
 def test_compiled_island_equals_eager_at_two_lengths(name):
     g = torch.Generator().manual_seed(0)
     fn = cases(L_FIRST, g)[name][0]
