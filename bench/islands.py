@@ -50,15 +50,10 @@ def islands(preset: str, L: int, ttt_steps: int, device: torch.device,
     # q as q_proj's output comes to rope: [B, L, heads, D] viewed as [B, heads, L, D]
     q_view = rand(1, L, Hq, D).transpose(1, 2).detach().requires_grad_()
     chunk = min(2048, L)
-    keys = rand(K - 1, 1, Hkv, L, D)  # also the values: the same shapes
-    p = torch.softmax(rand(K, 1, Hkv, Hq // Hkv, L, kind=f32), 0)
     probs = torch.softmax(rand(chunk, cfg.draft_vocab_size, kind=f32), -1).to(dtype)
     return {
-        "rms_norm [L, H]": (model.rms_norm, (rand(1, L, H), rand(H, kind=f32), cfg.rms_norm_eps),
-                            False),
-        "rms_norm_backward [L, H]": (model.rms_norm_backward,
-                                     (rand(1, L, H), rand(1, L, H), rand(H, kind=f32),
-                                      rand(1, L, 1, kind=f32).abs()), False),
+        "rms_norm [L, H]": (model.rms_norm, (rand(1, L, H, grad=True), rand(H, kind=f32, grad=True),
+                                             cfg.rms_norm_eps), True),
         "rope q (transposed view)": (model.rope, (q_view, cos, sin), True),
         "rope q (contiguous)": (model.rope, (rand(1, Hq, L, D, grad=True), cos, sin), True),
         "swiglu [L, I]": (model.swiglu, (rand(1, L, I), rand(1, L, I)), False),
@@ -69,10 +64,11 @@ def islands(preset: str, L: int, ttt_steps: int, device: torch.device,
         # the last TTT step's fold of its K - 1 diagonal keys, forward and backward
         "fold forward (K-1 keys)": (attention._fold_forward,
                                     (rand(1, Hq, L, D), rand(1, Hq, L, D), rand(1, Hq, L, kind=f32),
-                                     keys, keys), False),
+                                     rand(K - 1, 1, Hkv, L, D), rand(K - 1, 1, Hkv, L, D)), False),
         "fold backward (K-1 keys)": (attention._fold_backward,
-                                     (rand(1, Hq, L, D), rand(1, Hq, L, D), rand(1, Hq, L, D), p,
-                                      keys, keys), False),
+                                     (rand(1, Hq, L, D), rand(1, Hq, L, D), rand(1, Hq, L, D),
+                                      torch.softmax(rand(K, 1, Hkv, Hq // Hkv, L, kind=f32), 0),
+                                      rand(K - 1, 1, Hkv, L, D), rand(K - 1, 1, Hkv, L, D)), False),
     }
 
 

@@ -134,9 +134,13 @@ def _compiled(precision: str) -> bool:
     return precision == "bf16"
 
 
-def _norm_saved(H: int, precision: str) -> int:
-    """RMSNorm (model.RMSNormFunction, eager or compiled): its input as it comes and 1/rms."""
-    return H * PRECISIONS[precision] + FP32
+def _norm_saved(H: int, precision: str, input_bytes: int | None = None) -> int:
+    """RMSNorm of a grad-requiring input. Eager: its fp32 copy (read by pow), 1/rms and
+    the normalised fp32 input (read by the weight's gradient). Compiled: the input as it
+    comes (activation dtype unless input_bytes says otherwise) and 1/rms."""
+    if _compiled(precision):
+        return H * (input_bytes or PRECISIONS[precision]) + FP32
+    return 2 * H * FP32 + FP32
 
 
 def saved_per_token_step(cfg: DrafterConfig, precision: str,
@@ -149,9 +153,12 @@ def saved_per_token_step(cfg: DrafterConfig, precision: str,
     a = PRECISIONS[precision]
     H, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q, kv = cfg.num_heads * D, cfg.num_kv_heads * D
+    compiled = _compiled(precision)
     return {
-        # norm(embedding): the embedding, frozen, cast to the activation dtype
-        "embed_norm": _norm_saved(H, precision),
+        # norm(embedding): the embedding (frozen, cast to the activation dtype) takes no
+        # gradient. Eager keeps the normalised fp32 input; compiled keeps the cast
+        # embedding itself and 1/rms.
+        "embed_norm": H * a + FP32 if compiled else H * FP32,
         "hidden_norm": _norm_saved(H, precision),
         "qkv_inputs": 2 * H * a,  # [norm(embedding) ; norm(hidden)], shared by q, k, v
         "rope_cos_sin": 2 * (D // 2) * FP32,  # cos and sin, one pair for q and k
@@ -228,15 +235,12 @@ def backward_per_token(cfg: DrafterConfig, precision: str) -> dict[str, dict[str
     gradient is summed from), while the loss's saved normed hidden and (then) verifier
     hidden of the last step are already freed: H200 slopes at TTT 1 agreed, +10·H bytes
     per token over the loss's backward, for both recorded drafter shapes. Compiled, the
-    norm's backward is one kernel writing two [T, H] tensors in the activation dtype: the
-    input's gradient, in the place of the freed input, and the product the weight's
-    gradient is then summed from (model.RMSNormFunction).
+    norm's backward is one kernel whose [T, H] output takes the place of the freed input.
     """
     a = PRECISIONS[precision]
     H = cfg.hidden_size
     loss_grad = {"loss_input_grad": H * a}
-    norm = {"norm_weight_grad_product": H * a} if _compiled(precision) else \
-        {"norm_backward_fp32": 3 * H * FP32 - 2 * H * a}
+    norm = {} if _compiled(precision) else {"norm_backward_fp32": 3 * H * FP32 - 2 * H * a}
     return {"loss_forward": {},
             "loss_backward": loss_grad,
             "norm_backward": {**loss_grad, **norm}}
