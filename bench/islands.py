@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from bench.timing import median_seconds  # noqa: E402
 from training import attention, loss, model  # noqa: E402
 from training.config import PRESETS  # noqa: E402
 
@@ -80,30 +80,11 @@ def nbytes(tree) -> int:
     return 0
 
 
-def median_s(fn, reps: int, device: torch.device) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def copy_bandwidth(device: torch.device, reps: int) -> float:
     """Bytes per second of a 1 GiB device-to-device copy (read + write counted)."""
     src = torch.empty(2**30 // 4 if device.type == "cuda" else 2**22, device=device)
     dst = torch.empty_like(src)
-    return 2 * nbytes(src) / median_s(lambda: dst.copy_(src), reps, device)
+    return 2 * nbytes(src) / median_seconds(lambda: dst.copy_(src), reps, device)
 
 
 def measure(name: str, fn, args: tuple, grad: bool, mode: str, device, reps: int) -> dict:
@@ -114,7 +95,8 @@ def measure(name: str, fn, args: tuple, grad: bool, mode: str, device, reps: int
     out = call(*args)
     first = time.perf_counter() - started
     row = {"island": name, "mode": mode, "first_call_s": first,
-           "bytes": nbytes(args) + nbytes(out), "s": median_s(lambda: call(*args), reps, device)}
+           "bytes": nbytes(args) + nbytes(out),
+           "s": median_seconds(lambda: call(*args), reps, device)}
     if grad:
         inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
         upstream = torch.randn_like(out)
@@ -124,7 +106,7 @@ def measure(name: str, fn, args: tuple, grad: bool, mode: str, device, reps: int
         # the least forward and backward move: the forward's bytes, then the upstream
         # gradient and the inputs read again, the inputs' gradients written
         row["fb_bytes"] = row["bytes"] + nbytes(upstream) + 2 * nbytes(inputs)
-        row["fb_s"] = median_s(forward_backward, reps, device)
+        row["fb_s"] = median_seconds(forward_backward, reps, device)
     torch._dynamo.reset()
     return row
 

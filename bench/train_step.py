@@ -51,6 +51,7 @@ import torch  # noqa: E402
 import torch.utils.checkpoint  # noqa: E402
 
 from bench.random_data import prompt_len  # noqa: E402
+from bench.timing import median_seconds  # noqa: E402
 from training.config import PRESETS, DrafterConfig  # noqa: E402
 from training.loop import use_cuda_allocator_settings  # noqa: E402
 
@@ -175,17 +176,7 @@ def matmul_ceiling_tflops(n: int = 8192, reps: int = 50) -> float:
     """Median bf16 n×n×n product rate on this GPU, random operands (zeros run faster)."""
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(5):
-        a @ b
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        a @ b
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * n**3 / statistics.median(times) / 1e12
+    return 2 * n**3 / median_seconds(lambda: a @ b, reps, a.device, warmup=5) / 1e12
 
 
 # --- the two trainers' steps -------------------------------------------------------------
