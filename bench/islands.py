@@ -6,7 +6,8 @@ read and written, several times what an H200's bandwidth allows. Each island her
 one cell's shapes, as the trainer calls it (bf16 activations, fp32 weights and tables),
 three ways: as the trainer compiles it (training/compiled.py: only the dims that change
 with the row symbolic), with every size symbolic (dynamic=True, how the trainer compiled
-them until session 8) and with static shapes. Each row: the median time of a call, forward
+them until session 8) and with static shapes; the diagonal-key fold, no compiled island
+(Triton kernels on CUDA), once, as the trainer runs it. Each row: the median time of a call, forward
 (and forward + backward where the trainer takes a gradient), the bytes the call must read
 and write, and the bandwidth that makes against a device-to-device copy measured in the
 same run.
@@ -51,6 +52,7 @@ def islands(preset: str, L: int, ttt_steps: int, device: torch.device,
     q_view = rand(1, L, Hq, D).transpose(1, 2).detach().requires_grad_()
     chunk = min(2048, L)
     probs = torch.softmax(rand(chunk, cfg.draft_vocab_size, kind=f32), -1).to(dtype)
+    fold, unfold = attention._fold_passes(torch.empty(0, device=device))
     return {
         "rms_norm [L, H]": (model.rms_norm, (rand(1, L, H, grad=True), rand(H, kind=f32, grad=True),
                                              cfg.rms_norm_eps), True),
@@ -61,11 +63,12 @@ def islands(preset: str, L: int, ttt_steps: int, device: torch.device,
                                    (rand(1, L, I), rand(1, L, I), rand(1, L, I)), False),
         "loss chunk [chunk, V]": (loss._chunk_losses_and_grad,
                                   (rand(chunk, cfg.draft_vocab_size), probs), False),
-        # the last TTT step's fold of its K - 1 diagonal keys, forward and backward
-        "fold forward (K-1 keys)": (attention._fold_forward,
+        # the last TTT step's fold of its K - 1 diagonal keys, forward and backward, as the
+        # trainer runs it here (Triton kernels on CUDA)
+        "fold forward (K-1 keys)": (fold,
                                     (rand(1, Hq, L, D), rand(1, Hq, L, D), rand(1, Hq, L, kind=f32),
                                      rand(K - 1, 1, Hkv, L, D), rand(K - 1, 1, Hkv, L, D)), False),
-        "fold backward (K-1 keys)": (attention._fold_backward,
+        "fold backward (K-1 keys)": (unfold,
                                      (rand(1, Hq, L, D), rand(1, Hq, L, D), rand(1, Hq, L, D),
                                       torch.softmax(rand(K, 1, Hkv, Hq // Hkv, L, kind=f32), 0),
                                       rand(K - 1, 1, Hkv, L, D), rand(K - 1, 1, Hkv, L, D)), False),
@@ -133,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, (fn, inputs, grad) in islands(preset, int(length), ttt_steps, device,
                                             dtype).items():
-        for mode in modes:
+        # the fold is not a compiled island: no compiled variants
+        for mode in modes if hasattr(fn, "__wrapped__") else ("trainer",):
             row = measure(name, fn, inputs, grad, mode, device, args.reps)
             rows.append(row)
             text = (f"{name:26s} {mode:8s} {row['s'] * 1e6:8.1f} us "

@@ -19,7 +19,6 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
 
-from training.compiled import cuda_compiled
 
 
 BLOCK = 128  # flex_attention's sparse block size
@@ -133,7 +132,6 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=True)
 
 
-@cuda_compiled(varying=((-2,), (-2,), (-1,), (0, -2), (0, -2)))
 def _fold_forward(q: Tensor, out: Tensor, lse: Tensor, keys: Tensor,
                   values: Tensor) -> tuple[Tensor, Tensor]:
     """with_diagonal_keys on stacked keys and values [S, B, Hkv, L, D]; also returns the
@@ -149,7 +147,6 @@ def _fold_forward(q: Tensor, out: Tensor, lse: Tensor, keys: Tensor,
     return o.view(B, Hkv * G, L, D).to(q.dtype), p
 
 
-@cuda_compiled(varying=((-2,), (-2,), (-2,), (0, -1), (0, -2), (0, -2)))
 def _fold_backward(grad: Tensor, q: Tensor, out: Tensor, p: Tensor, keys: Tensor,
                    values: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Gradients of _fold_forward's output for q, out, lse, keys and values."""
@@ -171,17 +168,36 @@ def _fold_backward(grad: Tensor, q: Tensor, out: Tensor, p: Tensor, keys: Tensor
             d_lse.view(B, Hkv * G, L), d_keys.to(keys.dtype), d_values.to(values.dtype))
 
 
+def _flex_kernel_options(q: Tensor) -> dict | None:
+    """flex_attention's backward tiles on Hopper (sm90) for head_dim up to 128: on an H200
+    at llama3-8b 8192 these took 0.37 ms less per call than inductor's default (a sweep,
+    docs/benchmarks.md rounds 6 and 8)."""
+    if q.is_cuda and q.shape[-1] <= 128 and torch.cuda.get_device_capability(q.device)[0] == 9:
+        return {"bwd_BLOCK_M1": 64, "bwd_BLOCK_N1": 128, "bwd_BLOCK_M2": 128,
+                "bwd_BLOCK_N2": 64, "bwd_num_stages": 2, "bwd_num_warps": 8}
+    return None
+
+
+def _fold_passes(q: Tensor):
+    """The fold's forward and backward for q's device: Triton kernels on CUDA
+    (training/fold_triton.py: 2.4-4.6x faster than inductor's compile of the functions
+    above on an H200, docs/benchmarks.md round 8), those functions elsewhere."""
+    if q.is_cuda:
+        from training import fold_triton  # imports Triton, which CUDA machines have
+        return fold_triton.fold_forward, fold_triton.fold_backward
+    return _fold_forward, _fold_backward
+
+
 class _DiagonalFold(torch.autograd.Function):
     """with_diagonal_keys' autograd: the keys and values are stacked for each pass and the
-    stack freed after it, so one compiled graph serves any number of them (a list
-    argument compiles one per length) and backward keeps only the softmax weights besides
-    tensors the step keeps anyway."""
+    stack freed after it, so one kernel serves any number of them, and backward keeps only
+    the softmax weights besides tensors the step keeps anyway."""
 
     @staticmethod
     def forward(ctx, q: Tensor, out: Tensor, lse: Tensor, *keys_values: Tensor) -> Tensor:
         S = len(keys_values) // 2
-        o, p = _fold_forward(q, out, lse, torch.stack(keys_values[:S]),
-                             torch.stack(keys_values[S:]))
+        o, p = _fold_passes(q)[0](q, out, lse, torch.stack(keys_values[:S]),
+                                  torch.stack(keys_values[S:]))
         ctx.save_for_backward(q, out, p, *keys_values)
         ctx.lse_dtype = lse.dtype
         return o
@@ -190,7 +206,7 @@ class _DiagonalFold(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         q, out, p, *keys_values = ctx.saved_tensors
         S = len(keys_values) // 2
-        d_q, d_out, d_lse, d_keys, d_values = _fold_backward(
+        d_q, d_out, d_lse, d_keys, d_values = _fold_passes(q)[1](
             grad, q, out, p, torch.stack(keys_values[:S]), torch.stack(keys_values[S:]))
         return d_q, d_out, d_lse.to(ctx.lse_dtype), *d_keys.unbind(0), *d_values.unbind(0)
 
@@ -243,7 +259,8 @@ def ttt_attention(q: Tensor, keys: list[Tensor], values: list[Tensor],
     if layout.pad:
         q0, k0, v0 = (torch.nn.functional.pad(t, (0, 0, 0, layout.pad)) for t in (q, k0, v0))
     out, aux = _compiled_flex()(q0, k0, v0, block_mask=layout.mask(1), enable_gqa=True,
-                                return_aux=AuxRequest(lse=True))
+                                return_aux=AuxRequest(lse=True),
+                                kernel_options=_flex_kernel_options(q))
     out, lse = out[:, :, :L], aux.lse[:, :, :L]
     if len(keys) == 1:
         return out

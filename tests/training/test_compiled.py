@@ -7,7 +7,7 @@ import torch
 
 from torch._dynamo.utils import counters
 
-from training import attention, loss, model
+from training import loss, model
 from training.compiled import compile_island
 
 L_FIRST, L_SECOND = 48, 80
@@ -23,13 +23,6 @@ def cases(L: int, g: torch.Generator) -> dict:
                                                                  10000.0, torch.float64))),
         "swiglu": (model.swiglu, (r(1, L, 40), r(1, L, 40))),
         "swiglu_backward": (model.swiglu_backward, tuple(r(1, L, 40, grad=False) for _ in range(3))),
-        "fold_forward": (attention._fold_forward,
-                         (r(1, 4, L, 16), r(1, 4, L, 16), r(1, 4, L), r(2, 1, 2, L, 16),
-                          r(2, 1, 2, L, 16))),
-        "fold_backward": (attention._fold_backward,
-                          (r(1, 4, L, 16, grad=False), r(1, 4, L, 16, grad=False),
-                           r(1, 4, L, 16, grad=False), torch.softmax(r(3, 1, 2, 2, L, grad=False), 0),
-                           r(2, 1, 2, L, 16, grad=False), r(2, 1, 2, L, 16, grad=False))),
         "chunk_losses": (loss._chunk_losses, (r(L, 30, grad=False), probs)),
         "chunk_losses_and_grad": (loss._chunk_losses_and_grad, (r(L, 30, grad=False), probs)),
     }
@@ -37,7 +30,7 @@ def cases(L: int, g: torch.Generator) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["rms_norm", "rope", "swiglu", "swiglu_backward",
-                                  "fold_forward", "fold_backward", "chunk_losses",
+                                  "chunk_losses",
                                   "chunk_losses_and_grad"])
 def test_compiled_island_equals_eager_at_two_lengths(name):
     g = torch.Generator().manual_seed(0)

@@ -312,6 +312,34 @@ def test_compiled_islands_serve_a_new_row_length_without_recompiling_on_cuda():
     assert graphs[1] == graphs[0], "a new row length compiled an island again"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_fold_matches_the_torch_fold_on_cuda(dtype):
+    """fold_triton's kernels against attention's torch fold (run eagerly), forward and
+    backward, on the layouts the trainer hands them: q as rope leaves it (a transposed
+    view), flex's output and log-sum-exp sliced from a padded row."""
+    from training import attention, fold_triton
+    g = torch.Generator(device="cuda").manual_seed(0)
+    B, Hq, Hkv, L, D, S = 2, 8, 2, 300, 128, 3
+
+    def rand(*shape, kind=dtype):
+        return torch.randn(*shape, generator=g, device="cuda", dtype=kind)
+    q = rand(B, L, Hq, D).transpose(1, 2)
+    out = rand(B, Hq, L + 84, D)[:, :, :L]
+    lse = rand(B, Hq, L + 84, kind=torch.float32)[:, :, :L]
+    keys, values, grad = rand(S, B, Hkv, L, D), rand(S, B, Hkv, L, D), rand(B, Hq, L, D)
+    want_o, want_p = attention._fold_forward(q, out, lse, keys, values)
+    got_o, got_p = fold_triton.fold_forward(q, out, lse, keys, values)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got_o.float(), want_o.float(), **tol)
+    torch.testing.assert_close(got_p, want_p, rtol=1e-5, atol=1e-6)
+    want = attention._fold_backward(grad, q, out, want_p, keys, values)
+    got = fold_triton.fold_backward(grad, q, out, want_p, keys, values)
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        torch.testing.assert_close(a.float(), b.float(), **tol)
+
+
 @pytest.mark.parametrize("steps", [1, 3])
 def test_diagonal_keys_extend_the_step0_softmax_exactly(steps):
     """flex's output and log-sum-exp over the step-0 keys, extended by with_diagonal_keys:
