@@ -107,7 +107,7 @@ class StepShape:
 
 def parameter_counts(cfg: DrafterConfig, freeze_lm_head: bool = False) -> dict[str, int]:
     """Parameters of model.py's Eagle3Drafter: trainable, frozen, and the autocast-cached
-    (a frozen draft head counts with the frozen ones)."""
+    (a frozen draft head is the verifier's target head itself: no parameter of its own)."""
     H, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
     layer_matmuls = (
@@ -124,7 +124,7 @@ def parameter_counts(cfg: DrafterConfig, freeze_lm_head: bool = False) -> dict[s
         # forward and backward; the loss casts lm_head itself (its workspace).
         "autocast_cached": layer_matmuls,
         # embedding, target head
-        "frozen": (cfg.vocab_size + cfg.draft_vocab_size) * H + (lm_head if freeze_lm_head else 0),
+        "frozen": (cfg.vocab_size + cfg.draft_vocab_size) * H,
     }
 
 
@@ -261,8 +261,10 @@ def loss_workspace(cfg: DrafterConfig, shape: StepShape) -> dict[str, dict[str, 
     a = PRECISIONS[shape.precision]
     chunk = min(shape.loss_chunk, shape.tokens)
     V, H, K = cfg.draft_vocab_size, cfg.hidden_size, shape.ttt_steps
-    # (fp32 activations: the cast is the head itself)
-    casts = {"loss_head_casts": V * H * a} if a < FP32 else {}
+    # A trained head is fp32, a frozen one the verifier's bf16 head: a copy in the
+    # activations' dtype where they differ.
+    casts = {"loss_head_casts": V * H * a} if a != (BF16 if shape.freeze_lm_head else FP32) \
+        else {}
     forward = chunk * V * (3 * a if _compiled(shape.precision) else 4 * FP32)
     if shape.freeze_lm_head:  # no gradients for the head at all
         return {"loss_forward": {**casts, "loss_chunk": forward},
@@ -286,7 +288,7 @@ def analytic_phases(cfg: DrafterConfig, shape: StepShape
     shard = shape.world_size if shape.sharding == "fsdp" else 1
     state = {
         "weights": p * FP32 // shard,
-        "frozen": frozen_bytes(cfg, shape.freeze_lm_head),
+        "frozen": frozen_bytes(cfg),
         "adamw_state": 2 * p * FP32 // shard,
     }
     if shape.precision == "bf16":
@@ -375,12 +377,11 @@ def _attention_backward(cfg: DrafterConfig, shape: StepShape, state: dict, per_t
     }
 
 
-def frozen_bytes(cfg: DrafterConfig, freeze_lm_head: bool = False) -> int:
-    """The verifier's embedding and draft-vocabulary head (in its extracted dtype, bf16),
-    a frozen draft head (an fp32 parameter), and the d2t/t2d maps."""
-    tables = (cfg.vocab_size + cfg.draft_vocab_size) * cfg.hidden_size
-    return tables * BF16 + (parameter_counts(cfg, freeze_lm_head)["frozen"] - tables) * FP32 \
-        + cfg.draft_vocab_size * INDEX + cfg.vocab_size
+def frozen_bytes(cfg: DrafterConfig) -> int:
+    """The verifier's embedding and draft-vocabulary head (in its extracted dtype, bf16;
+    a frozen draft head is that head), and the d2t/t2d maps."""
+    return parameter_counts(cfg)["frozen"] * BF16 + cfg.draft_vocab_size * INDEX \
+        + cfg.vocab_size
 
 
 def optimizer_phase(cfg: DrafterConfig, shape: StepShape) -> int:
@@ -389,7 +390,7 @@ def optimizer_phase(cfg: DrafterConfig, shape: StepShape) -> int:
     p = parameter_counts(cfg, shape.freeze_lm_head)["trainable"]
     shard = shape.world_size if shape.sharding == "fsdp" else 1
     batch = saved_per_token(cfg, shape.precision)["batch"] * shape.tokens
-    return frozen_bytes(cfg, shape.freeze_lm_head) + 4 * p * FP32 // shard + batch
+    return frozen_bytes(cfg) + 4 * p * FP32 // shard + batch
 
 
 @dataclass(frozen=True)

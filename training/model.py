@@ -219,10 +219,10 @@ class Eagle3Drafter(nn.Module):
     def freeze_lm_head(self) -> None:
         """Keep the draft head at the verifier's head on the draft vocabulary, untrained,
         as speculators does: each TTT step skips the head's weight gradient (one of its
-        three head-sized matmuls) and the optimizer keeps no state for it. After
-        load_verifier."""
-        self.lm_head.weight.copy_(self.target_head)
-        self.lm_head.weight.requires_grad_(False)
+        three head-sized matmuls) and the optimizer keeps no state for it. The head is
+        target_head itself, in the verifier's dtype: an fp32 copy was cast back to bf16 in
+        every TTT step's loss. After load_verifier."""
+        self.lm_head.weight = nn.Parameter(self.target_head, requires_grad=False)
 
     def step_losses(self, batch: PackedBatch, ttt_steps: int, loss_chunk: int = 2048,
                     checkpoint: int = 0) -> list[StepLoss]:

@@ -35,20 +35,26 @@ def test_tiny_parameter_counts_by_hand_and_against_the_model():
     frozen = model.embed_tokens.weight.numel() + model.target_head.numel()
     assert (trainable, frozen) == (counts["trainable"], counts["frozen"])
 
-    # --freeze-lm-head: the draft head moves from the trained to the frozen ones
+    # --freeze-lm-head: the draft head leaves the trained ones and is the target head
     model.freeze_lm_head()
     held = memory.parameter_counts(TINY, freeze_lm_head=True)
     assert held["trainable"] == sum(p.numel() for p in model.parameters() if p.requires_grad)
-    assert (held["trainable"], held["frozen"]) == (86272 - lm_head, 49152 + lm_head)
+    assert (held["trainable"], held["frozen"]) == (86272 - lm_head, 49152)
+    assert model.lm_head.weight.data_ptr() == model.target_head.data_ptr()
 
 
-def test_a_frozen_head_takes_no_gradient_memory():
+def test_a_frozen_head_takes_no_gradient_memory_and_no_cast_under_bf16():
     plain = memory.analytic_phases(TINY, StepShape(256, 3))
     frozen = memory.analytic_phases(TINY, StepShape(256, 3, freeze_lm_head=True))
+    head_only = {"lm_head_step_grads", "lm_head_grad", "loss_head_casts"}
     for phase in memory.PHASES:
         names = set(frozen[phase]["constant"])
-        assert not names & {"lm_head_step_grads", "lm_head_grad"}, phase
-        assert names | {"lm_head_step_grads", "lm_head_grad"} >= set(plain[phase]["constant"])
+        assert not names & head_only, phase
+        assert names | head_only >= set(plain[phase]["constant"])
+    # in fp32 the bf16 head is cast for the loss, as a trained fp32 head is not
+    fp32 = memory.analytic_phases(TINY, StepShape(256, 3, precision="fp32",
+                                                  freeze_lm_head=True))
+    assert fp32["loss_forward"]["constant"]["loss_head_casts"] == 256 * 64 * 4
 
 
 def test_tiny_analytic_terms_by_hand():
@@ -426,16 +432,16 @@ def test_cpu_saved_bytes_of_a_whole_unroll_within_10_percent(L, K, rows):
 
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench/results"
-CURRENT = [RESULTS / "h200-peaks-session7.json"]
+CURRENT = [RESULTS / "h200-peaks-session9.json"]
 
 
 def test_recorded_h200_peaks_of_the_current_trainer_uncalibrated():
     """Peaks of the trainer as it is now (compiled islands, verifier targets once per
     batch, the head's gradients taken in the loss's forward, flex attention over the
     step-0 keys with the diagonal keys folded in, silu(gate)·up recomputed, the verifier's
-    tables in bf16), measured on NVIDIA H200s by bench/train_step.py (each point's
-    command is in its file): the analytic model, with no calibration, predicts each within
-    8 % (seen: -2.7 % to -0.5 %; the issue asks 10 %). The older recorded runs above
+    tables in bf16, a frozen draft head the verifier's own), measured on NVIDIA H200s by
+    bench/train_step.py (each point's command is in its file): the analytic model, with no
+    calibration, predicts each within 8 % (seen: -2.9 % to -0.5 %; the issue asks 10 %). The older recorded runs above
     describe earlier trainers: only the calibration is tested on them."""
     for record in CURRENT:
         data = json.loads(record.read_text())
@@ -448,7 +454,7 @@ def test_recorded_h200_peaks_of_the_current_trainer_uncalibrated():
             assert abs(error) < 0.08, point
             # What a cap is checked against: the caching allocator's reserve at the peak
             # (RESERVED_RATIO, CACHED_ROW_BLOCKS), under the trainer's allocator; never
-            # below what was held (seen +0.1 % to +2.9 %).
+            # below what was held (seen +0.2 % to +3.0 %).
             if data.get("allocator") == "expandable_segments:True":
                 error = predicted.reserved / GiB / point["reserved_gib"] - 1
                 assert 0 <= error < 0.05, point
