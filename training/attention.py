@@ -169,13 +169,21 @@ def _fold_backward(grad: Tensor, q: Tensor, out: Tensor, p: Tensor, keys: Tensor
 
 
 def _flex_kernel_options(q: Tensor) -> dict | None:
-    """flex_attention's backward tiles on Hopper (sm90) for head_dim up to 128: on an H200
-    at llama3-8b 8192 these took 0.37 ms less per call than inductor's default (a sweep,
-    docs/benchmarks.md rounds 6 and 8)."""
-    if q.is_cuda and q.shape[-1] <= 128 and torch.cuda.get_device_capability(q.device)[0] == 9:
-        return {"bwd_BLOCK_M1": 64, "bwd_BLOCK_N1": 128, "bwd_BLOCK_M2": 128,
-                "bwd_BLOCK_N2": 64, "bwd_num_stages": 2, "bwd_num_warps": 8}
-    return None
+    """What flex_attention cannot see for itself on CUDA: the row is padded to whole blocks
+    (its length is symbolic, so inductor would mask every load at the edges; told, the
+    32768 x 7 step took 1.9 % less on an H200). Not ROWS_GUARANTEED_SAFE, though every
+    query sees itself: with it the H200 gave NaN (likely because a query whose sample
+    starts inside its kv block has no key in the first block the kernel visits). On Hopper
+    (sm90), for head_dim up to 128, backward tiles that took 0.37 ms less per call on an
+    H200 at llama3-8b 8192 than inductor's default. All measured in docs/benchmarks.md,
+    rounds 6 and 8."""
+    if not q.is_cuda:
+        return None
+    options = {"IS_DIVISIBLE": True}
+    if q.shape[-1] <= 128 and torch.cuda.get_device_capability(q.device)[0] == 9:
+        options |= {"bwd_BLOCK_M1": 64, "bwd_BLOCK_N1": 128, "bwd_BLOCK_M2": 128,
+                    "bwd_BLOCK_N2": 64, "bwd_num_stages": 2, "bwd_num_warps": 8}
+    return options
 
 
 def _fold_passes(q: Tensor):
