@@ -454,7 +454,7 @@ def test_recorded_h200_peaks_of_the_current_trainer_uncalibrated():
             assert abs(error) < 0.08, point
             # What a cap is checked against: the caching allocator's reserve at the peak
             # (RESERVED_RATIO, CACHED_ROW_BLOCKS), under the trainer's allocator; never
-            # below what was held (seen +0.2 % to +3.0 %).
+            # below what was held (seen +0.2 % to +3.5 %).
             if data.get("allocator") == "expandable_segments:True":
                 error = predicted.reserved / GiB / point["reserved_gib"] - 1
                 assert 0 <= error < 0.05, point
