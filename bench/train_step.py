@@ -350,6 +350,8 @@ def kernel_kind(name: str) -> str:
         return "flex attention"
     if any(mark in low for mark in ("nvjet", "gemm", "cutlass")):
         return "matmul"
+    if low.startswith("_fold_"):  # training/fold_triton.py's kernels
+        return "diagonal-key fold (triton)"
     if low.startswith("triton"):
         return "compiled (triton)"
     return "eager: " + name.removeprefix("void ").split("<")[0].split("(")[0][:50]

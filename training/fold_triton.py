@@ -25,7 +25,7 @@ BLOCK_L = 32  # rows per program: a [32, 128] fp32 tile is 32 registers a thread
 
 
 @triton.jit
-def _forward_kernel(q_ptr, out_ptr, lse_ptr, k_ptr, v_ptr, o_ptr, p_ptr,
+def _fold_forward_kernel(q_ptr, out_ptr, lse_ptr, k_ptr, v_ptr, o_ptr, p_ptr,
                     q_sb, q_sh, q_sl, out_sb, out_sh, out_sl, lse_sb, lse_sh, lse_sl,
                     S, B, Hq, G, L, D, scale,
                     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -68,7 +68,7 @@ def _forward_kernel(q_ptr, out_ptr, lse_ptr, k_ptr, v_ptr, o_ptr, p_ptr,
 
 
 @triton.jit
-def _query_grads_kernel(g_ptr, out_ptr, p_ptr, k_ptr, v_ptr,
+def _fold_query_grads_kernel(g_ptr, out_ptr, p_ptr, k_ptr, v_ptr,
                         dq_ptr, dout_ptr, dlse_ptr, dscore_ptr,
                         g_sb, g_sh, g_sl, out_sb, out_sh, out_sl,
                         S, B, Hq, G, L, D, scale,
@@ -110,7 +110,7 @@ def _query_grads_kernel(g_ptr, out_ptr, p_ptr, k_ptr, v_ptr,
 
 
 @triton.jit
-def _key_grads_kernel(q_ptr, g_ptr, p_ptr, dscore_ptr, dk_ptr, dv_ptr,
+def _fold_key_grads_kernel(q_ptr, g_ptr, p_ptr, dscore_ptr, dk_ptr, dv_ptr,
                       q_sb, q_sh, q_sl, g_sb, g_sh, g_sl,
                       B, Hq, G, L, D,
                       BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -153,7 +153,7 @@ def fold_forward(q: Tensor, out: Tensor, lse: Tensor, keys: Tensor,
     keys, values = keys.contiguous(), values.contiguous()
     o = torch.empty(B, Hq, L, D, dtype=q.dtype, device=q.device)
     p = torch.empty(S + 1, B, Hkv, Hq // Hkv, L, dtype=torch.float32, device=q.device)
-    _forward_kernel[(triton.cdiv(L, BLOCK_L), B * Hq)](
+    _fold_forward_kernel[(triton.cdiv(L, BLOCK_L), B * Hq)](
         q, out, lse, keys, values, o, p, *q.stride()[:3], *out.stride()[:3], *lse.stride(),
         S, B, Hq, Hq // Hkv, L, D, 1 / math.sqrt(D),
         BLOCK_L=BLOCK_L, BLOCK_D=triton.next_power_of_2(D))
@@ -171,12 +171,12 @@ def fold_backward(grad: Tensor, q: Tensor, out: Tensor, p: Tensor, keys: Tensor,
     d_lse = torch.empty(B, Hq, L, dtype=p.dtype, device=q.device)
     d_score = torch.empty(S, B, Hq, L, dtype=p.dtype, device=q.device)
     blocks, block_d = triton.cdiv(L, BLOCK_L), triton.next_power_of_2(D)
-    _query_grads_kernel[(blocks, B * Hq)](
+    _fold_query_grads_kernel[(blocks, B * Hq)](
         grad, out, p, keys, values, d_q, d_out, d_lse, d_score,
         *grad.stride()[:3], *out.stride()[:3], S, B, Hq, Hq // Hkv, L, D, 1 / math.sqrt(D),
         BLOCK_L=BLOCK_L, BLOCK_D=block_d)
     d_keys, d_values = torch.empty_like(keys), torch.empty_like(values)
-    _key_grads_kernel[(blocks, B * Hkv, S)](
+    _fold_key_grads_kernel[(blocks, B * Hkv, S)](
         q, grad, p, d_score, d_keys, d_values, *q.stride()[:3], *grad.stride()[:3],
         B, Hq, Hq // Hkv, L, D, BLOCK_L=BLOCK_L, BLOCK_D=block_d)
     return d_q, d_out, d_lse, d_keys, d_values

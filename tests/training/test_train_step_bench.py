@@ -45,14 +45,15 @@ def test_kernel_summary_counts_overlaps_once_and_sorts_kinds():
          "ts": 5000, "dur": 2000},
         {"name": "triton_tem_fused_flex_attention_backward_1", "ts": 9000, "dur": 3000},
         {"name": "triton_poi_fused_mul_silu_0", "ts": 14000, "dur": 2000},
+        {"name": "_fold_query_grads_kernel", "ts": 16000, "dur": 500},
     ]
     lines = kernel_summary(kernels, steps=2)
-    # span 16 ms, busy 0-7, 9-12, 14-16: 12 ms, idle 4 ms; per step halves
-    assert lines[0] == "per step: 8.0 ms from first kernel to last, 6.0 ms busy, 2.0 ms idle"
+    # span 16.5 ms, busy 0-7, 9-12, 14-16.5: 12.5 ms, idle 4 ms; per step halves
+    assert lines[0] == "per step: 8.2 ms from first kernel to last, 6.2 ms busy, 2.0 ms idle"
     assert [line.split("%")[1].strip() for line in lines[1:]] == [
         "matmul", "flex attention", "eager: at::native::vectorized_elementwise_kernel",
-        "compiled (triton)"]
-    assert lines[1].split()[0] == "3.00" and lines[1].split()[2] == "46.2"
+        "compiled (triton)", "diagonal-key fold (triton)"]
+    assert lines[1].split()[0] == "3.00" and lines[1].split()[2] == "44.4"
     assert kernel_summary([], steps=2) == ["no kernels recorded"]
 
 
