@@ -168,8 +168,14 @@ def train_main(argv: list[str]) -> int:
         gpu_mem_gib=args.gpu_mem_gib, save_every=args.save_every, seed=args.seed,
         export=args.export)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if args.synthetic and not (run_dir / "data").exists():
-        (run_dir / "data").symlink_to(Path(data).resolve())
+    if args.synthetic:
+        # Every rank of a torchrun run gets here: each links under its own name and renames
+        # that over `data`, which cannot collide (checking for the link, then making it, let
+        # two ranks race and one fail) and also mends a stale link.
+        link = run_dir / f".data-{os.getpid()}"
+        link.unlink(missing_ok=True)
+        link.symlink_to(Path(data).resolve())
+        os.replace(link, run_dir / "data")
     try:
         return train(cfg)
     except DatasetError as exc:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from training.cli import main
+from training.synthetic import synthetic_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,6 +88,16 @@ def test_checkpoint_ttt_counts_the_steps_recomputed(flag, recorded, tmp_path, ca
     start = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert start["config"]["checkpoint_ttt"] == recorded
     assert start["config"]["freeze_lm_head"] is True  # a bare flag after it stays a flag
+
+
+def test_a_synthetic_run_links_its_data_over_a_stale_link(tmp_path, cache, capsys):
+    # what the ranks of a torchrun run each do: a link already there is replaced, not an error
+    (tmp_path / "data").symlink_to(tmp_path / "gone")
+    code, err = run_main(["train", "--synthetic", "--steps", "1", "--out", str(tmp_path)],
+                         capsys)
+    assert code == 0, err
+    assert (tmp_path / "data").resolve() == synthetic_dataset(0).resolve()
+    assert [p.name for p in tmp_path.glob(".data-*")] == []
 
 
 def test_an_existing_run_dir_needs_resume(tmp_path, cache, capsys):
