@@ -249,6 +249,8 @@ async def test_torchrun_run_loses_all_its_workers(host, bystanders):
     metrics = Path(info.run_dir, "metrics.jsonl")
 
     def training_on_two_ranks():
+        # a run that ended before training fails now, with its console, not at the timeout
+        assert not Path(info.run_dir, "exit_status").exists(), written(Path(info.run_dir, "console.log"))[-3000:]
         events = [json.loads(line) for line in written(metrics).splitlines(keepends=True) if line.endswith("\n")]
         return any(e["event"] == "step" for e in events) and events[0]["world_size"] == 2
 
