@@ -126,6 +126,9 @@ def _run_dir(args) -> Path:
     if args.out is None:
         if args.resume:
             raise UsageError("--resume needs --out RUN_DIR")
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # set by torchrun
+            raise UsageError("under torchrun every rank must write to one run directory: "
+                             "pass --out RUN_DIR")
         stamp = time.strftime("%Y%m%d-%H%M%S")
         return runs_root() / f"{stamp}-{secrets.token_hex(2)}"
     if not args.resume and (args.out / "metrics.jsonl").exists():

@@ -100,6 +100,13 @@ def test_a_synthetic_run_links_its_data_over_a_stale_link(tmp_path, cache, capsy
     assert [p.name for p in tmp_path.glob(".data-*")] == []
 
 
+def test_a_run_under_torchrun_needs_out(monkeypatch, cache, capsys):
+    # each rank would name its own run directory (a timestamp and a random token)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    code, err = run_main(["train", "--synthetic", "--steps", "1"], capsys)
+    assert code == 2 and "--out" in err and "torchrun" in err
+
+
 def test_an_existing_run_dir_needs_resume(tmp_path, cache, capsys):
     (tmp_path / "metrics.jsonl").write_text("")
     code, err = run_main(["train", "--synthetic", "--out", str(tmp_path)], capsys)
