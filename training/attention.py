@@ -20,7 +20,6 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
 
 
-
 BLOCK = 128  # flex_attention's sparse block size
 
 
