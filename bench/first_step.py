@@ -6,7 +6,8 @@ the preset's shape (bench/random_data.py); the time is from just before the proc
 started to the `time` of its first `step` event in metrics.jsonl, so process start,
 imports, data loading, model set-up, compilation and the step itself all count. The
 first length warms whatever caches persist on disk (as the run before a relaunch
-would); the later ones are new lengths.
+would; it is labelled cold only when inductor's cache held nothing before it); the later
+ones are new lengths.
 
     python bench/first_step.py                            # H200: llama3-8b, TTT 5
     python bench/first_step.py --preset tiny --lengths 256 384 --device cpu   # smoke
@@ -71,6 +72,14 @@ def without_torch_bytecode() -> bool:
             and not Path(importlib.util.cache_from_source(torch.__file__)).exists())
 
 
+def inductor_cache_is_empty() -> bool:
+    """No compiled kernels on disk yet (TORCHINDUCTOR_CACHE_DIR or its default): the first
+    launch compiles cold. Otherwise an earlier process left kernels the first may reuse."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    root = Path(cache_dir())
+    return not (root.is_dir() and any(root.iterdir()))
+
+
 def write_profile(profile: Path, text: Path) -> None:
     if not profile.exists():
         return
@@ -96,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
               "launch below compiles torch's modules from source (python -m compileall on "
               "torch's directory first measures what a pip install sees)", file=sys.stderr)
     rows = []
+    first = "cold" if inductor_cache_is_empty() else "earlier kernels on disk"
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp, "data")
         random_data.make(args.preset, data, args.samples, 2048)
@@ -103,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             profile = out / f"first_step_{length}.prof" if length in args.profile else None
             row = launch(data, Path(tmp, f"run{i}"), args.preset, length, args.ttt_steps,
                          args.device, args.timeout, profile)
-            row["cache"] = "cold" if i == 0 else "new length"
+            row["cache"] = first if i == 0 else "new length"
             if profile is not None:
                 row["profiled"] = True
                 write_profile(profile, profile.with_suffix(".prof.txt"))

@@ -14,7 +14,8 @@ def test_launches_at_each_length_report_their_first_step_and_keep_the_profile(tm
     # A pycache of its own under PYTHONDONTWRITEBYTECODE: no bytecode for torch, as on the
     # lent H200 machine, which the bench must say.
     env = {**os.environ, "OUT": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONPYCACHEPREFIX": str(tmp_path / "pycache")}
+           "PYTHONPYCACHEPREFIX": str(tmp_path / "pycache"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # no kernels yet: cold
     done = subprocess.run([sys.executable, "bench/first_step.py", "--preset", "tiny",
                            "--lengths", "256", "384", "--device", "cpu", "--samples", "8",
                            "--profile", "384"], cwd=REPO, env=env, capture_output=True,
@@ -30,3 +31,12 @@ def test_launches_at_each_length_report_their_first_step_and_keep_the_profile(tm
     tops = (tmp_path / "first_step_384.prof.txt").read_text()
     assert "Ordered by: cumulative time" in tops and "training/loop.py" in tops
     assert (tmp_path / "first_step_384.prof").stat().st_size > 0
+
+
+def test_the_first_launch_is_called_cold_only_with_no_kernels_on_disk(tmp_path, monkeypatch):
+    from bench.first_step import inductor_cache_is_empty
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    assert inductor_cache_is_empty()  # (asking makes the directory, empty)
+    assert inductor_cache_is_empty()
+    (tmp_path / "inductor" / "fxgraph").mkdir()
+    assert not inductor_cache_is_empty()
