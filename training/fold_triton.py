@@ -25,24 +25,40 @@ BLOCK_L = 32  # rows per program: a [32, 128] fp32 tile is 32 registers a thread
 
 
 @triton.jit
+def _query_rows(B, Hq, G, L, D, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's block of rows of one query head (b, h): the row and column indices,
+    their masks, the rows' offsets in a dense [B, Hq, L, D] tensor, in the keys and values
+    [S, B, Hkv, L, D] (and the distance between keys) and in p [S + 1, B, Hkv, G, L] (and
+    the distance between its entries)."""
+    l = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)
+    bh = tl.program_id(1).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    rows = l < L
+    tile = rows[:, None] & (d[None, :] < D)
+    dense = (bh * L + l)[:, None] * D + d[None, :]
+    kv = (bh // G * L + l)[:, None] * D + d[None, :]  # (b * Hkv + h // G) = bh // G
+    p_row = bh * L + l  # (b, h) is bh in p's (b, kv head, query head in group) too
+    return (l, bh // Hq, bh % Hq, d, rows, tile, dense, kv, B * (Hq // G) * L * D, p_row,
+            B * Hq * L)
+
+
+@triton.jit
+def _load_tile(ptr, b, h, l, d, sb, sh, sl, tile):
+    """Rows l of head (b, h) of a [B, heads, L, D] tensor with a dense last dim, in fp32."""
+    return tl.load(ptr + b * sb + h * sh + l[:, None] * sl + d[None, :], mask=tile,
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _fold_forward_kernel(q_ptr, out_ptr, lse_ptr, k_ptr, v_ptr, o_ptr, p_ptr,
                     q_sb, q_sh, q_sl, out_sb, out_sh, out_sl, lse_sb, lse_sh, lse_sl,
                     S, B, Hq, G, L, D, scale,
                     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
-    l = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)
-    bh = tl.program_id(1).to(tl.int64)
-    b, h = bh // Hq, bh % Hq
-    d = tl.arange(0, BLOCK_D)
-    rows = l < L
-    tile = rows[:, None] & (d[None, :] < D)
-    q = tl.load(q_ptr + b * q_sb + h * q_sh + l[:, None] * q_sl + d[None, :], mask=tile,
-                other=0.0).to(tl.float32)
+    l, b, h, d, rows, tile, dense, kv, kv_step, p_row, p_step = _query_rows(
+        B, Hq, G, L, D, BLOCK_L, BLOCK_D)
+    q = _load_tile(q_ptr, b, h, l, d, q_sb, q_sh, q_sl, tile)
     lse = tl.load(lse_ptr + b * lse_sb + h * lse_sh + l * lse_sl, mask=rows,
                   other=0.0).to(tl.float32)
-    kv_step = B * (Hq // G) * L * D  # keys and values: [S, B, Hkv, L, D], dense
-    kv = (bh // G * L + l)[:, None] * D + d[None, :]  # (b * Hkv + h // G) = bh // G
-    p_step = B * Hq * L  # p: [S + 1, B, Hkv, G, L], dense: (b, h) is bh
-    p_row = bh * L + l
     # pass 1: the softmax's maximum and sum over [lse, scores], online
     m = lse
     total = tl.full([BLOCK_L], 1.0, tl.float32)
@@ -55,16 +71,14 @@ def _fold_forward_kernel(q_ptr, out_ptr, lse_ptr, k_ptr, v_ptr, o_ptr, p_ptr,
     # pass 2: the weights, and flex's output and the values mixed by them
     p0 = tl.exp(lse - m) / total
     tl.store(p_ptr + p_row, p0, mask=rows)
-    acc = tl.load(out_ptr + b * out_sb + h * out_sh + l[:, None] * out_sl + d[None, :],
-                  mask=tile, other=0.0).to(tl.float32) * p0[:, None]
+    acc = _load_tile(out_ptr, b, h, l, d, out_sb, out_sh, out_sl, tile) * p0[:, None]
     for s in range(S):
         k = tl.load(k_ptr + s * kv_step + kv, mask=tile, other=0.0).to(tl.float32)
         weight = tl.exp(tl.sum(q * k, axis=1) * scale - m) / total
         tl.store(p_ptr + (s + 1) * p_step + p_row, weight, mask=rows)
         v = tl.load(v_ptr + s * kv_step + kv, mask=tile, other=0.0).to(tl.float32)
         acc += weight[:, None] * v
-    o = (bh * L + l)[:, None] * D + d[None, :]
-    tl.store(o_ptr + o, acc.to(o_ptr.dtype.element_ty), mask=tile)
+    tl.store(o_ptr + dense, acc.to(o_ptr.dtype.element_ty), mask=tile)
 
 
 @triton.jit
@@ -73,20 +87,10 @@ def _fold_query_grads_kernel(g_ptr, out_ptr, p_ptr, k_ptr, v_ptr,
                         g_sb, g_sh, g_sl, out_sb, out_sh, out_sl,
                         S, B, Hq, G, L, D, scale,
                         BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
-    l = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)
-    bh = tl.program_id(1).to(tl.int64)
-    b, h = bh // Hq, bh % Hq
-    d = tl.arange(0, BLOCK_D)
-    rows = l < L
-    tile = rows[:, None] & (d[None, :] < D)
-    g = tl.load(g_ptr + b * g_sb + h * g_sh + l[:, None] * g_sl + d[None, :], mask=tile,
-                other=0.0).to(tl.float32)
-    flex_out = tl.load(out_ptr + b * out_sb + h * out_sh + l[:, None] * out_sl + d[None, :],
-                       mask=tile, other=0.0).to(tl.float32)
-    kv_step = B * (Hq // G) * L * D
-    kv = (bh // G * L + l)[:, None] * D + d[None, :]
-    p_step = B * Hq * L
-    p_row = bh * L + l
+    l, b, h, d, rows, tile, dense, kv, kv_step, p_row, p_step = _query_rows(
+        B, Hq, G, L, D, BLOCK_L, BLOCK_D)
+    g = _load_tile(g_ptr, b, h, l, d, g_sb, g_sh, g_sl, tile)
+    flex_out = _load_tile(out_ptr, b, h, l, d, out_sb, out_sh, out_sl, tile)
     # the softmax over [lse, scores]: d logit_j = p_j (g.v_j - g.o), v_0 being flex's out
     p0 = tl.load(p_ptr + p_row, mask=rows, other=0.0)
     along_out = tl.sum(g * flex_out, axis=1)
@@ -96,7 +100,6 @@ def _fold_query_grads_kernel(g_ptr, out_ptr, p_ptr, k_ptr, v_ptr,
         weight = tl.load(p_ptr + (s + 1) * p_step + p_row, mask=rows, other=0.0)
         mean += weight * tl.sum(g * v, axis=1)
     tl.store(dlse_ptr + p_row, p0 * (along_out - mean), mask=rows)
-    dense = (bh * L + l)[:, None] * D + d[None, :]
     tl.store(dout_ptr + dense, (g * p0[:, None]).to(dout_ptr.dtype.element_ty), mask=tile)
     dq = tl.zeros([BLOCK_L, BLOCK_D], tl.float32)
     for s in range(S):
@@ -130,10 +133,8 @@ def _fold_key_grads_kernel(q_ptr, g_ptr, p_ptr, dscore_ptr, dk_ptr, dv_ptr,
         p_row = (b * Hq + h) * L + l
         dscore = tl.load(dscore_ptr + s * p_step + p_row, mask=rows, other=0.0)
         weight = tl.load(p_ptr + (s + 1) * p_step + p_row, mask=rows, other=0.0)
-        q = tl.load(q_ptr + b * q_sb + h * q_sh + l[:, None] * q_sl + d[None, :], mask=tile,
-                    other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + b * g_sb + h * g_sh + l[:, None] * g_sl + d[None, :], mask=tile,
-                    other=0.0).to(tl.float32)
+        q = _load_tile(q_ptr, b, h, l, d, q_sb, q_sh, q_sl, tile)
+        g = _load_tile(g_ptr, b, h, l, d, g_sb, g_sh, g_sl, tile)
         dk += dscore[:, None] * q
         dv += weight[:, None] * g
     kv = ((s * B * Hkv + b_hkv) * L + l)[:, None] * D + d[None, :]
