@@ -51,7 +51,10 @@ def islands(preset: str, L: int, ttt_steps: int, device: torch.device,
     # q as q_proj's output comes to rope: [B, L, heads, D] viewed as [B, heads, L, D]
     q_view = rand(1, L, Hq, D).transpose(1, 2).detach().requires_grad_()
     chunk = min(2048, L)
+    # the verifier's rows a chunk reads, in order, as the trainer's mostly are (a table of
+    # just those, so that the bytes counted are the bytes read)
     probs = torch.softmax(rand(chunk, cfg.draft_vocab_size, kind=f32), -1).to(dtype)
+    rows = torch.arange(chunk, device=device)
     fold, unfold = attention._fold_passes(torch.empty(0, device=device))
     return {
         "rms_norm [L, H]": (model.rms_norm, (rand(1, L, H, grad=True), rand(H, kind=f32, grad=True),
@@ -61,8 +64,10 @@ def islands(preset: str, L: int, ttt_steps: int, device: torch.device,
         "swiglu [L, I]": (model.swiglu, (rand(1, L, I), rand(1, L, I)), False),
         "swiglu_backward [L, I]": (model.swiglu_backward,
                                    (rand(1, L, I), rand(1, L, I), rand(1, L, I)), False),
+        "verifier targets [chunk, V]": (loss._target_chunk,
+                                        (rand(chunk, cfg.draft_vocab_size),), False),
         "loss chunk [chunk, V]": (loss._chunk_losses_and_grad,
-                                  (rand(chunk, cfg.draft_vocab_size), probs), False),
+                                  (rand(chunk, cfg.draft_vocab_size), probs, rows), False),
         # the last TTT step's fold of its K - 1 diagonal keys, forward and backward, as the
         # trainer runs it here (Triton kernels on CUDA)
         "fold forward (K-1 keys)": (fold,

@@ -25,16 +25,20 @@ def _loss_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _logits(hidden: Tensor, weight: Tensor) -> Tensor:
-    # The matmul runs in the activations' dtype (bf16 on GPU), as autocast would.
-    return (hidden @ weight.T).to(_loss_dtype(hidden.dtype))
-
-
 @dataclass
 class Targets:
     """The verifier's distribution over the draft vocabulary at every position."""
     probs: Tensor  # [N, V] in the verifier hidden states' dtype
     argmax: Tensor  # [N] long
+
+
+@cuda_compiled
+def _target_chunk(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """The verifier's distribution (in the logits' dtype, softmax in float32) and argmax
+    over a chunk of its logits: one read of them, where eager ran an fp32 copy, its
+    argmax, its softmax and a cast."""
+    z = logits.to(_loss_dtype(logits.dtype))
+    return z.softmax(-1).to(logits.dtype), z.argmax(-1)
 
 
 @torch.no_grad()
@@ -49,23 +53,26 @@ def verifier_targets(target_hidden: Tensor, target_weight: Tensor,
         probs = target_hidden.new_empty(N, V)
         argmax = torch.empty(N, dtype=torch.long, device=target_hidden.device)
         for s in range(0, N, chunk):
-            logits = _logits(target_hidden[s:s + chunk], tw)
-            argmax[s:s + chunk] = logits.argmax(-1)
-            probs[s:s + chunk] = logits.softmax(-1)
+            # the matmul in the states' dtype (bf16 on GPU), as autocast would run it
+            probs[s:s + chunk], argmax[s:s + chunk] = _target_chunk(
+                target_hidden[s:s + chunk] @ tw.T)
     return Targets(probs, argmax)
 
 
-@cuda_compiled
-def _chunk_losses(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
-    z, q = logits.to(_loss_dtype(logits.dtype)), target.to(_loss_dtype(logits.dtype))
+# The verifier's probabilities are read through the chunk's rows of the table inside the
+# compiled function: gathered outside it, each chunk wrote and read a [chunk x vocab] copy.
+@cuda_compiled(varying=((0,), (0,), (0,)))
+def _chunk_losses(logits: Tensor, probs: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+    z, q = logits.to(_loss_dtype(logits.dtype)), probs[rows].to(_loss_dtype(logits.dtype))
     # -sum(q * log_softmax(z)) = logsumexp(z) - sum(q * z), as q sums to 1.
     return torch.logsumexp(z, -1) - (q * z).sum(-1), z.argmax(-1)
 
 
-@cuda_compiled
-def _chunk_losses_and_grad(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+@cuda_compiled(varying=((0,), (0,), (0,)))
+def _chunk_losses_and_grad(logits: Tensor, probs: Tensor,
+                           rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """_chunk_losses and d loss / d logits = softmax(z) - q, in one read of the logits."""
-    z, q = logits.to(_loss_dtype(logits.dtype)), target.to(_loss_dtype(logits.dtype))
+    z, q = logits.to(_loss_dtype(logits.dtype)), probs[rows].to(_loss_dtype(logits.dtype))
     lse = torch.logsumexp(z, -1, keepdim=True)
     grad = ((z - lse).exp() - q).to(logits.dtype)
     return lse.squeeze(-1) - (q * z).sum(-1), z.argmax(-1), grad
@@ -100,11 +107,11 @@ class _HeadSoftCrossEntropy(torch.autograd.Function):
             if want_weight else None
         for s in range(0, P, chunk):
             c = slice(s, s + chunk)
-            logits, target = hidden[c] @ w.T, probs[target_rows[c]]
+            logits, rows = hidden[c] @ w.T, target_rows[c]
             if not (want_hidden or want_weight):
-                losses[c], logits_argmax[c] = _chunk_losses(logits, target)
+                losses[c], logits_argmax[c] = _chunk_losses(logits, probs, rows)
                 continue
-            losses[c], logits_argmax[c], grad_logits = _chunk_losses_and_grad(logits, target)
+            losses[c], logits_argmax[c], grad_logits = _chunk_losses_and_grad(logits, probs, rows)
             if want_hidden:
                 torch.mm(grad_logits, w, out=grad_hidden[c])
             if want_weight:

@@ -253,9 +253,9 @@ def loss_workspace(cfg: DrafterConfig, shape: StepShape) -> dict[str, dict[str, 
     backward (``lm_head_step_grads``, K of them until the last step's backward has scaled
     its own into lm_head's .grad). Forward, the last step's loss works with the draft head
     cast to the activation dtype (the verifier's head was cast once, for the targets, and
-    freed) and per chunk the logits, the gathered verifier probabilities and the logits'
-    gradient (compiled: all in the activation dtype; eager fp32: with one more fp32
-    temporary). Backward only scales the kept gradients: the head's, scaled, is a new
+    freed) and per chunk the logits and the logits' gradient (compiled: both in the
+    activation dtype, the verifier's probabilities read in place; eager fp32: with the
+    gathered probabilities and one more fp32 temporary). Backward only scales the kept gradients: the head's, scaled, is a new
     [V, H] fp32 matrix that becomes lm_head's .grad.
     """
     a = PRECISIONS[shape.precision]
@@ -265,7 +265,7 @@ def loss_workspace(cfg: DrafterConfig, shape: StepShape) -> dict[str, dict[str, 
     # activations' dtype where they differ.
     casts = {"loss_head_casts": V * H * a} if a != (BF16 if shape.freeze_lm_head else FP32) \
         else {}
-    forward = chunk * V * (3 * a if _compiled(shape.precision) else 4 * FP32)
+    forward = chunk * V * (2 * a if _compiled(shape.precision) else 4 * FP32)
     if shape.freeze_lm_head:  # no gradients for the head at all
         return {"loss_forward": {**casts, "loss_chunk": forward},
                 "loss_backward": {}, "norm_backward": {}}

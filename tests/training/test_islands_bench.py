@@ -15,7 +15,7 @@ def test_smoke_times_every_island_and_writes_its_report(tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "islands.json").read_text())
     names = [row["island"] for row in report["rows"]]
-    assert len(names) == 8 and len(set(names)) == 8
+    assert len(names) == 9 and len(set(names)) == 9
     assert {row["mode"] for row in report["rows"]} == {"trainer"}
     for row in report["rows"]:
         assert row["s"] > 0 and row["bytes"] > 0

@@ -74,7 +74,7 @@ def test_tiny_analytic_terms_by_hand():
     head = 256 * 64 * 4  # a draft-head gradient, fp32
     assert phases["loss_forward"]["constant"] == {
         **state, "loss_head_casts": casts, "lm_head_step_grads": 3 * head,
-        "loss_chunk": 3 * 128 * 256 * 2}  # logits, gathered probabilities, gradient: bf16
+        "loss_chunk": 2 * 128 * 256 * 2}  # logits, gradient: bf16 (probabilities read in place)
     # backward scales the kept gradients: the head's becomes lm_head's .grad
     assert phases["loss_backward"]["constant"] == {
         **state, "lm_head_step_grads": 3 * head, "lm_head_grad": head}
