@@ -78,15 +78,17 @@ def _chunk_losses_and_grad(logits: Tensor, probs: Tensor,
     return lse.squeeze(-1) - (q * z).sum(-1), z.argmax(-1), grad
 
 
-def _accumulate_product(acc: Tensor, a: Tensor, b: Tensor) -> None:
-    """acc += a @ b. A wider acc than a and b is summed in the matmul itself on CUDA
+def _accumulate_product(acc: Tensor, a: Tensor, b: Tensor, first: bool) -> None:
+    """acc = a @ b if first (acc's contents ignored: no zero fill to write and read back),
+    else acc += a @ b. A wider acc than a and b is summed in the matmul itself on CUDA
     (out_dtype), not through a product in the narrow dtype and a second pass."""
+    beta = 0 if first else 1
     if acc.dtype == a.dtype:
-        acc.addmm_(a, b)
+        torch.addmm(acc, a, b, beta=beta, out=acc)
     elif acc.is_cuda:
-        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+        torch.addmm(acc, a, b, beta=beta, out_dtype=acc.dtype, out=acc)
     else:  # no out_dtype kernel on the CPU
-        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+        torch.addmm(acc, a.to(acc.dtype), b.to(acc.dtype), beta=beta, out=acc)
 
 
 class _HeadSoftCrossEntropy(torch.autograd.Function):
@@ -103,8 +105,10 @@ class _HeadSoftCrossEntropy(torch.autograd.Function):
         losses = hidden.new_empty(P, dtype=_loss_dtype(hidden.dtype))
         logits_argmax = torch.empty(P, dtype=torch.long, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
-        grad_weight = torch.zeros_like(weight, dtype=_loss_dtype(weight.dtype)) \
-            if want_weight else None
+        grad_weight = None
+        if want_weight:  # the first chunk's product fills it; zeros only without a chunk
+            make = torch.empty_like if P else torch.zeros_like
+            grad_weight = make(weight, dtype=_loss_dtype(weight.dtype))
         for s in range(0, P, chunk):
             c = slice(s, s + chunk)
             logits, rows = hidden[c] @ w.T, target_rows[c]
@@ -115,7 +119,7 @@ class _HeadSoftCrossEntropy(torch.autograd.Function):
             if want_hidden:
                 torch.mm(grad_logits, w, out=grad_hidden[c])
             if want_weight:
-                _accumulate_product(grad_weight, grad_logits.T, hidden[c])
+                _accumulate_product(grad_weight, grad_logits.T, hidden[c], first=s == 0)
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(losses, logits_argmax)

@@ -46,6 +46,17 @@ def test_chunked_equals_unchunked_loss_and_gradient(chunk):
     assert torch.equal(agree, want_agree)
 
 
+def test_no_positions_give_a_zero_loss_and_zero_head_gradient():
+    # a TTT step whose positions all fall past their samples' ends scores none
+    _, weight, _, target_weight = inputs(0)
+    targets = verifier_targets(torch.randn(5, 24, dtype=torch.float64), target_weight)
+    hidden = torch.zeros(0, 24, dtype=torch.float64, requires_grad=True)
+    total, losses, _ = soft_cross_entropy_of_targets(hidden, weight, targets,
+                                                     torch.zeros(0, dtype=torch.long))
+    assert total.item() == 0 and losses.shape == (0,)
+    assert torch.equal(torch.autograd.grad(total, weight)[0], torch.zeros_like(weight))
+
+
 def test_gradients_only_for_the_inputs_that_take_them():
     hidden, weight, target_hidden, target_weight = inputs(40)
     frozen_head = weight.detach()
