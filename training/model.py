@@ -87,8 +87,20 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return SwiGLUDown.apply(self.gate_proj(x), self.up_proj(x), self.down_proj.weight)
+    def down_weight(self) -> Tensor:
+        """down_proj's weight as the matmuls read it, cast to autocast's dtype once for a
+        whole TTT unroll, as autocast does for the other projections. Given the fp32
+        weight, SwiGLUDown (a Function, which autocast's cache does not reach in backward)
+        recast it in every step's backward and returned an fp32 gradient per step to add:
+        11 [hidden x intermediate] copies a llama3-8b step where 2 serve."""
+        weight, device = self.down_proj.weight, self.down_proj.weight.device.type
+        if torch.is_autocast_enabled(device):
+            return weight.to(torch.get_autocast_dtype(device))
+        return weight
+
+    def forward(self, x: Tensor, down_weight: Tensor) -> Tensor:
+        """down_weight: down_weight(), made once per unroll."""
+        return SwiGLUDown.apply(self.gate_proj(x), self.up_proj(x), down_weight)
 
 
 @cuda_compiled
@@ -142,14 +154,14 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, embeds: Tensor, hidden: Tensor, rotary: tuple[Tensor, Tensor],
-                layout: DocLayout, earlier: list[tuple[Tensor, Tensor]]
+                layout: DocLayout, earlier: list[tuple[Tensor, Tensor]], down_weight: Tensor
                 ) -> tuple[Tensor, Tensor, Tensor]:
         # In the hidden stream's dtype (bf16 under autocast), so q/k/v share one cast input.
         embeds = self.input_layernorm(embeds.to(hidden.dtype))
         x = torch.cat([embeds, self.hidden_norm(hidden)], dim=-1)
         attn, k, v = self.self_attn(x, rotary, layout, earlier)
         hidden = hidden + attn
-        return hidden + self.mlp(self.post_attention_layernorm(hidden)), k, v
+        return hidden + self.mlp(self.post_attention_layernorm(hidden), down_weight), k, v
 
 
 @dataclass
@@ -258,8 +270,11 @@ class Eagle3Drafter(nn.Module):
         targets = verifier_targets(batch.final_hidden.reshape(B * L, -1), self.target_head,
                                    loss_chunk)
 
+        down_weight = self.midlayer.mlp.down_weight()
+
         def ttt_step(tokens, hidden, rotary, earlier):
-            return self.midlayer(self.embed_tokens(tokens), hidden, rotary, layout, earlier)
+            return self.midlayer(self.embed_tokens(tokens), hidden, rotary, layout, earlier,
+                                 down_weight)
 
         # fp32 tables under autocast (the weights' dtype), fp64 for fp64 weights
         table_dtype = at_least_float32(self.fc.weight.dtype)
