@@ -255,8 +255,9 @@ def loss_workspace(cfg: DrafterConfig, shape: StepShape) -> dict[str, dict[str, 
     cast to the activation dtype (the verifier's head was cast once, for the targets, and
     freed) and per chunk the logits and the logits' gradient (compiled: both in the
     activation dtype, the verifier's probabilities read in place; eager fp32: with the
-    gathered probabilities and one more fp32 temporary). Backward only scales the kept gradients: the head's, scaled, is a new
-    [V, H] fp32 matrix that becomes lm_head's .grad.
+    gathered probabilities and one more fp32 temporary). Backward only scales the kept
+    gradients: the head's, scaled, is a new [V, H] fp32 matrix that becomes lm_head's
+    .grad.
     """
     a = PRECISIONS[shape.precision]
     chunk = min(shape.loss_chunk, shape.tokens)
