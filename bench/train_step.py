@@ -341,7 +341,9 @@ def profile_steps(step, rows: int, steps: int = 2) -> None:
             prof.export_chrome_trace(str(trace))
             events = json.loads(trace.read_text())["traceEvents"]
         kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
-        print("\n".join(kernel_summary(kernels, steps)), file=sys.stderr, flush=True)
+        cpu_ops = [e for e in events if e.get("cat") == "cpu_op" and "dur" in e]
+        print("\n".join(kernel_summary(kernels, steps) + idle_gaps(kernels, cpu_ops)),
+              file=sys.stderr, flush=True)
 
 
 def kernel_kind(name: str) -> str:
@@ -379,6 +381,30 @@ def kernel_summary(kernels: list[dict], steps: int) -> list[str]:
              f"{busy / steps / 1e3:.1f} ms busy, {(span - busy) / steps / 1e3:.1f} ms idle"]
     lines += [f"  {t / steps / 1e3:8.2f} ms {100 * t / total:5.1f} %  {kind}"
               for kind, t in sorted(by_kind.items(), key=lambda kv: -kv[1])]
+    return lines
+
+
+def idle_gaps(kernels: list[dict], cpu_ops: list[dict], count: int = 12) -> list[str]:
+    """The longest stretches with no kernel running, where in the profile (ms from its
+    first kernel), the kernels either side and what the CPU started meanwhile: the GPU
+    waits there for the CPU to launch work, or for a sync."""
+    kernels = sorted(kernels, key=lambda e: e["ts"])
+    gaps, reached, last = [], kernels[0]["ts"] if kernels else 0, None
+    for e in kernels:
+        if e["ts"] > reached:
+            gaps.append((e["ts"] - reached, reached, last, e))
+        if e["ts"] + e["dur"] >= reached:
+            reached, last = e["ts"] + e["dur"], e
+    lines = [f"longest idle stretches ({len(gaps)} in all, {sum(g[0] for g in gaps) / 1e3:.1f} ms):"]
+    for length, start, before, after in sorted(gaps, key=lambda g: -g[0])[:count]:
+        started: dict[str, int] = {}
+        for op in cpu_ops:
+            if start <= op["ts"] < start + length:
+                started[op["name"]] = started.get(op["name"], 0) + 1
+        busiest = ", ".join(f"{name} x{n}" for name, n in
+                            sorted(started.items(), key=lambda kv: -kv[1])[:4])
+        lines.append(f"  {length:8.0f} us at {(start - kernels[0]['ts']) / 1e3:7.1f} ms, after "
+                     f"{before['name'][:40]} before {after['name'][:40]}; CPU: {busiest or '-'}")
     return lines
 
 

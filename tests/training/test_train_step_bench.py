@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.train_step import kernel_summary, model_flops, sample_lengths
+from bench.train_step import idle_gaps, kernel_summary, model_flops, sample_lengths
 from training.config import DrafterConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,6 +55,22 @@ def test_kernel_summary_counts_overlaps_once_and_sorts_kinds():
         "compiled (triton)", "diagonal-key fold (triton)"]
     assert lines[1].split()[0] == "3.00" and lines[1].split()[2] == "44.4"
     assert kernel_summary([], steps=2) == ["no kernels recorded"]
+
+
+def test_idle_gaps_lists_the_longest_first_with_their_neighbours_and_cpu_ops():
+    kernels = [{"name": "mm", "ts": 0, "dur": 6000},
+               {"name": "copy", "ts": 1000, "dur": 1000},  # inside mm: no gap after it
+               {"name": "flex", "ts": 7000, "dur": 1000},  # 1 ms after mm
+               {"name": "silu", "ts": 11000, "dur": 500}]  # 3 ms after flex
+    cpu_ops = [{"name": "aten::nonzero", "ts": 8200, "dur": 10},
+               {"name": "aten::empty", "ts": 8300, "dur": 1},
+               {"name": "aten::empty", "ts": 9000, "dur": 1},
+               {"name": "aten::mm", "ts": 500, "dur": 20}]  # before any gap
+    lines = idle_gaps(kernels, cpu_ops)
+    assert lines == [
+        "longest idle stretches (2 in all, 4.0 ms):",
+        "      3000 us at     8.0 ms, after flex before silu; CPU: aten::empty x2, aten::nonzero x1",
+        "      1000 us at     6.0 ms, after mm before flex; CPU: -"]
 
 
 @pytest.mark.slow
