@@ -395,7 +395,8 @@ def idle_gaps(kernels: list[dict], cpu_ops: list[dict], count: int = 12) -> list
             gaps.append((e["ts"] - reached, reached, last, e))
         if e["ts"] + e["dur"] >= reached:
             reached, last = e["ts"] + e["dur"], e
-    lines = [f"longest idle stretches ({len(gaps)} in all, {sum(g[0] for g in gaps) / 1e3:.1f} ms):"]
+    idle = sum(g[0] for g in gaps) / 1e3
+    lines = [f"longest idle stretches ({len(gaps)} in all, {idle:.1f} ms):"]
     for length, start, before, after in sorted(gaps, key=lambda g: -g[0])[:count]:
         started: dict[str, int] = {}
         for op in cpu_ops:
