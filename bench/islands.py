@@ -6,11 +6,11 @@ read and written, several times what an H200's bandwidth allows. Each island her
 one cell's shapes, as the trainer calls it (bf16 activations, fp32 weights and tables),
 three ways: as the trainer compiles it (training/compiled.py: only the dims that change
 with the row symbolic), with every size symbolic (dynamic=True, how the trainer compiled
-them until session 8) and with static shapes; the diagonal-key fold, no compiled island
-(Triton kernels on CUDA), once, as the trainer runs it. Each row: the median time of a call, forward
-(and forward + backward where the trainer takes a gradient), the bytes the call must read
-and write, and the bandwidth that makes against a device-to-device copy measured in the
-same run.
+them until session 8) and with static shapes; the diagonal-key fold and the loss chunk,
+no compiled islands (Triton kernels on CUDA), once, as the trainer runs them. Each row:
+the median time of a call, forward (and forward + backward where the trainer takes a
+gradient), the bytes the call must read and write, and the bandwidth that makes against a
+device-to-device copy measured in the same run.
 
     python bench/islands.py                               # H200: llama3-8b at 8192
     python bench/islands.py --cell kimi-k2:65536:5
@@ -66,8 +66,9 @@ def islands(preset: str, L: int, ttt_steps: int, device: torch.device,
                                    (rand(1, L, I), rand(1, L, I), rand(1, L, I)), False),
         "verifier targets [chunk, V]": (loss._target_chunk,
                                         (rand(chunk, cfg.draft_vocab_size),), False),
-        "loss chunk [chunk, V]": (loss._chunk_losses_and_grad,
-                                  (rand(chunk, cfg.draft_vocab_size), probs, rows), False),
+        # Triton on CUDA (training/loss_triton.py), no compiled island
+        "loss chunk [chunk, V]": (loss._chunk_pass(probs),
+                                  (rand(chunk, cfg.draft_vocab_size), probs, rows, True), False),
         # the last TTT step's fold of its K - 1 diagonal keys, forward and backward, as the
         # trainer runs it here (Triton kernels on CUDA)
         "fold forward (K-1 keys)": (fold,
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, (fn, inputs, grad) in islands(preset, int(length), ttt_steps, device,
                                             dtype).items():
-        # the fold is not a compiled island: no compiled variants
+        # the fold and the loss chunk are not compiled islands: no compiled variants
         for mode in modes if hasattr(fn, "__wrapped__") else ("trainer",):
             row = measure(name, fn, inputs, grad, mode, device, args.reps)
             rows.append(row)

@@ -59,23 +59,22 @@ def verifier_targets(target_hidden: Tensor, target_weight: Tensor,
     return Targets(probs, argmax)
 
 
-# The verifier's probabilities are read through the chunk's rows of the table inside the
-# compiled function: gathered outside it, each chunk wrote and read a [chunk x vocab] copy.
-@cuda_compiled(varying=((0,), (0,), (0,)))
-def _chunk_losses(logits: Tensor, probs: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
-    z, q = logits.to(_loss_dtype(logits.dtype)), probs[rows].to(_loss_dtype(logits.dtype))
-    # -sum(q * log_softmax(z)) = logsumexp(z) - sum(q * z), as q sums to 1.
-    return torch.logsumexp(z, -1) - (q * z).sum(-1), z.argmax(-1)
-
-
-@cuda_compiled(varying=((0,), (0,), (0,)))
-def _chunk_losses_and_grad(logits: Tensor, probs: Tensor,
-                           rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """_chunk_losses and d loss / d logits = softmax(z) - q, in one read of the logits."""
+def _chunk_losses(logits: Tensor, probs: Tensor, rows: Tensor,
+                  want_grad: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Each row's loss against probs[rows], its argmax and, if wanted, d loss / d logits =
+    softmax(z) - q. On CUDA, training/loss_triton.py does the same in one kernel."""
     z, q = logits.to(_loss_dtype(logits.dtype)), probs[rows].to(_loss_dtype(logits.dtype))
     lse = torch.logsumexp(z, -1, keepdim=True)
-    grad = ((z - lse).exp() - q).to(logits.dtype)
+    grad = ((z - lse).exp() - q).to(logits.dtype) if want_grad else None
+    # -sum(q * log_softmax(z)) = logsumexp(z) - sum(q * z), as q sums to 1.
     return lse.squeeze(-1) - (q * z).sum(-1), z.argmax(-1), grad
+
+
+def _chunk_pass(logits: Tensor):
+    if logits.is_cuda and logits.dtype != torch.float64:  # the kernel's sums are float32
+        from training import loss_triton  # imports Triton, which CUDA machines have
+        return loss_triton.chunk_losses
+    return _chunk_losses
 
 
 def _accumulate_product(acc: Tensor, a: Tensor, b: Tensor, first: bool) -> None:
@@ -109,13 +108,13 @@ class _HeadSoftCrossEntropy(torch.autograd.Function):
         if want_weight:  # the first chunk's product fills it; zeros only without a chunk
             make = torch.empty_like if P else torch.zeros_like
             grad_weight = make(weight, dtype=_loss_dtype(weight.dtype))
+        chunk_pass = _chunk_pass(hidden)
         for s in range(0, P, chunk):
             c = slice(s, s + chunk)
-            logits, rows = hidden[c] @ w.T, target_rows[c]
-            if not (want_hidden or want_weight):
-                losses[c], logits_argmax[c] = _chunk_losses(logits, probs, rows)
+            losses[c], logits_argmax[c], grad_logits = chunk_pass(
+                hidden[c] @ w.T, probs, target_rows[c], want_hidden or want_weight)
+            if grad_logits is None:
                 continue
-            losses[c], logits_argmax[c], grad_logits = _chunk_losses_and_grad(logits, probs, rows)
             if want_hidden:
                 torch.mm(grad_logits, w, out=grad_hidden[c])
             if want_weight:

@@ -129,8 +129,9 @@ def parameter_counts(cfg: DrafterConfig, freeze_lm_head: bool = False) -> dict[s
 
 
 def _compiled(precision: str) -> bool:
-    # bf16 is the CUDA trainer, whose norms, SwiGLU and loss chunks are compiled
-    # (training/compiled.py): AOTAutograd keeps fewer tensors than the eager CPU path.
+    # bf16 is the CUDA trainer, whose norms and SwiGLU are compiled (training/compiled.py):
+    # AOTAutograd keeps fewer tensors than the eager CPU path; its loss chunks are a Triton
+    # kernel (training/loss_triton.py) with no temporaries of its own.
     return precision == "bf16"
 
 
@@ -253,7 +254,7 @@ def loss_workspace(cfg: DrafterConfig, shape: StepShape) -> dict[str, dict[str, 
     backward (``lm_head_step_grads``, K of them until the last step's backward has scaled
     its own into lm_head's .grad). Forward, the last step's loss works with the draft head
     cast to the activation dtype (the verifier's head was cast once, for the targets, and
-    freed) and per chunk the logits and the logits' gradient (compiled: both in the
+    freed) and per chunk the logits and the logits' gradient (CUDA: both in the
     activation dtype, the verifier's probabilities read in place; eager fp32: with the
     gathered probabilities and one more fp32 temporary). Backward only scales the kept
     gradients: the head's, scaled, is a new [V, H] fp32 matrix that becomes lm_head's

@@ -170,6 +170,32 @@ def test_bf16_on_cuda_gives_the_float64_gradients():
         assert err < 0.02, err
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("V", [100, 4096, 5003])
+def test_triton_chunk_pass_matches_the_torch_one_on_cuda(dtype, V):
+    """loss_triton's kernel against loss._chunk_losses run eagerly: losses, the first
+    index of a tied maximum, the gradient, and the pass without one."""
+    from training import loss, loss_triton
+    g = torch.Generator(device="cuda").manual_seed(V)
+    logits = (torch.randn(37, V, generator=g, device="cuda") * 4).to(dtype)
+    logits[0, [3, V // 2, V - 1]] = 30.0  # a three-way tie
+    logits[1, V - 1] = 30.0  # the maximum in the last, partial block
+    probs = torch.randn(50, V, generator=g, device="cuda").softmax(-1).to(dtype)
+    rows = torch.randint(0, 50, (37,), generator=g, device="cuda")
+    want = loss._chunk_losses(logits, probs, rows, want_grad=True)
+    got = loss_triton.chunk_losses(logits, probs, rows, want_grad=True)
+    assert got[0].dtype == torch.float32 and got[2].dtype == dtype
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-4)
+    assert torch.equal(got[1], want[1]) and got[1][0] == 3 and got[1][1] == V - 1
+    torch.testing.assert_close(got[2].float(), want[2].float(), rtol=0, atol=2**-8 if
+                               dtype == torch.bfloat16 else 1e-6)  # one bf16 step below 1
+    losses, argmax, grad = loss_triton.chunk_losses(logits, probs, rows, want_grad=False)
+    assert grad is None and torch.equal(losses, got[0]) and torch.equal(argmax, got[1])
+    empty = loss_triton.chunk_losses(logits[:0], probs, rows[:0], want_grad=True)
+    assert empty[0].shape == (0,) and empty[2].shape == (0, V)
+
+
 def test_draft_vocab_is_the_most_frequent_tokens_ties_to_the_lower_id():
     counts = torch.tensor([5, 0, 9, 5, 1, 5, 9])
     d2t, t2d = build_draft_vocab(counts, 4)
