@@ -59,6 +59,12 @@ def islands(preset: str, L: int, ttt_steps: int, device: torch.device,
     return {
         "rms_norm [L, H]": (model.rms_norm, (rand(1, L, H, grad=True), rand(H, kind=f32, grad=True),
                                              cfg.rms_norm_eps), True),
+        # the embedding's (no gradient) and the hidden state's, into one [L, 2H]
+        "input norms side by side [L, 2H]": (model.side_by_side_norms,
+                                             (rand(1, L, H), rand(1, L, H, grad=True),
+                                              rand(H, kind=f32, grad=True),
+                                              rand(H, kind=f32, grad=True), cfg.rms_norm_eps),
+                                             True),
         "rope q (transposed view)": (model.rope, (q_view, cos, sin), True),
         "rope q (contiguous)": (model.rope, (rand(1, Hq, L, D, grad=True), cos, sin), True),
         "swiglu [L, I]": (model.swiglu, (rand(1, L, I), rand(1, L, I)), False),

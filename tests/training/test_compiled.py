@@ -9,6 +9,9 @@ from torch._dynamo.utils import counters
 
 from training import loss, model
 from training.compiled import compile_island
+from training.config import PRESETS
+from training.fit import count_saved_bytes
+from training.memory import saved_per_token_step
 
 L_FIRST, L_SECOND = 48, 80
 
@@ -18,7 +21,10 @@ def cases(L: int, g: torch.Generator) -> dict:
         return torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_(grad)
     return {
         "rms_norm": (model.rms_norm, (r(1, L, 24), r(24), 1e-5)),
-        "rope": (model.rope, (r(1, 4, L, 16), *model.rotary_tables(torch.arange(L)[None], 16,
+        # the embedding takes no gradient, the hidden state does
+        "side_by_side_norms": (model.side_by_side_norms,
+                               (r(1, L, 24, grad=False), r(1, L, 24), r(24), r(24), 1e-5)),
+        "rope": (model.rope, (r(1, L, 4, 16), *model.rotary_tables(torch.arange(L)[None], 16,
                                                                  10000.0, torch.float64))),
         "swiglu": (model.swiglu, (r(1, L, 40), r(1, L, 40))),
         "swiglu_backward": (model.swiglu_backward, tuple(r(1, L, 40, grad=False) for _ in range(3))),
@@ -27,8 +33,8 @@ def cases(L: int, g: torch.Generator) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["rms_norm", "rope", "swiglu", "swiglu_backward",
-                                  "target_chunk"])
+@pytest.mark.parametrize("name", ["rms_norm", "side_by_side_norms", "rope", "swiglu",
+                                  "swiglu_backward", "target_chunk"])
 def test_compiled_island_equals_eager_at_two_lengths(name):
     g = torch.Generator().manual_seed(0)
     fn = cases(L_FIRST, g)[name][0]
@@ -50,3 +56,25 @@ def test_compiled_island_equals_eager_at_two_lengths(name):
                 torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[1] == graphs[0], "the second row length compiled the island again"
+
+
+@pytest.mark.slow
+def test_compiled_input_norms_keep_the_modelled_bytes_and_copy_no_gradient():
+    """The embedding's and the hidden state's norms as one island, in bf16 as on the GPU:
+    they keep what the memory model says (each: its bf16 input and 1/rms), and backward
+    takes the concatenation's gradient as it comes. Two compiled norms under a cat were
+    handed strided halves of it and copied each first."""
+    H, L = PRESETS["tiny"].hidden_size, 48
+    g = torch.Generator().manual_seed(0)
+    embeds, hidden = (torch.randn(1, L, H, generator=g).to(torch.bfloat16) for _ in range(2))
+    hidden.requires_grad_()
+    weights = [torch.randn(H, generator=g, requires_grad=True) for _ in range(2)]
+    norms = compile_island(model.side_by_side_norms.__wrapped__)
+    with count_saved_bytes(exclude=weights) as saved:
+        x = norms(embeds, hidden, *weights, 1e-5)
+    terms = saved_per_token_step(PRESETS["tiny"], "bf16")
+    assert saved.nbytes == (terms["embed_norm"] + terms["hidden_norm"]) * L
+    with torch.profiler.profile() as prof:
+        torch.autograd.grad(x, [hidden, *weights], torch.randn_like(x))
+    copies = [e.key for e in prof.key_averages() if e.key in ("aten::contiguous", "aten::clone")]
+    assert copies == []

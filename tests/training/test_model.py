@@ -288,7 +288,8 @@ def test_compiled_islands_serve_a_new_row_length_without_recompiling_on_cuda():
     from torch._dynamo.utils import counters
 
     from training.loss import _target_chunk
-    from training.model import rms_norm, rope, rotary_tables, swiglu, swiglu_backward
+    from training.model import (rms_norm, rope, rotary_tables, side_by_side_norms, swiglu,
+                                swiglu_backward)
     g = torch.Generator(device="cuda").manual_seed(0)
     H, I, Hq, D, V = 64, 96, 4, 16, 100
 
@@ -299,7 +300,10 @@ def test_compiled_islands_serve_a_new_row_length_without_recompiling_on_cuda():
         cos, sin = rotary_tables(torch.arange(L, device="cuda")[None], D, 1e4, torch.float32)
         calls = [(rms_norm, (rand(1, L, H).requires_grad_(), rand(H, dtype=torch.float32), 1e-6)),
                  (rms_norm, (rand(L // 3, H), rand(H, dtype=torch.float32), 1e-6)),
-                 (rope, (rand(1, L, Hq, D).transpose(1, 2).requires_grad_(), cos, sin)),
+                 (side_by_side_norms, (rand(1, L, H), rand(1, L, H).requires_grad_(),
+                                       rand(H, dtype=torch.float32),
+                                       rand(H, dtype=torch.float32), 1e-6)),
+                 (rope, (rand(1, L, Hq, D).requires_grad_(), cos, sin)),
                  (swiglu, (rand(1, L, I), rand(1, L, I))),
                  (swiglu_backward, (rand(1, L, I), rand(1, L, I), rand(1, L, I))),
                  (_target_chunk, (rand(L // 4, V),))]
@@ -314,11 +318,14 @@ def test_compiled_islands_serve_a_new_row_length_without_recompiling_on_cuda():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_triton_fold_matches_the_torch_fold_on_cuda(dtype):
+def test_triton_fold_matches_the_torch_fold_on_cuda(dtype, padded):
     """fold_triton's kernels against attention's torch fold (run eagerly), forward and
-    backward, on the layouts the trainer hands them: q as rope leaves it (a transposed
-    view), flex's output and log-sum-exp sliced from a padded row."""
+    backward, on the layouts the trainer hands them: q token-major as rope leaves it (a
+    transposed view), flex's output in q's layout or, for a row padded to whole blocks,
+    sliced from the padded one, and o_proj's gradient with its heads split. The output and
+    the gradients of q and of flex's output come back in those layouts."""
     from training import attention, fold_triton
     g = torch.Generator(device="cuda").manual_seed(0)
     B, Hq, Hkv, L, D, S = 2, 8, 2, 300, 128, 3
@@ -326,19 +333,26 @@ def test_triton_fold_matches_the_torch_fold_on_cuda(dtype):
     def rand(*shape, kind=dtype):
         return torch.randn(*shape, generator=g, device="cuda", dtype=kind)
     q = rand(B, L, Hq, D).transpose(1, 2)
-    out = rand(B, Hq, L + 84, D)[:, :, :L]
-    lse = rand(B, Hq, L + 84, kind=torch.float32)[:, :, :L]
-    keys, values, grad = rand(S, B, Hkv, L, D), rand(S, B, Hkv, L, D), rand(B, Hq, L, D)
+    if padded:
+        out = rand(B, Hq, L + 84, D)[:, :, :L]
+        lse = rand(B, Hq, L + 84, kind=torch.float32)[:, :, :L]
+    else:
+        out, lse = rand(B, L, Hq, D).transpose(1, 2), rand(B, Hq, L, kind=torch.float32)
+    keys, values = rand(S, B, Hkv, L, D), rand(S, B, Hkv, L, D)
+    grad = rand(B, L, Hq, D).transpose(1, 2)
     want_o, want_p = attention._fold_forward(q, out, lse, keys, values)
     got_o, got_p = fold_triton.fold_forward(q, out, lse, keys, values)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(got_o.float(), want_o.float(), **tol)
     torch.testing.assert_close(got_p, want_p, rtol=1e-5, atol=1e-6)
+    assert got_o.stride() == q.stride()
     want = attention._fold_backward(grad, q, out, want_p, keys, values)
     got = fold_triton.fold_backward(grad, q, out, want_p, keys, values)
     for a, b in zip(got, want, strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype
         torch.testing.assert_close(a.float(), b.float(), **tol)
+    assert got[0].stride() == q.stride()
+    assert padded or got[1].stride() == out.stride()
 
 
 @pytest.mark.parametrize("steps", [1, 3])
@@ -519,5 +533,5 @@ def test_rope_rotates_as_the_verifiers_llama_layers_do():
     x = torch.randn(1, 4, L, D, dtype=torch.float64)
     cos, sin = modeling_llama.LlamaRotaryEmbedding(config)(x, positions)
     want, _ = modeling_llama.apply_rotary_pos_emb(x, x, cos.double(), sin.double())
-    got = rope(x, *rotary_tables(positions, D, theta, torch.float64))
-    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    got = rope(x.transpose(1, 2), *rotary_tables(positions, D, theta, torch.float64))
+    torch.testing.assert_close(got.transpose(1, 2), want, rtol=1e-6, atol=1e-6)
