@@ -115,7 +115,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
     """Exact reference: q [B,Hq,L,D], k/v [B,Hkv,S,D], allowed [B,L,S] -> [B,Hq,L,D]."""
     B, Hq, L, D = q.shape
     Hkv = k.shape[1]
-    qg = q.view(B, Hkv, Hq // Hkv, L, D)  # query heads that share one key/value head
+    qg = q.reshape(B, Hkv, Hq // Hkv, L, D)  # query heads that share one key/value head
     acc = at_least_float32(q.dtype)
     scores = (qg @ k.unsqueeze(2).transpose(-1, -2)).to(acc) * (1.0 / math.sqrt(D))
     scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
@@ -138,10 +138,10 @@ def _fold_forward(q: Tensor, out: Tensor, lse: Tensor, keys: Tensor,
     S, B, Hkv, L, D = keys.shape
     G = q.shape[1] // Hkv  # query heads that share one key/value head
     f = at_least_float32(q.dtype)
-    scores = (q.view(B, Hkv, G, L, D).to(f) * keys[:, :, :, None].to(f)).sum(-1)
+    scores = (q.reshape(B, Hkv, G, L, D).to(f) * keys[:, :, :, None].to(f)).sum(-1)
     logits = torch.cat([lse.view(1, B, Hkv, G, L).to(f), scores / math.sqrt(D)])
     p = logits.softmax(0)
-    o = out.view(B, Hkv, G, L, D).to(f) * p[0, ..., None] \
+    o = out.reshape(B, Hkv, G, L, D).to(f) * p[0, ..., None] \
         + (p[1:, ..., None] * values[:, :, :, None].to(f)).sum(0)
     return o.view(B, Hkv * G, L, D).to(q.dtype), p
 
@@ -152,15 +152,15 @@ def _fold_backward(grad: Tensor, q: Tensor, out: Tensor, p: Tensor, keys: Tensor
     S, B, Hkv, L, D = keys.shape
     G = q.shape[1] // Hkv
     f = p.dtype
-    g = grad.view(B, Hkv, G, L, D).to(f)
+    g = grad.reshape(B, Hkv, G, L, D).to(f)
     # the softmax over [lse, scores]: d logit_j = p_j (g·v_j - g·o), v_0 being flex's out
-    a_out = (g * out.view(B, Hkv, G, L, D).to(f)).sum(-1)
+    a_out = (g * out.reshape(B, Hkv, G, L, D).to(f)).sum(-1)
     a_keys = (g[None] * values[:, :, :, None].to(f)).sum(-1)
     a_mean = p[0] * a_out + (p[1:] * a_keys).sum(0)
     d_lse = p[0] * (a_out - a_mean)
     d_scores = p[1:] * (a_keys - a_mean) / math.sqrt(D)
     d_q = (d_scores[..., None] * keys[:, :, :, None].to(f)).sum(0)
-    d_keys = (d_scores[..., None] * q.view(B, Hkv, G, L, D).to(f)).sum(3)
+    d_keys = (d_scores[..., None] * q.reshape(B, Hkv, G, L, D).to(f)).sum(3)
     d_values = (p[1:, ..., None] * g).sum(3)
     d_out = g * p[0, ..., None]
     return (d_q.view(B, Hkv * G, L, D).to(q.dtype), d_out.view(B, Hkv * G, L, D).to(out.dtype),

@@ -52,18 +52,18 @@ def side_by_side_norms(a: Tensor, b: Tensor, weight_a: Tensor, weight_b: Tensor,
 
 def rotary_tables(positions: Tensor, head_dim: int, theta: float,
                   dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos and sin of the rotary angles at positions [B, L], [B, 1, L, head_dim / 2] each.
+    """cos and sin of the rotary angles at positions [B, L], [B, L, 1, head_dim / 2] each.
     Made once per TTT step for both q and k: computed inside rope, the transcendentals ran
     per head and per rotated tensor, 300 us a call at llama3-8b 8192 on an H200."""
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device,
                                        dtype=dtype) / head_dim)
-    angles = positions[:, None, :, None].to(dtype) * inv_freq
+    angles = positions[:, :, None, None].to(dtype) * inv_freq
     return angles.cos(), angles.sin()
 
 
-@cuda_compiled(varying=((-2,), (-2,), (-2,)))
+@cuda_compiled(varying=((-3,), (-3,), (-3,)))
 def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotary embedding of x [B, heads, L, D] by rotary_tables (half-split layout)."""
+    """Rotary embedding of x [B, L, heads, D] by rotary_tables (half-split layout)."""
     x1, x2 = x.to(cos.dtype).chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
@@ -85,10 +85,13 @@ class Attention(nn.Module):
         values."""
         B, L, _ = x.shape
         d = self.cfg.head_dim
-        q = self.q_proj(x).view(B, L, -1, d).transpose(1, 2)
-        k = self.k_proj(x).view(B, L, -1, d).transpose(1, 2)
+        # [B, heads, L, D] views of token-major [B, L, heads, D] tensors: flex_attention
+        # and the fold write their outputs and q's gradient in q's layout, so the heads
+        # merge back into o_proj's input, and q's gradient into q_proj's, without a copy
+        # (in head-major layout, 10 [tokens x hidden] copies a llama3-8b 8192 × 5 step).
+        q = rope(self.q_proj(x).view(B, L, -1, d), *rotary).transpose(1, 2)
+        k = rope(self.k_proj(x).view(B, L, -1, d), *rotary).transpose(1, 2)
         v = self.v_proj(x).view(B, L, -1, d).transpose(1, 2)
-        q, k = rope(q, *rotary), rope(k, *rotary)
         out = ttt_attention(q, [ek for ek, _ in earlier] + [k], [ev for _, ev in earlier] + [v],
                             layout)
         return self.o_proj(out.transpose(1, 2).reshape(B, L, -1)), k, v
