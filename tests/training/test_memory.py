@@ -440,7 +440,7 @@ def test_cpu_saved_bytes_of_a_whole_unroll_within_10_percent(L, K, rows):
 
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench/results"
-CURRENT = [RESULTS / "h200-peaks-session10.json"]
+CURRENT = [RESULTS / "h200-peaks-session11.json"]
 
 
 def test_recorded_h200_peaks_of_the_current_trainer_uncalibrated():
@@ -449,7 +449,7 @@ def test_recorded_h200_peaks_of_the_current_trainer_uncalibrated():
     step-0 keys with the diagonal keys folded in, silu(gate)·up recomputed, the verifier's
     tables in bf16, a frozen draft head the verifier's own), measured on NVIDIA H200s by
     bench/train_step.py (each point's command is in its file): the analytic model, with no
-    calibration, predicts each within 8 % (seen: -1.8 % to -0.5 %; the issue asks 10 %).
+    calibration, predicts each within 8 % (seen: -1.6 % to -0.2 %; the issue asks 10 %).
     The older recorded runs above describe earlier trainers: only the calibration is
     tested on them."""
     for record in CURRENT:
@@ -463,7 +463,7 @@ def test_recorded_h200_peaks_of_the_current_trainer_uncalibrated():
             assert abs(error) < 0.08, point
             # What a cap is checked against: the caching allocator's reserve at the peak
             # (RESERVED_RATIO, CACHED_ROW_BLOCKS), under the trainer's allocator; never
-            # below what was held (seen +1.3 % to +3.2 %).
+            # below what was held (seen +1.9 % to +4.1 %).
             if data.get("allocator") == "expandable_segments:True":
                 error = predicted.reserved / GiB / point["reserved_gib"] - 1
                 assert 0 <= error < 0.05, point
