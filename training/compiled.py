@@ -1,6 +1,6 @@
 """torch.compile for the trainer's elementwise islands, on CUDA only.
 
-Norms, RoPE, SwiGLU and the loss's per-chunk softmax work are chains of small
+Norms, RoPE, SwiGLU and the verifier's per-chunk softmax are chains of small
 elementwise kernels that each read and write whole [tokens x hidden] or
 [chunk x vocab] tensors; compiled, each chain is one or two fused kernels. Only the dims
 that change with the row (tokens, positions) are compiled as symbolic sizes, so one graph
