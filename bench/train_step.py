@@ -354,6 +354,8 @@ def kernel_kind(name: str) -> str:
         return "matmul"
     if low.startswith("_fold_"):  # training/fold_triton.py's kernels
         return "diagonal-key fold (triton)"
+    if low.startswith("_chunk_losses"):  # training/loss_triton.py's
+        return "loss chunk (triton)"
     if low.startswith("triton"):
         return "compiled (triton)"
     return "eager: " + name.removeprefix("void ").split("<")[0].split("(")[0][:50]

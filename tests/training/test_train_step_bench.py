@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.train_step import idle_gaps, kernel_summary, model_flops, sample_lengths
+from bench.train_step import (idle_gaps, kernel_kind, kernel_summary, model_flops,
+                              sample_lengths)
 from training.config import DrafterConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,6 +56,7 @@ def test_kernel_summary_counts_overlaps_once_and_sorts_kinds():
         "compiled (triton)", "diagonal-key fold (triton)"]
     assert lines[1].split()[0] == "3.00" and lines[1].split()[2] == "44.4"
     assert kernel_summary([], steps=2) == ["no kernels recorded"]
+    assert kernel_kind("_chunk_losses_kernel") == "loss chunk (triton)"
 
 
 def test_idle_gaps_lists_the_longest_first_with_their_neighbours_and_cpu_ops():
