@@ -18,9 +18,11 @@ from functools import lru_cache, partial
 from textual.app import App, SuspendNotSupported, SystemCommand
 from textual.screen import Screen
 from textual.strip import Strip
+from textual.worker import Worker, WorkerState
 
 from backends import attach, gpu, kill, logparse, runs
-from backends.hosts import Host
+from backends.hosts import DEFAULT_RUNS_ROOT, Host
+from tui.guard import Guarded, error_log_path, guarded_callback, write_error
 from tui.alerts import Alert, host_alerts, kill_alert, run_alerts, update_underfed
 from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
@@ -29,6 +31,7 @@ from tui.state import GpuTrace, HostState, RunState, run_key
 
 
 ESCAPE_CACHE = 1024
+REPORT_EVERY_S = 30.0
 
 
 def bound_escape_cache(maxsize: int = ESCAPE_CACHE) -> None:
@@ -36,17 +39,16 @@ def bound_escape_cache(maxsize: int = ESCAPE_CACHE) -> None:
 
     Each rendered segment's style carries its screen offset (for text selection), so under
     a scrolling log almost every style is new: in the load bench 2 % of lookups hit, and
-    the cache only filled, ~20 styles a second at ~1 KiB each: ~11 MiB in the bench's 10
-    minutes, full at ~13 (docs/load.md, round 3). A style keeps its own escapes once
-    rendered (`Style._ansi`), so a smaller cache costs little.
+    the cache only filled (docs/load.md, round 3). A style keeps its own escapes once
+    rendered (`Style._ansi`), so a smaller cache costs little. The cache is Textual's
+    internal: a Textual that keeps it otherwise keeps its own size.
     """
     try:
         render_ansi = Strip.render_ansi.__func__
-        too_big = render_ansi.cache_parameters()["maxsize"] > maxsize
-    except AttributeError:
-        return  # a Textual without this cache (pyproject allows older ones): nothing to bound
-    if too_big:
-        Strip.render_ansi = classmethod(lru_cache(maxsize)(render_ansi.__wrapped__))
+        if render_ansi.cache_parameters()["maxsize"] > maxsize:
+            Strip.render_ansi = classmethod(lru_cache(maxsize)(render_ansi.__wrapped__))
+    except Exception:
+        return
 
 
 @dataclass
@@ -67,7 +69,7 @@ class Demo:
     params: dict = field(default_factory=dict)
 
 
-class TracksideApp(App):
+class TracksideApp(Guarded, App):
     CSS_PATH = "trackside.tcss"
     TITLE = "trackside"
     BINDINGS = KEYS
@@ -99,6 +101,42 @@ class TracksideApp(App):
                 for name, w in self.watched.items()
             }
         self.selected: set[str] = set()  # runs open on a run screen: followed even when exited
+        local = next((w.host for w in watched if w.host.is_local), None)
+        self.error_log = error_log_path(local.runs_root if local else DEFAULT_RUNS_ROOT)
+        self.errors = 0  # unexpected errors caught since start
+        self._reported: dict[tuple[str, type], float] = {}  # when each cause was last shown
+
+    # --- unexpected errors ----------------------------------------------------------
+
+    def report_error(self, where: str, error: Exception) -> None:
+        """An error in our own code: logged with its traceback, shown, and survived.
+
+        A broken render fails on every frame: each place and kind of error is logged and
+        shown once per REPORT_EVERY_S, the rest only counted."""
+        self.errors += 1
+        now, cause = time.monotonic(), (where, type(error))
+        if now - self._reported.get(cause, -REPORT_EVERY_S) < REPORT_EVERY_S:
+            return
+        self._reported[cause] = now
+        write_error(self.error_log, where, error)
+        self.notify(
+            f"internal error in {where}: {type(error).__name__}: {error} — the dashboard goes on; "
+            f"traceback in {self.error_log}",
+            title="internal error",
+            severity="error",
+            timeout=15,
+        )
+
+    def _handle_exception(self, error: Exception) -> None:
+        # Textual's own handler (private: exits the app). Errors in our code never get
+        # here (tui.guard); one from inside Textual is at least logged before the exit.
+        write_error(self.error_log, "Textual", error)
+        super()._handle_exception(error)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        # Workers run with exit_on_error=False: a failure would otherwise pass unseen.
+        if event.state == WorkerState.ERROR and event.worker.error is not None:
+            self.report_error(f"worker {event.worker.name or event.worker.group}", event.worker.error)
 
     def on_mount(self) -> None:
         from tui.screens.fleet import FleetScreen

@@ -55,4 +55,6 @@ def main(argv: list[str]) -> int:
             print(f"trackside: {error}", file=sys.stderr)
             return 2
     app.run()
-    return 0
+    if app.return_code:
+        print(f"trackside: the dashboard stopped on an error; traceback in {app.error_log}", file=sys.stderr)
+    return app.return_code or 0

@@ -12,6 +12,7 @@ from textual.widgets import Button, Input, Label, Static
 from backends import params as run_params
 from tui.predict import predict
 from tui.state import HostState, RunState, format_duration, format_number
+from tui.guard import Guarded
 
 FIELDS = ["max_seq_len", "ttt_steps", "lr", "steps", "batch_rows", "epochs", "ttt_decay", "loss_chunk",
           "checkpoint_ttt", "freeze_lm_head"]
@@ -28,7 +29,7 @@ def shown(value) -> str:
     return "" if value is None else str(value)
 
 
-class EditScreen(ModalScreen[dict | None]):
+class EditScreen(Guarded, ModalScreen[dict | None]):
     """Dismisses with the changed params ({} for none) or None when cancelled."""
 
     BINDINGS = [

@@ -10,6 +10,7 @@ from textual.widgets import DataTable, Header, Input
 from tui.state import HostState, RunState, format_duration, format_number
 from tui.widgets.alert_bar import AlertBar
 from tui.widgets.footer import Footer
+from tui.guard import Guarded
 
 # (key, label, width): fixed widths keep the table on screen; a host's full error is in
 # the alert bar, the power column takes what is left.
@@ -90,7 +91,7 @@ def run_cells(run: RunState, host: HostState) -> dict[str, object]:
     }
 
 
-class FleetScreen(Screen):
+class FleetScreen(Guarded, Screen):
     AUTO_FOCUS = "#fleet"
 
     def compose(self) -> ComposeResult:

@@ -14,6 +14,7 @@ from textual.widgets import Button, Static
 from backends import kill, tmux
 from backends.hosts import Host
 from tui.state import HostState, RunState
+from tui.guard import Guarded
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def plan_text(plan: KillPlan) -> Text:
     return text
 
 
-class KillConfirm(ModalScreen[bool]):
+class KillConfirm(Guarded, ModalScreen[bool]):
     BINDINGS = [
         Binding("y", "answer(True)", "Yes, kill", id="trackside.kill.yes"),
         Binding("n,escape", "answer(False)", "No", id="trackside.kill.no"),
@@ -114,7 +115,7 @@ def report_text(key: str, report) -> Text:
     return text
 
 
-class KillReportScreen(ModalScreen[None]):
+class KillReportScreen(Guarded, ModalScreen[None]):
     BINDINGS = [Binding("escape,enter", "dismiss", "Close", id="trackside.kill.close")]
 
     def __init__(self, key: str, report) -> None:

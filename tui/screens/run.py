@@ -15,6 +15,7 @@ from tui.widgets.alert_bar import AlertBar
 from tui.widgets.footer import Footer
 from tui.widgets.gpu_panel import GpuPanel
 from tui.widgets.loss_chart import LossChart
+from tui.guard import Guarded
 
 LOG_LINES = 2000  # shown; rewritten down to half when full
 
@@ -60,7 +61,7 @@ def stats_text(run: RunState, now: float) -> Text:
     return text
 
 
-class RunScreen(Screen):
+class RunScreen(Guarded, Screen):
     AUTO_FOCUS = "#log"
     composed = False  # the app may report changes between push and compose
     console_shown: tuple = (None, None)  # progress and console loss the stats last showed

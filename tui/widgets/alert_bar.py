@@ -6,9 +6,10 @@ from rich.text import Text
 from textual.widgets import Static
 
 from tui.alerts import Alert
+from tui.guard import Guarded
 
 
-class AlertBar(Static):
+class AlertBar(Guarded, Static):
     shown: list[Alert] | None = None
 
     def show(self, alerts: list[Alert]) -> None:

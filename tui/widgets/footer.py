@@ -4,37 +4,60 @@ Textual's Footer recomposes on every `refresh_bindings`, and the dashboard refre
 bindings on every poll (a listing may enable or disable `k`). Each recompose replaced
 ~12 key widgets, and the replaced ones stayed alive through their `data_bind` watcher on
 the footer (Textualize/textual#6666): 25 widgets a second, the app's largest memory leak.
+
+Both workarounds read Textual internals (`_bindings_ready`, the `__watchers` store);
+each is written so that a Textual without them loses the workaround, not the footer.
 """
 
 from __future__ import annotations
 
+from textual.dom import NoScreen
 from textual.widgets import Footer as TextualFooter
 
+from tui.guard import Guarded
 
-class Footer(TextualFooter):
+
+class Footer(Guarded, TextualFooter):
     _shown: tuple | None = None  # what the keys showed at the last recompose
 
-    def _keys(self) -> tuple:
-        """Everything the composed keys are made of."""
+    def _keys(self) -> tuple | None:
+        """Everything the composed keys are made of; None once the footer has no screen
+        (its screen is being popped while a recompose was queued)."""
+        try:
+            bindings = self.screen.active_bindings
+        except NoScreen:
+            return None
         return (
             self.compact,
             self.show_command_palette,
             tuple(
                 (binding.key, self.app.get_key_display(binding), binding.description, binding.show, enabled, tooltip)
-                for _, binding, enabled, tooltip in self.screen.active_bindings.values()
+                for _, binding, enabled, tooltip in bindings.values()
             ),
         )
 
     async def recompose(self) -> None:
-        if not self._bindings_ready:
-            return await super().recompose()
+        if not self.is_attached:
+            return
         keys = self._keys()
+        if keys is None:
+            return
+        # Until Textual says the bindings are ready its compose yields nothing: never
+        # remember that empty footer as the keys' picture. Without the flag, always ready.
+        if getattr(self, "_bindings_ready", True) is not True:
+            return await super().recompose()
         if keys == self._shown:
             return
         self._shown = keys
         await super().recompose()
-        # The replaced keys' data_bind watchers stay on this footer until `compact` changes
-        # (Textualize/textual#6666); drop them, as Textual's own check would.
-        watchers = getattr(self, "__watchers", {}).get("compact")
-        if watchers:
-            watchers[:] = [(node, callback) for node, callback in watchers if node.is_attached]
+        self._drop_replaced_watchers()
+
+    def _drop_replaced_watchers(self) -> None:
+        """The replaced keys' data_bind watchers stay on this footer until `compact`
+        changes (Textualize/textual#6666); drop them, as Textual's own check would."""
+        try:
+            watchers = getattr(self, "__watchers", {}).get("compact")
+            if watchers:
+                watchers[:] = [(node, callback) for node, callback in watchers if node.is_attached]
+        except Exception:
+            pass  # another Textual stores watchers otherwise: the leak returns, the app stays

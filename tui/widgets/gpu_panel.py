@@ -9,6 +9,7 @@ from textual.widgets import Sparkline, Static
 
 from backends.gpu import GpuStatus
 from tui.state import HostState
+from tui.guard import Guarded
 
 BAR_WIDTH = 12
 
@@ -74,7 +75,7 @@ def no_gpu_text(host: HostState, is_local: bool) -> str | None:
     return None
 
 
-class GpuRow(Horizontal):
+class GpuRow(Guarded, Horizontal):
     shown: Text | None = None  # the line on screen
 
     def __init__(self, **kwargs) -> None:
@@ -97,7 +98,7 @@ class GpuRow(Horizontal):
         self.history.data = list(history)
 
 
-class GpuPanel(Vertical):
+class GpuPanel(Guarded, Vertical):
     """One GpuRow per card, updated in place; a plain sentence when there are none."""
 
     def compose(self) -> ComposeResult:

@@ -19,6 +19,7 @@ from textual.timer import Timer
 from textual.widget import Widget
 
 from tui.state import STEP_HISTORY, RunState, format_number
+from tui.guard import Guarded
 
 MIN_SIZE = (24, 8)  # columns, rows below which there is no chart worth drawing
 REPLOT_S = 0.5
@@ -121,7 +122,7 @@ class Curves:
         self.ema[k] = ema
 
 
-class LossChart(Widget):
+class LossChart(Guarded, Widget):
     DEFAULT_CSS = """
     LossChart {
         width: 1fr;

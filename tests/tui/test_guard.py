@@ -1,0 +1,70 @@
+"""An error in the dashboard's own code is an alert and a logged traceback, not an exit."""
+
+from __future__ import annotations
+
+from textual.binding import Binding
+from textual.widgets import Static
+
+from tests.tui.sample import feed, make_app
+from tui.guard import Guarded
+from tui.screens.fleet import FleetScreen
+from tui.widgets.footer import Footer
+
+
+class BrokenFleet(FleetScreen):
+    """A fleet whose action, key handler and async handler raise (as a bug would)."""
+
+    BINDINGS = [Binding("x", "boom", "Boom"), Binding("z", "async_boom", "Async boom")]
+
+    def action_boom(self) -> None:
+        raise RuntimeError("boom from an action")
+
+    async def action_async_boom(self) -> None:
+        raise ValueError("boom from a coroutine")
+
+
+class BrokenRender(Guarded, Static):
+    def render(self):
+        raise KeyError("boom from a render")
+
+
+async def test_errors_in_handlers_are_reported_and_the_app_goes_on(tmp_path):
+    app = make_app()
+    app.error_log = str(tmp_path / "dashboard-errors.log")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await feed(pilot)
+        await app.push_screen(BrokenFleet())
+        await pilot.press("x", "z")
+        await pilot.pause()
+        await app.screen.mount(BrokenRender("never shown"))
+        await pilot.pause()
+        assert app.is_running and app.errors >= 3  # a render fails on every frame
+        messages = [n.message for n in app._notifications]
+        assert any("BrokenFleet.action_boom" in m and "boom from an action" in m for m in messages)
+        assert any("BrokenFleet.action_async_boom" in m for m in messages)
+        assert any("BrokenRender.render" in m for m in messages)
+        # Still serving keys after the errors: the filter opens.
+        await pilot.press("slash")
+        assert app.screen.query_one("#filter").display
+    log = (tmp_path / "dashboard-errors.log").read_text()
+    assert "Traceback" in log and "RuntimeError: boom from an action" in log and "KeyError" in log
+    assert app.return_code in (0, None)
+
+
+async def test_a_footer_whose_screen_is_gone_does_not_recompose():
+    """The race of issue 21: a recompose queued on a run screen's footer, run after the
+    screen was popped (NoScreen from `self.screen`)."""
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await feed(pilot)
+        footer = app.screen.query_one(Footer)
+        screen = app.screen
+        await app.push_screen(FleetScreen())
+        await pilot.pause()
+        popped = app.screen.query_one(Footer)
+        app.pop_screen()
+        await pilot.pause()
+        assert not popped.is_attached
+        await popped.recompose()  # the queued call, now on a detached footer
+        assert popped._keys() is None
+        assert app.screen is screen and footer.is_attached and app.errors == 0
