@@ -19,8 +19,7 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
 
-
-BLOCK = 128  # flex_attention's sparse block size
+from training.config import FLEX_BLOCK as BLOCK
 
 
 def doc_starts(doc_ids: Tensor) -> Tensor:

@@ -4,6 +4,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+# flex_attention's sparse block size: the trainer's block masks and the memory model's
+# padded rows (a row that is not whole blocks makes flex keep padded copies) agree on it.
+FLEX_BLOCK = 128
+
 
 @dataclass(frozen=True)  # presets are shared: derive with dataclasses.replace
 class DrafterConfig:

@@ -202,8 +202,7 @@ def _synthetic(cfg, truth: dict, points, **shape):
     out = []
     for length, k in points:
         totals = memory.group_totals(cfg, StepShape(length, k, **shape))
-        peak = float((totals @ torch.tensor([truth[g] for g in memory.GROUPS],
-                                            dtype=torch.float64)).max())
+        peak = max(sum(t * truth[g] for t, g in zip(phase, memory.GROUPS)) for phase in totals)
         out.append(Measurement(length, k, round(peak), round(peak * 1.07)))
     return out
 

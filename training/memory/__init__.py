@@ -1,0 +1,70 @@
+"""Peak memory of one training step, analytic and then calibrated on measured peaks.
+
+The terms follow what training/model.py, attention.py and loss.py keep for backward and
+what training/loop.py allocates (fp32 weights under bf16 autocast, fused AdamW, DDP).
+Every activation of every TTT step is still held when backward starts, so the peak of
+the forward+backward comes in one of its first moments, whichever is the largest:
+- ``loss_forward``: the last step's loss at work (the draft head cast, a chunk's logits,
+  probabilities and gradient, every step's fp32 head gradient taken in forward);
+- ``loss_backward``: its backward (the kept gradients scaled: the head's becomes .grad);
+- ``norm_backward``: the last step's final norm backward: fp32 gradients of the whole
+  row in the eager (fp32) trainer;
+- ``attention_backward``: the last step's attention backward, where the keys and values
+  of every step take gradients at once: the peak under --checkpoint-ttt and, compiled,
+  at most shapes.
+The optimizer step (weights, gradients and AdamW state; fused AdamW works in place) is a
+phase of its own.
+
+Every term belongs to one of four groups, by how it grows with the step's shape, T =
+batch_rows × max_seq_len tokens and K TTT steps: ``constant``, ``per_token`` (∝ T),
+``per_step`` (∝ T·K: what each step keeps) and ``diagonal`` (∝ T·K(K-1)/2: step k folds k
+diagonal keys into its attention, keeping a weight per query head for each). A
+``Calibration`` fits one scale per group from measured peaks (least squares on relative
+error, the analytic scales as a weak prior, each measurement in the phase that peaks for
+it), so a probe of a few small steps, or a finished run's metrics, corrects what the
+analytic terms miss and the corrected model extrapolates in T and K.
+
+One module per part: ``terms`` (the analytic bytes), ``calibrate`` (the fitted scales),
+``peak`` (the predicted peak and whether it fits), ``search`` (the largest step that fits),
+``measured`` (a run's own peak, from its metrics). None imports torch: the dashboard
+predicts an edit's memory on an operator's laptop.
+
+Predictions assume every position carries loss (the loss keeps per-position tensors), the
+upper bound; hidden states are stored in the activation dtype, as extraction writes them.
+"""
+from __future__ import annotations
+
+from training.memory.calibrate import MAX_FIT_ERROR, Calibration, Measurement, calibrate
+from training.memory.measured import measurements_from_run, shape_from_start
+from training.memory.peak import (
+    CACHED_ROW_BLOCKS,
+    DEFAULT_HEADROOM_GIB,
+    RESERVED_RATIO,
+    Prediction,
+    fits,
+    predict,
+)
+from training.memory.search import fewest_checkpoint_ttt, largest_fitting
+from training.memory.terms import (
+    GROUPS,
+    PHASES,
+    PRECISIONS,
+    SHARDINGS,
+    GiB,
+    StepShape,
+    analytic_phases,
+    group_totals,
+    kept_per_token_checkpointed_step,
+    parameter_counts,
+    saved_per_token_diag,
+    saved_per_token_step,
+)
+
+__all__ = [
+    "CACHED_ROW_BLOCKS", "DEFAULT_HEADROOM_GIB", "GROUPS", "MAX_FIT_ERROR", "PHASES",
+    "PRECISIONS", "RESERVED_RATIO", "SHARDINGS", "Calibration", "GiB", "Measurement",
+    "Prediction", "StepShape", "analytic_phases", "calibrate", "fewest_checkpoint_ttt",
+    "fits", "group_totals", "kept_per_token_checkpointed_step", "largest_fitting",
+    "measurements_from_run", "parameter_counts", "predict", "saved_per_token_diag",
+    "saved_per_token_step", "shape_from_start",
+]

@@ -1,0 +1,69 @@
+"""A step's predicted peak, what the caching allocator holds at it, and whether it fits a card."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from training.config import DrafterConfig
+from training.memory.calibrate import Calibration
+from training.memory.terms import FP32, GROUPS, GiB, StepShape, analytic_phases, optimizer_phase
+
+# What the caching allocator holds beyond the allocated peak, with the trainer's expandable
+# segments (loop.use_cuda_allocator_settings): recorded H200 steps of 8K-32K tokens held
+# 0.8-1.9 % more reserved than allocated (without them, 6.3-9.1 %). A probe's small steps
+# give their slack as an absolute amount (Calibration.reserved_slack), not as a ratio to
+# extrapolate to the large steps that decide a fit.
+RESERVED_RATIO = 1.02
+# Long rows hold more: whole-row fp32 tensors [T, H] (the final norm's backward gradients)
+# cached between uses. Recorded H200 steps held 1.1-1.9 such blocks (llama3-8b, 16K-32K
+# tokens) and 4.05 with every TTT step recomputed (kimi-k2, 64K) beyond the allocated
+# peak; the model's own allocated peak for that step is 1.6 GiB above the measured one.
+CACHED_ROW_BLOCKS = 4
+# Outside the allocator: CUDA context, cuBLAS/NCCL handles; a card's memory minus this is
+# what the allocator may use.
+DEFAULT_HEADROOM_GIB = 1.0
+
+
+@dataclass(frozen=True)
+class Prediction:
+    terms: dict[str, dict[str, int]]  # the peak phase's group → term → bytes, scaled
+    phase: str  # the forward+backward phase that peaks
+    forward_backward: int
+    optimizer_step: int
+    reserved_slack: int  # the probe's measured slack
+    row_slack: int  # the cached whole-row blocks of long rows
+
+    @property
+    def total(self) -> int:
+        """Predicted peak of torch.cuda.max_memory_allocated over the step."""
+        return max(self.forward_backward, self.optimizer_step)
+
+    @property
+    def reserved(self) -> int:
+        """What the caching allocator holds at the peak: what a memory cap is checked against."""
+        return max(math.ceil(self.total * RESERVED_RATIO),
+                   self.total + max(self.reserved_slack, self.row_slack))
+
+    def breakdown(self) -> dict[str, int]:
+        flat = {name: v for group in self.terms.values() for name, v in group.items()}
+        flat["allocator_slack"] = self.reserved - self.total
+        return flat
+
+
+def predict(cfg: DrafterConfig, shape: StepShape,
+            calibration: Calibration | None = None) -> Prediction:
+    scales = calibration.scales if calibration else dict.fromkeys(GROUPS, 1.0)
+    phases = {name: {g: {k: round(v * scales[g]) for k, v in group.items()}
+                     for g, group in terms.items()}
+              for name, terms in analytic_phases(cfg, shape).items()}
+    totals = {name: sum(v for group in terms.values() for v in group.values())
+              for name, terms in phases.items()}
+    peak = max(totals, key=totals.get)
+    return Prediction(phases[peak], peak, totals[peak], optimizer_phase(cfg, shape),
+                      calibration.reserved_slack if calibration else 0,
+                      CACHED_ROW_BLOCKS * shape.tokens * cfg.hidden_size * FP32)
+
+
+def fits(prediction: Prediction, gpu_mem_gib: float,
+         headroom_gib: float = DEFAULT_HEADROOM_GIB) -> bool:
+    return prediction.reserved <= (gpu_mem_gib - headroom_gib) * GiB
