@@ -1,8 +1,8 @@
 """What an edit will cost, before paying for a launch: steps, epoch time, peak memory.
 
 Steps and time come from the run's own measurements (steps per epoch, tokens per step,
-tokens/s); memory from training.memory, calibrated on the run's measured peak. The memory
-model is optional on an operator's laptop (it needs numpy): absent, the form shows "—".
+tokens/s); memory from training.memory (plain arithmetic, no torch), calibrated on the
+run's measured peak.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from backends import params as run_params
+from training import memory
 from tui.state import RunState
 
 
@@ -46,10 +47,6 @@ def _schedule(run: RunState, params: dict) -> tuple[int | None, float | None]:
 
 def _memory(run: RunState, params: dict, gpu_mem_gib: float | None
             ) -> tuple[float | None, int | None, int | None]:
-    try:
-        from training import memory
-    except ImportError:
-        return None, None, None
     if not run.start:
         return None, None, None
     try:
