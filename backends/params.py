@@ -44,12 +44,22 @@ class Param:
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
+    def shown(self, value: float) -> str:
+        """A value as the operator reads it: 1,048,576 for an int, 0.0003 for a float."""
+        return f"{int(value):,}" if self.kind is int else f"{value:g}"
+
+    @property
+    def _low(self) -> str | None:
+        return None if self.low is None else f"{'>' if self.low_open else '≥'} {self.shown(self.low)}"
+
+    @property
+    def _high(self) -> str | None:
+        return None if self.high is None else f"≤ {self.shown(self.high)}"
+
     def describe(self) -> str:
         if self.kind is bool:
             return "bool: true or false"
-        low = "" if self.low is None else f"{'>' if self.low_open else '≥'} {self.low:g}"
-        high = "" if self.high is None else f"≤ {self.high:g}"
-        text = f"{self.kind.__name__} {' and '.join(filter(None, [low, high]))}".strip()
+        text = f"{self.kind.__name__} {' and '.join(filter(None, [self._low, self._high]))}".strip()
         return f"{text}: {self.meaning}" if self.meaning else text
 
     def parse(self, text: str) -> int | float | bool:
@@ -58,8 +68,10 @@ class Param:
                 raise ParamError(self.name, f"{text!r} is not true or false")
             return _BOOL[text]
         grammar = _INT if self.kind is int else _FLOAT
-        if not isinstance(text, str) or not grammar.fullmatch(text):
-            raise ParamError(self.name, f"{text!r} is not a plain {self.kind.__name__} ({self.describe()})")
+        # A sign is read so that -5 is told its range, not that it is no number; the range
+        # check then keeps every value the grammar lets through a plain literal.
+        if not isinstance(text, str) or not grammar.fullmatch(text.removeprefix("-")):
+            raise ParamError(self.name, f"{text!r} is not {_KIND_WORDS[self.kind]}")
         return self.check(self.kind(text))
 
     def check(self, value: int | float | bool) -> int | float | bool:
@@ -73,15 +85,18 @@ class Param:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ParamError(self.name, f"{value!r} is not a number")
         if self.kind is int and not float(value).is_integer():
-            raise ParamError(self.name, f"{value!r} is not an int")
+            raise ParamError(self.name, f"{value!r} is not a whole number")
         value = self.kind(value)
         if not math.isfinite(value):
             raise ParamError(self.name, f"{value!r} is not finite")
         too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
         too_high = self.high is not None and value > self.high
         if too_low or too_high:
-            raise ParamError(self.name, f"{value:g} is out of range ({self.describe()})")
+            raise ParamError(self.name, f"must be {self._low if too_low else self._high} (got {self.shown(value)})")
         return value
+
+
+_KIND_WORDS = {int: "a whole number in digits", float: "a number in digits (e.g. 3e-4)"}
 
 
 PARAMS: dict[str, Param] = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.params import ParamError, apply, check, parse_sets, read, set_flag
+from backends.params import PARAMS, ParamError, apply, check, parse_sets, read, set_flag
 
 
 def test_parse_sets_types_values():
@@ -50,6 +50,26 @@ def test_parse_sets_rejects_naming_the_key(item, key):
     with pytest.raises(ParamError) as err:
         parse_sets([item])
     assert err.value.key == key and str(err.value).startswith(f"{key}:")
+
+
+@pytest.mark.parametrize("item, message", [
+    ("batch_rows=-5", "batch_rows: must be ≥ 1 (got -5)"),
+    ("max_seq_len=2097152", "max_seq_len: must be ≤ 1,048,576 (got 2,097,152)"),
+    ("ttt_decay=0", "ttt_decay: must be > 0 (got 0)"),
+    ("lr=-1e-4", "lr: must be > 0 (got -0.0001)"),
+    ("max_seq_len=8_192", "max_seq_len: '8_192' is not a whole number in digits"),
+    ("lr=1e4e", "lr: '1e4e' is not a number in digits (e.g. 3e-4)"),
+])
+def test_a_rejected_value_is_told_what_is_wrong(item, message):
+    with pytest.raises(ParamError) as err:
+        parse_sets([item])
+    assert str(err.value) == message
+
+
+def test_ranges_read_as_integers_where_the_param_is_one():
+    assert PARAMS["max_seq_len"].describe() == "int ≥ 128 and ≤ 1,048,576"
+    assert PARAMS["ttt_decay"].describe() == "float > 0 and ≤ 1"
+    assert PARAMS["checkpoint_ttt"].describe() == "int ≥ 0 and ≤ 16: TTT steps recomputed"
 
 
 def test_check_validates_typed_values():
@@ -122,7 +142,6 @@ def test_checkpoint_ttt_counts_steps_and_may_be_given_bare():
 def test_every_param_is_a_flag_of_the_trainer_with_its_kind():
     # The trainer's parser is the other side of the argv contract: a param it lacks would
     # relaunch into a usage error.
-    from backends.params import PARAMS
     from training.cli import train_parser
 
     actions = {a.dest: a for a in train_parser()._actions}
