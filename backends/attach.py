@@ -1,16 +1,29 @@
-"""Attach: open a run's tmux session in this terminal (the dashboard's `a`, suspended).
+"""Attach: open a run's tmux session from the dashboard (its `a`).
 
-Locally that is `tmux attach`; on an SSH host it is OpenSSH with a terminal (`ssh -t`)
-carrying the same target, port, jump host, key and known_hosts the host uses, and the
-host's prefix (e.g. `pct exec 129 --`) before tmux, quoted once by Host.shell_command.
+Outside tmux the dashboard hands its terminal over: locally `tmux attach`; on an SSH host
+OpenSSH with a terminal (`ssh -t`) carrying the same target, port, jump host, key and
+known_hosts the host uses, and the host's prefix (e.g. `pct exec 129 --`) before tmux,
+quoted once by Host.shell_command.
+
+Inside tmux (the usual way over SSH) `tmux attach` refuses to nest. A session on the
+dashboard's own tmux server is switched to (this client shows it; tmux's last-session key
+comes back); any other session opens in a new window of the dashboard's tmux, running
+the attach with TMUX unset.
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 import subprocess
+from collections.abc import Mapping
 
 from backends import tmux
-from backends.hosts import Host, SSHHost
+from backends.hosts import Host, LocalHost, SSHHost
+
+
+class AttachError(Exception):
+    """tmux could not show the session; the message says why and what to run instead."""
 
 
 def ssh_options(host: SSHHost) -> list[str]:
@@ -38,3 +51,35 @@ def attach(host: Host, session: str) -> int:
     Blocking on purpose: the caller has handed this terminal over and waits for it back.
     """
     return subprocess.run(attach_argv(host, session)).returncode
+
+
+def inside_tmux(env: Mapping[str, str] = os.environ) -> bool:
+    return bool(env.get("TMUX"))
+
+
+async def _same_server(host: Host, env: Mapping[str, str]) -> bool:
+    """Whether the host's tmux server is the one this dashboard runs in."""
+    if not host.is_local:
+        return False
+    ours = env.get("TMUX", "").split(",")[0]
+    result = await host.run(tmux.tmux_argv(host, "list-sessions", "-F", "#{socket_path}"))
+    return result.ok and ours in result.stdout.split("\n")
+
+
+async def attach_inside_tmux(host: Host, session: str, env: Mapping[str, str] = os.environ) -> str:
+    """Show the session from inside the dashboard's tmux; what was done, in words.
+
+    Raises AttachError with tmux's own words and the command to run by hand."""
+    here = LocalHost()  # the dashboard's machine, whose tmux client is the user's
+    if await _same_server(host, env):
+        result = await here.run(["tmux", "switch-client", "-t", f"={session}"])
+        if result.ok:
+            return f"switched this tmux client to {session}; tmux's last-session key (prefix L) comes back"
+        how = f"tmux switch-client -t ={session}"
+    else:
+        argv = attach_argv(host, session)
+        result = await here.run(["tmux", "new-window", "-n", session, "--", "env", "-u", "TMUX", *argv])
+        if result.ok:
+            return f"opened {session} in a new tmux window"
+        how = shlex.join(argv)
+    raise AttachError(f"cannot open {session} from inside tmux ({result.stderr.strip() or result.returncode}); run: {how}")
