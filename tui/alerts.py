@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tui.state import HostState, RunState, format_duration
+from tui.state import HostState, RunState, RunStatus, format_duration
 
 UNDERFED_POWER = 0.5  # of the power limit
 UNDERFED_UTIL = 90.0  # percent
@@ -25,7 +25,7 @@ class Alert:
 
 def update_underfed(host: HostState, now: float) -> None:
     """Track, per GPU, since when it has drawn under half its limit while reading busy."""
-    for reading in getattr(host.gpus, "gpus", None) or []:
+    for reading in host.gpus.gpus if host.gpus else ():
         trace = host.traces.get(reading.index)
         if trace is None:
             continue
@@ -44,11 +44,11 @@ def update_underfed(host: HostState, now: float) -> None:
 
 def host_alerts(host: HostState, now: float) -> list[Alert]:
     alerts = []
-    if host.status in ("offline", "auth", "error"):
+    if host.status.lost:
         alerts.append(Alert(f"lost:{host.name}", f"{host.name} lost: {host.message}", "error"))
     starved = [
         (reading, now - host.traces[reading.index].underfed_since)
-        for reading in getattr(host.gpus, "gpus", None) or []
+        for reading in (host.gpus.gpus if host.gpus else ())
         if reading.index in host.traces
         and host.traces[reading.index].underfed_since is not None
         and now - host.traces[reading.index].underfed_since >= UNDERFED_FOR_S
@@ -75,7 +75,7 @@ def run_alerts(run: RunState, now: float) -> list[Alert]:
         )
         alerts.append(Alert(f"oom:{run.key}", f"{run.key} ran out of GPU memory ({params})", "error"))
     last = run.last_step_time()
-    if run.state_label == "running" and last is not None and now - last > STALL_S:
+    if run.status is RunStatus.RUNNING and last is not None and now - last > STALL_S:
         alerts.append(
             Alert(f"stall:{run.key}", f"{run.key} stalled: no step for {format_duration(now - last)}")
         )

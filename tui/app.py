@@ -27,7 +27,7 @@ from tui.alerts import Alert, host_alerts, kill_alert, run_alerts, update_underf
 from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
 from tui.monitor import HostMonitor
-from tui.state import GpuTrace, HostState, RunState, run_key
+from tui.state import GpuTrace, HostState, HostStatus, RunState, run_key
 
 
 ESCAPE_CACHE = 1024
@@ -157,9 +157,9 @@ class TracksideApp(Guarded, App):
     # --- state from messages ---------------------------------------------------------
 
     def _host_answered(self, host: HostState, time: float) -> None:
-        if host.status in ("offline", "auth", "error"):
+        if host.status.lost:
             self.notify(f"{host.name} is back", title="host back")
-        host.status, host.message, host.last_ok = "ok", "", time
+        host.status, host.message, host.last_ok = HostStatus.OK, "", time
 
     def on_gpus_polled(self, message: GpusPolled) -> None:
         host = self.hosts[message.host]
@@ -178,7 +178,7 @@ class TracksideApp(Guarded, App):
 
     def on_host_failed(self, message: HostFailed) -> None:
         host = self.hosts[message.host]
-        host.status, host.message = message.status, message.message
+        host.status, host.message = HostStatus(message.status), message.message
         self._changed(host=host.name)
 
     def on_runs_listed(self, message: RunsListed) -> None:

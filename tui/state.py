@@ -6,10 +6,15 @@ bounded so that a run that logs for days keeps the app's memory flat.
 
 from __future__ import annotations
 
+import enum
 import math
+import signal
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+
+from backends import runs
+from backends.gpu import GpuSnapshot
+from backends.logparse import Progress
 
 HISTORY = 120  # GPU samples kept per card (two minutes at 1 Hz)
 STEP_HISTORY = 5000  # step events kept per run for the loss chart
@@ -17,9 +22,47 @@ LOG_LINES = 2000  # console lines kept per run
 RATE_WINDOW = 20  # step events used to measure steps/s
 
 
-def run_key(host: str, run: Any) -> str:
+def run_key(host: str, run: runs.RunInfo) -> str:
     """A run's identity across polls: its run id, or its tmux session for foreign runs."""
     return f"{host}/{run.run_id or run.session}"
+
+
+class HostStatus(enum.StrEnum):
+    """Whether the dashboard reaches a host. A str enum: the monitor reports the word."""
+
+    CONNECTING = "connecting"
+    OK = "ok"
+    OFFLINE = "offline"
+    AUTH = "auth"  # reached, but our keys were refused
+    ERROR = "error"
+
+    @property
+    def lost(self) -> bool:
+        return self in (HostStatus.OFFLINE, HostStatus.AUTH, HostStatus.ERROR)
+
+    @property
+    def style(self) -> str:
+        return "bold red" if self.lost else "green" if self is HostStatus.OK else "dim"
+
+
+class RunStatus(enum.Enum):
+    """What a run is doing as every screen and alert shows it: its word and its colour.
+
+    Failures (a nonzero exit, a signal, OOM) are red everywhere; a clean end is not.
+    """
+
+    RUNNING = "running", "green"
+    FINISHED = "finished", "dim green"  # the trainer completed, or the command exited 0
+    STOPPED = "stopped", "dim"  # the trainer saved and stopped when asked (SIGTERM)
+    FAILED = "failed", "bold red"  # a nonzero exit of its own
+    KILLED = "killed", "bold red"  # ended by a signal it did not handle
+    OOM = "OOM", "bold red"
+    UNKNOWN = "unknown", "yellow"  # not running, and how it ended was not recorded
+    GONE = "gone", "dim strike"  # no longer in the host's listing
+
+    def __init__(self, label: str, style: str) -> None:
+        self.label = label
+        self.style = style
 
 
 @dataclass
@@ -32,11 +75,14 @@ class GpuTrace:
 @dataclass
 class HostState:
     name: str
-    status: str = "connecting"  # connecting | ok | offline | auth | error
+    status: HostStatus = HostStatus.CONNECTING
     message: str = ""
     last_ok: float | None = None
-    gpus: Any = None  # the latest backends.gpu.GpuSnapshot
+    gpus: GpuSnapshot | None = None  # the latest
     traces: dict[int, GpuTrace] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.status = HostStatus(self.status)  # given as its word, it reads as the enum
 
     def stale_for(self, now: float, interval: float) -> float | None:
         """Seconds since the last good poll, once that is well past the poll interval."""
@@ -50,12 +96,12 @@ class HostState:
 class RunState:
     key: str
     host: str
-    info: Any  # backends.runs.RunInfo
+    info: runs.RunInfo
     start: dict | None = None
     steps: deque = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
     oom: dict | None = None
     end: dict | None = None
-    progress: Any = None  # backends.logparse.Progress of the latest tqdm-style line
+    progress: Progress | None = None  # of the latest tqdm-style line
     console_loss: deque = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
     log: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     garbled: int = 0
@@ -67,7 +113,7 @@ class RunState:
 
     @property
     def params(self) -> dict:
-        params = dict(getattr(self.info, "params", None) or {})
+        params = dict(self.info.params)
         if self.start:
             params.update({k: v for k, v in self.start.get("config", {}).items() if k in params})
         return params
@@ -76,7 +122,7 @@ class RunState:
     def step(self) -> int | None:
         if self.last:
             return self.last.get("step")
-        return getattr(self.info, "last_step", None)
+        return self.info.last_step
 
     @property
     def loss(self) -> float | None:
@@ -84,13 +130,13 @@ class RunState:
             return self.last.get("loss")
         if self.console_loss:
             return self.console_loss[-1][1]
-        return getattr(self.info, "last_loss", None)
+        return self.info.last_loss
 
     @property
     def steps_per_epoch(self) -> int | None:
         if self.start and self.start.get("steps_per_epoch"):
             return self.start["steps_per_epoch"]
-        return getattr(self.info, "steps_per_epoch", None)
+        return self.info.steps_per_epoch
 
     @property
     def total_steps(self) -> int | None:
@@ -116,16 +162,47 @@ class RunState:
         return max(0.0, (total - step) / rate)
 
     @property
-    def state_label(self) -> str:
+    def step_text(self) -> str:
+        """`152 (epoch 2, 48/104)`: the latest step, and where it falls in its epoch."""
+        step, per_epoch = self.step, self.steps_per_epoch
+        if step is None or not per_epoch or step < 1:
+            return format_number(step)
+        epoch, in_epoch = divmod(step - 1, per_epoch)
+        return f"{format_number(step)} (epoch {epoch + 1}, {in_epoch + 1}/{per_epoch})"
+
+    @property
+    def status(self) -> RunStatus:
         if self.gone:
-            return "gone"
-        if self.oom:
-            return "OOM"
-        state = getattr(self.info, "state", None)
-        label = getattr(state, "value", str(state or "?")).lower()
-        if label == "running" and not self.steps and self.progress is not None:
+            return RunStatus.GONE
+        if self.oom or self.info.state is runs.RunState.OOM:
+            return RunStatus.OOM
+        if self.info.state is runs.RunState.RUNNING:
+            return RunStatus.RUNNING
+        # The trainer's own end first: after it, a nonzero code is the launcher's
+        # (runs.launcher_code), not the run's failure.
+        end = (self.end or {}).get("status") or self.info.end_status
+        code = self.info.exit_status
+        if end == "completed":
+            return RunStatus.FINISHED
+        if end == "stopped":
+            return RunStatus.STOPPED
+        if code is None:
+            return RunStatus.FAILED if end == "failed" else RunStatus.UNKNOWN
+        if code < 0:
+            return RunStatus.KILLED
+        return RunStatus.FAILED if code or end == "failed" else RunStatus.FINISHED
+
+    @property
+    def state_label(self) -> str:
+        """The status in a few words: its label, what ended it, or a loading phase."""
+        status, code = self.status, self.info.exit_status
+        if status is RunStatus.RUNNING and not self.steps and self.progress is not None:
             return self.progress.phase
-        return label
+        if status is RunStatus.KILLED:
+            return f"killed ({_signal_name(-code)})"
+        if status is RunStatus.FAILED and code:
+            return f"failed ({code})"
+        return status.label
 
     def last_step_time(self) -> float | None:
         return self.last.get("time") if self.last else None
@@ -159,6 +236,13 @@ class RunState:
             self.oom = event
         elif kind == "end":
             self.end = event
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def format_duration(seconds: float | None) -> str:

@@ -7,7 +7,7 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import DataTable, Header, Input
 
-from tui.state import HostState, RunState, format_duration, format_number
+from tui.state import HostState, HostStatus, RunState, format_duration, format_number
 from tui.widgets.alert_bar import AlertBar
 from tui.widgets.footer import Footer
 from tui.guard import Guarded
@@ -16,18 +16,15 @@ from tui.guard import Guarded
 # the alert bar, the power column takes what is left.
 COLUMNS = [
     ("name", "host / run", 20),
-    ("state", "state", 28),
+    ("state", "state", 24),
     ("msl", "max_seq_len", 11),
     ("ttt", "TTT", 3),
-    ("step", "step / per epoch", 16),
+    ("step", "step", 22),
     ("loss", "loss", 7),
     ("tps", "tokens/s", 8),
     ("eta", "ETA", 7),
     ("power", "GPU power (W of limit)", None),
 ]
-
-STATUS_STYLE = {"ok": "green", "connecting": "dim", "offline": "bold red", "auth": "bold red", "error": "bold red"}
-STATE_STYLE = {"running": "green", "exited": "dim", "oom": "bold red", "gone": "dim strike", "unknown": "yellow"}
 
 
 def power_summary(host: HostState) -> Text | str:
@@ -50,13 +47,13 @@ def power_summary(host: HostState) -> Text | str:
 def host_cells(host: HostState, now: float, interval: float) -> dict[str, object]:
     status = host.status
     stale = host.stale_for(now, interval)
-    if status == "ok" and stale is not None:
+    if status is HostStatus.OK and stale is not None:
         label = Text(f"stale ({format_duration(stale)})", style="yellow")
     else:
-        label = Text(status, style=STATUS_STYLE.get(status, ""))
+        label = Text(status, style=status.style)
     if host.message:
         message = host.message.removeprefix(f"{host.name}: ")  # the row already names the host
-        label.append(f": {message}", style="red" if status != "ok" else "")
+        label.append(f": {message}", style="red" if status is not HostStatus.OK else "")
     gpu_note = getattr(host.gpus, "message", "") if getattr(host.gpus, "status", None) and host.gpus.status.name != "OK" else ""
     return {
         "name": Text(host.name, style="bold"),
@@ -73,9 +70,7 @@ def host_cells(host: HostState, now: float, interval: float) -> dict[str, object
 
 def run_cells(run: RunState, host: HostState) -> dict[str, object]:
     params = run.params
-    step, spe = run.step, run.steps_per_epoch
-    state = run.state_label
-    label = Text(state, style=STATE_STYLE.get(state, "cyan"))
+    label = Text(run.state_label, style=run.status.style)
     if run.progress is not None and not run.steps:
         label.append(f" {run.progress.done}/{run.progress.total}")
     return {
@@ -83,7 +78,7 @@ def run_cells(run: RunState, host: HostState) -> dict[str, object]:
         "state": label,
         "msl": format_number(params.get("max_seq_len")),
         "ttt": format_number(params.get("ttt_steps")),
-        "step": f"{format_number(step)} / {format_number(spe)}",
+        "step": run.step_text,
         "loss": format_number(run.loss),
         "tps": format_number(run.tokens_per_s),
         "eta": format_duration(run.eta_s()),
@@ -139,7 +134,7 @@ class FleetScreen(Guarded, Screen):
                 reverse=True,
             )
             if needle:
-                runs = [r for r in runs if needle in r.key.lower() or needle in r.state_label]
+                runs = [r for r in runs if needle in r.key.lower() or needle in r.state_label.lower()]
                 if not runs and needle not in host.name.lower():
                     continue
             rows.append((f"host:{host.name}", host_cells(host, now, interval)))

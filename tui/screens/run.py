@@ -27,7 +27,7 @@ def stats_text(run: RunState, now: float) -> Text:
     text.append(f"{run.key}", style="bold")
     text.append(f"  tmux {info.session}\n", style="dim")
     text.append("state ")
-    text.append(run.state_label, style="bold red" if run.state_label in ("OOM", "gone") else "bold green")
+    text.append(run.status.label, style=run.status.style)  # the exit code follows
     status = run.end.get("status") if run.end else None
     if run.end:
         text.append(f" ({status or ''})")
@@ -41,10 +41,7 @@ def stats_text(run: RunState, now: float) -> Text:
     shown = [k for k in ("max_seq_len", "ttt_steps", "lr", "batch_rows", "steps") if k in params]
     text.append("  ".join(f"{k} {format_number(params[k])}" for k in shown) + "\n", style="cyan")
     last = run.last or {}
-    text.append(
-        f"step {format_number(run.step)} / {format_number(run.steps_per_epoch)} per epoch"
-        f"   epoch {format_number(last.get('epoch'))}\n"
-    )
+    text.append(f"step {run.step_text}\n")
     text.append(f"loss {format_number(run.loss)}   tokens/s {format_number(run.tokens_per_s)}   ETA {format_duration(run.eta_s())}\n")
     text.append(
         f"samples/row {format_number(last.get('samples_per_row'), 3)}   pad {format_number(last.get('pad_frac'), 2)}"

@@ -1,0 +1,92 @@
+"""A run's status and step as the fleet, the run screen and the alerts all read them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from backends.runs import RunState as Listed
+from tests.tui.sample import NOW, gpus, metrics_events, run_info
+from tui.alerts import host_alerts
+from tui.screens.fleet import host_cells, run_cells
+from tui.screens.run import stats_text
+from tui.state import HostState, HostStatus, RunState, RunStatus
+
+
+def ended(listed: Listed = Listed.EXITED, code: int | None = None, end: str | None = None) -> RunState:
+    info = dataclasses.replace(run_info(listed), exit_status=code, end_status=end)
+    return RunState("h200-box/r", "h200-box", info)
+
+
+@pytest.mark.parametrize("run, status, label", [
+    (ended(code=127), RunStatus.FAILED, "failed (127)"),  # `sh: trackside: not found`
+    (ended(code=1, end="failed"), RunStatus.FAILED, "failed (1)"),
+    (ended(code=-9), RunStatus.KILLED, "killed (SIGKILL)"),
+    (ended(code=0), RunStatus.FINISHED, "finished"),
+    (ended(code=0, end="completed"), RunStatus.FINISHED, "finished"),
+    (ended(code=1, end="stopped"), RunStatus.STOPPED, "stopped"),  # torchrun's own exit 1
+    (ended(), RunStatus.UNKNOWN, "unknown"),
+    (ended(Listed.OOM, code=3), RunStatus.OOM, "OOM"),
+    (ended(Listed.RUNNING), RunStatus.RUNNING, "running"),
+])
+def test_how_a_run_ended_reads_the_same_on_every_screen(run, status, label):
+    assert (run.status, run.state_label) == (status, label)
+    cell = run_cells(run, HostState("h200-box"))["state"]
+    assert (cell.plain, str(cell.style)) == (label, status.style)
+    state_line = stats_text(run, NOW).plain.splitlines()[1]
+    assert state_line.startswith(f"state {status.label}")
+
+
+def test_failures_stand_out_and_a_clean_end_does_not():
+    failures = {RunStatus.FAILED, RunStatus.KILLED, RunStatus.OOM}
+    assert {s for s in RunStatus if "red" in s.style} == failures
+
+
+def test_an_oom_event_and_the_oom_exit_code_read_alike():
+    by_event = ended(Listed.RUNNING)
+    by_event.add_event({"event": "oom", "max_seq_len": 32768, "ttt_steps": 5})
+    by_code = ended(Listed.OOM, code=3)
+    for run in (by_event, by_code):
+        cell = run_cells(run, HostState("h200-box"))["state"]
+        assert (run.status, cell.plain, str(cell.style)) == (RunStatus.OOM, "OOM", "bold red")
+
+
+def test_a_loading_run_shows_its_phase():
+    from backends.logparse import Progress
+
+    run = ended(Listed.RUNNING)
+    run.progress = Progress("loading", 3, 10, None)
+    assert run.status is RunStatus.RUNNING and run.state_label == "loading"
+    assert run_cells(run, HostState("h200-box"))["state"].plain == "loading 3/10"
+
+
+@pytest.mark.parametrize("step, per_epoch, shown", [
+    (152, 104, "152 (epoch 2, 48/104)"),
+    (104, 104, "104 (epoch 1, 104/104)"),
+    (105, 104, "105 (epoch 2, 1/104)"),
+    (20000, 4120, "20,000 (epoch 5, 3520/4120)"),
+    (152, None, "152"),
+    (None, 104, "—"),
+])
+def test_the_step_says_where_it_falls_in_its_epoch(step, per_epoch, shown):
+    run = RunState("h/r", "h", dataclasses.replace(run_info(), last_step=step, steps_per_epoch=per_epoch))
+    assert run.step_text == shown
+    assert run_cells(run, HostState("h"))["step"] == shown
+    assert f"step {shown}\n" in stats_text(run, NOW).plain
+
+
+def test_the_step_of_a_metrics_stream_counts_from_its_start_event():
+    run = RunState("h/r", "h", run_info())
+    for event in metrics_events(5):
+        run.add_event(event)
+    assert run.step_text == "5 (epoch 1, 5/4120)"
+
+
+def test_a_host_status_given_as_its_word_reads_as_the_enum():
+    host = HostState("pve-129", status="auth", message="refused our keys", gpus=gpus())
+    assert host.status is HostStatus.AUTH and host.status.lost
+    assert [a.severity for a in host_alerts(host, NOW)] == ["error"]
+    cell = host_cells(host, NOW, 1.0)["state"]
+    assert cell.plain == "auth: refused our keys" and str(cell.style) == "bold red"
+    assert not HostState("h").status.lost
