@@ -195,9 +195,13 @@ class RunScreen(Guarded, Screen):
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self.log_filter = event.value
-        self.query_one(Log).clear()
+        log = self.query_one(Log)
+        log.clear()
         if self.run is not None:
             self._write_log(list(self.run.log))
+        # The Log follows new lines only while scrolled to its end, and a refill keeps
+        # the old offset: back to the end, so it follows as before the filter.
+        log.scroll_end(animate=False, immediate=True, x_axis=False)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.query_one(Log).focus()
