@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from backends import params as run_params
 from backends import tmux
 from backends.hosts import Host, HostError
+from backends.own_session import own_sessions
 
 RUN_ID = re.compile(r"[0-9]{8}-[0-9]{4}-[0-9a-f]{4}")
 TRAIN_COMMAND = ["trackside", "train"]
@@ -84,6 +85,7 @@ class RunInfo:
     parent: str | None = None
     started: str | None = None
     end_status: str | None = None  # the trainer's own end event: completed, stopped, ...
+    this_dashboard: bool = False  # the session this trackside runs in: never to be stopped
 
     def to_json(self) -> dict:
         return {**asdict(self), "state": self.state.value}
@@ -321,6 +323,7 @@ def _state(exit_status: int | None, oom: bool, trainer: bool) -> RunState:
 async def list_runs(host: Host) -> list[RunInfo]:
     """Our runs (newest first), then every tmux session we did not launch."""
     panes = await tmux.list_panes(host)
+    dashboard = await own_sessions(host, panes)
     by_session: dict[str, list[tmux.Pane]] = {}
     for pane in panes:
         by_session.setdefault(pane.session, []).append(pane)
@@ -348,6 +351,7 @@ async def list_runs(host: Host) -> list[RunInfo]:
                 manifest["run_id"], session, host.name, state, exit_status, manifest.get("params", {}),
                 metrics["last_step"], metrics["last_loss"], metrics["steps_per_epoch"], [] if ended else alive,
                 manifest.get("run_dir"), manifest.get("parent"), manifest.get("started"), metrics["end_status"],
+                this_dashboard=session in dashboard,
             )  # fmt: skip
         )
     for session, session_panes in by_session.items():
@@ -355,7 +359,7 @@ async def list_runs(host: Host) -> list[RunInfo]:
             continue
         alive = [p.pid for p in session_panes if not p.dead]
         status = None if alive else session_panes[0].exit_status
-        infos.append(RunInfo(None, session, host.name, RunState.RUNNING if alive else _state(status, False, False), status, pids=alive))
+        infos.append(RunInfo(None, session, host.name, RunState.RUNNING if alive else _state(status, False, False), status, pids=alive, this_dashboard=session in dashboard))
     return infos
 
 
