@@ -1,8 +1,9 @@
 """`trackside launch|runs|kill|relaunch`: the dashboard's run keys, headless.
 
-Exit status: 0 done, 2 a bad argument or value (the message names the flag or key),
-1 anything else (an unreachable host, a missing run, tmux refusing), with a one-line
-message and no traceback. `--json` prints one JSON document on stdout.
+Exit status: 0 done, 2 a bad argument or value (the message names the flag or key) or a
+refused target (`kill` of the session this trackside runs in), 1 anything else (an
+unreachable host, a missing run, a run that had already ended, tmux refusing), with a
+one-line message and no traceback. `--json` prints one JSON document on stdout.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ def _parser() -> _Parser:
     stop = command("kill", "Stop a run's own process tree, then verify its GPU memory is released.")
     stop.add_argument("target", metavar="RUN_OR_SESSION")
     stop.add_argument("--grace", type=_grace, help="seconds between SIGTERM and SIGKILL (default from config, 30)")
+    stop.epilog = (
+        "Exits 1 when the run had already ended (its exit status is named; nothing is stopped or closed), "
+        "2 when RUN_OR_SESSION is the tmux session this trackside itself runs in (refused)."
+    )
     again = command("relaunch", "Launch a run again with changed parameters.")
     again.add_argument("run", metavar="RUN")
     again.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
@@ -139,15 +144,7 @@ def _show_kill(report: kill.KillReport) -> str:
     lines += [f"GPU {g.index}: {g.before_mib} MiB before, {g.after_mib} MiB after" for g in report.gpus]
     lines += [f"straggler: pid {p.pid} holds {p.used_mib} MiB on GPU {p.gpu_index}" for p in report.stragglers]
     lines += [f"held by a process outside the run: {_holder(p)} — not touched" for p in report.other_holders]
-    if report.gpu_message:
-        lines.append(f"GPU check: {report.gpu_message}")
-    if not report.released:
-        lines.append("NOT released: see above")
-    elif report.gpu_status == "OK":
-        lines.append(f"released: the run holds no GPU memory (verified {report.release_s:.2f}s after its last process exited)")
-    else:
-        lines.append("stopped (no GPU memory to verify on this host)")
-    return "\n".join(lines + report.notes)
+    return "\n".join([*lines, report.verdict(), *report.notes])
 
 
 async def _run(args) -> tuple[object, str]:
@@ -176,7 +173,7 @@ async def _run(args) -> tuple[object, str]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     failures: dict[type, int] = {
-        UsageError: 2, ConfigError: 2, params.ParamError: 2,
+        UsageError: 2, ConfigError: 2, params.ParamError: 2, kill.SelfKill: 2,
         HostError: 1, runs.RunError: 1, kill.KillError: 1,
     }  # fmt: skip
     try:

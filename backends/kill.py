@@ -1,41 +1,71 @@
-"""Scoped kill: a run's own process tree, then proof that its GPU memory is released.
+"""Scoped kill: a plan that names a run's own processes, that plan carried out, then proof
+that the run's GPU memory is released.
 
-The tree is every process in the session of one of the run's tmux panes (tmux makes each
-pane's process a session leader), in its process group, and every descendant of those
-(which catches workers that left the session with setsid). Nothing else is ever
-signalled: each signal goes to pids whose start time still matches what we listed, so a
-pid reused by an unrelated process is left alone.
+The plan is what a confirmation shows and exactly what the kill signals: the process trees
+of the run's tmux panes (`backends.procs`), each pid with its start time. The host checks
+each start time again right before signalling that pid, so a pid reused meanwhile by an
+unrelated process is left alone. Nothing else is ever signalled.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from dataclasses import asdict, dataclass, field
 
 from backends import gpu, runs, tmux
-from backends.hosts import Host, HostError
+from backends.hosts import Host
+from backends.own_session import own_sessions
+from backends.procs import Proc, descendants, process_table, process_tree
 
-# pid ppid pgid sid stat lstart (lstart is 5 words, fixed for a process's life)
-_PS = ["ps", "-eo", "pid=,ppid=,pgid=,sid=,stat=,lstart="]
-_SIGNAL = 'sig=$1; shift; exec kill -s "$sig" -- "$@"'
+
+# Arguments: the signal, then "PID STARTED" items. Each pid is signalled only if ps still
+# shows the start time we listed (words compared, so ps's padding does not matter); the
+# pids signalled are printed. `for` expands its list once, so `set --` may reuse "$@".
+_SIGNAL = r"""
+sig=$1; shift; set -f
+for item; do
+  pid=${item%% *}; want=${item#* }
+  now=$(ps -o lstart= -p "$pid") || continue
+  set -- $now
+  [ "$*" = "$want" ] && kill -s "$sig" -- "$pid" 2>/dev/null && echo "$pid"
+done
+"""
 KILL_WAIT_S = 10.0  # after SIGKILL only uninterruptible sleep keeps a process alive
 PANE_EXIT_WAIT_S = 5.0  # tmux marks a pane dead as soon as its pty closes
 
 
 class KillError(Exception):
-    """The target names no run or session on the host."""
+    """The target cannot be stopped: it names no run or session, or is refused."""
+
+
+class SelfKill(KillError):
+    """The target's tmux session is the one this trackside runs in."""
+
+
+class AlreadyEnded(KillError):
+    """None of the target's processes is alive: nothing was stopped."""
 
 
 @dataclass(frozen=True)
-class Proc:
-    pid: int
-    ppid: int
-    pgid: int
-    sid: int
-    zombie: bool
-    started: str
+class KillPlan:
+    host: str
+    target: str  # the run id or session name it was asked for
+    session: str | None
+    run_id: str | None
+    pane_pids: tuple[int, ...]
+    tree: dict[int, str]  # every pid to signal, with its start time (its identity)
+    holdings: tuple[gpu.GpuProcess, ...]  # the tree's processes listed on a GPU, with MiB
+    bystanders: tuple[gpu.GpuProcess, ...]  # others holding memory on those GPUs: left alone
+    gpu_status: str  # gpu.GpuStatus name of the read behind holdings and bystanders
+    gpu_message: str
+    closes_session: bool  # the session holds only the run's panes: ending it ends nothing else
+    notes: tuple[str, ...] = ()
+    manifest: dict | None = field(default=None, repr=False)  # our runs': how to record the end
+
+    @property
+    def pids(self) -> list[int]:
+        return sorted(self.tree)
 
 
 @dataclass(frozen=True)
@@ -50,7 +80,7 @@ class KillReport:
     target: str
     session: str | None
     run_id: str | None
-    signalled: list[int]  # got SIGTERM
+    signalled: list[int]  # got SIGTERM: the plan's processes still the same at the signal
     killed: list[int]  # still alive after the grace period: got SIGKILL
     survivors: list[int]  # alive even after SIGKILL
     gpus: list[GpuDelta]
@@ -70,42 +100,81 @@ class KillReport:
     def to_json(self) -> dict:
         return asdict(self)
 
-
-async def process_table(host: Host) -> dict[int, Proc]:
-    result = await host.run(_PS)
-    if not result.ok:
-        raise HostError(host.name, f"ps failed: {result.stderr.strip()}")
-    table = {}
-    for line in result.stdout.splitlines():
-        fields = line.split(None, 5)
-        if len(fields) == 6 and all(f.isdigit() for f in fields[:4]):
-            pid, ppid, pgid, sid = map(int, fields[:4])
-            table[pid] = Proc(pid, ppid, pgid, sid, fields[4].startswith("Z"), " ".join(fields[5].split()))
-    return table
-
-
-def descendants(table: dict[int, Proc], pids: set[int]) -> set[int]:
-    """pids and every live descendant of them."""
-    children: dict[int, list[int]] = {}
-    for p in table.values():
-        children.setdefault(p.ppid, []).append(p.pid)
-    members, stack = set(pids), list(pids)
-    while stack:
-        for child in children.get(stack.pop(), []):
-            if child not in members:
-                members.add(child)
-                stack.append(child)
-    return {pid for pid in members if pid in table and not table[pid].zombie}
+    def verdict(self) -> str:
+        """What the kill proved about the run's GPU memory, in words true on this host."""
+        if self.survivors:
+            return f"NOT released: {len(self.survivors)} process(es) still alive after SIGKILL"
+        if self.stragglers:
+            return "NOT released: the run's processes above still hold GPU memory"
+        if self.gpu_status == gpu.GpuStatus.NO_GPU.name:
+            return "stopped; no GPU on this host: no GPU memory to verify"
+        if self.gpu_status == gpu.GpuStatus.NO_SMI.name:
+            return "stopped; no nvidia-smi on this host: no GPU memory to verify"
+        if not self.released:
+            return f"stopped, but GPU memory NOT verified: {self.gpu_message or self.gpu_status}"
+        return f"released: the run holds no GPU memory (verified {self.release_s:.2f}s after its last process exited)"
 
 
-def process_tree(table: dict[int, Proc], panes: list[tmux.Pane]) -> set[int]:
-    """Live pids of the panes' sessions and process groups, and all their descendants."""
-    roots = set()
-    for pane in panes:
-        if pane.dead and pane.pid in table:
-            continue  # the pane's process is gone and its pid belongs to someone else now
-        roots.add(pane.pid)
-    return descendants(table, {p.pid for p in table.values() if p.pid in roots or p.sid in roots or p.pgid in roots})
+async def _resolve(host: Host, target: str) -> tuple[str | None, dict | None, list[tmux.Pane], list[tmux.Pane]]:
+    """(session, manifest, the target's panes, all its session's panes) for a run id or a
+    session name."""
+    if runs.RUN_ID.fullmatch(target):
+        manifest = await runs.read_manifest(host, target)
+        session = manifest["session"]
+        session_panes = await tmux.list_panes(host, session)
+        return session, manifest, [p for p in session_panes if p.pid == manifest.get("pane_pid")], session_panes
+    panes = await tmux.list_panes(host, target)
+    if not panes:
+        raise KillError(f"no run or tmux session {target!r} on {host.name}")
+    ours = [r for r in await runs.list_runs(host) if r.run_id and r.session == target and r.pids]
+    manifest = await runs.read_manifest(host, ours[0].run_id) if ours else None
+    return target, manifest, panes, panes
+
+
+async def _ended(host: Host, target: str, session: str | None, manifest: dict | None, panes: list[tmux.Pane]) -> AlreadyEnded:
+    """The refusal for a target with no live process, naming how it ended."""
+    status = manifest.get("exit_status") if manifest else None
+    if status is None and manifest:
+        status = await runs.read_exit_status(host, manifest["run_dir"])
+    if status is None:
+        status = next((p.exit_status for p in panes if p.dead and p.exit_status is not None), None)
+    how = f"exit status {status}" if status is not None else "exit status unknown"
+    where = "" if panes else f"; its tmux session {session} is gone"
+    return AlreadyEnded(f"{target} had already ended ({how}{where}): nothing was stopped")
+
+
+async def plan_kill(host: Host, target: str, *, smi: str = gpu.DEFAULT_SMI, nvml: bool = True) -> KillPlan:
+    """What stopping `target` (a run id or tmux session name) would signal, read now.
+
+    Raises SelfKill for the session this trackside runs in, AlreadyEnded when none of the
+    target's processes is alive, KillError when it names nothing. GPU memory is read as
+    `gpu.read_gpus` reads it (`smi`, `nvml`)."""
+    session, manifest, panes, session_panes = await _resolve(host, target)
+    if session in await own_sessions(host, session_panes):
+        raise SelfKill(f"refusing to stop {target}: this trackside runs in its tmux session {session}")
+    table = await process_table(host)
+    tree = {pid: table[pid].started for pid in process_tree(table, panes)}
+    if not tree:
+        raise await _ended(host, target, session, manifest, panes)
+    snapshot = await gpu.read_gpus(host, smi, nvml=nvml)
+    holdings = tuple(p for p in snapshot.processes if p.pid in tree)
+    held_on = {p.gpu_index for p in holdings}
+    bystanders = tuple(p for p in _holders(snapshot, set(tree)) if p.gpu_index in held_on)
+    closes = {p.pid for p in session_panes} <= {p.pid for p in panes}
+    notes = () if closes else (f"tmux session {session} has other panes: they are left running and the session stays open",)
+    return KillPlan(
+        host.name, target, session, manifest["run_id"] if manifest else None, tuple(p.pid for p in panes), tree,
+        holdings, bystanders, snapshot.status.name, snapshot.message, closes, notes, manifest,
+    )  # fmt: skip
+
+
+async def _signal(host: Host, signal: str, known: dict[int, str]) -> list[int]:
+    """Send `signal` to each known pid still the same process; the pids it reached."""
+    if not known:
+        return []
+    items = [f"{pid} {started}" for pid, started in sorted(known.items())]
+    result = await host.run(["sh", "-c", _SIGNAL, "sh", signal, *items])
+    return sorted(int(line) for line in result.stdout.split() if line.isdigit())
 
 
 def _same(table: dict[int, Proc], known: dict[int, str]) -> list[int]:
@@ -113,42 +182,22 @@ def _same(table: dict[int, Proc], known: dict[int, str]) -> list[int]:
     return sorted(pid for pid, started in known.items() if pid in table and not table[pid].zombie and table[pid].started == started)
 
 
-async def _signal(host: Host, signal: str, pids: list[int]) -> None:
-    if pids:
-        # kill fails for pids that exited meanwhile; the polls that follow are the truth.
-        await host.run(["sh", "-c", _SIGNAL, "sh", signal, *map(str, pids)])
-
-
-async def _wait_exit(host: Host, known: dict[int, str], timeout: float, poll_s: float) -> list[int]:
+async def _wait_exit(host: Host, known: dict[int, str], strangers: set[int], timeout: float, poll_s: float) -> list[int]:
     """Poll until none of the run's processes is alive; those still alive at the timeout.
 
     Children forked meanwhile by a live process of the run join `known` (their parent's
-    identity is checked, so a reused pid never brings in a stranger's children).
+    identity is checked, so a reused pid never brings in a stranger's children), except
+    `strangers`: pids the plan named that were no longer the process it named.
     """
     deadline = time.monotonic() + timeout
     while True:
         table = await process_table(host)
-        for pid in descendants(table, set(_same(table, known))):
+        for pid in descendants(table, set(_same(table, known))) - strangers:
             known.setdefault(pid, table[pid].started)
         alive = _same(table, known)
         if not alive or time.monotonic() >= deadline:
             return alive
         await asyncio.sleep(poll_s)
-
-
-async def _resolve(host: Host, target: str) -> tuple[str | None, dict | None, list[tmux.Pane]]:
-    """(session, manifest, panes) for a run id or a session name."""
-    if runs.RUN_ID.fullmatch(target):
-        manifest = await runs.read_manifest(host, target)
-        session = manifest["session"]
-        panes = [p for p in await tmux.list_panes(host, session) if p.pid == manifest.get("pane_pid")]
-        return session, manifest, panes
-    panes = await tmux.list_panes(host, target)
-    if not panes:
-        raise KillError(f"no run or tmux session {target!r} on {host.name}")
-    ours = [r for r in await runs.list_runs(host) if r.run_id and r.session == target and r.pids]
-    manifest = await runs.read_manifest(host, ours[0].run_id) if ours else None
-    return target, manifest, panes
 
 
 async def _pane_exit_status(host: Host, session: str, pane_pid: int, poll_s: float) -> int | None:
@@ -162,23 +211,24 @@ async def _pane_exit_status(host: Host, session: str, pane_pid: int, poll_s: flo
     return None
 
 
-async def _end_session(host: Host, session: str | None, manifest: dict | None, panes: list[tmux.Pane], killed: list[int], poll_s: float) -> int | None:
-    """Record how the run ended, then kill its session; the exit status.
+async def _end_session(host: Host, plan: KillPlan, killed: list[int], poll_s: float) -> int | None:
+    """Record how the run ended, then close its session if it holds nothing else; the
+    exit status.
 
     Our runs record their own status; when SIGKILL took the recording shell too, that
     is the answer; otherwise tmux's view of the (first) pane.
     """
     exit_status = None
-    if manifest:
-        exit_status = await runs.read_exit_status(host, manifest["run_dir"])
-        if exit_status is None and manifest.get("pane_pid") in killed:
+    if plan.manifest:
+        exit_status = await runs.read_exit_status(host, plan.manifest["run_dir"])
+        if exit_status is None and plan.manifest.get("pane_pid") in killed:
             exit_status = -9
-    if exit_status is None and panes:
-        exit_status = await _pane_exit_status(host, session, panes[0].pid, poll_s)
-    if panes:
-        await tmux.kill_session(host, session)
-    if manifest:
-        await runs.record_end(host, manifest, exit_status)
+    if exit_status is None and plan.pane_pids:
+        exit_status = await _pane_exit_status(host, plan.session, plan.pane_pids[0], poll_s)
+    if plan.pane_pids and plan.closes_session:
+        await tmux.kill_session(host, plan.session)
+    if plan.manifest:
+        await runs.record_end(host, plan.manifest, exit_status)
     return exit_status
 
 
@@ -186,7 +236,8 @@ def _run_gpu_processes(snapshot: gpu.GpuSnapshot, pids: set[int]) -> list[gpu.Gp
     return [p for p in snapshot.processes if p.pid in pids and (p.used_mib or 0) > 0]
 
 
-def _other_holders(snapshot: gpu.GpuSnapshot, pids: set[int]) -> list[gpu.GpuProcess]:
+def _holders(snapshot: gpu.GpuSnapshot, pids: set[int]) -> list[gpu.GpuProcess]:
+    """Processes outside `pids` holding GPU memory."""
     # used_mib None: the driver lists the process but cannot say how much (some containers).
     return [p for p in snapshot.processes if p.pid not in pids and (p.used_mib is None or p.used_mib > 0)]
 
@@ -205,64 +256,63 @@ async def _verify_release(host, smi, nvml, pids, timeout, poll_s) -> tuple[gpu.G
 
 async def kill_run(
     host: Host,
-    target: str,
+    plan: KillPlan | str,
     grace_s: float = 30.0,
     poll_s: float = 0.05,
     smi: str = gpu.DEFAULT_SMI,
     gpu_timeout_s: float = 10.0,
     nvml: bool = True,
 ) -> KillReport:
-    """Stop a run (run id or tmux session): SIGTERM its tree, SIGKILL what outlives
-    `grace_s`, kill its session, then poll until none of its pids holds GPU memory.
+    """Carry out a plan (or the plan of a run id or session name, made now): SIGTERM to
+    its processes, SIGKILL to what outlives `grace_s`, close its session, then poll until
+    none of them holds GPU memory.
 
-    GPU memory is read as `gpu.read_gpus` reads it: NVML on this machine unless
-    `nvml=False`, else `smi`."""
+    Raises AlreadyEnded, touching nothing, when none of the plan's processes is still
+    alive as the same process. GPU memory is read as `gpu.read_gpus` reads it: NVML on
+    this machine unless `nvml=False`, else `smi`."""
+    if isinstance(plan, str):
+        plan = await plan_kill(host, plan, smi=smi, nvml=nvml)
     started = time.monotonic()
-    session, manifest, panes = await _resolve(host, target)
-    notes = []
-    if not panes:
-        notes.append(f"session {session} of this run is gone; nothing to signal")
-    table = await process_table(host)
-    known = {pid: table[pid].started for pid in process_tree(table, panes)}
-    if host.is_local and os.getpid() in known:
-        raise KillError(f"refusing to kill {target}: trackside itself runs in that tmux session")
     before = await gpu.read_gpus(host, smi, nvml=nvml)
+    signalled = await _signal(host, "TERM", plan.tree)
+    if not signalled:
+        panes = [p for p in await tmux.list_panes(host, plan.session) if p.pid in plan.pane_pids] if plan.session else []
+        raise await _ended(host, plan.target, plan.session, plan.manifest, panes)
+    known = {pid: plan.tree[pid] for pid in signalled}
+    strangers = set(plan.tree) - set(signalled)
     gpu_before = _run_gpu_processes(before, set(known))
-
-    signalled = sorted(known)
-    await _signal(host, "TERM", signalled)
-    alive = await _wait_exit(host, known, grace_s, poll_s)
-    killed = alive
-    if killed:
-        await _signal(host, "KILL", killed)
-        alive = await _wait_exit(host, known, KILL_WAIT_S, poll_s)
+    alive = await _wait_exit(host, known, strangers, grace_s, poll_s)
+    killed = []
+    if alive:
+        killed = await _signal(host, "KILL", {pid: known[pid] for pid in alive})
+        alive = await _wait_exit(host, known, strangers, KILL_WAIT_S, poll_s)
     last_exit = time.monotonic()
 
     # Ending the session and verifying the GPUs are independent: overlap them, so the
     # release is seen as soon as the driver frees the memory.
     (after, stragglers, verified), exit_status = await asyncio.gather(
         _verify_release(host, smi, nvml, set(known), gpu_timeout_s, poll_s),
-        _end_session(host, session, manifest, panes, killed, poll_s),
+        _end_session(host, plan, killed, poll_s),
     )
     done = time.monotonic()
     usable = after.status in (gpu.GpuStatus.OK, gpu.GpuStatus.NO_GPU, gpu.GpuStatus.NO_SMI)
     before_mib = {g.index: g.mem_used_mib for g in before.gpus}
     return KillReport(
-        target=target,
-        session=session,
-        run_id=manifest["run_id"] if manifest else None,
+        target=plan.target,
+        session=plan.session,
+        run_id=plan.run_id,
         signalled=signalled,
         killed=killed,
         survivors=alive,
         gpus=[GpuDelta(g.index, before_mib.get(g.index), g.mem_used_mib) for g in after.gpus],
         gpu_processes_before=gpu_before,
         stragglers=stragglers,
-        other_holders=_other_holders(after, set(known)),
+        other_holders=_holders(after, set(known)),
         released=usable and not stragglers and not alive,
         gpu_status=after.status.name,
         gpu_message=after.message,
         exit_status=exit_status,
         seconds=done - started,
         release_s=None if alive or stragglers or not usable else verified - last_exit,
-        notes=notes,
+        notes=list(plan.notes),
     )
