@@ -340,35 +340,42 @@ class TracksideApp(Guarded, App):
 
     def _confirm_kill(self, *, relaunch: bool) -> None:
         run = self.selected_run()
-        if run is not None:
-            self.run_worker(self._plan_kill(run, relaunch), group="actions", exit_on_error=False)
+        if run is None:
+            return
+        if run.info.this_dashboard:
+            self.notify(
+                f"{run.key} is the tmux session this dashboard runs in: it is never stopped from here",
+                severity="warning", timeout=8,
+            )  # fmt: skip
+            return
+        self.run_worker(self._plan_kill(run, relaunch), group="actions", exit_on_error=False)
 
     async def _plan_kill(self, run: RunState, relaunch: bool) -> None:
-        from tui.screens.kill import KillConfirm, kill_plan
+        from tui.screens.kill import KillConfirm
 
+        watched = self.watched[run.host]
         try:
-            plan = await kill_plan(
-                self.watched[run.host].host, run, self.hosts[run.host], self.pending.get(run.key, {}) if relaunch else None
-            )
+            plan = await kill.plan_kill(watched.host, run.info.run_id or run.info.session, smi=watched.smi)
+        except kill.KillError as refused:  # our own session, a run that ended meanwhile, a gone one
+            self.notify(str(refused), severity="warning", timeout=8)
+            return
         except Exception as error:
             self.notify(f"cannot list {run.key}'s processes: {error}", severity="error", timeout=10)
             return
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.run_worker(self._kill(run, relaunch), group="actions", exit_on_error=False)
+                self.run_worker(self._kill(run, plan, relaunch), group="actions", exit_on_error=False)
 
-        self.push_screen(KillConfirm(plan), answered)
+        self.push_screen(KillConfirm(run.key, plan, self.pending.get(run.key, {}) if relaunch else None), answered)
 
-    async def _kill(self, run: RunState, relaunch: bool) -> None:
+    async def _kill(self, run: RunState, plan: kill.KillPlan, relaunch: bool) -> None:
         from tui.screens.kill import KillReportScreen
 
         watched = self.watched[run.host]
         self.notify(f"stopping {run.key}…", timeout=3)
         try:
-            report = await kill.kill_run(
-                watched.host, run.info.run_id or run.info.session, grace_s=self.grace_s, smi=watched.smi
-            )
+            report = await kill.kill_run(watched.host, plan, grace_s=self.grace_s, smi=watched.smi)
         except Exception as error:
             self.notify(f"could not kill {run.key}: {error}", severity="error", timeout=10)
             return

@@ -73,6 +73,8 @@ def run_cells(run: RunState, host: HostState) -> dict[str, object]:
     label = Text(run.state_label, style=run.status.style)
     if run.progress is not None and not run.steps:
         label.append(f" {run.progress.done}/{run.progress.total}")
+    if run.info.this_dashboard:
+        label = Text("this dashboard", style="bold blue")
     return {
         "name": Text(f"  {run.info.run_id or run.info.session}"),
         "state": label,

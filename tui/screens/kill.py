@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -11,47 +9,42 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from backends import kill, tmux
-from backends.hosts import Host
-from tui.state import HostState, RunState
+from backends.gpu import GpuProcess
+from backends.kill import KillPlan
 from tui.guard import Guarded
 
 
-@dataclass(frozen=True)
-class KillPlan:
-    key: str
-    host: str
-    session: str
-    pids: list[int]
-    gpus: list[tuple[int, int, int | None]]  # (gpu index, pid, MiB) of the run's GPU processes
-    relaunch: dict | None  # the changed params when this kill is followed by a relaunch
+def _held(p: GpuProcess) -> str:
+    used = f"{p.used_mib:,} MiB" if p.used_mib is not None else "memory the driver does not size"
+    gpu = f"GPU {p.gpu_index}" if p.gpu_index is not None else "an unlisted GPU"
+    return f"PID {p.pid}{f' {p.name}' if p.name else ''}: {used} on {gpu}"
 
 
-async def kill_plan(host: Host, run: RunState, state: HostState, relaunch: dict | None) -> KillPlan:
-    """The processes `backends.kill` will signal: the run's panes' trees, read now."""
-    panes = [p for p in await tmux.list_panes(host, run.info.session) if not run.info.run_id or p.pid in run.info.pids]
-    pids = sorted(kill.process_tree(await kill.process_table(host), panes))
-    processes = getattr(state.gpus, "processes", None) or []
-    gpus = [(p.gpu_index, p.pid, p.used_mib) for p in processes if p.pid in pids]
-    return KillPlan(run.key, state.name, run.info.session, pids, gpus, relaunch)
-
-
-def plan_text(plan: KillPlan) -> Text:
+def plan_text(key: str, plan: KillPlan, relaunch: dict | None) -> Text:
+    """The plan, every PID of it: what a Yes signals, and nothing else."""
     text = Text()
-    text.append(f"Stop run {plan.key} on {plan.host}?\n\n", style="bold")
+    text.append(f"Stop run {key} on {plan.host}?\n\n", style="bold")
     text.append("tmux session  ", style="dim")
-    text.append(f"{plan.session}\n")
+    text.append(f"{plan.session}" + ("" if plan.closes_session else " (stays open: it has other panes)") + "\n")
+    text.append("pane PIDs     ", style="dim")
+    text.append(", ".join(map(str, plan.pane_pids)) + "\n")
     text.append("processes     ", style="dim")
-    text.append(", ".join(map(str, plan.pids)) or "none alive")
+    text.append(", ".join(map(str, plan.pids)))
     text.append("\n              (SIGTERM, then SIGKILL after the grace period)\n")
     text.append("GPUs          ", style="dim")
-    if plan.gpus:
-        text.append(", ".join(f"GPU {g} (PID {pid}, {mib} MiB)" for g, pid, mib in plan.gpus))
+    if plan.holdings:
+        text.append("\n".join(f"{'' if i == 0 else ' ' * 14}{_held(p)}" for i, p in enumerate(plan.holdings)) + "\n")
+    elif plan.gpu_status == "OK":
+        text.append("no GPU memory held by these PIDs right now\n")
     else:
-        text.append("no GPU memory held by these PIDs right now")
-    text.append("\n\nNothing else on the host is touched.")
-    if plan.relaunch is not None:
-        changes = ", ".join(f"{k}={v}" for k, v in plan.relaunch.items()) or "unchanged parameters"
+        text.append(f"not read: {plan.gpu_message or plan.gpu_status}\n")
+    for p in plan.bystanders:
+        text.append(f"not this run's, left alone: {_held(p)}\n", style="yellow")
+    for note in plan.notes:
+        text.append(f"{note}\n", style="dim")
+    text.append("\nNothing else on the host is touched.")
+    if relaunch is not None:
+        changes = ", ".join(f"{k}={v}" for k, v in relaunch.items()) or "unchanged parameters"
         text.append(f"\nThen relaunch with {changes}.", style="cyan")
     return text
 
@@ -62,13 +55,15 @@ class KillConfirm(Guarded, ModalScreen[bool]):
         Binding("n,escape", "answer(False)", "No", id="trackside.kill.no"),
     ]
 
-    def __init__(self, plan: KillPlan) -> None:
+    def __init__(self, key: str, plan: KillPlan, relaunch: dict | None = None) -> None:
         super().__init__()
+        self.key = key
         self.plan = plan
+        self.relaunch = relaunch  # the changed params when this kill is followed by a relaunch
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(plan_text(self.plan), id="kill-plan")
+            yield Static(plan_text(self.key, self.plan, self.relaunch), id="kill-plan")
             with Horizontal(classes="buttons"):
                 yield Button("No", id="no", variant="primary")
                 yield Button("Yes, kill", id="yes", variant="error")
@@ -108,10 +103,8 @@ def report_text(key: str, report) -> Text:
     for note in report.notes:
         text.append(f"  {note}\n", style="dim")
     text.append("\n")
-    if report.released and not report.stragglers:
-        text.append("GPU memory released.", style="bold green")
-    else:
-        text.append("GPU memory still held.", style="bold red")
+    verified = report.released and report.gpu_status == "OK"
+    text.append(report.verdict(), style="bold green" if verified else "bold" if report.released else "bold red")
     return text
 
 
