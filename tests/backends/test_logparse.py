@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.logparse import Progress, parse_console_line, parse_metrics_line, parse_progress, phase_of, visible_text
+from backends.logparse import Progress, parse_console_line, parse_metrics_line, parse_progress, phase_of, step_of, visible_text
 
 relaxed = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -33,10 +33,47 @@ relaxed = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
         ("epoch 1/3 step=7 loss=-0.25", {"step": 7, "loss": -0.25}),
         # tqdm redraws in place: the newest value is after the last carriage return
         ("1%| | 1/99 [00:01<01:30, loss=9.9]\r2%| | 2/99 [00:02<01:29, loss=8.8]", {"loss": 8.8}),
+        # nanoGPT: a colon ends the iteration's field; `12.3ms` and `3.21%` are not numbers
+        ("iter 100: loss 2.3456, time 12.3ms, mfu 3.21%", {"iter": 100, "loss": 2.3456}),
+        ("step 250: train loss 1.9123, val loss 2.0123", {"step": 250, "loss": 1.9123}),
+        # torchtitan, coloured
+        ("\x1b[31mstep:  10  \x1b[32mloss:  7.1234  \x1b[33mmemory: 12.34GiB(15.6%)", {"step": 10, "loss": 7.1234}),
+        # speculators: one loss per TTT step, the first standing for the run
+        (
+            "train/loss_0=2.345, train/full_acc_0=0.123, train/loss_1=2.678, epoch=0, lr=1.00e-04",
+            {"train/loss_0": 2.345, "train/full_acc_0": 0.123, "train/loss_1": 2.678, "epoch": 0, "lr": 1e-4, "loss": 2.345},
+        ),
+        ('{"step": 3, "loss": 1.2}', {"step": 3, "loss": 1.2}),
+        ("12:30:45 loss: 5", {"loss": 5}),
     ],
 )
 def test_console_formats(line, expected):
     assert parse_console_line(line) == expected
+
+
+@pytest.mark.parametrize(
+    "line, step",
+    [
+        ("step=12 loss=1.23", 12),
+        ("iter 100: loss 2.3", 100),
+        ('{"global_step": 7, "loss": 1.0}', 7),
+        ("train/step=5 train/loss=1.0", 5),
+        ("{'loss': 1.2, 'epoch': 0.5}", None),  # HF Trainer: an epoch is never a step
+        ("{'loss': 1.2, 'epoch': 3}", None),
+        ("step=1.5 loss=1", None),
+        ("step=-3 loss=1", None),
+    ],
+)
+def test_step_of(line, step):
+    assert step_of(parse_console_line(line)) == step
+
+
+def test_numbers_past_any_int_are_read_as_floats():
+    # int() refuses over 4,300 digits: such a line once ended the parse with a ValueError
+    assert parse_console_line("step=" + "9" * 5000 + " loss=" + "1" * 5000) == {"step": math.inf, "loss": math.inf}
+    assert step_of({"step": math.inf}) is None
+    assert parse_progress("Shards: " + "9" * 5000 + "/" + "9" * 5000) is None
+    assert parse_progress(" 5%|▌ | 50/1000 [" + "1" * 5000 + "<00:02]") == Progress("working", 50, 1000, None, "")
 
 
 def test_console_nan_loss_is_kept():
@@ -76,6 +113,8 @@ def test_console_lines_without_loss(line):
         ("Epoch 2:  10%|█         | 100/1000 [1:02:03<9:18:27, 37.2s/it]", Progress("training", 100, 1000, 33507.0, "Epoch 2")),
         ("Compiling kernels: 3/10", Progress("compiling", 3, 10, None, "Compiling kernels")),
         ("100%|██████████| 8/8 [00:03<00:00,  2.40it/s]", Progress("working", 8, 8, 0.0, "")),
+        ("Step 120/5000 | loss 2.31", Progress("training", 120, 5000, None, "Step")),
+        ("iter 7/10: loss 1.0", Progress("training", 7, 10, None, "iter")),
     ],
 )
 def test_progress_formats(line, expected):
@@ -114,7 +153,7 @@ def test_metrics_events():
 KEYS = st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True)
 VALUES = st.floats(allow_nan=False, width=64) | st.integers(-10**9, 10**9)
 LOGISH = st.lists(
-    st.sampled_from(list("loss=:{}',[]|%/<>. \t\r\x1b0123456789eE+-naif") + ["\x1b[32m", "it/s", "█", "lr", "step"]),
+    st.sampled_from(list("loss=:{}',[]|%/<>. \t\r\x1b0123456789eE+-naif") + ["\x1b[32m", "it/s", "█", "lr", "step", "iter", "9" * 400]),
     max_size=80,
 ).map("".join) | st.text(max_size=200)
 
@@ -124,6 +163,8 @@ LOGISH = st.lists(
 def test_never_raises(line):
     result = parse_console_line(line)
     assert result is None or all(isinstance(v, (int, float)) for v in result.values())
+    step = step_of(result or {})
+    assert step is None or (isinstance(step, int) and step >= 0)
     progress = parse_progress(line)
     assert progress is None or 0 <= progress.done <= progress.total
     phase_of(line)
