@@ -24,14 +24,34 @@ class Cost:
     fewest_checkpoint_ttt: int | None  # TTT steps to recompute for the new step to fit
 
 
+@dataclass(frozen=True)
+class Basis:
+    """What a prediction reads of a run, copied on the UI thread: a worker thread then
+    predicts from it while the run's buffers keep growing."""
+
+    params: dict
+    last: dict | None  # the latest step event
+    steps_per_epoch: int | None
+    start: dict | None
+    peak_mem_gib: float | None  # the highest the run measured
+
+    @classmethod
+    def of(cls, run: RunState) -> Basis:
+        peaks = [e["peak_mem_gib"] for e in run.steps if e.get("peak_mem_gib")]
+        return cls(run.params, run.last, run.steps_per_epoch, run.start, max(peaks, default=None))
+
+    def predict(self, changes: dict, gpu_mem_gib: float | None = None) -> Cost:
+        params = {**self.params, **changes}
+        return Cost(*_schedule(self, params), *_memory(self, params, gpu_mem_gib))
+
+
 def predict(run: RunState, changes: dict, gpu_mem_gib: float | None = None) -> Cost:
-    params = {**run.params, **changes}
-    return Cost(*_schedule(run, params), *_memory(run, params, gpu_mem_gib))
+    return Basis.of(run).predict(changes, gpu_mem_gib)
 
 
-def _schedule(run: RunState, params: dict) -> tuple[int | None, float | None]:
+def _schedule(basis: Basis, params: dict) -> tuple[int | None, float | None]:
     """An epoch holds the same tokens whatever the row length; rows fill as they do now."""
-    last, spe, old = run.last, run.steps_per_epoch, run.params
+    last, spe, old = basis.last, basis.steps_per_epoch, basis.params
     if not last or not spe:
         return None, None
     old_rows = old.get("max_seq_len", 0) * old.get("batch_rows", 1)
@@ -45,16 +65,15 @@ def _schedule(run: RunState, params: dict) -> tuple[int | None, float | None]:
     return new_spe, spe * tokens / rate * depth
 
 
-def _memory(run: RunState, params: dict, gpu_mem_gib: float | None
+def _memory(basis: Basis, params: dict, gpu_mem_gib: float | None
             ) -> tuple[float | None, int | None, int | None]:
-    if not run.start:
+    if not basis.start:
         return None, None, None
     try:
-        cfg, shape = memory.shape_from_start(run.start)
-        peaks = [e["peak_mem_gib"] for e in run.steps if e.get("peak_mem_gib")]
+        cfg, shape = memory.shape_from_start(basis.start)
         calibration = None
-        if peaks:
-            measured = memory.Measurement(shape.max_seq_len, shape.ttt_steps, round(max(peaks) * memory.GiB))
+        if basis.peak_mem_gib:
+            measured = memory.Measurement(shape.max_seq_len, shape.ttt_steps, round(basis.peak_mem_gib * memory.GiB))
             calibration = memory.calibrate(cfg, [measured], shape)
         changed = {k: int(params[k]) for k in ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk") if k in params}
         # (check: a manifest from when the flag was a bool holds true/false)

@@ -7,19 +7,24 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
+from textual.timer import Timer
 from textual.widgets import Button, Input, Label, Static
+from textual.worker import Worker, WorkerState
 
 from backends import params as run_params
-from tui.predict import predict
+from tui.predict import Basis
 from tui.state import HostState, RunState, format_duration, format_number
 from tui.guard import Guarded
 
 FIELDS = ["max_seq_len", "ttt_steps", "lr", "steps", "batch_rows", "epochs", "ttt_decay", "loss_chunk",
           "checkpoint_ttt", "freeze_lm_head"]
+# The cost is predicted once typing pauses this long, in a worker thread: keys never wait
+# for it, and a burst of them asks for one prediction.
+PREDICT_AFTER_S = 0.15
 
 
 def gpu_total_gib(host: HostState) -> float | None:
-    totals = [r.mem_total_mib for r in getattr(host.gpus, "gpus", None) or [] if r.mem_total_mib]
+    totals = [r.mem_total_mib for r in (host.gpus.gpus if host.gpus else ()) if r.mem_total_mib]
     return min(totals) / 1024 if totals else None
 
 
@@ -43,6 +48,8 @@ class EditScreen(Guarded, ModalScreen[dict | None]):
         self.host = host
         self.pending = pending
         self.changes: dict = dict(pending)
+        self.cost_asked = self.cost_shown = 0  # numbers the requests: only the latest is shown
+        self.cost_timer: Timer | None = None
 
     def compose(self) -> ComposeResult:
         current = self.run.params
@@ -59,7 +66,7 @@ class EditScreen(Guarded, ModalScreen[dict | None]):
                     )
             yield Static(id="edit-errors")
             yield Static(id="edit-diff")
-            yield Static(id="edit-cost")
+            yield Static(Text("predicting…", style="dim"), id="edit-cost")
             with Horizontal(classes="buttons"):
                 yield Button("Cancel", id="cancel")
                 yield Button("Keep (r relaunches)", id="keep", variant="primary")
@@ -67,9 +74,39 @@ class EditScreen(Guarded, ModalScreen[dict | None]):
     def on_mount(self) -> None:
         self.query_one("#param-max_seq_len", Input).focus()
         self.validate()
+        self.ask_cost()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self.validate()
+        self.ask_cost()
+
+    def ask_cost(self) -> None:
+        """Predict the cost of the edit as it stands once typing pauses."""
+        self.cost_asked += 1
+        if self.cost_timer is not None:
+            self.cost_timer.stop()
+        self.cost_timer = self.set_timer(PREDICT_AFTER_S, self._predict_cost)
+
+    def _predict_cost(self) -> None:
+        # What the worker reads is copied here, on the UI thread, which alone changes it.
+        asked, basis, changes = self.cost_asked, Basis.of(self.run), dict(self.changes)
+        total = gpu_total_gib(self.host)
+        self.run_worker(
+            lambda: (asked, cost_text(basis, changes, total)), group="cost", thread=True, exit_on_error=False
+        )
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.group != "cost" or event.state is not WorkerState.SUCCESS:
+            return
+        asked, text = event.worker.result
+        if asked == self.cost_asked:  # an answer to an older edit is dropped
+            self.query_one("#edit-cost", Static).update(text)
+            self.cost_shown = asked
+
+    @property
+    def cost_is_current(self) -> bool:
+        """Whether the cost shown is the edit's as it stands (what a test or script waits for)."""
+        return self.cost_shown == self.cost_asked
 
     def validate(self) -> bool:
         current = self.run.params
@@ -88,7 +125,6 @@ class EditScreen(Guarded, ModalScreen[dict | None]):
         self.changes = changes
         self.query_one("#edit-errors", Static).update(Text("\n".join(errors), style="bold red"))
         self.query_one("#edit-diff", Static).update(self.diff_text())
-        self.query_one("#edit-cost", Static).update(self.cost_text())
         self.query_one("#keep", Button).disabled = bool(errors)
         return not errors
 
@@ -102,37 +138,6 @@ class EditScreen(Guarded, ModalScreen[dict | None]):
             text.append(" → ")
             text.append(f"{shown(value)}\n", style="green")
         return text
-
-    def cost_text(self) -> Text:
-        total = gpu_total_gib(self.host)
-        now = predict(self.run, {})
-        new = predict(self.run, self.changes, total)
-        text = Text()
-        text.append("steps per epoch  ")
-        text.append(f"{format_number(self.run.steps_per_epoch)} → ≈{format_number(new.steps_per_epoch)}\n")
-        text.append("epoch time       ")
-        text.append(f"{format_duration(now.epoch_s)} → ≈{format_duration(new.epoch_s)}\n")
-        text.append("peak memory      ")
-        if new.peak_gib is None:
-            text.append("—  (no memory model for this run yet)\n", style="dim")
-            return text
-        length, largest = self.new_params.get("max_seq_len"), new.largest_max_seq_len
-        fits = total is None or largest is None or length is None or length <= largest
-        text.append(f"≈{new.peak_gib:.1f} GiB", style="green" if fits else "bold red")
-        text.append(f" of {total:.0f} GiB per GPU" if total else " (no GPU reading)")
-        text.append("" if fits else "  — will not fit", style="bold red")
-        fewest = new.fewest_checkpoint_ttt
-        if not fits and fewest and fewest != self.new_params.get("checkpoint_ttt"):
-            text.append(f"\nfits with checkpoint_ttt {fewest}", style="bold")
-            text.append(f" (the first {fewest} TTT steps recomputed in backward)")
-        if new.largest_max_seq_len:
-            text.append(f"\nlargest max_seq_len that fits at ttt_steps {self.new_params.get('ttt_steps')}: ")
-            text.append(f"{new.largest_max_seq_len}", style="bold")
-        return text
-
-    @property
-    def new_params(self) -> dict:
-        return {**self.run.params, **self.changes}
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "keep":
@@ -149,3 +154,31 @@ class EditScreen(Guarded, ModalScreen[dict | None]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.action_keep()
+
+
+def cost_text(basis: Basis, changes: dict, gpu_total: float | None) -> Text:
+    """The edit's cost against the run's own: steps, epoch time, peak memory and fit."""
+    now, new = basis.predict({}), basis.predict(changes, gpu_total)
+    params = {**basis.params, **changes}
+    text = Text()
+    text.append("steps per epoch  ")
+    text.append(f"{format_number(basis.steps_per_epoch)} → ≈{format_number(new.steps_per_epoch)}\n")
+    text.append("epoch time       ")
+    text.append(f"{format_duration(now.epoch_s)} → ≈{format_duration(new.epoch_s)}\n")
+    text.append("peak memory      ")
+    if new.peak_gib is None:
+        text.append("—  (no memory model for this run yet)\n", style="dim")
+        return text
+    length, largest = params.get("max_seq_len"), new.largest_max_seq_len
+    fits = gpu_total is None or largest is None or length is None or length <= largest
+    text.append(f"≈{new.peak_gib:.1f} GiB", style="green" if fits else "bold red")
+    text.append(f" of {gpu_total:.0f} GiB per GPU" if gpu_total else " (no GPU reading)")
+    text.append("" if fits else "  — will not fit", style="bold red")
+    fewest = new.fewest_checkpoint_ttt
+    if not fits and fewest and fewest != params.get("checkpoint_ttt"):
+        text.append(f"\nfits with checkpoint_ttt {fewest}", style="bold")
+        text.append(f" (the first {fewest} TTT steps recomputed in backward)")
+    if new.largest_max_seq_len:
+        text.append(f"\nlargest max_seq_len that fits at ttt_steps {params.get('ttt_steps')}: ")
+        text.append(f"{new.largest_max_seq_len}", style="bold")
+    return text

@@ -1,0 +1,95 @@
+"""The edit form's cost: predicted in a worker thread once typing pauses, newest answer shown."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from textual.app import App
+from textual.widgets import Input, Static
+
+from tests.tui.sample import gpus, metrics_events, run_info
+from tui.screens import edit
+from tui.screens.edit import EditScreen
+from tui.state import HostState, RunState
+
+LLAMA = {"hidden_size": 4096, "num_heads": 32, "num_kv_heads": 8, "intermediate_size": 14336,
+         "vocab_size": 128256, "draft_vocab_size": 32000}  # fmt: skip
+
+
+class FormApp(App):
+    def __init__(self, form: EditScreen) -> None:
+        super().__init__()
+        self.form = form
+
+    def on_mount(self) -> None:
+        self.push_screen(self.form)
+
+
+def a_form() -> EditScreen:
+    run = RunState("h200-box/r", "h200-box", run_info())
+    for event in metrics_events(20, model=LLAMA):
+        run.add_event(event)
+    return EditScreen(run, HostState("h200-box", status="ok", gpus=gpus()), {})
+
+
+async def settled(pilot, form: EditScreen, timeout: float = 10.0) -> str:
+    await pilot.pause()  # the edit's own messages first: they ask for its cost
+    deadline = time.monotonic() + timeout
+    while not form.cost_is_current:
+        assert time.monotonic() < deadline, "the cost never caught up with the edit"
+        await pilot.pause(0.05)
+    return form.query_one("#edit-cost", Static).render().plain
+
+
+def recording(monkeypatch, slow_for: int | None = None) -> tuple[list[tuple[dict, str]], list[dict]]:
+    """cost_text, recording each call's changes and thread as it starts and its changes as
+    it ends; slow for one max_seq_len."""
+    calls, ended = [], []
+    real = edit.cost_text
+
+    def cost_text(basis, changes, total):
+        calls.append((dict(changes), threading.current_thread().name))
+        if changes.get("max_seq_len") == slow_for:
+            time.sleep(1.0)
+        try:
+            return real(basis, changes, total)
+        finally:
+            ended.append(dict(changes))
+
+    monkeypatch.setattr(edit, "cost_text", cost_text)
+    return calls, ended
+
+
+async def test_the_cost_is_predicted_off_the_ui_thread_once_typing_pauses(monkeypatch):
+    calls, _ = recording(monkeypatch)
+    form = a_form()
+    async with FormApp(form).run_test() as pilot:
+        assert "GiB" in await settled(pilot, form)
+        field = form.query_one("#param-max_seq_len", Input)
+        for text in ("1", "16", "163", "1638", "16384"):  # a burst: one prediction
+            field.value = text
+        shown = await settled(pilot, form)
+    assert [changes for changes, _ in calls] == [{}, {"max_seq_len": 16384}]
+    assert all(name != threading.main_thread().name for _, name in calls)
+    assert "peak memory      ≈" in shown and "of 140 GiB per GPU" in shown
+
+
+async def test_an_answer_to_an_older_edit_is_dropped(monkeypatch):
+    calls, ended = recording(monkeypatch, slow_for=16384)
+    form = a_form()
+    async with FormApp(form).run_test() as pilot:
+        await settled(pilot, form)
+        field = form.query_one("#param-max_seq_len", Input)
+        field.value = "16384"
+        while len(calls) < 2:  # the slow prediction has started
+            await pilot.pause(0.05)
+        field.value = "98304"
+        newest = await settled(pilot, form)
+        assert "4120 → ≈343" in newest  # an epoch's tokens in rows of 98304, not of 16384
+        while {"max_seq_len": 16384} not in ended:  # the older answer arrives after it
+            await pilot.pause(0.05)
+        await pilot.pause()
+        assert form.query_one("#edit-cost", Static).render().plain == newest
+    assert [c.get("max_seq_len") for c, _ in calls] == [None, 16384, 98304]
+    assert ended.index({"max_seq_len": 98304}) < ended.index({"max_seq_len": 16384})
