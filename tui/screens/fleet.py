@@ -16,10 +16,10 @@ from tui.guard import Guarded
 # the alert bar, the power column takes what is left.
 COLUMNS = [
     ("name", "host / run", 20),
-    ("state", "state", 24),
+    ("state", "state", 22),
     ("msl", "max_seq_len", 11),
     ("ttt", "TTT", 3),
-    ("step", "step", 22),
+    ("step", "step", 24),
     ("loss", "loss", 7),
     ("tps", "tokens/s", 8),
     ("eta", "ETA", 7),
