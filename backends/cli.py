@@ -15,7 +15,6 @@ import sys
 
 from backends import kill, params, runs, tmux
 from backends.config import ConfigError, HostConfig, load_config
-from backends.gpu import GpuProcess
 from backends.hosts import Host, HostError
 
 
@@ -126,13 +125,6 @@ def _show_runs(infos: list[runs.RunInfo]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in rows)
 
 
-def _holder(p: GpuProcess) -> str:
-    name = f" ({p.name})" if p.name else ""
-    gpu = f"GPU {p.gpu_index}" if p.gpu_index is not None else "an unlisted GPU"
-    used = f"{p.used_mib:,} MiB" if p.used_mib is not None else "memory the driver does not size"
-    return f"pid {p.pid}{name} on {gpu}, {used}"
-
-
 def _show_kill(report: kill.KillReport) -> str:
     lines = [
         f"{report.target}: SIGTERM to {len(report.signalled)} process(es)"
@@ -142,8 +134,8 @@ def _show_kill(report: kill.KillReport) -> str:
     if report.survivors:
         lines.append(f"still alive after SIGKILL: {' '.join(map(str, report.survivors))}")
     lines += [f"GPU {g.index}: {g.before_mib} MiB before, {g.after_mib} MiB after" for g in report.gpus]
-    lines += [f"straggler: pid {p.pid} holds {p.used_mib} MiB on GPU {p.gpu_index}" for p in report.stragglers]
-    lines += [f"held by a process outside the run: {_holder(p)} — not touched" for p in report.other_holders]
+    lines += [f"straggler: {kill.holding(p)}" for p in report.stragglers]
+    lines += [f"held by a process outside the run: {kill.holding(p)} — not touched" for p in report.other_holders]
     return "\n".join([*lines, report.verdict(), *report.notes])
 
 

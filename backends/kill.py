@@ -115,6 +115,14 @@ class KillReport:
         return f"released: the run holds no GPU memory (verified {self.release_s:.2f}s after its last process exited)"
 
 
+def holding(p: gpu.GpuProcess) -> str:
+    """A process's hold on GPU memory in words: `pid 7 (python3) on GPU 1, 2,048 MiB`."""
+    name = f" ({p.name})" if p.name else ""
+    where = f"GPU {p.gpu_index}" if p.gpu_index is not None else "an unlisted GPU"
+    used = f"{p.used_mib:,} MiB" if p.used_mib is not None else "memory the driver does not size"
+    return f"pid {p.pid}{name} on {where}, {used}"
+
+
 async def _resolve(host: Host, target: str) -> tuple[str | None, dict | None, list[tmux.Pane], list[tmux.Pane]]:
     """(session, manifest, the target's panes, all its session's panes) for a run id or a
     session name."""

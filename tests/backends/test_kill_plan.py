@@ -103,8 +103,19 @@ async def test_a_pid_whose_start_time_changed_after_the_plan_is_not_signalled(ho
         os.kill(child, 9)
 
 
+def exits_on_enter(status: int) -> list[str]:
+    """A command that lives until Enter is pressed in its pane, then exits `status` (a
+    launch that ends at once is a failed launch)."""
+    return [PY, "-c", f"import sys; sys.stdin.readline(); raise SystemExit({status})"]
+
+
+def press_enter(session: str) -> None:
+    subprocess.run(["tmux", "send-keys", "-t", f"={session}:", "Enter"], check=True)
+
+
 async def test_a_run_that_already_ended_is_refused_naming_its_exit_status(host):
-    info = await runs.launch(host, [PY, "-c", "raise SystemExit(3)"])
+    info = await runs.launch(host, exits_on_enter(3))
+    press_enter(info.session)
     await eventually(lambda: ended(host, info.run_id))
     with pytest.raises(kill.AlreadyEnded, match=rf"^{info.run_id} had already ended \(exit status 3\): nothing was stopped$"):
         await kill.plan_kill(host, info.run_id, smi=FAKE_SMI, nvml=False)
@@ -112,16 +123,17 @@ async def test_a_run_that_already_ended_is_refused_naming_its_exit_status(host):
 
 
 async def test_a_run_ending_between_plan_and_signal_is_refused_untouched(host):
-    info = await runs.launch(host, [PY, "-c", "import sys; sys.stdin.readline(); raise SystemExit(4)"])
+    info = await runs.launch(host, exits_on_enter(4))
     plan = await kill.plan_kill(host, info.run_id, smi=FAKE_SMI, nvml=False)
-    subprocess.run(["tmux", "send-keys", "-t", f"={info.session}:", "Enter"], check=True)
+    press_enter(info.session)
     await eventually(lambda: ended(host, info.run_id))
     with pytest.raises(kill.AlreadyEnded, match="had already ended \\(exit status 4\\)"):
         await kill.kill_run(host, plan, smi=FAKE_SMI, nvml=False)
 
 
 def test_the_cli_says_an_ended_run_had_ended_and_exits_1(capsys, config):
-    assert cli(capsys, "launch", "--config", config, "--session", "short", "--", "sh", "-c", "exit 7")[0] == 0
+    assert cli(capsys, "launch", "--config", config, "--session", "short", "--", *exits_on_enter(7))[0] == 0
+    press_enter("short")
     dead = ["tmux", "list-panes", "-t", "=short:", "-F", "#{pane_dead}"]
     asyncio.run(eventually(lambda: subprocess.run(dead, capture_output=True, text=True).stdout.strip() == "1"))
     code, out, err = cli(capsys, "kill", "short", "--config", config)

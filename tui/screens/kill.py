@@ -9,15 +9,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from backends.gpu import GpuProcess
-from backends.kill import KillPlan
+from backends.kill import KillPlan, holding
 from tui.guard import Guarded
-
-
-def _held(p: GpuProcess) -> str:
-    used = f"{p.used_mib:,} MiB" if p.used_mib is not None else "memory the driver does not size"
-    gpu = f"GPU {p.gpu_index}" if p.gpu_index is not None else "an unlisted GPU"
-    return f"PID {p.pid}{f' {p.name}' if p.name else ''}: {used} on {gpu}"
 
 
 def plan_text(key: str, plan: KillPlan, relaunch: dict | None) -> Text:
@@ -25,7 +18,7 @@ def plan_text(key: str, plan: KillPlan, relaunch: dict | None) -> Text:
     text = Text()
     text.append(f"Stop run {key} on {plan.host}?\n\n", style="bold")
     text.append("tmux session  ", style="dim")
-    text.append(f"{plan.session}" + ("" if plan.closes_session else " (stays open: it has other panes)") + "\n")
+    text.append(f"{plan.session}\n")
     text.append("pane PIDs     ", style="dim")
     text.append(", ".join(map(str, plan.pane_pids)) + "\n")
     text.append("processes     ", style="dim")
@@ -33,13 +26,15 @@ def plan_text(key: str, plan: KillPlan, relaunch: dict | None) -> Text:
     text.append("\n              (SIGTERM, then SIGKILL after the grace period)\n")
     text.append("GPUs          ", style="dim")
     if plan.holdings:
-        text.append("\n".join(f"{'' if i == 0 else ' ' * 14}{_held(p)}" for i, p in enumerate(plan.holdings)) + "\n")
+        text.append("\n".join(f"{'' if i == 0 else ' ' * 14}{holding(p)}" for i, p in enumerate(plan.holdings)) + "\n")
     elif plan.gpu_status == "OK":
         text.append("no GPU memory held by these PIDs right now\n")
+    elif plan.gpu_status in ("NO_GPU", "NO_SMI"):
+        text.append(f"{plan.gpu_message}\n")
     else:
         text.append(f"not read: {plan.gpu_message or plan.gpu_status}\n")
     for p in plan.bystanders:
-        text.append(f"not this run's, left alone: {_held(p)}\n", style="yellow")
+        text.append(f"{' ' * 14}not this run's, left alone: {holding(p)}\n", style="yellow")
     for note in plan.notes:
         text.append(f"{note}\n", style="dim")
     text.append("\nNothing else on the host is touched.")
@@ -97,9 +92,9 @@ def report_text(key: str, report) -> Text:
         text.append(f"  GPU {delta.index}: {delta.before_mib} MiB → ")
         text.append(f"{delta.after_mib} MiB\n", style="green" if freed else "bold red")
     for p in report.stragglers:
-        text.append(f"  straggler PID {p.pid} {p.name} holds {p.used_mib} MiB on GPU {p.gpu_index}\n", style="bold red")
+        text.append(f"  straggler: {holding(p)}\n", style="bold red")
     for p in report.other_holders:
-        text.append(f"  not this run's, left alone: PID {p.pid} {p.name} holds {p.used_mib} MiB on GPU {p.gpu_index}\n", style="yellow")
+        text.append(f"  not this run's, left alone: {holding(p)}\n", style="yellow")
     for note in report.notes:
         text.append(f"  {note}\n", style="dim")
     text.append("\n")
