@@ -9,23 +9,35 @@ shell text.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
+import os
+import posixpath
 import re
 import secrets
+import shutil
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from backends import console, tmux
 from backends import params as run_params
-from backends import tmux
 from backends.hosts import Host, HostError
+from backends.logparse import Progress
 from backends.own_session import own_sessions
 
 RUN_ID = re.compile(r"[0-9]{8}-[0-9]{4}-[0-9a-f]{4}")
 TRAIN_COMMAND = ["trackside", "train"]
 OOM_EXIT_STATUS = 3  # the trainer's exit code after an `oom` event
 METRICS_TAIL_LINES = 64
+STARTUP_S = 2.0  # a pane that dies this soon after its launch, but for a clean exit, failed to start
+STARTUP_POLL_S = 0.1
+FAILED_START_LINES = 15  # of the pane, quoted in a failed launch's error
+
+# The path the host's PATH gives program "$1" (a shell builtin gives its bare name).
+_WHICH = 'command -v "$1"'
 
 # Write stdin to "$1" atomically, creating its directory.
 _WRITE_FILE = 'mkdir -p "$(dirname "$1")" && cat > "$1.tmp" && mv -f "$1.tmp" "$1"'
@@ -86,6 +98,7 @@ class RunInfo:
     started: str | None = None
     end_status: str | None = None  # the trainer's own end event: completed, stopped, ...
     this_dashboard: bool = False  # the session this trackside runs in: never to be stopped
+    progress: Progress | None = None  # a foreign session's latest bar or N/M counter
 
     def to_json(self) -> dict:
         return {**asdict(self), "state": self.state.value}
@@ -148,13 +161,14 @@ async def record_end(host: Host, manifest: dict, exit_status: int | None) -> dic
 def train_args_start(argv: Sequence[str], train_command: Sequence[str] | None = None) -> int | None:
     """Index just past the trainer's `train` subcommand, or None if argv is not the trainer.
 
-    Recognised: the host's configured train command, `trackside train`, and
-    `python -m training train`.
+    Recognised by what it runs: the host's configured train command, `trackside train`
+    by any path to `trackside` (`.venv/bin/trackside train`), and `python -m training train`.
     """
     argv = list(argv)
-    for prefix in filter(None, [list(train_command or []), TRAIN_COMMAND]):
-        if argv[: len(prefix)] == prefix:
-            return len(prefix)
+    if train_command and argv[: len(train_command)] == list(train_command):
+        return len(train_command)
+    if len(argv) >= 2 and posixpath.basename(argv[0]) == TRAIN_COMMAND[0] and argv[1] == TRAIN_COMMAND[1]:
+        return 2
     for i in range(len(argv) - 2):
         if argv[i : i + 3] == ["-m", "training", "train"]:
             return i + 3
@@ -181,9 +195,14 @@ async def launch(
     parent: str | None = None,
     train_command: Sequence[str] | None = None,
     resume_from: str | None = None,
+    startup_s: float = STARTUP_S,
 ) -> RunInfo:
     """Start argv in a new detached tmux session with a run dir. Its items reach the
-    program as they are (run as `"$@"` under the status-recording sh, never parsed).
+    program as they are (run as `"$@"` under the status-recording sh, never parsed), the
+    program itself by the path the host's PATH gives it here.
+
+    A pane that ends within `startup_s` other than with exit status 0 is a failed launch:
+    RunError, quoting the pane's last lines. Its session and run dir are kept, to be read.
 
     `resume_from`, a checkpoint step directory on the host, is hard-linked into the new
     run's checkpoints (the trainer never rewrites a step's files, only replaces whole
@@ -201,7 +220,7 @@ async def launch(
         if not is_train:
             raise RunError("only trainer runs can resume from a checkpoint")
         argv = [a for a in argv if a != "--resume"] + ["--resume"]
-    command = launch_command(argv, params, directory, train_command)
+    command = await resolve_program(host, launch_command(argv, params, directory, train_command))
     manifest = {
         "run_id": run_id,
         "host": host.name,
@@ -229,10 +248,69 @@ async def launch(
         raise
     manifest["pane_pid"] = pane_pid
     await write_manifest(host, manifest)
+    ended = await _confirm_start(host, manifest, startup_s)
     return RunInfo(
-        run_id, session, host.name, RunState.RUNNING, params=params, pids=[pane_pid],
-        run_dir=directory, parent=parent, started=manifest["started"],
+        run_id, session, host.name, RunState.RUNNING if ended is None else RunState.EXITED, ended,
+        params=params, pids=[pane_pid] if ended is None else [], run_dir=directory, parent=parent,
+        started=manifest["started"],
     )  # fmt: skip
+
+
+async def resolve_program(host: Host, command: list[str]) -> list[str]:
+    """`command` with a bare program name replaced by its absolute path on the host.
+
+    The pane's environment need not be the launcher's (`.venv/bin/trackside launch --
+    trackside train` with the venv not activated; a host reached over SSH), and there a
+    venv's `trackside` was not found: exit 127. Here, the caller's PATH and then this
+    Python's own bin dir (where this trackside's console script lives); on any other
+    host, the PATH the host gives a command.
+    """
+    if "/" in command[0]:
+        return command
+    if host.is_local:
+        found = shutil.which(command[0], path=os.pathsep.join([os.environ.get("PATH", os.defpath), os.path.dirname(sys.executable)]))
+        path = os.path.abspath(found) if found else ""
+    else:
+        result = await host.run(["sh", "-c", _WHICH, "sh", command[0]])
+        path = result.stdout.strip() if result.ok else ""
+    return [path, *command[1:]] if path.startswith("/") else command
+
+
+async def _confirm_start(host: Host, manifest: dict, within_s: float) -> int | None:
+    """None while the pane lives through its first `within_s`; 0 if it ended cleanly by
+    then; RunError naming its status and quoting its last lines if it ended otherwise.
+    With `within_s` 0 it does not look."""
+    if within_s <= 0:
+        return None
+    deadline = time.monotonic() + within_s
+    while True:
+        own = [p for p in await tmux.list_panes(host, manifest["session"]) if p.pid == manifest["pane_pid"]]
+        if not own or own[0].dead:
+            break
+        if time.monotonic() >= deadline:
+            return None
+        await asyncio.sleep(STARTUP_POLL_S)
+    status = await read_exit_status(host, manifest["run_dir"])
+    if status is None and own:
+        status = own[0].exit_status
+    await record_end(host, manifest, status)
+    if status == 0:
+        return 0
+    try:
+        shown = await tmux.capture_pane(host, manifest["session"])
+    except tmux.TmuxError:
+        shown = ""  # the session itself is gone
+    last = [line for line in shown.split("\n") if line.strip()][-FAILED_START_LINES:]
+    how = (
+        "ended with no exit status" if status is None
+        else f"was killed by signal {-status}" if status < 0
+        else f"exited with status {status}"
+    )  # fmt: skip
+    quoted = "".join(f"\n  | {line}" for line in last) or "\n  (it printed nothing)"
+    raise RunError(
+        f"{manifest['command'][0]} {how} within {within_s:g}s of its launch: run {manifest['run_id']} "
+        f"failed to start (tmux session {manifest['session']} and its run dir are kept). Its pane's last lines:{quoted}"
+    )
 
 
 async def _link_checkpoint(host: Host, step_dir: str, checkpoints: str) -> None:
@@ -354,12 +432,22 @@ async def list_runs(host: Host) -> list[RunInfo]:
                 this_dashboard=session in dashboard,
             )  # fmt: skip
         )
-    for session, session_panes in by_session.items():
-        if session in claimed:
-            continue
+    foreign = [session for session in by_session if session not in claimed]
+    # Foreign sessions are known by what their panes print; the dashboard's own pane
+    # prints the dashboard, whose numbers are other runs'.
+    consoles = await tmux.capture_panes(host, [session for session in foreign if session not in dashboard])
+    for session in foreign:
+        session_panes = by_session[session]
         alive = [p.pid for p in session_panes if not p.dead]
         status = None if alive else session_panes[0].exit_status
-        infos.append(RunInfo(None, session, host.name, RunState.RUNNING if alive else _state(status, False, False), status, pids=alive, this_dashboard=session in dashboard))
+        said = console.summarize(consoles.get(session, "").split("\n"))
+        infos.append(
+            RunInfo(
+                None, session, host.name, RunState.RUNNING if alive else _state(status, False, False), status,
+                last_step=said.step, last_loss=said.loss, pids=alive, this_dashboard=session in dashboard,
+                progress=said.progress,
+            )  # fmt: skip
+        )
     return infos
 
 

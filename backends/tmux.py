@@ -32,6 +32,20 @@ _PANE_FORMAT = ":".join(
 )
 
 
+HISTORY_LINES = 2000  # tmux's default history-limit: all the scrollback a pane usually has
+
+# For each session "$3"...: a record-separator line naming it, then its pane's last "$1"
+# lines; "$2" is the host's tmux socket, or empty for the default server. Pane text holds
+# no control characters (tmux keeps only what a terminal would show).
+_CAPTURE_PANES = r"""
+lines=$1; socket=$2; shift 2
+for s in "$@"; do
+  text=$(tmux ${socket:+-L "$socket"} capture-pane -p -J -S "-$lines" -t "=$s:" 2>/dev/null) || continue
+  printf '\036%s\n%s\n' "$s" "$text"
+done
+"""
+
+
 class TmuxError(HostError):
     """tmux refused a command; the message carries tmux's own words."""
 
@@ -55,8 +69,12 @@ def check_session_name(name: str) -> str:
     return name
 
 
+def _socket(host: Host) -> str | None:
+    return getattr(host, "tmux_socket", None)
+
+
 def tmux_argv(host: Host, *args: str) -> list[str]:
-    socket = getattr(host, "tmux_socket", None)
+    socket = _socket(host)
     return ["tmux", *(["-L", socket] if socket else []), *args]
 
 
@@ -131,10 +149,25 @@ async def pane_pids(host: Host, session: str) -> list[int]:
 
 
 async def capture_pane(host: Host, session: str, lines: int = 200) -> str:
+    """What the session's pane shows, with up to `lines` lines of its scrollback above."""
     result = await host.run(tmux_argv(host, "capture-pane", "-p", "-J", "-S", f"-{lines}", "-t", f"={session}:"))
     if not result.ok:
         raise TmuxError(host.name, f"tmux capture-pane {session}: {result.stderr.strip()}")
     return result.stdout
+
+
+async def capture_panes(host: Host, sessions: Sequence[str], lines: int = HISTORY_LINES) -> dict[str, str]:
+    """capture_pane for many sessions in one host command; a session that is gone by then
+    is left out."""
+    if not sessions:
+        return {}
+    result = await host.run(["sh", "-c", _CAPTURE_PANES, "sh", str(lines), _socket(host) or "", *sessions])
+    captured = {}
+    for record in result.stdout.split("\036")[1:]:
+        session, _, text = record.partition("\n")
+        if session in sessions:
+            captured[session] = text
+    return captured
 
 
 async def kill_session(host: Host, session: str) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -86,7 +87,7 @@ async def test_argv_arrives_literally_and_nothing_is_executed(host, tmp_path):
 
 async def test_launch_writes_manifest_and_console_and_list_follows_state(host):
     script = "import sys,time\nfor i in range(3): print(f'line {i}', flush=True)\ntime.sleep(0.5)\nsys.exit(7)"
-    info = await runs.launch(host, [PY, "-c", script], session="ts-test-state")
+    info = await runs.launch(host, [PY, "-c", script], session="ts-test-state", startup_s=0)
     assert info.state is RunState.RUNNING and info.session == "ts-test-state"
     assert runs.RUN_ID.fullmatch(info.run_id) and info.run_dir.endswith(info.run_id)
     manifest = json.loads(Path(info.run_dir, "manifest.json").read_text())
@@ -107,16 +108,40 @@ async def test_launch_writes_manifest_and_console_and_list_follows_state(host):
 
 async def test_a_command_that_exits_at_once_still_leaves_its_status(host):
     # remain-on-exit is set in the same tmux invocation, so even `false` keeps its pane.
-    info = await runs.launch(host, ["false"])
+    info = await runs.launch(host, ["false"], startup_s=0)
     done = await eventually(lambda: ended(host, info.run_id))
     assert (done.state, done.exit_status) == (RunState.EXITED, 1)
     assert [p.dead for p in await tmux.list_panes(host, info.session)] == [True]
 
 
+async def test_a_pane_that_dies_in_its_first_seconds_is_a_failed_launch(host):
+    script = "import sys; print('bad flag: --frobnicate', flush=True); sys.exit(2)"
+    started = time.monotonic()
+    with pytest.raises(runs.RunError) as failed:
+        await runs.launch(host, [PY, "-c", script], session="dies")
+    assert time.monotonic() - started < runs.STARTUP_S  # polled: it did not wait the window out
+    message = str(failed.value)
+    assert f"{PY} exited with status 2 within 2s of its launch" in message and "| bad flag: --frobnicate" in message
+    # Kept, to be read: the run reads as exited 2 with its console.
+    [run] = [r for r in await runs.list_runs(host) if r.session == "dies"]
+    assert (run.state, run.exit_status) == (RunState.EXITED, 2)
+    assert "bad flag" in Path(run.run_dir, "console.log").read_text()
+    with pytest.raises(runs.RunError, match=r"^/\S*/sh was killed by signal 15 within 2s"):
+        await runs.launch(host, ["sh", "-c", "kill -TERM $$"])
+
+
+async def test_a_clean_exit_and_a_live_pane_are_launches_that_worked(host):
+    quick = await runs.launch(host, ["true"])
+    assert (quick.state, quick.exit_status, quick.pids) == (RunState.EXITED, 0, [])
+    started = time.monotonic()
+    alive = await runs.launch(host, ["sleep", "30"])
+    assert alive.state is RunState.RUNNING and time.monotonic() - started >= runs.STARTUP_S
+
+
 async def test_every_run_gets_its_exit_status(host):
     """tmux 3.3 shows some dead panes without a status; the recorded one never misses."""
-    infos = [await runs.launch(host, [PY, "-c", f"import sys; sys.exit({n})"]) for n in range(10)]
-    infos.append(await runs.launch(host, ["sh", "-c", "kill -TERM $$"]))
+    infos = [await runs.launch(host, [PY, "-c", f"import sys; sys.exit({n})"], startup_s=0) for n in range(10)]
+    infos.append(await runs.launch(host, ["sh", "-c", "kill -TERM $$"], startup_s=0))
 
     async def all_ended():
         listed = {r.run_id: r for r in await runs.list_runs(host)}
@@ -182,7 +207,7 @@ async def test_metrics_tail_gives_step_loss_and_oom(host):
 
 async def test_the_trainers_end_is_listed_beside_the_launchers_exit_code(host):
     # What torchrun leaves after a clean stop: the workers wrote `end stopped`, it exits 1.
-    info = await runs.launch(host, ["sh", "-c", "sleep 0.5; exit 1"])
+    info = await runs.launch(host, ["sh", "-c", "sleep 0.5; exit 1"], startup_s=0)
     lines = [{"event": "start", "config": {}}, {"event": "end", "status": "stopped"}]
     Path(info.run_dir, "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
     done = await eventually(lambda: ended(host, info.run_id))
@@ -277,3 +302,93 @@ async def test_relaunch_refuses_unknown_runs_and_non_trainer_runs(host):
     plain = await runs.launch(host, ["sleep", "30"])
     with pytest.raises(runs.RunError, match="not a trainer run"):
         await runs.relaunch(host, plain.run_id, {"ttt_steps": 5})
+
+
+def fake_trackside(tmp_path: Path) -> Path:
+    """An executable named `trackside` that, as `trackside train`, records its argv in its
+    --out dir (the trainer's part of the contract that launch relies on), then lingers."""
+    path = tmp_path / "bin" / "trackside"
+    path.parent.mkdir()
+    path.write_text(f"#!{PY}\n" + Path(fake_trainer(tmp_path)[1]).read_text())
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize(
+    "argv, start",
+    [
+        (["trackside", "train", "--steps", "3"], 2),
+        ([".venv/bin/trackside", "train"], 2),
+        (["/opt/venv/bin/trackside", "train", "--synthetic"], 2),
+        (["python3", "-m", "training", "train"], 4),
+        (["trackside", "extract"], None),
+        (["not-trackside", "train"], None),
+        (["/bin/sh", "-c", "trackside train"], None),
+    ],
+)
+def test_the_trainer_is_recognised_by_what_it_runs(argv, start):
+    assert runs.train_args_start(argv) == start
+
+
+async def test_a_path_to_trackside_train_is_a_trainer_run(host, tmp_path, runs_root):
+    trackside = fake_trackside(tmp_path)
+    info = await runs.launch(host, [str(trackside), "train", "--synthetic", "--ttt-steps", "3"])
+    assert info.params == {"ttt_steps": 3}
+    argv = json.loads(await eventually(lambda: written(Path(info.run_dir, "argv.json"))))
+    assert argv == ["train", "--synthetic", "--ttt-steps", "3", "--out", info.run_dir]
+    assert json.loads(Path(info.run_dir, "manifest.json").read_text())["trainer"] is True
+    assert [p.name for p in Path(runs_root).iterdir()] == [info.run_id]  # no second run dir
+
+
+async def test_the_program_is_run_by_the_path_the_launchers_path_gives_it(host, tmp_path, monkeypatch):
+    trackside = fake_trackside(tmp_path)
+    monkeypatch.setenv("PATH", f"{trackside.parent}:{os.environ['PATH']}")
+    info = await runs.launch(host, ["trackside", "train", "--synthetic"])
+    argv = json.loads(await eventually(lambda: written(Path(info.run_dir, "argv.json"))))
+    assert argv[-2:] == ["--out", info.run_dir]
+    assert json.loads(Path(info.run_dir, "manifest.json").read_text())["command"][0] == str(trackside)
+    # Not on any PATH: the pane dies at once, and the launch says so.
+    with pytest.raises(runs.RunError, match=r"(?s)no-such-program exited with status 127 within 2s.*not found"):
+        await runs.launch(host, ["no-such-program", "train"])
+
+
+async def test_trackside_is_found_beside_this_python_when_its_venv_is_not_activated(host, monkeypatch):
+    """`.venv/bin/trackside launch -- trackside train …` from a shell whose PATH lacks the venv."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    info = await runs.launch(host, ["trackside", "train", "--help"])  # prints its usage, exits 0
+    assert info.exit_status == 0
+    manifest = json.loads(Path(info.run_dir, "manifest.json").read_text())
+    assert manifest["command"] == [str(Path(PY).parent / "trackside"), "train", "--help", "--out", info.run_dir]
+    assert "usage:" in await eventually(lambda: written(Path(info.run_dir, "console.log")))
+
+
+async def test_over_ssh_the_program_is_looked_up_on_the_host(ssh_host, tmp_path):
+    found = await runs.resolve_program(ssh_host, ["sh", "-c", "true"])
+    assert found[0].startswith("/") and found[0].endswith("/sh") and found[1:] == ["-c", "true"]
+    pwned = tmp_path / "pwned"
+    for word in ["no-such-program", f"$(touch {pwned})", f"x; touch {pwned}"]:
+        assert await runs.resolve_program(ssh_host, [word, "a"]) == [word, "a"]
+    assert not pwned.exists()
+
+
+HF_LINES = [f"{{'loss': {3 - i / 100:.4f}, 'grad_norm': 0.5, 'learning_rate': 1e-05, 'epoch': {i / 100:.2f}}}" for i in range(1, 201)]
+
+
+async def test_foreign_sessions_carry_what_their_panes_printed(host, tmp_path):
+    # ~200 HF Trainer dicts in the scrollback, its bar below them.
+    script = tmp_path / "hf.txt"
+    script.write_text("\n".join(HF_LINES) + "\n 20%|██        | 2000/10000 [10:00<40:00,  3.33it/s]\n")
+    subprocess.run(["tmux", "new-session", "-d", "-s", "hf", "sh", "-c", f"cat {script}; sleep 600"], check=True)
+    subprocess.run(["tmux", "new-session", "-d", "-s", "quiet", "sleep", "600"], check=True)
+    mine = await runs.launch(host, ["sh", "-c", "echo step=5 loss=9.0; sleep 30"])
+
+    async def printed():
+        listed = {r.session: r for r in await runs.list_runs(host)}
+        return listed if listed["hf"].last_step is not None else None
+
+    listed = await eventually(printed)
+    hf = listed["hf"]
+    assert (hf.last_step, hf.last_loss) == (2000, 1.0)
+    assert json.loads(json.dumps(hf.to_json()))["progress"] == {"phase": "working", "done": 2000, "total": 10000, "eta_s": 2400.0, "label": ""}
+    assert (listed["quiet"].last_step, listed["quiet"].last_loss, listed["quiet"].progress) == (None, None, None)
+    assert listed[mine.session].last_loss is None  # a run of ours is read from its metrics, not its pane
