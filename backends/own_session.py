@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 
 from backends import procs, tmux
-from backends.hosts import Host
+from backends.hosts import Host, HostError
 
 
 async def own_sessions(
@@ -25,7 +25,12 @@ async def own_sessions(
     if not host.is_local or not panes:
         return set()
     found = await _session_of_tmux_pane(host, os.environ if env is None else env)
-    table = await procs.process_table(host)
+    try:
+        table = await procs.process_table(host)
+    except HostError:
+        # A ps without these columns (BSD's has no sid) must not stop the runs being
+        # listed; a kill needs the table too, so there it fails in ps's own words.
+        return found
     ours = procs.ancestry(table, os.getpid() if pid is None else pid)
     by_session: dict[str, list[tmux.Pane]] = {}
     for pane in panes:
