@@ -262,6 +262,22 @@ def test_calibration_from_too_few_points_matches_them_and_keeps_the_rest():
         assert p == pytest.approx(m.peak_bytes, rel=1e-3)
 
 
+def test_the_calibrations_least_squares_agree_with_torchs():
+    """The plain-Python solver (the dashboard has no torch) against torch.linalg.lstsq, on
+    systems shaped as a calibration's: a few measurements and a prior row per scale."""
+    from training.memory.calibrate import _least_squares
+
+    g = torch.Generator().manual_seed(0)
+    for rows, unknowns, spread in ((1, 4, 1.0), (6, 4, 1.0), (8, 3, 1e3), (6, 4, 1e-3)):
+        A = torch.cat([torch.rand(rows, unknowns, generator=g, dtype=torch.float64)
+                       * spread ** torch.linspace(0, 1, unknowns, dtype=torch.float64),
+                       0.03 * torch.eye(unknowns, dtype=torch.float64)])
+        b = torch.rand(rows + unknowns, generator=g, dtype=torch.float64)
+        expected = torch.linalg.lstsq(A, b[:, None]).solution[:, 0]
+        assert _least_squares(A.tolist(), b.tolist()) == pytest.approx(expected.tolist(),
+                                                                        rel=1e-9, abs=1e-12)
+
+
 def test_calibration_rejects_nonsense():
     with pytest.raises(ValueError, match="at least one"):
         memory.calibrate(TINY, [])
