@@ -16,6 +16,7 @@ import sys
 from backends import kill, params, runs, tmux
 from backends.config import ConfigError, HostConfig, load_config
 from backends.hosts import Host, HostError
+from backends.logparse import Progress
 
 
 class UsageError(Exception):
@@ -107,6 +108,12 @@ def _show_launched(doc: dict) -> str:
     return f"launched {doc['run_id']}{parent} on {doc['host']} in tmux session {doc['session']}\nrun dir: {doc['run_dir']}"
 
 
+def _show_progress(p: Progress) -> str:
+    """`Epoch 2 450/1000, ETA 0:00:36`: a foreign run's bar as its pane shows it."""
+    eta = "" if p.eta_s is None else f", ETA {int(p.eta_s) // 3600}:{int(p.eta_s) % 3600 // 60:02d}:{int(p.eta_s) % 60:02d}"
+    return f"{p.label or p.phase} {p.done}/{p.total}{eta}"
+
+
 def _show_runs(infos: list[runs.RunInfo]) -> str:
     if not infos:
         return "no runs and no tmux sessions"
@@ -117,8 +124,9 @@ def _show_runs(infos: list[runs.RunInfo]) -> str:
         else:
             state = r.state.value + (f" ({r.exit_status})" if r.exit_status is not None else "")
         loss = f"{r.last_loss:.4g}" if isinstance(r.last_loss, (int, float)) else "-"
+        step = str(r.last_step if r.last_step is not None else "-") + (f" ({_show_progress(r.progress)})" if r.progress else "")
         rows.append((
-            r.run_id or "-", r.session, state, str(r.last_step if r.last_step is not None else "-"), loss,
+            r.run_id or "-", r.session, state, step, loss,
             " ".join(f"{k}={v}" for k, v in r.params.items()) or "-", " ".join(map(str, r.pids)) or "-",
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]

@@ -1,0 +1,124 @@
+"""The real `trackside` command against sessions it did not launch, one per trainer's way
+of printing, and against launches that fail in their first seconds.
+
+Each session is a real tmux session on this test's own server (TMUX_TMPDIR), printing a
+trainer's lines and then idling, as a run would between log lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.backends.test_runs import PY, fake_trackside, tmux_dir  # noqa: F401 (fixture)
+
+REPO = Path(__file__).resolve().parents[2]
+TRACKSIDE = str(Path(PY).parent / "trackside")
+RED, GREEN, PLAIN = "\x1b[31m", "\x1b[32m", "\x1b[39m"
+
+# session: (lines it prints, last_step, last_loss, progress's (label or phase, done, total))
+FORMATS = {
+    "speculators": (
+        [f"train/loss_0={2 - i / 100:.3f}, train/full_acc_0=0.512, train/loss_1=2.5, epoch=0, lr=1.00e-04" for i in range(1, 31)],
+        30, 1.7, None,
+    ),
+    "hf": (
+        [f"{{'loss': {3 - i / 100:.4f}, 'grad_norm': 0.51, 'learning_rate': 1e-05, 'epoch': {i / 100:.2f}}}" for i in range(1, 201)]
+        + [" 20%|██        | 2000/10000 [10:00<40:00,  3.33it/s]"],
+        2000, 1.0, ("working", 2000, 10000),
+    ),
+    "lightning": (
+        [
+            "Epoch 0: 100%|██████████| 1000/1000 [00:30<00:00, 15.00it/s, v_num=0, train_loss=2.310]",
+            "Epoch 1: 100%|██████████| 1000/1000 [00:30<00:00, 15.00it/s, v_num=0, train_loss=2.000]",
+            "Epoch 2:  45%|████▌     | 450/1000 [00:30<00:36, 15.00it/s, v_num=0, train_loss=1.900]",
+        ],
+        2450, 1.9, ("Epoch 2", 450, 1000),
+    ),
+    "nanogpt": (
+        ["step 0: train loss 10.9, val loss 10.9"]
+        + [f"iter {i}: loss {3 - i / 1000:.4f}, time 12.3ms, mfu 3.21%" for i in range(0, 2000, 10)],
+        1990, 1.01, None,
+    ),
+    "torchtitan": (
+        [f"{RED}step: {i:2d}  {GREEN}loss: {7 - i / 100:7.4f}  {PLAIN}memory: 12.34GiB(15.6%)  tps: 1,234  mfu: 31.2%" for i in range(1, 101)],
+        100, 6.0, None,
+    ),
+    "jsonl": ([json.dumps({"step": i, "loss": round(1 / i, 4), "lr": 1e-4}) for i in range(1, 51)], 50, 0.02, None),
+}
+
+
+@pytest.fixture
+def config(tmp_path, runs_root, tmux_dir):  # noqa: F811
+    path = tmp_path / "config.toml"
+    path.write_text(f"[hosts.box]\nruns_root = {json.dumps(runs_root)}\n")
+    return str(path)
+
+
+def trackside(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "tui.cli", *argv], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+
+
+def start_session(tmp_path: Path, name: str, lines: list[str]) -> None:
+    printed = tmp_path / f"{name}.txt"
+    printed.write_text("".join(line + "\n" for line in lines))
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "sh", "-c", 'cat "$1"; sleep 600', "sh", str(printed)], check=True)
+
+
+def test_runs_json_reads_every_trainers_console(config, tmp_path):
+    for name, (lines, *_) in FORMATS.items():
+        start_session(tmp_path, name, lines)
+    done = trackside("runs", "--json", "--config", config)
+    assert done.returncode == 0, done.stderr
+    listed = {run["session"]: run for run in json.loads(done.stdout)}
+    for name, (_, step, loss, progress) in FORMATS.items():
+        run = listed[name]
+        assert run["run_id"] is None and run["state"] == "running"
+        assert (run["last_step"], run["last_loss"]) == (step, pytest.approx(loss)), name
+        shown = run["progress"] and (run["progress"]["label"] or run["progress"]["phase"], run["progress"]["done"], run["progress"]["total"])
+        assert shown == progress, name
+
+    table = trackside("runs", "--config", config).stdout
+    row = {line.split()[1]: line for line in table.splitlines()[1:]}
+    assert "2450 (Epoch 2 450/1000, ETA 0:00:36)" in row["lightning"] and "1.9" in row["lightning"]
+    assert "2000 (working 2000/10000, ETA 0:40:00)" in row["hf"]
+
+
+def test_a_session_printing_nothing_of_the_kind_has_no_numbers(config, tmp_path):
+    start_session(tmp_path, "shell", ["$ ls", "README.md  pyproject.toml", "loss went down a lot today", "3/4 of the way"])
+    [run] = json.loads(trackside("runs", "--json", "--config", config).stdout)
+    assert (run["last_step"], run["last_loss"], run["progress"]) == (None, None, None)
+
+
+def test_launch_trackside_train_works_with_its_venv_not_activated(config, runs_root):
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}  # the venv's bin is not on it
+    done = subprocess.run([TRACKSIDE, "launch", "--config", config, "--session", "x", "--", "trackside", "train", "--help"],
+                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "launched" in done.stdout
+    [run_dir] = Path(runs_root).iterdir()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["command"][0] == TRACKSIDE and manifest["trainer"] is True
+
+
+def test_launch_by_a_path_to_trackside_is_the_trainer(config, runs_root, tmp_path):
+    fake = fake_trackside(tmp_path)  # records the argv it got, as `trackside train` would use it
+    done = trackside("launch", "--json", "--config", config, "--", str(fake), "train", "--synthetic", "--ttt-steps", "3")
+    assert done.returncode == 0, done.stderr
+    launched = json.loads(done.stdout)
+    manifest = json.loads(Path(launched["run_dir"], "manifest.json").read_text())
+    assert manifest["trainer"] is True and manifest["params"] == {"ttt_steps": 3}
+    assert manifest["command"][-2:] == ["--out", launched["run_dir"]]
+    assert [p.name for p in Path(runs_root).iterdir()] == [launched["run_id"]]
+
+
+def test_a_launch_whose_pane_dies_at_once_exits_1_with_its_last_lines(config):
+    done = trackside("launch", "--config", config, "--session", "dies", "--", "sh", "-c", "echo 'no such file: data/' >&2; exit 5")
+    assert done.returncode == 1 and done.stdout == "" and "Traceback" not in done.stderr
+    assert "exited with status 5 within 2s of its launch" in done.stderr and "| no such file: data/" in done.stderr
+    missing = trackside("launch", "--config", config, "--", "no-such-trainer", "--steps", "3")
+    assert missing.returncode == 1 and "exited with status 127" in missing.stderr and "not found" in missing.stderr
