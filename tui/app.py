@@ -15,13 +15,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 
+from rich.text import Text
 from textual.app import App, SuspendNotSupported, SystemCommand
 from textual.screen import Screen
 from textual.strip import Strip
 from textual.worker import Worker, WorkerState
 
 from backends import attach, gpu, kill, logparse, runs
-from backends.hosts import DEFAULT_RUNS_ROOT, Host
+from backends.hosts import DEFAULT_RUNS_ROOT, Host, HostError
 from tui.guard import Guarded, error_log_path, guarded_callback, write_error
 from tui.alerts import Alert, host_alerts, kill_alert, run_alerts, update_underfed
 from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS
@@ -87,6 +88,7 @@ class TracksideApp(Guarded, App):
         super().__init__()
         self.watched = {w.host.name: w for w in watched}
         self.demo = demo
+        self.demo_run: runs.RunInfo | None = None  # the demo's run, once launched
         self.clock = clock
         self.grace_s = grace_s
         self.hosts: dict[str, HostState] = {name: HostState(name) for name in self.watched}
@@ -132,6 +134,12 @@ class TracksideApp(Guarded, App):
         # here (tui.guard); one from inside Textual is at least logged before the exit.
         write_error(self.error_log, "Textual", error)
         super()._handle_exception(error)
+
+    def push_screen(self, screen, callback=None, *args, **kwargs):
+        # A dialog's answer runs our code outside any handler: guard it like one.
+        if callback is not None:
+            callback = guarded_callback(self, callback, f"{type(screen).__name__}'s answer")
+        return super().push_screen(screen, callback, *args, **kwargs)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         # Workers run with exit_on_error=False: a failure would otherwise pass unseen.
@@ -271,29 +279,36 @@ class TracksideApp(Guarded, App):
 
     # --- actions --------------------------------------------------------------------
 
-    def selected_run(self) -> RunState | None:
-        key = getattr(self.screen, "selected_run_key", lambda: None)()
+    def selected_run(self, screen: Screen | None = None) -> RunState | None:
+        key = getattr(screen or self.screen, "selected_run_key", lambda: None)()
         return self.runs.get(key) if key else None
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self.action_allowed(action, self.screen)
+
+    def action_allowed(self, action: str, screen: Screen) -> bool | None:
+        """Whether a key of the app acts on `screen`: True, None (shown, disabled: the
+        selection cannot take it) or False (hidden: nothing here to act on)."""
         if action in RUN_ACTIONS:
-            if not hasattr(self.screen, "selected_run_key"):
+            if not hasattr(screen, "selected_run_key"):
                 return False
-            run = self.selected_run()
+            run = self.selected_run(screen)
             if run is None:
                 return None
-            if action == "kill" and run.info.state.name != "RUNNING":
+            running = run.info.state == runs.RunState.RUNNING
+            if action in ("kill", "kill_relaunch") and (not running or run.info.this_dashboard):
                 return None
-            if action in ("relaunch", "kill_relaunch") and not run.info.run_id:
+            if action in ("edit", "relaunch", "kill_relaunch") and not run.info.run_id:
                 return None  # a run trackside did not launch has no manifest to relaunch from
         if action in ("log_focus", "filter"):
-            return hasattr(self.screen, f"action_{action}") or hasattr(self.screen, "selected_run_key")
+            return hasattr(screen, f"action_{action}") or hasattr(screen, "selected_run_key")
         return True
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
+        # Asked about the screen the palette was opened on (the palette has no selection).
         for binding in KEYS:
-            if binding.action != "quit" and self.check_action(binding.action, ()):
+            if binding.action != "quit" and self.action_allowed(binding.action, screen):
                 yield SystemCommand(
                     f"{binding.description} ({binding.key_display or binding.key})",
                     DESCRIPTIONS[binding.action],
@@ -301,10 +316,12 @@ class TracksideApp(Guarded, App):
                 )
 
     def action_help(self) -> None:
-        if self.screen.query("HelpPanel"):
-            self.action_hide_help_panel()
+        from tui.screens.help import HelpScreen
+
+        if isinstance(self.screen, HelpScreen):
+            self.screen.dismiss()
         else:
-            self.action_show_help_panel()
+            self.push_screen(HelpScreen(self.screen))
 
     def action_log_focus(self) -> None:
         if hasattr(self.screen, "action_log_focus"):
@@ -391,9 +408,26 @@ class TracksideApp(Guarded, App):
             await self._relaunch(run)
 
     def action_relaunch(self) -> None:
+        from tui.screens.confirm import Confirm
+
         run = self.selected_run()
-        if run is not None:
+        if run is None:
+            return
+        if run.info.state != runs.RunState.RUNNING:
             self.run_worker(self._relaunch(run), group="actions", exit_on_error=False)
+            return
+        # A second copy beside a live original doubles its GPU memory: say so, default No.
+        question = Text()
+        question.append(f"Relaunch while {run.key} still runs?\n\n", style="bold")
+        question.append(f"tmux session {run.info.session} keeps running (PIDs {', '.join(map(str, run.info.pids)) or '—'}): ")
+        question.append("two copies, on a GPU twice the memory.\n")
+        question.append("R stops it first, then relaunches.", style="cyan")
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(self._relaunch(run), group="actions", exit_on_error=False)
+
+        self.push_screen(Confirm(question, "Yes, run both", text_id="relaunch-question"), answered)
 
     async def _relaunch(self, run: RunState) -> None:
         changes = self.pending.get(run.key, {})
@@ -435,6 +469,7 @@ class TracksideApp(Guarded, App):
             self.notify(f"could not start the demo run: {error}", severity="error", timeout=30)
             self.shown_screen().show_waiting(f"could not start the demo run: {error}")
             return
+        self.demo_run = info
         run = self._adopt(name, info)
         shown = self.shown_screen()
         if getattr(shown, "run_key", "") is None:
@@ -463,12 +498,24 @@ class TracksideApp(Guarded, App):
         if run is None:
             return
         host = self.watched[run.host].host
+        if attach.inside_tmux():
+            self.run_worker(self._attach_inside_tmux(host, run.info.session), group="actions", exit_on_error=False)
+            return
+        argv = attach.attach_argv(host, run.info.session)
         try:
             with self.suspend():
-                attach.attach(host, run.info.session)
+                status = attach.attach(host, run.info.session)
         except SuspendNotSupported:
-            argv = attach.attach_argv(host, run.info.session)
             self.notify(f"this terminal cannot hand over; run: {shlex.join(argv)}", timeout=15)
+            return
+        if status != 0:
+            self.notify(f"{shlex.join(argv)} exited {status}", severity="warning", timeout=10)
+
+    async def _attach_inside_tmux(self, host: Host, session: str) -> None:
+        try:
+            self.notify(await attach.attach_inside_tmux(host, session), timeout=8)
+        except (attach.AttachError, HostError) as error:
+            self.notify(str(error), severity="warning", timeout=15)
 
     async def on_unmount(self) -> None:
         # Let the workers' own clean-up (killing their tail and tmux children) finish

@@ -1,0 +1,81 @@
+"""Random keys as an operator might press them: the pool, the pauses, and the answers to
+dialogs (always No: a monkey must never stop or duplicate the run it is typing at)."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass, field
+
+from textual.app import App
+from textual.binding import Binding
+
+from tui.app import TracksideApp
+from tui.screens.confirm import Confirm
+from tui.screens.edit import EditScreen
+from tui.screens.fleet import FleetScreen
+from tui.screens.help import HelpScreen
+from tui.screens.kill import KillConfirm, KillReportScreen
+from tui.screens.run import RunScreen
+
+SCREENS = [TracksideApp, App, FleetScreen, RunScreen, EditScreen, KillConfirm, KillReportScreen, Confirm, HelpScreen]
+MOVES = ["enter", "escape", "up", "down", "left", "right", "tab", "shift+tab", "home", "end", "pageup", "pagedown"]
+TYPED = list("0123456789abcdefghijklmnoprstuvwxyz .-_=")  # no q: it quits outside an input
+# Keys that answer Yes in a dialog: pressed only where no dialog can be on its way.
+ANSWERS_YES = {"y"}
+# Keys that may open a kill or relaunch dialog: the monkey waits to see whether one came
+# before its next key, or queued keys (tab, enter) could answer it Yes.
+OPENS_DIALOG = {"k", "R", "r"}
+# What a key types, for the keys Textual names by word.
+CHARACTERS = {"slash": "/", "question_mark": "?", "space": " "}
+
+
+def character(key: str) -> str | None:
+    return CHARACTERS.get(key, key if len(key) == 1 else None)
+
+
+def binding_keys() -> set[str]:
+    """Every key bound on every screen of the dashboard, but the ones that quit."""
+    keys = set()
+    for owner in SCREENS:
+        for binding in owner.BINDINGS:
+            if isinstance(binding, Binding) and binding.action not in ("quit",):
+                keys.update(k.strip() for k in binding.key.split(","))
+    return keys
+
+
+def pool() -> list[str]:
+    # Bindings weigh as much as all the rest together: they are what can break things.
+    keys = sorted(binding_keys())
+    return keys * 4 + MOVES * 2 + TYPED
+
+
+def seed_from_env() -> int:
+    return int(os.environ.get("TRACKSIDE_MONKEY_SEED") or time.time_ns() % 2**32)
+
+
+def pause_s(rng: random.Random) -> float:
+    """0-300 ms, most of them short: a person's bursts with the odd hesitation."""
+    roll = rng.random()
+    if roll < 0.5:
+        return 0.0
+    if roll < 0.85:
+        return rng.uniform(0.0, 0.05)
+    return rng.uniform(0.05, 0.3)
+
+
+@dataclass
+class Tally:
+    seed: int
+    keys: int = 0
+    dialogs_answered_no: int = 0
+    screens: dict[str, int] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+    def line(self, what: str) -> str:
+        seen = ", ".join(f"{name} {n}" for name, n in sorted(self.screens.items()))
+        return (
+            f"{what}: seed={self.seed} keys={self.keys} duration={time.monotonic() - self.started:.1f}s "
+            f"dialogs answered No={self.dialogs_answered_no} screens seen: {seen}"
+        )

@@ -1,0 +1,176 @@
+"""Monkey tests: thousands of random keys at random pauses against the real dashboard over a
+live CPU training run, under Pilot and in a real tmux pane. The app must stay alive and
+drawing after every key, report no internal error, and never stop the run (every kill or
+relaunch dialog is answered No).
+
+TRACKSIDE_MONKEY_SEED replays a run; TRACKSIDE_MONKEY_KEYS / TRACKSIDE_MONKEY_TMUX_KEYS
+change how many keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+from textual import events
+from textual.command import CommandPalette
+
+from backends import params as run_params
+from tests.tui import monkey
+from tests.tui.conftest import TRAIN, screen_text, wait_for
+from tui.app import Demo, TracksideApp, Watched
+from tui.screens.confirm import Confirm
+from tui.screens.kill import KillConfirm
+from tui.screens.run import RunScreen
+
+PARAMS = {"max_seq_len": 256, "ttt_steps": 2, "steps": 100000, "save_every": 100000}
+PILOT_KEYS = int(os.environ.get("TRACKSIDE_MONKEY_KEYS", 2000))
+TMUX_KEYS = int(os.environ.get("TRACKSIDE_MONKEY_TMUX_KEYS", 300))
+
+
+def _errors(app: TracksideApp) -> str:
+    try:
+        with open(app.error_log) as log:
+            return log.read()[-4000:]
+    except OSError:
+        return ""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monkeypatch, capsys):
+    monkeypatch.delenv("TMUX", raising=False)  # `a` must not reach the tmux this test runs in
+    tally = monkey.Tally(monkey.seed_from_env())
+    rng = random.Random(tally.seed)
+    keys = monkey.pool()
+    demo = Demo(run_params.apply(TRAIN, PARAMS), "monkey-pilot", dict(PARAMS))
+    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent")], demo=demo, grace_s=5)
+    async with app.run_test(size=(160, 48)) as pilot:
+        screen = await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen, 10, "the run screen")
+        run = await wait_for(pilot, lambda: screen.run, 30, "the demo run to launch")
+        await wait_for(pilot, lambda: run.steps, 90, "the run's first steps")
+        session = run.info.session
+        def dialog_up() -> bool:
+            return isinstance(app.screen, (KillConfirm, Confirm))
+
+        def busy() -> bool:
+            return any(w.group == "actions" and w.is_running for w in app.workers)
+
+        try:
+            while tally.keys < PILOT_KEYS:
+                current = app.screen
+                tally.screens[type(current).__name__] = tally.screens.get(type(current).__name__, 0) + 1
+                if dialog_up():
+                    key = rng.choice(["n", "escape", "enter"])  # Enter presses the focused No
+                    tally.dialogs_answered_no += 1
+                elif isinstance(current, CommandPalette):
+                    key = "escape"  # Enter there could run Quit; the palette has its own test
+                else:
+                    key = rng.choice(keys)
+                    if key in monkey.ANSWERS_YES:
+                        await pilot.pause()  # settled: no key of ours still queued
+                        if dialog_up() or busy():
+                            continue
+                # As a terminal delivers it: the app may still be busy with the last key.
+                app.post_message(events.Key(key, monkey.character(key)))
+                tally.keys += 1
+                if key in monkey.OPENS_DIALOG:
+                    await pilot.pause()
+                    await wait_for(pilot, lambda: dialog_up() or not busy(), 30, f"{key!r}'s dialog or its end")
+                else:
+                    await asyncio.sleep(monkey.pause_s(rng))
+                assert app.is_running and app.return_code is None, f"the app stopped after {key!r}"
+                assert app.errors == 0, f"internal error after {key!r}:\n{_errors(app)}"
+                if not screen_text(app).strip():
+                    await pilot.pause()  # a screen pushed a moment ago has had no layout yet
+                    assert screen_text(app).strip(), f"nothing drawn after {key!r} on {app.screen_stack}"
+        finally:
+            with capsys.disabled():
+                print("\n" + tally.line("pilot monkey"))
+        assert run.info.state.value == "running" and session in {r.info.session for r in app.runs.values()}
+        assert run.steps and run.steps[-1]["step"] > 1, "the run kept training under the keys"
+
+
+def _tmux(socket: str, *args: str) -> str:
+    return subprocess.run(["tmux", "-L", socket, *args], capture_output=True, text=True, check=True).stdout
+
+
+# tmux send-keys names for the pool's Textual key names.
+TMUX_NAMES = {
+    "enter": "Enter", "escape": "Escape", "up": "Up", "down": "Down", "left": "Left", "right": "Right",
+    "tab": "Tab", "shift+tab": "BTab", "home": "Home", "end": "End", "pageup": "PPage", "pagedown": "NPage",
+    "slash": "/", "question_mark": "?", "space": "Space", "ctrl+p": "C-p", "ctrl+s": "C-s", "ctrl+c": "C-c",
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_random_keys_in_a_tmux_pane_never_stop_trackside_demo(tmp_path, tmux_socket, capsys):
+    tally = monkey.Tally(monkey.seed_from_env())
+    rng = random.Random(tally.seed)
+    keys = [k for k in monkey.pool() if k not in ("ctrl+q",)]
+    trackside = os.path.join(os.path.dirname(sys.executable), "trackside")
+    done = tmp_path / "exit_status"
+    env = f"TRACKSIDE_RUNS_ROOT={shlex.quote(str(tmp_path / 'runs'))}"
+    # The pane's shell records how the dashboard ended; the pane stays to be read.
+    command = f"{env} {shlex.quote(trackside)} demo; echo $? > {shlex.quote(str(done))}; sleep 600"
+    _tmux(tmux_socket, "new-session", "-d", "-s", "dash", "-x", "160", "-y", "48", command)
+
+    def screen() -> str:
+        return _tmux(tmux_socket, "capture-pane", "-p", "-t", "=dash:")
+
+    def alive() -> bool:
+        return not done.exists()
+
+    deadline = time.monotonic() + 90
+    while "step" not in screen() or "loss" not in screen():
+        assert alive(), f"trackside demo ended before its run trained:\n{screen()}"
+        assert time.monotonic() < deadline, f"the demo run never showed a step:\n{screen()}"
+        time.sleep(0.5)
+    try:
+        while tally.keys < TMUX_KEYS:
+            shown = screen()
+            if "Stop run" in shown or "Relaunch while" in shown:
+                key = rng.choice(["n", "escape"])
+                tally.dialogs_answered_no += 1
+            elif "Search for commands" in shown:
+                key = "escape"
+            else:
+                key = rng.choice(keys)
+                while key in monkey.ANSWERS_YES:  # no way to see a dialog on its way from here
+                    key = rng.choice(keys)
+            name = TMUX_NAMES.get(key, key)
+            args = ["send-keys", "-t", "=dash:", *(["-l", name] if len(name) == 1 else [name])]
+            _tmux(tmux_socket, *args)
+            tally.keys += 1
+            if key in monkey.OPENS_DIALOG:  # see whether a dialog came before the next key
+                deadline = time.monotonic() + 3
+                while time.monotonic() < deadline and not any(q in screen() for q in ("Stop run", "Relaunch while")):
+                    time.sleep(0.1)
+            else:
+                time.sleep(monkey.pause_s(rng))
+            assert alive(), f"the dashboard ended after {key!r}:\n{screen()}"
+            assert "Traceback" not in shown, shown
+    finally:
+        with capsys.disabled():
+            print("\n" + tally.line("tmux monkey"))
+    runs_before = _tmux(tmux_socket, "list-sessions", "-F", "#{session_name}").split()
+    assert any(s.startswith("trackside-demo-") for s in runs_before), "the demo run was stopped by the keys"
+    # Quit: the demo stops its own run and says so.
+    for key in ("Escape", "Escape", "Escape"):
+        _tmux(tmux_socket, "send-keys", "-t", "=dash:", key)
+        time.sleep(0.3)
+    _tmux(tmux_socket, "send-keys", "-t", "=dash:", "q")
+    deadline = time.monotonic() + 60
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert done.read_text().strip() == "0", screen()
+    assert "stopping the demo run" in screen() and "stopped in" in screen(), screen()
+    left = _tmux(tmux_socket, "list-sessions", "-F", "#{session_name}").split()
+    assert left == ["dash"], left

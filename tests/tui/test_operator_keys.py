@@ -1,0 +1,114 @@
+"""Keys as an operator meets them: the palette, `?`, `r` on a live run, `e` on a foreign
+session, the log after a filter, `a` inside tmux."""
+
+from __future__ import annotations
+
+from textual.command import CommandPalette
+from textual.widgets import Log
+
+from backends.runs import RunInfo, RunState
+from tests.tui.conftest import screen_text
+from tests.tui.sample import NOW, RUN_KEY, feed, make_app
+from tui.messages import ConsoleBatch, RunsListed
+from tui.screens.confirm import Confirm
+from tui.screens.help import HelpScreen
+from tui.screens.run import RunScreen
+
+FOREIGN = RunInfo(None, "someone-elses", "h200-box", RunState.RUNNING, pids=[777])
+
+
+async def test_the_palette_lists_the_run_actions_of_the_screen_it_was_opened_on():
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        app.open_run(RUN_KEY)
+        await pilot.pause()
+        await pilot.press("ctrl+p")
+        palette = app.screen
+        assert isinstance(palette, CommandPalette)
+        await pilot.press(*"relaunch")
+        await pilot.pause(0.5)
+        shown = [str(option.prompt) for option in palette.query_one("CommandList").options]
+        assert any("Relaunch (r)" in text for text in shown), shown
+        await pilot.press("escape")
+        assert isinstance(app.screen, RunScreen)
+
+
+async def test_help_shows_the_apps_keys_not_the_widgets():
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        text = screen_text(app)
+        for words in ("Kill the selected run", "Edit the selected run", "Filter the rows"):
+            assert words in text
+        assert "Scroll" not in text
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_relaunch_of_a_running_run_asks_first_naming_it_and_no_launches_nothing():
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        app.open_run(RUN_KEY)
+        await pilot.pause()
+        await pilot.press("r")
+        await pilot.pause()
+        assert isinstance(app.screen, Confirm)
+        question = str(app.screen.query_one("#relaunch-question").render())
+        assert RUN_KEY in question and "dflash" in question and "4200" in question
+        assert app.focused.id == "no"
+        await pilot.press("enter")  # Enter on the focused default: No
+        assert isinstance(app.screen, RunScreen)
+        assert not [w for w in app.workers if w.group == "actions"]
+
+
+async def test_foreign_sessions_cannot_be_edited_or_relaunched():
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        app.post_message(RunsListed("h200-box", [FOREIGN], NOW))
+        await pilot.pause()
+        app.open_run("h200-box/someone-elses")
+        await pilot.pause()
+        for action in ("edit", "relaunch", "kill_relaunch"):
+            assert app.check_action(action, ()) is None, action
+        assert app.check_action("kill", ()) is True
+        await pilot.press("e")
+        await pilot.pause()
+        assert isinstance(app.screen, RunScreen)
+
+
+async def test_the_log_follows_new_lines_again_after_a_filter_is_cleared():
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        app.open_run(RUN_KEY)
+        await pilot.pause()
+        app.post_message(ConsoleBatch("h200-box", RUN_KEY, [f"line {i} loss=1.0" for i in range(200)]))
+        await pilot.pause(0.3)
+        log = app.screen.query_one(Log)
+        assert log.is_vertical_scroll_end
+        await pilot.press("slash", *"line 1", "escape")
+        await pilot.pause(0.3)
+        app.post_message(ConsoleBatch("h200-box", RUN_KEY, ["the newest line loss=0.5"]))
+        await pilot.pause(0.3)
+        assert log.is_vertical_scroll_end and log.lines[-1] == "the newest line loss=0.5"
+
+
+async def test_attach_inside_tmux_that_cannot_switch_says_so(monkeypatch, tmp_path):
+    # TMUX names a server with no client: tmux refuses to switch, the app says what to run.
+    monkeypatch.setenv("TMUX", f"{tmp_path}/no-such-server,1,0")
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        app.open_run(RUN_KEY)
+        await pilot.pause()
+        await pilot.press("a")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        messages = [n.message for n in app._notifications]
+        assert any("cannot open dflash from inside tmux" in m and "run:" in m for m in messages), messages
+        assert app.is_running

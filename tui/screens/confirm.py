@@ -1,0 +1,40 @@
+"""A yes/no question whose default answer is No (Escape, n, or Enter on the focused No)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Button, Static
+
+from tui.screens.dialog import Dialog
+
+
+class Confirm(Dialog[bool]):
+    BINDINGS = [
+        Binding("y", "answer(True)", "Yes", id="trackside.confirm.yes"),
+        Binding("n,escape", "answer(False)", "No", id="trackside.confirm.no"),
+    ]
+
+    def __init__(self, question: Text, yes: str, *, text_id: str = "question") -> None:
+        super().__init__()
+        self.question = question
+        self.yes = yes
+        self.text_id = text_id
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static(self.question, id=self.text_id)
+            with Horizontal(classes="buttons"):
+                yield Button("No", id="no", variant="primary")
+                yield Button(self.yes, id="yes", variant="error")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
