@@ -14,4 +14,5 @@ if ! command -v sshd >/dev/null && [ ! -x /usr/sbin/sshd ]; then
 fi
 command -v tmux >/dev/null || { echo "tmux is required for the tests" >&2; exit 1; }
 .venv/bin/lint-imports
+bash scripts/test_no_extras.sh  # the dashboard without the train extra: no torch
 exec .venv/bin/python -m pytest "$@"

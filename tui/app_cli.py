@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 import time
 
+from backends import kill
 from backends.config import ConfigError, load_config
 from backends.hosts import DEFAULT_RUNS_ROOT, LocalHost
+from backends.runs import RunInfo
 from tui.app import Demo, TracksideApp, Watched
 
 DEMO_PARAMS = {"max_seq_len": 256, "ttt_steps": 3, "steps": 20000, "lr": 3e-3}
+DEMO_GRACE_S = 10.0  # the CPU trainer checkpoints and exits within a second of SIGTERM
 
 
 def demo_argv(params: dict) -> list[str]:
@@ -28,6 +32,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("command", nargs="?", choices=["demo"], help="demo: launch a small CPU run and watch it")
     parser.add_argument("--config", metavar="PATH", help="hosts file (default ~/.config/trackside/config.toml)")
+    parser.add_argument("--keep-run", action="store_true", help="demo: leave its training run going on quit")
     return parser.parse_args(argv)
 
 
@@ -57,4 +62,25 @@ def main(argv: list[str]) -> int:
     app.run()
     if app.return_code:
         print(f"trackside: the dashboard stopped on an error; traceback in {app.error_log}", file=sys.stderr)
+    if app.demo_run is not None:
+        end_demo_run(app.watched[app.demo_run.host].host, app.demo_run, keep=args.keep_run)
     return app.return_code or 0
+
+
+def end_demo_run(host: LocalHost, run: RunInfo, *, keep: bool) -> None:
+    """The demo's CPU run would train on (a core each, every demo another): stop it, and
+    say so either way."""
+    if keep:
+        print(f"the demo run {run.run_id} goes on in tmux session {run.session}; "
+              f"stop it with: trackside kill {run.run_id}")  # fmt: skip
+        return
+    print(f"stopping the demo run {run.run_id} (tmux session {run.session})…", flush=True)
+    try:
+        report = asyncio.run(kill.kill_run(host, run.run_id, grace_s=DEMO_GRACE_S))
+    except kill.AlreadyEnded:
+        print("it had already ended")
+        return
+    except Exception as error:  # the user is leaving: a message, never a traceback
+        print(f"could not stop it ({error}); stop it with: trackside kill {run.run_id}", file=sys.stderr)
+        return
+    print(f"stopped in {report.seconds:.1f}s; its run dir stays: {run.run_dir}")

@@ -139,3 +139,19 @@ prefix = ["sh", "-c", 'exec "$@"', "container"]
         assert (await host.run(["printf", "%s", "a b"])).stdout == "a b"
     finally:
         await host.close()
+
+
+def test_the_readmes_example_is_a_valid_config_using_every_key(tmp_path):
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    example = readme.split("```toml\n", 1)[1].split("```", 1)[0]
+    config = load_config(write(tmp_path, example))
+    gpu1 = config.host("gpu1")
+    assert gpu1.prefix == ["pct", "exec", "129", "--"] and gpu1.jump == "bastion" and gpu1.user == "root"
+    assert config.defaults["poll_ms"] == 1000
+    # Every key the config accepts appears in the example, so the README tells them all.
+    from backends import config as module
+
+    for key in {*module._DEFAULTS, *module._HOST}:
+        assert f"\n{key} = " in example, key

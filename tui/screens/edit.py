@@ -6,7 +6,6 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import Button, Input, Label, Static
 from textual.worker import Worker, WorkerState
@@ -14,7 +13,7 @@ from textual.worker import Worker, WorkerState
 from backends import params as run_params
 from tui.predict import Basis
 from tui.state import HostState, RunState, format_duration, format_number
-from tui.guard import Guarded
+from tui.screens.dialog import Dialog
 
 FIELDS = ["max_seq_len", "ttt_steps", "lr", "steps", "batch_rows", "epochs", "ttt_decay", "loss_chunk",
           "checkpoint_ttt", "freeze_lm_head"]
@@ -34,7 +33,7 @@ def shown(value) -> str:
     return "" if value is None else str(value)
 
 
-class EditScreen(Guarded, ModalScreen[dict | None]):
+class EditScreen(Dialog[dict | None]):
     """Dismisses with the changed params ({} for none) or None when cancelled."""
 
     BINDINGS = [

@@ -6,11 +6,10 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
 from backends.kill import KillPlan, holding
-from tui.guard import Guarded
+from tui.screens.dialog import Dialog
 
 
 def plan_text(key: str, plan: KillPlan, relaunch: dict | None) -> Text:
@@ -44,7 +43,7 @@ def plan_text(key: str, plan: KillPlan, relaunch: dict | None) -> Text:
     return text
 
 
-class KillConfirm(Guarded, ModalScreen[bool]):
+class KillConfirm(Dialog[bool]):
     BINDINGS = [
         Binding("y", "answer(True)", "Yes, kill", id="trackside.kill.yes"),
         Binding("n,escape", "answer(False)", "No", id="trackside.kill.no"),
@@ -103,7 +102,7 @@ def report_text(key: str, report) -> Text:
     return text
 
 
-class KillReportScreen(Guarded, ModalScreen[None]):
+class KillReportScreen(Dialog[None]):
     BINDINGS = [Binding("escape,enter", "dismiss", "Close", id="trackside.kill.close")]
 
     def __init__(self, key: str, report) -> None:

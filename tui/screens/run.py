@@ -43,14 +43,16 @@ def stats_text(run: RunState, now: float) -> Text:
     last = run.last or {}
     text.append(f"step {run.step_text}\n")
     text.append(f"loss {format_number(run.loss)}   tokens/s {format_number(run.tokens_per_s)}   ETA {format_duration(run.eta_s())}\n")
-    text.append(
-        f"samples/row {format_number(last.get('samples_per_row'), 3)}   pad {format_number(last.get('pad_frac'), 2)}"
-        f"   peak {format_number(last.get('peak_mem_gib'), 3)} GiB\n"
-    )
-    if run.progress is not None and not run.steps:
+    if run.steps:
+        text.append(
+            f"samples/row {format_number(last.get('samples_per_row'), 3)}   pad {format_number(last.get('pad_frac'), 2)}"
+            f"   peak {format_number(last.get('peak_mem_gib'), 3)} GiB\n"
+        )
+    elif run.progress is not None:  # no step events: the console's bar is the clock (foreign runs, loading)
         p = run.progress
         eta = f", ETA {format_duration(p.eta_s)}" if p.eta_s is not None else ""
-        text.append(f"{p.phase}: {p.done}/{p.total}{eta}\n", style="yellow")
+        label = f"  {p.label}" if p.label else ""
+        text.append(f"{p.phase}: {p.done}/{p.total} {p.fraction:.0%}{eta}{label}\n", style="yellow")
     if run.garbled:
         text.append(f"{run.garbled} unreadable metrics lines skipped\n", style="yellow")
     if run.gone:
@@ -221,5 +223,7 @@ class RunScreen(Guarded, Screen):
         if self.maximized is not None:
             self.minimize()
             return
-        if len(self.app.screen_stack) > 2:
+        # pop_screen pops the top screen: only while that is this one (a queued Escape
+        # may arrive after the screen was left).
+        if self.app.screen is self and len(self.app.screen_stack) > 2:
             self.app.pop_screen()
