@@ -219,14 +219,10 @@ class TracksideApp(Guarded, App):
             return
         lines = [logparse.visible_text(line) for line in message.lines]
         run.log.extend(lines)
-        # Progress and the console's loss are shown only until step events arrive. Only a
-        # batch's last progress line counts: parsing every line cost ~5 % of a core at
-        # 2,000 lines/s (docs/load.md).
+        # What the console says (loss, step, progress, the curve) is read until step events
+        # arrive: then metrics.jsonl says it, and the console's lines are only shown.
         if not run.steps:
-            run.progress = next(filter(None, map(logparse.parse_progress, reversed(lines))), run.progress)
-            for line in lines:
-                if (parsed := logparse.parse_console_line(line)) and "loss" in parsed:
-                    run.console_loss.append((parsed.get("step", len(run.console_loss)), parsed["loss"]))
+            run.console.add(lines)
         self._changed(run=run.key, lines=lines)
 
     def _follow_runs(self, host_name: str) -> None:

@@ -28,6 +28,7 @@ from backends.hosts import AuthFailed, Host, HostError, HostKeyRejected, HostUnr
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
 
 FLUSH_S = 0.25  # each batch scrolls the log and lays the screen out again: 4 a second reads as live
+PANE_LINES = 200  # a foreign pane's later captures: its screen and what scrolled off it since
 POLL_TIMEOUT_S = 20.0
 FOLLOW_RETRY_S = 2.0
 
@@ -52,6 +53,23 @@ def new_lines(previous: list[str], current: list[str]) -> list[str]:
         if previous[-overlap:] == current[:overlap]:
             return current[overlap:]
     return current
+
+
+def pane_news(previous: list[str], current: list[str]) -> list[str]:
+    """What a pane capture adds to the previous one (both non-empty, or previous empty).
+
+    A pane's last line is drawn over in place (a tqdm bar under HF Trainer's loss dicts), so
+    it is compared apart from the lines above it: a redraw passes on once, and does not
+    make every line look new. Each capture's last line has been passed on by its end.
+    """
+    fresh = new_lines(previous[:-1], current[:-1])
+    shown = previous[-1] if previous else None
+    scrolled = bool(fresh) and fresh[0] == shown  # the last line moved up as it was
+    if scrolled:
+        fresh = fresh[1:]
+    if scrolled or current[-1] != shown:
+        fresh.append(current[-1])
+    return fresh
 
 
 class HostMonitor:
@@ -233,18 +251,19 @@ class HostMonitor:
 
     async def _watch_pane(self, key: str, session: str) -> None:
         previous: list[str] = []
+        lines = tmux.HISTORY_LINES  # the first capture reads the scrollback: the run so far
         while True:
             started = time.monotonic()
             try:
-                text = await asyncio.wait_for(tmux.capture_pane(self.host, session), POLL_TIMEOUT_S)
+                text = await asyncio.wait_for(tmux.capture_pane(self.host, session, lines), POLL_TIMEOUT_S)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 text = None  # the session or host is gone: the listing says so
-            if text is not None:
+            if text is not None and text.strip():
                 current = text.rstrip("\n").split("\n")
-                fresh = new_lines(previous, current)
-                previous = current
+                fresh = pane_news(previous, current)
+                previous, lines = current, PANE_LINES
                 if fresh:
                     self.app.post_message(ConsoleBatch(self.host.name, key, fresh))
             await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))

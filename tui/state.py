@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from backends import runs
+from backends.console import ConsoleSummary
 from backends.gpu import GpuSnapshot
 from backends.logparse import Progress
 
@@ -101,8 +102,7 @@ class RunState:
     steps: deque = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
     oom: dict | None = None
     end: dict | None = None
-    progress: Progress | None = None  # of the latest tqdm-style line
-    console_loss: deque = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
+    console: ConsoleSummary = field(default_factory=ConsoleSummary)  # what its printed lines said
     log: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     garbled: int = 0
     gone: bool = False  # the run no longer appears in the host's listing
@@ -110,6 +110,15 @@ class RunState:
     @property
     def last(self) -> dict | None:
         return self.steps[-1] if self.steps else None
+
+    @property
+    def progress(self) -> Progress | None:
+        """The latest bar or N/M counter followed, else the listing's (a foreign session's)."""
+        return self.console.progress or self.info.progress
+
+    @property
+    def console_loss(self) -> deque[tuple[int, float]]:
+        return self.console.curve
 
     @property
     def params(self) -> dict:
@@ -122,14 +131,16 @@ class RunState:
     def step(self) -> int | None:
         if self.last:
             return self.last.get("step")
+        if self.console.step is not None:
+            return self.console.step
         return self.info.last_step
 
     @property
     def loss(self) -> float | None:
         if self.last:
             return self.last.get("loss")
-        if self.console_loss:
-            return self.console_loss[-1][1]
+        if self.console.loss is not None:
+            return self.console.loss
         return self.info.last_loss
 
     @property
@@ -210,9 +221,9 @@ class RunState:
     def reset_streams(self) -> None:
         """Forget what was read from the run's files, before reading them again."""
         self.steps.clear()
-        self.console_loss.clear()
+        self.console = ConsoleSummary()
         self.log.clear()
-        self.start = self.oom = self.end = self.progress = None
+        self.start = self.oom = self.end = None
         self.garbled = 0
 
     def add_event(self, event: dict) -> None:

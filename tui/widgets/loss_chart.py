@@ -143,6 +143,17 @@ class LossChart(Guarded, Widget):
         """The EMA weight of the newest point; 1.0 shows raw values."""
         return self.curves.smoothing
 
+    def on_mount(self) -> None:
+        self.set_interval(REPLOT_S, self._catch_up)
+
+    def _catch_up(self) -> None:
+        """Draw what a console's curve gained: no step event tells the screen it grew."""
+        if self.run is None or self._pending is not None:
+            return
+        source = entries_of(self.run)[0]
+        if source and (source is not self.curves.source or source[-1] is not self.curves.newest):
+            self.replot()
+
     def show(self, run: RunState | None) -> None:
         """Plot `run`; at most every REPLOT_S (data arrive faster than anyone reads them),
         the latest data last."""
@@ -185,7 +196,7 @@ def draw(curves: Curves | None, width: int, height: int, log_y: bool) -> Text:
     """The chart as `height` lines of `width` cells: a title and legend, the curves in
     braille dots against a y axis, and the step axis below."""
     smoothing = curves.smoothing if curves is not None else 0.3
-    title = f"loss (EMA {smoothing:g}, {'log' if log_y else 'linear'} y)"
+    title = f"loss ({smoothing_words(smoothing)}, {'log' if log_y else 'linear'} y)"
     points = thinned(curves, log_y, width) if curves is not None else []
     found = [y for _, ys in points for y in ys if y is not None]
     text = Text(no_wrap=True, overflow="crop", end="")
@@ -256,6 +267,13 @@ def draw(curves: Curves | None, width: int, height: int, log_y: bool) -> Text:
         text.append(name, AXIS)
         end = start + len(name)
     return text
+
+
+def smoothing_words(weight: float) -> str:
+    """An EMA weight as an operator reads it: about how many points it averages."""
+    if weight >= 1:
+        return "smoothing off"
+    return f"smoothed over ~{round(2 / weight - 1)} points"
 
 
 def ticks(count: int) -> list[int]:

@@ -1,0 +1,61 @@
+"""A tmux session trackside did not launch, printing as HF Trainer does, seen on the dashboard:
+its step, progress and ETA from its bar, and its loss curve from the pane's scrollback,
+then from what it prints next."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from tests.tui.conftest import screen_text, wait_for
+from tui.app import TracksideApp, Watched
+from tui.widgets.loss_chart import LossChart
+
+# 500 loss dicts (logged every 4 steps: more than a screen and its 200 lines above) above a bar at step 2000 of 10,000, then a step
+# every 0.3 s with a dict every other one, written as tqdm.write does: the bar cleared,
+# the dict printed, the bar drawn again below it.
+HF_TRAINER = r"""
+import sys, time
+for i in range(1, 501):
+    print({"loss": round(3 - i / 250, 4), "grad_norm": 0.5, "learning_rate": 1e-05, "epoch": round(i / 250, 3)})
+def bar(n):
+    sys.stdout.write(f"\r{n * 100 // 10000:3d}%|██        | {n}/10000 [10:00<40:00,  3.33it/s]")
+    sys.stdout.flush()
+n = 2000
+bar(n)
+while True:
+    time.sleep(0.3)
+    n += 5
+    if n % 10 == 0:
+        sys.stdout.write("\r\x1b[K" + str({"loss": round(3 - n / 1000, 4), "epoch": round(n / 1000, 3)}) + "\n")
+    bar(n)
+"""
+
+
+async def test_a_foreign_run_shows_its_step_progress_and_curve_from_its_scrollback(local_host, tmux_socket, tmp_path):
+    script = tmp_path / "hf_trainer.py"
+    script.write_text(HF_TRAINER)
+    subprocess.run(["tmux", "-L", tmux_socket, "new-session", "-d", "-s", "hf", "-x", "120", "-y", "30", sys.executable, str(script)], check=True)
+    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent")])
+    async with app.run_test(size=(160, 48)) as pilot:
+        run = await wait_for(pilot, lambda: app.runs.get("local/hf"), 15, "the foreign session in the fleet")
+        await wait_for(pilot, lambda: run.info.last_step, 15, "the listing to read its pane")
+        assert run.info.last_step >= 2000 and run.info.progress.total == 10000
+        await wait_for(pilot, lambda: "/10000" in screen_text(app), 5, "its progress on the fleet")
+
+        app.open_run("local/hf")
+        await wait_for(pilot, lambda: len(run.console_loss) >= 500, 15, "the losses in its scrollback")
+        await wait_for(pilot, lambda: len(run.console_loss) >= 503, 15, "losses printed since")
+        steps = [step for step, _ in run.console_loss]
+        assert steps[:2] == [4, 8] and steps == sorted(set(steps))  # spread by the bar, none twice
+        losses = [loss for _, loss in run.console_loss]
+        assert losses == sorted(losses, reverse=True)
+
+        chart = app.screen.query_one(LossChart)
+        await wait_for(pilot, lambda: len(chart.curves.steps) >= 503, 5, "the chart to draw them")
+        shown = screen_text(app)
+        assert re.search(r"step 20\d\d\b", shown), shown
+        assert re.search(r"working: 20\d\d/10000 20%, ETA 40m00s", shown), shown
+        assert any(0x2800 < ord(c) <= 0x28FF for c in shown)  # the curve's braille dots
+        assert "loss (smoothed over ~6 points, linear y)" in shown
