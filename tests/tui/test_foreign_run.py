@@ -59,3 +59,14 @@ async def test_a_foreign_run_shows_its_step_progress_and_curve_from_its_scrollba
         assert re.search(r"working: 20\d\d/10000 20%, ETA 40m00s", shown), shown
         assert any(0x2800 < ord(c) <= 0x28FF for c in shown)  # the curve's braille dots
         assert "loss (smoothed over ~6 points, linear y)" in shown
+
+
+def test_a_pane_capture_passes_on_each_line_once_and_a_redrawn_bar_once_per_redraw():
+    from tui.monitor import pane_news
+
+    assert pane_news([], ["a", "b", "bar 1"]) == ["a", "b", "bar 1"]
+    assert pane_news(["a", "b", "bar 1"], ["a", "b", "bar 2"]) == ["bar 2"]  # redrawn in place
+    assert pane_news(["a", "b", "bar 2"], ["a", "b", "loss 1", "bar 2"]) == ["loss 1"]  # printed above the bar
+    assert pane_news(["a", "b"], ["a", "b", "c", "d"]) == ["c", "d"]  # plain scrolling
+    assert pane_news(["x", "x", "x"], ["x", "x", "x", "x", "x"]) == ["x", "x"]  # repeats still counted
+    assert pane_news(["a", "b"], ["a", "b"]) == []
