@@ -134,8 +134,11 @@ async def _resolve(host: Host, target: str) -> tuple[str | None, dict | None, li
     panes = await tmux.list_panes(host, target)
     if not panes:
         raise KillError(f"no run or tmux session {target!r} on {host.name}")
-    ours = [r for r in await runs.list_runs(host) if r.run_id and r.session == target and r.pids]
-    manifest = await runs.read_manifest(host, ours[0].run_id) if ours else None
+    # Session names are reused once free: the session is the newest run's of that name,
+    # unless the listing calls it foreign (no run's pane in it).
+    named = [r for r in await runs.list_runs(host) if r.session == target]
+    run_id = None if any(r.run_id is None for r in named) else named[0].run_id if named else None
+    manifest = await runs.read_manifest(host, run_id) if run_id else None
     return target, manifest, panes, panes
 
 
