@@ -315,6 +315,7 @@ class Flow:
             form.query_one("#param-max_seq_len").value = str(new_length)
             form.query_one("#param-ttt_steps").value = str(RELAUNCH_TTT)
             await pilot.pause()
+            await self.until(lambda: form.cost_is_current, 30, "the edit form's prediction")
             self.check("the edit form reads the change", form.changes == changes, f"{form.changes}")
             self.facts["edit_cost"] = str(form.query_one("#edit-cost").render())
             self.save("edit-form")

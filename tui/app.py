@@ -292,7 +292,8 @@ class TracksideApp(Guarded, App):
             if run is None:
                 return None
             running = run.info.state == runs.RunState.RUNNING
-            if action in ("kill", "kill_relaunch") and (not running or run.info.this_dashboard):
+            # The dashboard's own session stays enabled: the key says why it refuses.
+            if action in ("kill", "kill_relaunch") and not running:
                 return None
             if action in ("edit", "relaunch", "kill_relaunch") and not run.info.run_id:
                 return None  # a run trackside did not launch has no manifest to relaunch from

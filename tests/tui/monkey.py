@@ -27,6 +27,7 @@ ANSWERS_YES = {"y"}
 # Keys that may open a kill or relaunch dialog: the monkey waits to see whether one came
 # before its next key, or queued keys (tab, enter) could answer it Yes.
 OPENS_DIALOG = {"k", "R", "r"}
+MOVES_FOCUS = {"tab", "shift+tab", "left", "right"}
 # What a key types, for the keys Textual names by word.
 CHARACTERS = {"slash": "/", "question_mark": "?", "space": " "}
 

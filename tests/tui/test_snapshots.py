@@ -56,6 +56,8 @@ def edit_to(max_seq_len: str):
         await pilot.press("ctrl+a", "ctrl+k", *max_seq_len)
         pilot.app.screen.query_one("#keep").focus()  # no blinking text cursor in the picture
         await pilot.pause()
+        while not pilot.app.screen.cost_is_current:  # predicted in a worker thread
+            await pilot.pause(0.05)
     return run_before
 
 

@@ -56,7 +56,7 @@ def test_a_loading_run_shows_its_phase():
     from backends.logparse import Progress
 
     run = ended(Listed.RUNNING)
-    run.progress = Progress("loading", 3, 10, None)
+    run.info.progress = Progress("loading", 3, 10, None)
     assert run.status is RunStatus.RUNNING and run.state_label == "loading"
     assert run_cells(run, HostState("h200-box"))["state"].plain == "loading 3/10"
 
