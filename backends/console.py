@@ -14,6 +14,7 @@ last point are spread evenly up to the bar's count: trainers log every so many s
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import deque
 from collections.abc import Iterable
@@ -47,6 +48,9 @@ class ConsoleSummary:
     def _read(self, text: str) -> None:
         bar_step = None
         if "/" in text and (progress := parse_progress(text)) is not None:
+            if progress.phase == "working" and self.curve:
+                # A bare bar between loss lines is the training loop's.
+                progress = dataclasses.replace(progress, phase="training")
             self.progress = progress
             bar_step = self._bar_step(progress)
             if bar_step is not None and not self._named:

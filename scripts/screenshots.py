@@ -1,5 +1,7 @@
-"""Render the real app to screenshots/: the run screen mid-training, the fleet, the kill
-dialog and the edit form, as SVG (and PNG when cairosvg is installed).
+"""Render the real app to screenshots/: the run screen mid-training, the fleet (with a run
+trackside did not launch and the dashboard's own session), that foreign run's screen, the
+kill dialog, the refused self-kill and the edit form, as SVG (and PNG when cairosvg is
+installed).
 
     .venv/bin/python scripts/screenshots.py
 
@@ -16,10 +18,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.tui.sample import RUN_KEY, feed, make_app  # noqa: E402
+from tests.tui.sample import FOREIGN_KEY, RUN_KEY, feed_foreign, kill_plan, make_app  # noqa: E402
 from training.config import PRESETS  # noqa: E402
 from tui.screens.edit import EditScreen  # noqa: E402
-from tui.screens.kill import KillConfirm, KillPlan  # noqa: E402
+from tui.screens.kill import KillConfirm  # noqa: E402
 
 OUT = REPO / "screenshots"
 SIZE = (160, 48)
@@ -32,21 +34,34 @@ async def shoot() -> list[Path]:
     def save(name: str) -> None:
         saved.append(Path(app.save_screenshot(f"{name}.svg", str(OUT))))
 
-    async with app.run_test(size=SIZE) as pilot:
-        await feed(pilot, model=PRESETS["llama3-8b"].to_dict())
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await feed_foreign(pilot, model=PRESETS["llama3-8b"].to_dict())
         save("fleet")
+        app.open_run(FOREIGN_KEY)
+        await pilot.pause()
+        save("foreign-run")
+        app.pop_screen()
+        await pilot.pause()
+        table = app.screen.query_one("DataTable")
+        table.move_cursor(row=[key.value for key in table.rows].index("run:h200-box/ops"))
+        app.clear_notifications()
+        await pilot.press("k")  # the dashboard's own session: refused, with the reason
+        await pilot.pause(0.5)  # the toast slides in
+        save("self-kill-refused")
+        app.clear_notifications()
         app.open_run(RUN_KEY)
         await pilot.pause()
         save("run")
-        plan = KillPlan(RUN_KEY, "h200-box", "dflash", [4200, 4201, *range(4242, 4250)],
-                        [(i, 4242 + i, 40000) for i in range(8)], None)  # fmt: skip
-        app.push_screen(KillConfirm(plan))
+        app.push_screen(KillConfirm(RUN_KEY, kill_plan()))
         await pilot.pause()
         save("kill")
         app.pop_screen()
         run = app.runs[RUN_KEY]
-        app.push_screen(EditScreen(run, app.hosts[run.host], {"max_seq_len": 98304, "ttt_steps": 5}))
+        form = EditScreen(run, app.hosts[run.host], {"max_seq_len": 98304, "ttt_steps": 5})
+        app.push_screen(form)
         await pilot.pause()
+        while not form.cost_is_current:  # predicted in a worker thread
+            await pilot.pause(0.05)
         save("edit")
     return saved
 

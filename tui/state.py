@@ -167,9 +167,10 @@ class RunState:
         return ds / dt if dt > 0 and ds > 0 else None
 
     def eta_s(self) -> float | None:
+        """From the step events' rate; without them, what the run's own bar says."""
         rate, total, step = self.steps_per_s(), self.total_steps, self.step
         if rate is None or total is None or step is None:
-            return None
+            return self.progress.eta_s if self.progress is not None and not self.steps else None
         return max(0.0, (total - step) / rate)
 
     @property

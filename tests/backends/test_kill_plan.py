@@ -180,3 +180,38 @@ async def test_a_torchrun_run_is_signalled_exactly_as_planned_agent_and_workers(
     assert all(alive(p) for p in bystanders)
     end = json.loads(written(metrics).splitlines()[-1])
     assert (end["event"], end["status"]) == ("end", "stopped")  # rank 0 stopped cleanly on SIGTERM
+
+
+# A CUDA process that holds ~2 GiB until killed; prints "ready" once the memory is taken.
+HOLD_GPU = """
+import sys, time, torch
+hold = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.gpu
+async def test_on_a_real_gpu_the_plan_names_what_nvml_says_and_the_kill_frees_it(host, tmp_path):
+    """The fake nvidia-smi's real twin: the plan's holdings and bystanders come from NVML,
+    the kill signals the plan's PIDs, and NVML then shows the run's memory released while
+    the bystander keeps its own."""
+    bystander = subprocess.Popen([PY, "-c", HOLD_GPU], stdout=subprocess.PIPE, text=True)
+    try:
+        assert bystander.stdout.readline().strip() == "ready"
+        info = await runs.launch(host, ["sh", "-c", f'{PY} -c "$1" > "$2"', "sh", HOLD_GPU, str(tmp_path / "out")])
+        await eventually(lambda: "ready" in written(tmp_path / "out"), timeout=60)
+        plan = await kill.plan_kill(host, info.run_id)
+        assert plan.gpu_status == "OK", plan.gpu_message
+        held = {p.pid: p for p in plan.holdings}
+        assert held and set(held) <= set(plan.pids) and all(p.used_mib >= 2048 for p in held.values())
+        assert bystander.pid in {p.pid for p in plan.bystanders} and bystander.pid not in plan.pids
+        report = await kill.kill_run(host, plan, grace_s=10)
+        assert report.signalled == plan.pids and report.released and not report.stragglers, report.verdict()
+        assert bystander.poll() is None and bystander.pid in {p.pid for p in report.other_holders}
+        print(f"real GPU kill: {len(plan.pids)} pids, {sum(p.used_mib for p in held.values())} MiB released "
+              f"in {report.release_s:.3f} s after the last exit; {report.verdict()}")  # fmt: skip
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -36,7 +36,10 @@ async def wait_for(pilot, condition, timeout: float = 60.0, what: str = "conditi
         if value:
             return value
         await pilot.pause(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+    raise AssertionError(
+        f"timed out after {timeout:.0f}s waiting for {what} (screens: {pilot.app.screen_stack}, "
+        f"focused: {pilot.app.focused})"
+    )
 
 
 def screen_text(app) -> str:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 
+from backends.console import summarize
 from backends.gpu import GpuProcess, GpuReading, GpuSnapshot, GpuStatus
 from backends.hosts import HostUnreachable, LocalHost
+from backends.kill import KillPlan
 from backends.runs import RunInfo, RunState
 from tui.app import TracksideApp, Watched
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
@@ -100,4 +102,54 @@ async def feed(pilot, model: dict | None = None) -> None:
     app.post_message(HostFailed("pve-129", "offline", str(refused)))
     app.post_message(RunsListed("laptop", [], NOW))
     app.post_message(GpusPolled("laptop", GpuSnapshot(GpuStatus.NO_SMI, "nvidia-smi not found"), NOW))
+    await pilot.pause()
+
+
+def kill_plan() -> KillPlan:
+    """What `k` on the sample run shows: its process list is read from the host, fixed here."""
+    started = "Sun Nov 29 09:30:00 2026"
+    pids = [4200, 4201, *range(4242, 4250)]
+    return KillPlan(
+        "h200-box", RUN_ID, "dflash", RUN_ID, (4200,), {pid: started for pid in pids},
+        gpus().processes, (GpuProcess(999, 7, 1024, "jupyter"),), "OK", "", True,
+    )  # fmt: skip
+
+
+# A run trackside did not launch: an HF Trainer in someone's tmux session, its dicts and
+# tqdm bar in the pane; and the session the dashboard itself runs in.
+FOREIGN_SESSION = "hf-sft"
+FOREIGN_KEY = f"h200-box/{FOREIGN_SESSION}"
+FOREIGN_LINES = [
+    "***** Running training *****",
+    "  Num examples = 48,000",
+    "  Total optimization steps = 3,000",
+    *(
+        f"{{'loss': {2.9 * math.exp(-s / 900) + 0.6 + 0.05 * math.sin(s / 40):.4f}, 'grad_norm': 1.3, "
+        f"'learning_rate': 2e-05, 'epoch': {s / 1000:.2f}}}"
+        for s in range(10, 1810, 10)
+    ),
+    " 60%|██████    | 1800/3000 [31:40<21:07,  1.06s/it]",
+]
+
+
+def foreign_info() -> RunInfo:
+    """As `runs.list_runs` gives it: its pane read through the one console fold."""
+    said = summarize(FOREIGN_LINES)
+    return RunInfo(
+        None, FOREIGN_SESSION, "h200-box", RunState.RUNNING, last_step=said.step, last_loss=said.loss,
+        pids=[5100], progress=said.progress,
+    )  # fmt: skip
+
+
+def dashboard_info() -> RunInfo:
+    return RunInfo(None, "ops", "h200-box", RunState.RUNNING, pids=[5300], this_dashboard=True)
+
+
+async def feed_foreign(pilot, model: dict | None = None) -> None:
+    """The fleet of `feed`, with the foreign run and the dashboard's own session listed."""
+    await feed(pilot, model)
+    app = pilot.app
+    app.post_message(RunsListed("h200-box", [run_info(), foreign_info(), dashboard_info()], NOW))
+    await pilot.pause()
+    app.post_message(ConsoleBatch("h200-box", FOREIGN_KEY, FOREIGN_LINES))
     await pilot.pause()

@@ -56,7 +56,7 @@ async def test_a_foreign_run_shows_its_step_progress_and_curve_from_its_scrollba
         await wait_for(pilot, lambda: len(chart.curves.steps) >= 503, 5, "the chart to draw them")
         shown = screen_text(app)
         assert re.search(r"step 20\d\d\b", shown), shown
-        assert re.search(r"working: 20\d\d/10000 20%, ETA 40m00s", shown), shown
+        assert re.search(r"training: 20\d\d/10000 20%, ETA 40m00s", shown), shown
         assert any(0x2800 < ord(c) <= 0x28FF for c in shown)  # the curve's braille dots
         assert "loss (smoothed over ~6 points, linear y)" in shown
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from textual.widgets import DataTable, HelpPanel
+from textual.widgets import DataTable
 
 from tests.tui.sample import RUN_KEY, feed, make_app
 from tui.keys import KEYS
+from tui.screens.help import HelpScreen
 from tui.screens.run import RunScreen
 from tui.widgets.loss_chart import LossChart
 
@@ -21,9 +22,9 @@ async def test_every_key_has_an_id_and_is_in_the_palette():
         for label in ("Kill (k)", "Edit (e)", "Relaunch (r)", "Kill+relaunch (R)", "Attach (a)", "Log (l)", "Filter (/)"):
             assert label in titles
         await pilot.press("question_mark")
-        assert app.screen.query(HelpPanel)
+        assert isinstance(app.screen, HelpScreen)
         await pilot.press("question_mark")
-        assert not app.screen.query(HelpPanel)
+        assert isinstance(app.screen, RunScreen)
 
 
 async def test_fleet_filter_and_enter_opens_the_run():

@@ -7,7 +7,7 @@ from textual.command import CommandPalette
 from textual.widgets import Log
 
 from backends.runs import RunInfo, RunState
-from tests.tui.conftest import screen_text
+from tests.tui.conftest import screen_text, wait_for
 from tests.tui.sample import NOW, RUN_KEY, feed, make_app
 from tui.messages import ConsoleBatch, RunsListed
 from tui.screens.confirm import Confirm
@@ -59,7 +59,7 @@ async def test_relaunch_of_a_running_run_asks_first_naming_it_and_no_launches_no
         assert isinstance(app.screen, Confirm)
         question = str(app.screen.query_one("#relaunch-question").render())
         assert RUN_KEY in question and "dflash" in question and "4200" in question
-        assert app.focused.id == "no"
+        await wait_for(pilot, lambda: getattr(app.focused, "id", None) == "no", 5, "No focused: the default answer")
         await pilot.press("enter")  # Enter on the focused default: No
         assert isinstance(app.screen, RunScreen)
         assert not [w for w in app.workers if w.group == "actions"]

@@ -36,7 +36,7 @@ async def test_launch_kill_edit_relaunch(local_host):
         confirm = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen, 10, "the kill modal")
         assert "tui-pilot" in str(confirm.query_one("#kill-plan").render())
         assert confirm.plan.pids and set(first.info.pids) <= set(confirm.plan.pids)
-        assert app.focused.id == "no"  # the default answer is No
+        await wait_for(pilot, lambda: getattr(app.focused, "id", None) == "no", 5, "No focused: the default answer")
         await pilot.press("y")
         # As long as kill_run may take: the grace, SIGKILL's wait, then the GPU check (10 s
         # by default) beside the pane's exit status. Alone it takes a few seconds; once, in a
@@ -57,7 +57,10 @@ async def test_launch_kill_edit_relaunch(local_host):
         assert form.changes == {"ttt_steps": 3}
         assert "ttt_steps: 2 → 3" in screen_text(app)
         await pilot.click("#keep")
-        await wait_for(pilot, lambda: app.pending.get(first.key) == {"ttt_steps": 3}, 5, "the edit to be kept")
+        await wait_for(
+            pilot, lambda: app.pending.get(first.key) == {"ttt_steps": 3}, 15,
+            "the edit to be kept",
+        )  # fmt: skip
 
         await pilot.press("r")
         second = await wait_for(

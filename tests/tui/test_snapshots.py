@@ -5,9 +5,9 @@ Regenerate after an intended change with `pytest tests/tui/test_snapshots.py --s
 
 from __future__ import annotations
 
-from tests.tui.sample import RUN_KEY, feed, make_app
+from tests.tui.sample import FOREIGN_KEY, RUN_KEY, feed, feed_foreign, kill_plan, make_app
 from tui.screens.edit import EditScreen
-from tui.screens.kill import KillConfirm, KillPlan
+from tui.screens.kill import KillConfirm
 
 SIZE = (160, 48)
 
@@ -26,6 +26,19 @@ def test_fleet(snap_compare):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=fed)
 
 
+def test_fleet_with_a_foreign_run_and_the_dashboards_own_session(snap_compare):
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=feed_foreign)
+
+
+def test_foreign_run(snap_compare):
+    async def run_before(pilot) -> None:
+        await feed_foreign(pilot)
+        pilot.app.open_run(FOREIGN_KEY)
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+
+
 def test_run(snap_compare):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=on_run)
 
@@ -33,11 +46,7 @@ def test_run(snap_compare):
 def test_kill_modal(snap_compare):
     async def run_before(pilot) -> None:
         await on_run(pilot)
-        app = pilot.app
-        # The plan is what `k` shows; its process list is read from the host, fixed here.
-        plan = KillPlan(RUN_KEY, "h200-box", "dflash", [4200, 4201, *range(4242, 4250)],
-                        [(i, 4242 + i, 40000) for i in range(8)], None)  # fmt: skip
-        app.push_screen(KillConfirm(plan))
+        pilot.app.push_screen(KillConfirm(RUN_KEY, kill_plan()))
         await pilot.pause()
 
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)

@@ -9,6 +9,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Static
 
 from backends.kill import KillPlan, holding
+from tui.screens.confirm import Confirm
 from tui.screens.dialog import Dialog
 
 
@@ -43,33 +44,14 @@ def plan_text(key: str, plan: KillPlan, relaunch: dict | None) -> Text:
     return text
 
 
-class KillConfirm(Dialog[bool]):
-    BINDINGS = [
-        Binding("y", "answer(True)", "Yes, kill", id="trackside.kill.yes"),
-        Binding("n,escape", "answer(False)", "No", id="trackside.kill.no"),
-    ]
+class KillConfirm(Confirm):
+    """The plan `backends.kill` made, to be carried out exactly as shown on Yes."""
 
     def __init__(self, key: str, plan: KillPlan, relaunch: dict | None = None) -> None:
-        super().__init__()
+        super().__init__(plan_text(key, plan, relaunch), "Yes, kill", text_id="kill-plan")
         self.key = key
         self.plan = plan
         self.relaunch = relaunch  # the changed params when this kill is followed by a relaunch
-
-    def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog"):
-            yield Static(plan_text(self.key, self.plan, self.relaunch), id="kill-plan")
-            with Horizontal(classes="buttons"):
-                yield Button("No", id="no", variant="primary")
-                yield Button("Yes, kill", id="yes", variant="error")
-
-    def on_mount(self) -> None:
-        self.query_one("#no", Button).focus()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(event.button.id == "yes")
-
-    def action_answer(self, yes: bool) -> None:
-        self.dismiss(yes)
 
 
 def report_text(key: str, report) -> Text:
