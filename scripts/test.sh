@@ -14,5 +14,6 @@ if ! command -v sshd >/dev/null && [ ! -x /usr/sbin/sshd ]; then
 fi
 command -v tmux >/dev/null || { echo "tmux is required for the tests" >&2; exit 1; }
 .venv/bin/lint-imports
-bash scripts/test_no_extras.sh  # the dashboard without the train extra: no torch
-exec .venv/bin/python -m pytest "$@"
+# Two workers: most tests wait on tmux, sshd and child processes rather than the CPU, and
+# the dashboard's tests then meet the load a busy machine gives them.
+exec .venv/bin/python -m pytest -n "${TRACKSIDE_TEST_WORKERS:-2}" "$@"

@@ -50,3 +50,20 @@ def runs_root(tmp_path):
     root = tmp_path / "runs"
     root.mkdir()
     return str(root)
+
+
+# Lines a test records as `record_property("summary", …)` (the monkey tests' seed, key
+# count and duration), printed at the end of the run: with or without xdist workers.
+SUMMARIES: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        SUMMARIES.extend(str(value) for name, value in report.user_properties if name == "summary")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if SUMMARIES:
+        terminalreporter.section("summaries")
+        for line in SUMMARIES:
+            terminalreporter.write_line(line)

@@ -312,6 +312,12 @@ class TracksideApp(Guarded, App):
                     partial(self.run_action, binding.action),
                 )
 
+    def action_command_palette(self) -> None:
+        from tui.screens.palette import CommandPalette
+
+        if self.use_command_palette and not CommandPalette.is_open(self):
+            self.push_screen(CommandPalette(id="--command-palette"))
+
     def action_help(self) -> None:
         from tui.screens.help import HelpScreen
 

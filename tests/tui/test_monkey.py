@@ -44,7 +44,7 @@ def _errors(app: TracksideApp) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monkeypatch, capsys):
+async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monkeypatch, record_property):
     monkeypatch.delenv("TMUX", raising=False)  # `a` must not reach the tmux this test runs in
     tally = monkey.Tally(monkey.seed_from_env())
     rng = random.Random(tally.seed)
@@ -91,8 +91,7 @@ async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monk
                     await pilot.pause()  # a screen pushed a moment ago has had no layout yet
                     assert screen_text(app).strip(), f"nothing drawn after {key!r} on {app.screen_stack}"
         finally:
-            with capsys.disabled():
-                print("\n" + tally.line("pilot monkey"))
+            record_property("summary", tally.line("pilot monkey"))
         assert run.info.state.value == "running" and session in {r.info.session for r in app.runs.values()}
         assert run.steps and run.steps[-1]["step"] > 1, "the run kept training under the keys"
 
@@ -111,7 +110,7 @@ TMUX_NAMES = {
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_random_keys_in_a_tmux_pane_never_stop_trackside_demo(tmp_path, tmux_socket, capsys):
+def test_random_keys_in_a_tmux_pane_never_stop_trackside_demo(tmp_path, tmux_socket, record_property):
     tally = monkey.Tally(monkey.seed_from_env())
     rng = random.Random(tally.seed)
     keys = [k for k in monkey.pool() if k not in ("ctrl+q",)]
@@ -163,8 +162,7 @@ def test_random_keys_in_a_tmux_pane_never_stop_trackside_demo(tmp_path, tmux_soc
             assert alive(), f"the dashboard ended after {key!r}:\n{screen()}"
             assert "Traceback" not in shown, shown
     finally:
-        with capsys.disabled():
-            print("\n" + tally.line("tmux monkey"))
+        record_property("summary", tally.line("tmux monkey"))
     runs_before = _tmux(tmux_socket, "list-sessions", "-F", "#{session_name}").split()
     assert any(s.startswith("trackside-demo-") for s in runs_before), "the demo run was stopped by the keys"
     # Quit: the demo stops its own run and says so.

@@ -56,7 +56,9 @@ async def test_open_edit_relaunch(local_host):
         first = await wait_for(pilot, lambda: app.runs.get(key), 30, "the run in the fleet")
         # Ended first, so that `r` relaunches it without asking about a live original.
         await wait_for(pilot, lambda: first.status is RunStatus.FINISHED, 90, "the run to finish")
-        assert first.steps and first.params["max_seq_len"] == 256
+        # Its steps are read only while it is followed (running, or open on a run screen):
+        # a run this short may have ended before the first listing saw it.
+        assert first.params["max_seq_len"] == 256
 
         await pilot.press("e")
         form = await wait_for(pilot, lambda: isinstance(app.screen, EditScreen) and app.screen, 10, "the edit form")

@@ -112,3 +112,33 @@ async def test_attach_inside_tmux_that_cannot_switch_says_so(monkeypatch, tmp_pa
         messages = [n.message for n in app._notifications]
         assert any("cannot open dflash from inside tmux" in m and "run:" in m for m in messages), messages
         assert app.is_running
+
+
+async def test_a_host_without_nvidia_smi_reads_so_in_the_fleet_in_whole_words():
+    from backends.gpu import GpuSnapshot, GpuStatus
+    from tui.messages import GpusPolled
+
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        message = "no nvidia-smi: nvidia-smi: command not found"
+        app.post_message(GpusPolled("laptop", GpuSnapshot(GpuStatus.NO_SMI, message), NOW))
+        await pilot.pause()
+        laptop = next(line for line in screen_text(app).splitlines() if line.strip().startswith("laptop"))
+        assert laptop.rstrip().endswith("no nvidia-smi"), laptop
+
+
+async def test_page_keys_in_the_same_breath_as_the_palette_do_not_end_the_app():
+    """Textual's palette raised KeyError (and Textual ended the app) on Page Down before its
+    list was laid out: found by the tmux monkey."""
+    from textual import events
+
+    for trial in range(10):
+        app = make_app()
+        async with app.run_test(size=(160, 48)) as pilot:
+            await feed(pilot)
+            for key in ("ctrl+p", "k", "pagedown", "pageup", "pagedown"):
+                app.post_message(events.Key(key, key if len(key) == 1 else None))
+            await pilot.pause(0.2)
+            assert app.is_running and not app.return_code, f"trial {trial}"
+            assert isinstance(app.screen, CommandPalette)

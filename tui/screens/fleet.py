@@ -7,6 +7,7 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import DataTable, Header, Input
 
+from backends.gpu import GpuSnapshot, GpuStatus
 from tui.state import HostState, HostStatus, RunState, format_duration, format_number
 from tui.widgets.alert_bar import AlertBar
 from tui.widgets.footer import Footer
@@ -44,6 +45,20 @@ def power_summary(host: HostState) -> Text | str:
     return text
 
 
+# The power column is the table's last and narrowest: a GPU state in a few words (the
+# whole message is on the host's run screens), never a sentence cut mid-word.
+GPU_STATES = {
+    GpuStatus.NO_GPU: "no GPU",
+    GpuStatus.NO_SMI: "no nvidia-smi",
+    GpuStatus.DRIVER_ERROR: "GPU driver error",
+    GpuStatus.ERROR: "GPUs unreadable",
+}
+
+
+def gpu_state(snapshot: GpuSnapshot) -> str:
+    return GPU_STATES.get(snapshot.status, snapshot.status.value)
+
+
 def host_cells(host: HostState, now: float, interval: float) -> dict[str, object]:
     status = host.status
     stale = host.stale_for(now, interval)
@@ -54,7 +69,7 @@ def host_cells(host: HostState, now: float, interval: float) -> dict[str, object
     if host.message:
         message = host.message.removeprefix(f"{host.name}: ")  # the row already names the host
         label.append(f": {message}", style="red" if status is not HostStatus.OK else "")
-    gpu_note = getattr(host.gpus, "message", "") if getattr(host.gpus, "status", None) and host.gpus.status.name != "OK" else ""
+    gpu_note = gpu_state(host.gpus) if host.gpus is not None and not host.gpus.ok else ""
     return {
         "name": Text(host.name, style="bold"),
         "state": label,
