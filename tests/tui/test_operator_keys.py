@@ -142,3 +142,11 @@ async def test_page_keys_in_the_same_breath_as_the_palette_do_not_end_the_app():
             await pilot.pause(0.2)
             assert app.is_running and not app.return_code, f"trial {trial}"
             assert isinstance(app.screen, CommandPalette)
+
+
+def test_the_charts_smoothing_reads_in_words():
+    from tui.widgets.loss_chart import SMOOTHING, smoothing_words
+
+    assert [smoothing_words(w) for w in SMOOTHING] == [
+        "smoothing off", "smoothed over ~6 points", "smoothed over ~19 points", "smoothed over ~66 points",
+    ]  # fmt: skip
