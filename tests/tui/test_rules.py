@@ -159,7 +159,6 @@ def test_prediction_scales_steps_with_row_length_and_time_with_ttt():
 
 
 def test_prediction_of_peak_memory_grows_with_row_length():
-    pytest.importorskip("numpy")
     from training.config import PRESETS
 
     run = make_run(metrics_events(50, model=PRESETS["llama3-8b"].to_dict()))
