@@ -68,3 +68,18 @@ async def test_a_footer_whose_screen_is_gone_does_not_recompose():
         await popped.recompose()  # the queued call, now on a detached footer
         assert popped._keys() is None
         assert app.screen is screen and footer.is_attached and app.errors == 0
+
+
+def test_the_workarounds_on_textual_internals_degrade_instead_of_raising(monkeypatch):
+    """A Textual that keeps its internals otherwise loses the workaround, not the app."""
+    from textual.strip import Strip
+
+    from tui.app import bound_escape_cache
+
+    monkeypatch.setattr(Strip, "render_ansi", classmethod(lambda cls, segments, color_system: ""))
+    bound_escape_cache()  # no lru_cache to shrink: nothing happens
+
+    footer = Footer()
+    setattr(footer, "__watchers", {"compact": [("not", "a", "pair")]})
+    footer._drop_replaced_watchers()  # another shape of the store: left as it is
+    assert getattr(footer, "__watchers")["compact"] == [("not", "a", "pair")]
