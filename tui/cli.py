@@ -21,6 +21,10 @@ def main(argv: list[str] | None = None) -> int:
             from training.cli import main as training_main
 
             return training_main(argv)
+        if command == "plot":
+            from tui.plot import main as plot_main
+
+            return plot_main(argv[1:])
         if command in BACKEND_COMMANDS:
             from backends.cli import main as backends_main
 

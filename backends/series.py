@@ -1,0 +1,181 @@
+"""A run's curves: its step records read whole, as `trackside plot` and the run screen's
+overlays draw them.
+
+A run trackside launched is read from its run dir: metrics.jsonl's step events, or, for a
+program that writes none, its console.log folded by `backends.console`. A tmux session it
+did not launch is read from its pane's scrollback through the same fold, so it has a loss
+against steps and nothing else. Files are read with `cat` and the path as an argument.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from backends import console, runs, tmux
+from backends.hosts import Host
+from backends.logparse import parse_metrics_line
+
+X_AXES = ("step", "tokens", "time")
+# Metrics named by what an operator asks for: the accuracy of the first drafted token
+# (EAGLE-3's TTT step 0, a DFlash block's first position), as the trainer prints acc_0.
+ALIASES = {"acc": ("acc_ttt", "acc_pos")}
+ANCESTORS = 2  # parent and grandparent: further back, the tweak being judged is lost
+
+
+class SeriesError(Exception):
+    """A run has no such curve: a metric or x axis it never logged."""
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str  # run id, or the tmux session of a run trackside did not launch
+    host: str
+    params: dict = field(default_factory=dict)
+    parent: str | None = None
+    events: tuple[dict, ...] = ()  # step records in order; a pane's have only step and loss
+    start_time: float | None = None
+
+    def curve(self, metric: str, x: str = "step") -> list[tuple[float, float]]:
+        """(x, value) points of `metric` against `x` (the step, tokens seen so far, or
+        seconds since the run started); SeriesError naming what the run never logged."""
+        if x not in X_AXES:
+            raise SeriesError(f"--x {x!r}: choose one of {', '.join(X_AXES)}")
+        xs = self._xs(x)
+        points = [(at, v) for at, e in zip(xs, self.events) if at is not None and (v := value(e, metric)) is not None]
+        if not points:
+            logged = [k for k in metrics_of(self.events) if k != "step"]
+            said = f"it logged {', '.join(logged)}" if logged else "it logged no steps"
+            what = f"{metric} against {x}" if any(value(e, metric) is not None for e in self.events) else metric
+            raise SeriesError(f"{self.name} on {self.host} never logged {what} ({said})")
+        return points
+
+    def _xs(self, x: str) -> list[float | None]:
+        if x == "step":
+            return [number(e.get("step")) for e in self.events]
+        if x == "time":
+            times = [number(e.get("time")) for e in self.events]
+            start = self.start_time if self.start_time is not None else next((t for t in times if t is not None), None)
+            return [None if t is None or start is None else t - start for t in times]
+        seen, xs = 0.0, []
+        for e in self.events:
+            tokens = number(e.get("tokens"))
+            seen += tokens or 0.0
+            xs.append(seen if tokens is not None else None)
+        return xs
+
+
+def number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def value(event: dict, metric: str) -> float | None:
+    """A step record's `metric`: a number it carries, or the first item of an alias's list."""
+    for name in ALIASES.get(metric, ()):
+        items = event.get(name)
+        if isinstance(items, (list, tuple)) and items:
+            return number(items[0])
+    return number(event.get(metric))
+
+
+def metrics_of(events) -> list[str]:
+    """The metrics the records carry, in the order they first appear."""
+    names: dict[str, None] = {}
+    for e in events:
+        for k, v in e.items():
+            if number(v) is not None and k not in ("event", "time", "epoch"):
+                names[k] = None
+        if any(isinstance(e.get(n), (list, tuple)) for n in ALIASES["acc"]):
+            names["acc"] = None
+    return list(names)
+
+
+def from_metrics(name: str, host: str, text: str, *, params: dict | None = None, parent: str | None = None) -> Series:
+    """A series from metrics.jsonl's text. A resumed run (a start event saying from which
+    step) redoes the steps after its checkpoint: the ones logged before are dropped."""
+    events: list[dict] = []
+    start_time = None
+    for line in text.splitlines():
+        event = parse_metrics_line(line)
+        if event is None:
+            continue
+        if event["event"] == "start":
+            start_time = number(event.get("time")) if start_time is None else start_time
+            resumed = number((event.get("config") or {}).get("resumed_from_step"))
+            if resumed is not None:
+                events = [e for e in events if (number(e.get("step")) or 0) <= resumed]
+        elif event["event"] == "step":
+            events.append(event)
+    return Series(name, host, dict(params or {}), parent, tuple(events), start_time)
+
+
+def from_console(name: str, host: str, text: str, *, params: dict | None = None, parent: str | None = None) -> Series:
+    """A series from what a program printed: the loss against the step the console fold gives it."""
+    curve = console.summarize(text.split("\n")).curve
+    return Series(name, host, dict(params or {}), parent, tuple({"step": s, "loss": loss} for s, loss in curve))
+
+
+async def _cat(host: Host, path: str) -> str | None:
+    result = await host.run(["cat", "--", path], timeout=120.0)
+    return result.stdout if result.ok else None
+
+
+async def of_run(host: Host, run_id: str) -> Series:
+    """A run trackside launched; RunError when the host has no such run."""
+    manifest = await runs.read_manifest(host, run_id)
+    directory = manifest.get("run_dir") or await runs.run_dir(host, run_id)
+    known = {"params": manifest.get("params") or {}, "parent": manifest.get("parent")}
+    series = from_metrics(run_id, host.name, await _cat(host, f"{directory}/metrics.jsonl") or "", **known)
+    if series.events:
+        return series
+    return from_console(run_id, host.name, await _cat(host, f"{directory}/console.log") or "", **known)
+
+
+async def of_session(host: Host, session: str) -> Series:
+    """A tmux session trackside did not launch, from its pane's scrollback; RunError when
+    the host has no such session."""
+    captured = await tmux.capture_panes(host, [tmux.check_session_name(session)])
+    if session not in captured:
+        raise runs.RunError(f"no run or tmux session {session!r} on {host.name}")
+    return from_console(session, host.name, captured[session])
+
+
+async def of_target(host: Host, target: str, listed: list[runs.RunInfo]) -> Series:
+    """A run id, or a session name: the newest run of that name in the host's listing
+    (session names are reused once free), else the foreign session itself."""
+    if runs.RUN_ID.fullmatch(target):
+        return await of_run(host, target)
+    named = [r for r in listed if r.session == target]
+    if named and named[0].run_id:
+        return await of_run(host, named[0].run_id)
+    return await of_session(host, target)
+
+
+async def ancestors(host: Host, parent: str | None, depth: int = ANCESTORS) -> list[Series]:
+    """Run `parent` and the runs it was relaunched from, nearest first; a parent whose run
+    dir is gone ends the line."""
+    line: list[Series] = []
+    while parent and len(line) < depth:
+        try:
+            ancestor = await of_run(host, parent)
+        except runs.RunError:
+            break
+        line.append(ancestor)
+        parent = ancestor.parent
+    return line
+
+
+def changed(before: dict, after: dict) -> str:
+    """How `after`'s params differ from `before`'s, as `ttt_steps 3 → 5, lr 3e-4 → 1e-4`."""
+    keys = [k for k in {**before, **after} if before.get(k) != after.get(k)]
+    return ", ".join(f"{k} {_shown(before.get(k))} → {_shown(after.get(k))}" for k in keys) or "same params"
+
+
+def _shown(value) -> str:
+    return "unset" if value is None else str(value)

@@ -1,0 +1,104 @@
+"""`trackside plot RUN [RUN…]`: runs' curves drawn with plotext in the plain terminal.
+
+For a shell, a CI log or a chat paste: no Textual, one chart on stdout. Colours only on a
+terminal; elsewhere each run has its own marker, so the curves stay apart in plain text.
+
+Exit status: 0 drawn, 2 a bad argument or a metric or x axis a run never logged, 1 a run
+or host that cannot be reached or found; a one-line message, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+
+import plotext as plt
+
+from backends import runs, series, tmux
+from backends.cli import UsageError, _Parser
+from backends.config import ConfigError, load_config
+from backends.hosts import HostError
+
+MARKERS = ["•", "+", "x", "o", "*", "#"]  # one per run when there is no colour to tell them apart
+
+
+def _size(text: str) -> int:
+    if not text.isdigit() or not 10 <= int(text) <= 1000:
+        raise argparse.ArgumentTypeError(f"expected a number of cells from 10 to 1000, got {text!r}")
+    return int(text)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = _Parser(prog="trackside plot", description="Runs' curves in the plain terminal, each run named in the legend.")
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="a run id, or the tmux session of a run trackside did not launch")
+    parser.add_argument("--host", help="a host of the config file (default: its first host; without one, this machine)")
+    parser.add_argument("--config", metavar="PATH", help="config file (default ~/.config/trackside/config.toml)")
+    parser.add_argument("--metric", default="loss", help="a step event's number: loss, acc (first TTT step's), tokens_per_s, lr, … (default loss)")
+    parser.add_argument("--x", default="step", choices=series.X_AXES, help="step, tokens seen, or seconds since the start (default step)")
+    parser.add_argument("--width", type=_size, help="cells (default: the terminal's width)")
+    parser.add_argument("--height", type=_size, help="lines (default: 25, or the terminal's height if less)")
+    parser.add_argument("--json", action="store_true", help="print the series instead of the chart")
+    args = parser.parse_args(argv)
+    for run in args.runs:
+        if not runs.RUN_ID.fullmatch(run) and not tmux.SESSION_NAME.fullmatch(run):
+            raise UsageError(f"trackside plot: RUN {run!r} is neither a run id (like 20261129-0930-ab12) nor a tmux session name")
+    return args
+
+
+async def read(args) -> list[series.Series]:
+    config = load_config(args.config)
+    host = (config.host(args.host) if args.host else config.hosts[0]).make_host()
+    try:
+        # Session names need the listing (the newest run of a name); run ids do not.
+        named = [r for r in args.runs if not runs.RUN_ID.fullmatch(r)]
+        listed = await runs.list_runs(host) if named else []
+        return [await series.of_target(host, target, listed) for target in args.runs]
+    finally:
+        await host.close()
+
+
+def label(s: series.Series, plotted: dict[str, series.Series]) -> str:
+    """The run's name, and what it changed when its parent is plotted beside it."""
+    parent = plotted.get(s.parent or "")
+    return f"{s.name} ({series.changed(parent.params, s.params)})" if parent else s.name
+
+
+def chart(curves: list[tuple[str, list[tuple[float, float]]]], metric: str, x: str, width: int, height: int, color: bool) -> str:
+    plt.clear_figure()
+    plt.plot_size(width, height)
+    plt.theme("pro" if color else "clear")
+    for k, (name, points) in enumerate(curves):
+        xs, ys = zip(*points)
+        plt.plot(xs, ys, label=name, **({} if color else {"marker": MARKERS[k % len(MARKERS)]}))
+    plt.title(f"{metric} against {x}")
+    plt.xlabel({"tokens": "tokens seen", "time": "seconds"}.get(x, x))
+    drawn = plt.build()
+    return drawn if color else plt.uncolorize(drawn)
+
+
+def main(argv: list[str]) -> int:
+    failures: dict[type, int] = {UsageError: 2, ConfigError: 2, series.SeriesError: 2, HostError: 1, runs.RunError: 1}
+    try:
+        args = parse_args(argv)
+        read_series = asyncio.run(read(args))
+        plotted = {s.name: s for s in read_series}
+        curves = [(label(s, plotted), s.curve(args.metric, args.x)) for s in read_series]
+    except tuple(failures) as e:
+        code = next(c for kind, c in failures.items() if isinstance(e, kind))
+        print(str(e) if isinstance(e, UsageError) else f"trackside plot: {e}", file=sys.stderr)
+        return code
+    if args.json:
+        doc = [
+            {"run": s.name, "host": s.host, "parent": s.parent, "params": s.params, "metric": args.metric, "x": args.x,
+             "points": [list(p) for p in points]}
+            for s, (_, points) in zip(read_series, curves)
+        ]  # fmt: skip
+        print(json.dumps(doc, indent=1))
+        return 0
+    columns, lines = shutil.get_terminal_size((100, 30))
+    width, height = args.width or columns, args.height or max(10, min(25, lines - 1))
+    print(chart(curves, args.metric, args.x, width, height, color=sys.stdout.isatty()))
+    return 0
