@@ -22,6 +22,12 @@
     identity_file = "~/.ssh/id_ed25519"
     max_channels = 8        # SSH channels at once; streams take all but 2
 
+    [alerts]
+    command = ["curl", "-sS", "--data-binary", "@-", "https://hooks.example.org/x"]
+    timeout_s = 10          # the command is killed after this long
+    stall_floor_s = 300     # no step for 10x the step time, never sooner than this
+    underfed_s = 60         # a GPU under half its power at >90% util this long
+
 Host tables may also set runs_root, train_command, nvidia_smi, user, known_hosts and
 identity_file in [defaults]. Without a file, the one host is this machine. Every mistake
 is a ConfigError naming the key: `hosts.gpu1.port: expected an integer 1-65535, got "abc"`.
@@ -37,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from backends import alerts
 from backends.gpu import DEFAULT_SMI
 from backends.hosts import DEFAULT_RUNS_ROOT, Host, LocalHost, SSHHost
 
@@ -97,6 +104,13 @@ def _seconds(key: str, value: Any) -> float:
     raise ConfigError(key, f"expected a number of seconds >= 0, got {_show(value)}")
 
 
+def _timeout(key: str, value: Any) -> float:
+    seconds = _seconds(key, value)
+    if seconds <= 0:
+        raise ConfigError(key, f"expected a number of seconds > 0, got {_show(value)}")
+    return seconds
+
+
 # Settings a host table may take from [defaults], with their checks and built-in values.
 _SHARED = {
     "runs_root": (_string, DEFAULT_RUNS_ROOT),
@@ -118,6 +132,14 @@ _HOST = {
     "jump": (_string, None),
     "prefix": (_argv, []),
     "max_channels": (_int(1, None), 8),
+}
+
+# [alerts]: where alerts go beyond the screen, and when they are called.
+_ALERTS = {
+    "command": (_command, None),
+    "timeout_s": (_timeout, alerts.COMMAND_TIMEOUT_S),
+    "stall_floor_s": (_seconds, alerts.Rules.stall_floor_s),
+    "underfed_s": (_seconds, alerts.Rules.underfed_s),
 }
 
 
@@ -166,6 +188,11 @@ class Config:
     hosts: list[HostConfig]
     defaults: dict[str, Any]
     path: str | None = None
+    alerts: dict[str, Any] = field(default_factory=lambda: {key: built_in for key, (_, built_in) in _ALERTS.items()})
+
+    @property
+    def alert_rules(self) -> alerts.Rules:
+        return alerts.Rules(underfed_s=self.alerts["underfed_s"], stall_floor_s=self.alerts["stall_floor_s"])
 
     def host(self, name: str) -> HostConfig:
         for host in self.hosts:
@@ -207,8 +234,8 @@ def _check_table(prefix: str, table: Any, schema: dict) -> dict[str, Any]:
 def parse_config(data: dict[str, Any]) -> Config:
     """A Config from parsed TOML data; ConfigError names the first bad key."""
     for key in data:
-        if key not in ("defaults", "hosts"):
-            raise ConfigError(key, "unknown table (known: defaults, hosts)")
+        if key not in ("defaults", "hosts", "alerts"):
+            raise ConfigError(key, "unknown table (known: alerts, defaults, hosts)")
     given_defaults = _check_table("defaults", data.get("defaults", {}), _DEFAULTS)
     defaults = {key: given_defaults.get(key, built_in) for key, (_, built_in) in _DEFAULTS.items()}
 
@@ -246,7 +273,8 @@ def parse_config(data: dict[str, Any]) -> Config:
                 raise ConfigError(f"hosts.{host.name}.jump", f"jump hosts loop: {' -> '.join(seen + [hop.name])}")
             seen.append(hop.name)
             hop = hop.jump_config
-    return Config(hosts, defaults)
+    given_alerts = _check_table("alerts", data.get("alerts", {}), _ALERTS)
+    return Config(hosts, defaults, alerts={key: given_alerts.get(key, built_in) for key, (_, built_in) in _ALERTS.items()})
 
 
 def load_config(path: str | None = None) -> Config:
