@@ -68,6 +68,7 @@ def label(s: series.Series, plotted: dict[str, series.Series]) -> str:
 
 def chart(curves: list[tuple[str, list[tuple[float, float]]]], metric: str, x: str, width: int, height: int, color: bool) -> str:
     plt.clear_figure()
+    plt.limit_size(False, False)  # the size asked for, not the terminal's (none, in a pipe)
     plt.plot_size(width, height)
     plt.theme("pro" if color else "clear")
     for k, (name, points) in enumerate(curves):
@@ -75,7 +76,7 @@ def chart(curves: list[tuple[str, list[tuple[float, float]]]], metric: str, x: s
         plt.plot(xs, ys, label=name, **({} if color else {"marker": MARKERS[k % len(MARKERS)]}))
     plt.title(f"{metric} against {x}")
     plt.xlabel({"tokens": "tokens seen", "time": "seconds"}.get(x, x))
-    drawn = plt.build()
+    drawn = plt.build().rstrip("\n")
     return drawn if color else plt.uncolorize(drawn)
 
 
