@@ -153,3 +153,10 @@ async def feed_foreign(pilot, model: dict | None = None) -> None:
     await pilot.pause()
     app.post_message(ConsoleBatch("h200-box", FOREIGN_KEY, FOREIGN_LINES))
     await pilot.pause()
+
+
+async def on_run(pilot) -> None:
+    """The fleet of `feed`, with the sample run's screen open."""
+    await feed(pilot)
+    pilot.app.open_run(RUN_KEY)
+    await pilot.pause()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.widgets import DataTable
 
-from tests.tui.sample import RUN_KEY, feed, make_app
+from tests.tui.sample import RUN_KEY, feed, make_app, on_run
 from tui.keys import KEYS
 from tui.screens.help import HelpScreen
 from tui.screens.run import RunScreen
@@ -15,9 +15,7 @@ async def test_every_key_has_an_id_and_is_in_the_palette():
     assert all(b.id and b.id.startswith("trackside.") for b in KEYS)
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        await feed(pilot)
-        app.open_run(RUN_KEY)
-        await pilot.pause()
+        await on_run(pilot)
         titles = [c.title for c in app.get_system_commands(app.screen)]
         for label in ("Kill (k)", "Edit (e)", "Relaunch (r)", "Kill+relaunch (R)", "Attach (a)", "Log (l)", "Filter (/)"):
             assert label in titles
@@ -45,9 +43,7 @@ async def test_fleet_filter_and_enter_opens_the_run():
 async def test_chart_toggles_and_log_focus():
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        await feed(pilot)
-        app.open_run(RUN_KEY)
-        await pilot.pause()
+        await on_run(pilot)
         chart = app.screen.query_one(LossChart)
         await pilot.press("y", "s")
         assert chart.log_y and chart.smoothing == 0.1

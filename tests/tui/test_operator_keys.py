@@ -8,7 +8,7 @@ from textual.widgets import Log
 
 from backends.runs import RunInfo, RunState
 from tests.tui.conftest import screen_text, wait_for
-from tests.tui.sample import NOW, RUN_KEY, feed, make_app
+from tests.tui.sample import NOW, RUN_KEY, feed, make_app, on_run
 from tui.messages import ConsoleBatch, RunsListed
 from tui.screens.confirm import Confirm
 from tui.screens.help import HelpScreen
@@ -20,9 +20,7 @@ FOREIGN = RunInfo(None, "someone-elses", "h200-box", RunState.RUNNING, pids=[777
 async def test_the_palette_lists_the_run_actions_of_the_screen_it_was_opened_on():
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        await feed(pilot)
-        app.open_run(RUN_KEY)
-        await pilot.pause()
+        await on_run(pilot)
         await pilot.press("ctrl+p")
         palette = app.screen
         assert isinstance(palette, CommandPalette)
@@ -51,9 +49,7 @@ async def test_help_shows_the_apps_keys_not_the_widgets():
 async def test_relaunch_of_a_running_run_asks_first_naming_it_and_no_launches_nothing():
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        await feed(pilot)
-        app.open_run(RUN_KEY)
-        await pilot.pause()
+        await on_run(pilot)
         await pilot.press("r")
         await pilot.pause()
         assert isinstance(app.screen, Confirm)
@@ -84,9 +80,7 @@ async def test_foreign_sessions_cannot_be_edited_or_relaunched():
 async def test_the_log_follows_new_lines_again_after_a_filter_is_cleared():
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        await feed(pilot)
-        app.open_run(RUN_KEY)
-        await pilot.pause()
+        await on_run(pilot)
         app.post_message(ConsoleBatch("h200-box", RUN_KEY, [f"line {i} loss=1.0" for i in range(200)]))
         await pilot.pause(0.3)
         log = app.screen.query_one(Log)
@@ -103,9 +97,7 @@ async def test_attach_inside_tmux_that_cannot_switch_says_so(monkeypatch, tmp_pa
     monkeypatch.setenv("TMUX", f"{tmp_path}/no-such-server,1,0")
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        await feed(pilot)
-        app.open_run(RUN_KEY)
-        await pilot.pause()
+        await on_run(pilot)
         await pilot.press("a")
         await app.workers.wait_for_complete()
         await pilot.pause()

@@ -5,7 +5,7 @@ Regenerate after an intended change with `pytest tests/tui/test_snapshots.py --s
 
 from __future__ import annotations
 
-from tests.tui.sample import FOREIGN_KEY, RUN_KEY, feed, feed_foreign, kill_plan, make_app
+from tests.tui.sample import FOREIGN_KEY, RUN_KEY, feed, feed_foreign, kill_plan, make_app, on_run
 from tui.screens.edit import EditScreen
 from tui.screens.kill import KillConfirm
 
@@ -14,12 +14,6 @@ SIZE = (160, 48)
 
 async def fed(pilot) -> None:
     await feed(pilot)
-
-
-async def on_run(pilot) -> None:
-    await fed(pilot)
-    pilot.app.open_run(RUN_KEY)
-    await pilot.pause()
 
 
 def test_fleet(snap_compare):
