@@ -29,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
             from backends.cli import main as backends_main
 
             return backends_main(argv)
+        if command == "watch":
+            from backends.watch import main as watch_main
+
+            return watch_main(argv[1:])
     except BrokenPipeError:
         # The reader went away (`trackside runs | head -1`): stop without a traceback, as
         # other command-line tools do; what is still buffered goes to /dev/null, so the

@@ -1,0 +1,157 @@
+"""`trackside watch`: the dashboard's alerts without a UI (in its own tmux session, in cron).
+
+Each poll lists every host's runs, reads its GPUs and the metrics tail of each run it
+watches, and applies backends.alerts' rules: each alert raised or cleared is one line on
+stdout, and a raised one is handed to the `[alerts] command`. Exit status: 0, or with
+`--once` 1 when any alert is up; 2 for a bad argument or config (naming the key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from backends import alerts, gpu, logparse, runs
+from backends.config import ConfigError, load_config
+from backends.hosts import Host, HostError
+
+POLL_TIMEOUT_S = 20.0
+
+# The last lines of metrics.jsonl in each run dir given, each run after a record separator.
+_TAILS = 'n=$1; shift; for d; do printf "\\036%s\\n" "$d"; tail -n "$n" "$d/metrics.jsonl" 2>/dev/null; done'
+
+
+@dataclass
+class Watched:
+    host: Host
+    smi: str = gpu.DEFAULT_SMI
+    underfed: dict[int, float] = field(default_factory=dict)  # GPU index: under-fed since
+    runs: list[alerts.RunFacts] = field(default_factory=list)  # as last listed
+
+
+def _lost(error: BaseException) -> str:
+    if isinstance(error, TimeoutError):
+        return f"no answer within {POLL_TIMEOUT_S:.0f}s"
+    if isinstance(error, HostError):
+        return str(error)
+    return f"{type(error).__name__}: {error}"
+
+
+async def _tails(host: Host, run_dirs: list[str]) -> dict[str, list[dict]]:
+    """Each run dir's latest step events."""
+    if not run_dirs:
+        return {}
+    result = await host.run(["sh", "-c", _TAILS, "sh", str(alerts.LOSS_WINDOW + 1), *run_dirs])
+    steps = {}
+    for record in result.stdout.split("\036")[1:]:
+        directory, _, text = record.partition("\n")
+        events = (logparse.parse_metrics_line(line) for line in text.splitlines())
+        steps[directory] = [e for e in events if e is not None and e.get("event") == "step"]
+    return steps
+
+
+async def poll(watched: Watched, book: alerts.AlertBook, clock: Callable[[], float]) -> alerts.HostFacts:
+    """The host's facts now; its runs' facts are left in `watched.runs`. A host that does
+    not answer keeps its runs as last seen, so their alerts neither clear nor repeat."""
+    host = watched.host
+    try:
+        async with asyncio.timeout(POLL_TIMEOUT_S):
+            infos = await runs.list_runs(host)
+            facts = [alerts.RunFacts(f"{host.name}/{i.run_id or i.session}", i) for i in infos]
+            read = [f for f in facts if f.info.run_dir and book.watches(f)]
+            tails = await _tails(host, [f.info.run_dir for f in read])
+            snapshot = await gpu.read_gpus(host, watched.smi)
+    except Exception as error:  # a host's trouble is an alert, never the watcher's end
+        return alerts.HostFacts(host.name, lost=_lost(error))
+    for fact in read:
+        fact.steps = tails.get(fact.info.run_dir, [])
+    watched.runs = facts
+    now = clock()
+    readings = [(r, alerts.underfed_since(r, watched.underfed.get(r.index), now)) for r in snapshot.gpus]
+    watched.underfed = {r.index: since for r, since in readings if since is not None}
+    return alerts.HostFacts(host.name, gpus=readings)
+
+
+def _line(when: float, word: str, alert: alerts.Alert) -> str:
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}  {word:7}  {alert.text}"
+
+
+async def watch(
+    hosts: list[Watched],
+    book: alerts.AlertBook,
+    *,
+    command: list[str] | None = None,
+    timeout_s: float = alerts.COMMAND_TIMEOUT_S,
+    interval_s: float = 5.0,
+    once: bool = False,
+    say: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.time,
+) -> int:
+    """Poll until cancelled (or once); say each alert raised and cleared."""
+    sent: set[asyncio.Task] = set()
+
+    async def send(alert: alerts.Alert, raised: float) -> None:
+        if problem := await alerts.run_command(command, alert, raised, timeout_s):
+            say(problem)
+
+    while True:
+        facts = await asyncio.gather(*(poll(w, book, clock) for w in hosts))
+        now = clock()
+        before = dict(book.active)
+        raised = book.evaluate(facts, [run for w in hosts for run in w.runs], now)
+        for key, entry in before.items():
+            if key not in book.active:
+                say(_line(now, "cleared", entry.alert))
+        for alert in raised:
+            say(_line(now, alert.severity, alert))
+            if command:
+                task = asyncio.create_task(send(alert, now))
+                sent.add(task)
+                task.add_done_callback(sent.discard)
+        if once:
+            await asyncio.gather(*sent)
+            return 1 if book.active else 0
+        await asyncio.sleep(interval_s)
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="trackside watch",
+        description="Print the dashboard's alerts as lines, and run the config's [alerts] command on each.",
+    )
+    parser.add_argument("--config", metavar="PATH", help="config file (default ~/.config/trackside/config.toml)")
+    parser.add_argument("--host", action="append", help="a host of the config file (repeatable; default: all)")
+    parser.add_argument("--once", action="store_true", help="poll once, print what is up, exit 1 if anything is")
+    parser.add_argument("--interval", type=_interval, default=5.0, metavar="S", help="seconds between polls (default 5)")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+        entries = [config.host(name) for name in args.host] if args.host else config.hosts
+    except ConfigError as error:
+        print(f"trackside watch: {error}", file=sys.stderr)
+        return 2
+    made = config.make_hosts()
+    hosts = [Watched(made[entry.name], entry.nvidia_smi) for entry in entries]
+    book = alerts.AlertBook(rules=config.alert_rules)
+    settings = config.alerts
+    try:
+        return asyncio.run(
+            watch(hosts, book, command=settings["command"], timeout_s=settings["timeout_s"],
+                  interval_s=args.interval, once=args.once, say=lambda line: print(line, flush=True))
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        return 0
