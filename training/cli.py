@@ -34,6 +34,17 @@ POSITIVE_INT = _typed(int, lambda v: v > 0, "a positive integer")
 NON_NEGATIVE_INT = _typed(int, lambda v: v >= 0, "an integer ≥ 0")
 POSITIVE_FLOAT = _typed(float, lambda v: v > 0 and v != float("inf"), "a positive number")
 DECAY = _typed(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+SHARE = _typed(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+
+
+def _layer_list(text: str) -> tuple[int, ...]:
+    try:
+        layers = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer numbers a,b,…, got {text!r}")
+    if len(set(layers)) != len(layers):
+        raise argparse.ArgumentTypeError(f"expected distinct layer numbers, got {text!r}")
+    return layers
 
 
 def _layers(text: str) -> list[int]:
@@ -51,10 +62,12 @@ def runs_root() -> Path:
 
 
 def train_parser() -> argparse.ArgumentParser:
-    from training.config import PRESETS
+    from training.config import DFLASH_PRESETS, PRESETS
 
     p = argparse.ArgumentParser(prog="trackside train",
-                                description="Train an EAGLE-3 drafter on hidden states.")
+                                description="Train an EAGLE-3 or DFlash drafter on hidden "
+                                            "states.")
+    p.add_argument("--drafter", choices=["eagle3", "dflash"], default="eagle3")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--synthetic", action="store_true",
                         help="a tiny verifier and data set made on the fly (cached)")
@@ -75,7 +88,9 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-vocab-size", type=POSITIVE_INT)
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--model-config", type=Path, help="drafter shape as JSON")
-    shape.add_argument("--preset", choices=sorted(PRESETS), help="default tiny")
+    shape.add_argument("--preset", choices=sorted(set(PRESETS) | set(DFLASH_PRESETS)),
+                       help="default tiny; EAGLE-3: " + ", ".join(sorted(PRESETS))
+                       + "; DFlash: " + ", ".join(sorted(DFLASH_PRESETS)))
     p.add_argument("--device", choices=["cpu", "cuda"])
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in --out")
@@ -94,7 +109,87 @@ def train_parser() -> argparse.ArgumentParser:
                    help="checkpoint every N steps (0: only at the end or when stopped)")
     p.add_argument("--seed", type=NON_NEGATIVE_INT, default=0)
     p.add_argument("--export", type=Path, help="export the final drafter here")
+    dflash = p.add_argument_group("DFlash (--drafter dflash)")
+    dflash.add_argument("--block-size", type=POSITIVE_INT,
+                        help="an anchor and block_size - 1 tokens drafted at once "
+                             "(default the preset's)")
+    dflash.add_argument("--max-anchors", type=POSITIVE_INT,
+                        help=f"blocks drawn per packed row (default the preset's, else "
+                             f"{DEFAULT_MAX_ANCHORS}, at most max_seq_len)")
+    dflash.add_argument("--dflash-gamma", type=POSITIVE_FLOAT,
+                        help="block offset k weighs exp(-(k-1)/gamma) (default the "
+                             f"preset's, else {DEFAULT_GAMMA})")
+    dflash.add_argument("--soft-kl", type=SHARE,
+                        help="share of KL to the verifier's distribution blended into the "
+                             "cross-entropy (default the preset's, else 0)")
+    dflash.add_argument("--num-layers", type=POSITIVE_INT, help="draft layers")
+    dflash.add_argument("--target-layers", type=_layer_list,
+                        help="verifier layers read as context, a,b,… (default the data's)")
     return p
+
+
+DEFAULT_MAX_ANCHORS = 512
+DEFAULT_GAMMA = 7.0
+# EAGLE-3's flags that a DFlash run would silently ignore.
+_EAGLE3_ONLY = ("draft_vocab_size", "freeze_lm_head", "checkpoint_ttt", "export")
+_DFLASH_ONLY = ("block_size", "max_anchors", "dflash_gamma", "soft_kl", "num_layers",
+                "target_layers")
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _dflash_config(args, dataset, max_seq_len: int):
+    from training.config import DFLASH_PRESETS, DFLASH_TRAINING_PRESETS, DFlashConfig
+    from training.dflash.run import DFlashTraining
+
+    if args.model_config is not None:
+        try:
+            base = DFlashConfig.from_dict(json.loads(args.model_config.read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise UsageError(f"--model-config {args.model_config}: {exc}") from None
+        flag, knobs = "--model-config", {}
+    else:
+        name = args.preset or "tiny"
+        if name not in DFLASH_PRESETS:
+            raise UsageError(f"--preset {name} is an EAGLE-3 shape; DFlash's are "
+                             + ", ".join(sorted(DFLASH_PRESETS)))
+        base, flag, knobs = DFLASH_PRESETS[name], "--preset", DFLASH_TRAINING_PRESETS.get(
+            name, {})
+    if base.hidden_size != dataset.hidden_size:
+        raise UsageError(f"{flag}: the drafter's hidden size {base.hidden_size} differs from "
+                         f"the data's {dataset.hidden_size} (the verifier's)")
+    verifier_layers, data_layers = dataset.info["num_layers"], dataset.info["layers"]
+    target = args.target_layers or tuple(data_layers)
+    outside = [layer for layer in target if not 0 <= layer < verifier_layers]
+    if outside:
+        raise UsageError(f"--target-layers {outside} lie outside the verifier's layers "
+                         f"0..{verifier_layers - 1}")
+    missing = [layer for layer in target if layer not in data_layers]
+    if missing:
+        raise UsageError(f"--target-layers: the data carries layers {data_layers}, not "
+                         f"{missing}; capture them with `trackside extract --layers`")
+    block = args.block_size or base.block_size
+    if not 2 <= block <= max_seq_len:
+        raise UsageError(f"--block-size {block}: a block is the anchor and at least one "
+                         f"drafted token, within a row of max_seq_len {max_seq_len}")
+    anchors = args.max_anchors or min(knobs.get("max_anchors", DEFAULT_MAX_ANCHORS),
+                                      max_seq_len)
+    if anchors > max_seq_len:
+        raise UsageError(f"--max-anchors {anchors} exceeds the {max_seq_len} positions of a "
+                         "row (--max-seq-len)")
+    try:
+        cfg = dataclasses.replace(base, vocab_size=dataset.vocab_size, block_size=block,
+                                  num_target_layers=len(target),
+                                  num_layers=args.num_layers or base.num_layers)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+    training = DFlashTraining(
+        target_layers=target, max_anchors=anchors,
+        gamma=args.dflash_gamma or knobs.get("gamma", DEFAULT_GAMMA),
+        soft_kl=knobs.get("soft_kl", 0.0) if args.soft_kl is None else args.soft_kl)
+    return cfg, training
 
 
 def _drafter_config(args, dataset):
@@ -108,8 +203,11 @@ def _drafter_config(args, dataset):
             raise UsageError(f"--model-config {args.model_config}: {exc}") from None
         flag = "--model-config"
     else:
-        base = PRESETS[args.preset or "tiny"]
-        flag = "--preset"
+        name = args.preset or "tiny"
+        if name not in PRESETS:
+            raise UsageError(f"--preset {name} is a DFlash shape (--drafter dflash); "
+                             "EAGLE-3's are " + ", ".join(sorted(PRESETS)))
+        base, flag = PRESETS[name], "--preset"
     if base.hidden_size != dataset.hidden_size:
         raise UsageError(f"{flag}: the drafter's hidden size {base.hidden_size} differs from "
                          f"the data's {dataset.hidden_size} (the verifier's)")
@@ -160,10 +258,21 @@ def train_main(argv: list[str]) -> int:
         dataset = Dataset(data)
     except DatasetError as exc:
         raise UsageError(f"--data: {exc}") from None
+    max_seq_len = args.max_seq_len or (512 if args.synthetic else 2048)
+    if args.drafter == "dflash":
+        given = [_flag(d) for d in _EAGLE3_ONLY if getattr(args, d)]
+        if given:
+            raise UsageError(f"{given[0]} is EAGLE-3's, not for --drafter dflash")
+        drafter, dflash = _dflash_config(args, dataset, max_seq_len)
+    else:
+        given = [_flag(d) for d in _DFLASH_ONLY if getattr(args, d) is not None]
+        if given:
+            raise UsageError(f"{given[0]} needs --drafter dflash")
+        drafter, dflash = _drafter_config(args, dataset), None
     cfg = TrainConfig(
-        data=Path(data), run_dir=run_dir, drafter=_drafter_config(args, dataset),
+        data=Path(data), run_dir=run_dir, drafter=drafter, dflash=dflash,
         steps=args.steps, epochs=None if args.steps else (args.epochs or 1),
-        max_seq_len=args.max_seq_len or (512 if args.synthetic else 2048), ttt_steps=args.ttt_steps, ttt_decay=args.ttt_decay,
+        max_seq_len=max_seq_len, ttt_steps=args.ttt_steps, ttt_decay=args.ttt_decay,
         lr=args.lr or (3e-3 if args.synthetic else 1e-4), batch_rows=args.batch_rows,
         device=device, resume=args.resume, loss_chunk=args.loss_chunk,
         checkpoint_ttt=min(args.checkpoint_ttt, args.ttt_steps),

@@ -67,3 +67,66 @@ PRESETS: dict[str, DrafterConfig] = {
                              draft_vocab_size=32000, rms_norm_eps=1e-6,
                              rope_theta=50000.0),
 }
+
+
+@dataclass(frozen=True)
+class DFlashConfig:
+    """A DFlash drafter's shape. It has no embedding or head of its own (it reads the
+    verifier's, frozen), so its vocabulary is the verifier's whole one."""
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int  # the verifier's full vocabulary
+    num_layers: int
+    num_target_layers: int  # verifier layers concatenated into the context
+    block_size: int  # one anchor and block_size - 1 mask tokens
+    mask_token_id: int  # a token the verifier's data never holds: it marks what to fill
+    head_dim: int | None = None  # None: hidden_size // num_heads
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1000000.0
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(
+                    f"hidden_size {self.hidden_size} is not divisible by num_heads "
+                    f"{self.num_heads}; set head_dim")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        for name in ("hidden_size", "num_heads", "num_kv_heads", "intermediate_size",
+                     "vocab_size", "num_layers", "num_target_layers", "block_size",
+                     "head_dim"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of "
+                             f"num_kv_heads {self.num_kv_heads}")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(f"mask_token_id {self.mask_token_id} is outside the "
+                             f"vocabulary of {self.vocab_size}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+
+    to_dict = DrafterConfig.to_dict
+    from_dict = classmethod(DrafterConfig.from_dict.__func__)
+
+
+DFLASH_PRESETS: dict[str, DFlashConfig] = {
+    # The CPU tests and --synthetic: the synthetic verifier's shape; its data never holds
+    # the last token.
+    "tiny": DFlashConfig(hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=192,
+                         vocab_size=512, num_layers=2, num_target_layers=3, block_size=8,
+                         mask_token_id=511, rope_theta=10000.0),
+    # Qwen3-8B's attention and MLP shape, five draft layers over five verifier layers.
+    "qwen3-8b": DFlashConfig(hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128,
+                             intermediate_size=12288, vocab_size=151936, num_layers=5,
+                             num_target_layers=5, block_size=16, mask_token_id=151669),
+    # The story's verifier: hidden 7168, a 248,320-token vocabulary, block 24.
+    "story": DFlashConfig(hidden_size=7168, num_heads=64, num_kv_heads=8, head_dim=128,
+                          intermediate_size=18432, vocab_size=248320, num_layers=5,
+                          num_target_layers=5, block_size=24, mask_token_id=248319),
+}
+# The story's training knobs beside its shape: 1,024 anchors a row, a 15 % soft KL, γ 10.
+DFLASH_TRAINING_PRESETS: dict[str, dict] = {
+    "story": {"max_anchors": 1024, "soft_kl": 0.15, "gamma": 10.0},
+}

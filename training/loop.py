@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -30,12 +31,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from training import checkpoint
-from training.config import DrafterConfig
+from training.config import DFlashConfig, DrafterConfig
 from training.data import Dataset, Loader, Position
 from training.metrics import MetricsWriter
 from training.model import Eagle3Drafter, StepLoss
 from training.packing import PackedBatch
 from training.vocab import build_draft_vocab
+
+if TYPE_CHECKING:
+    from training.dflash.run import DFlashTraining
 
 EXIT_OOM = 3
 
@@ -44,7 +48,7 @@ EXIT_OOM = 3
 class TrainConfig:
     data: Path
     run_dir: Path
-    drafter: DrafterConfig
+    drafter: DrafterConfig | DFlashConfig
     steps: int | None = None  # exactly one of steps and epochs
     epochs: int | None = None
     max_seq_len: int = 2048
@@ -63,6 +67,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     weight_decay: float = 0.0
     export: Path | None = None
+    dflash: DFlashTraining | None = None  # set: train a DFlash drafter, not EAGLE-3
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -198,11 +203,17 @@ def optimizer_step(optimizer: torch.optim.Optimizer, params, grad_clip: float) -
 def record_oom(metrics: MetricsWriter, cfg: TrainConfig, device: torch.device,
                error: torch.OutOfMemoryError) -> int:
     """The `oom` and `end` events and the message for an OOM; the exit code."""
-    metrics.write("oom", max_seq_len=cfg.max_seq_len, ttt_steps=cfg.ttt_steps,
+    if cfg.dflash is None:
+        params = {"ttt_steps": cfg.ttt_steps}
+    else:
+        params = {"ttt_steps": None, "block_size": cfg.drafter.block_size,
+                  "max_anchors": cfg.dflash.max_anchors}
+    metrics.write("oom", max_seq_len=cfg.max_seq_len, **params,
                   tried_gib=_tried_gib(error), peak_mem_gib=peak_mem_gib(device))
     metrics.write("end", status="oom")
+    said = " ".join(f"{k}={v}" for k, v in params.items() if v is not None)
     print(f"train: CUDA out of memory at max_seq_len={cfg.max_seq_len} "
-          f"ttt_steps={cfg.ttt_steps}: {error}", file=sys.stderr, flush=True)
+          f"{said}: {error}", file=sys.stderr, flush=True)
     return EXIT_OOM
 
 
@@ -231,7 +242,8 @@ def train(cfg: TrainConfig) -> int:
                     world_size=world, pin_memory=device.type == "cuda")
     total_steps = cfg.steps or cfg.epochs * loader.steps_per_epoch
     warmup = max(1, min(100, total_steps // 10))
-    d2t, t2d = build_draft_vocab(dataset.token_counts(), cfg.drafter.draft_vocab_size)
+    if cfg.dflash is None:  # DFlash drafts over the verifier's whole vocabulary
+        d2t, t2d = build_draft_vocab(dataset.token_counts(), cfg.drafter.draft_vocab_size)
 
     metrics = MetricsWriter(cfg.run_dir / "metrics.jsonl" if rank == 0 else None)
     stop, batches, status = None, None, "completed"
@@ -241,15 +253,21 @@ def train(cfg: TrainConfig) -> int:
         # --- model, optimizer ---
         # Built and filled on the device: initialising a 1B-parameter drafter on the CPU
         # and copying it over took most of a relaunch's start-up.
-        with torch.device(device):
-            drafter = Eagle3Drafter(cfg.drafter)
-        # Handed over as read from disk: the drafter moves the embedding and only the head's
-        # draft-vocabulary rows (a quarter of it for llama3-8b) to the device.
-        verifier = dataset.verifier()
-        drafter.load_verifier(verifier["embed_tokens"], verifier["lm_head"], d2t, t2d)
-        del verifier
-        if cfg.freeze_lm_head:
-            drafter.freeze_lm_head()
+        if cfg.dflash is None:
+            with torch.device(device):
+                drafter = Eagle3Drafter(cfg.drafter)
+            # Handed over as read from disk: the drafter moves the embedding and only the
+            # head's draft-vocabulary rows (a quarter of it for llama3-8b) to the device.
+            verifier = dataset.verifier()
+            drafter.load_verifier(verifier["embed_tokens"], verifier["lm_head"], d2t, t2d)
+            del verifier
+            if cfg.freeze_lm_head:
+                drafter.freeze_lm_head()
+            unroll = Unroll(drafter)
+        else:
+            from training.dflash import run as dflash
+
+            drafter, unroll = dflash.build(cfg.drafter, cfg.dflash, dataset, device)
         trainable = {n: p for n, p in drafter.named_parameters() if p.requires_grad}
         # A checkpoint holds the drafter's own weights, trained or frozen (an export needs
         # its head either way), not the verifier's embedding.
@@ -257,7 +275,6 @@ def train(cfg: TrainConfig) -> int:
         optimizer = make_optimizer(trainable.values(), cfg.lr, device, cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
                                                       warmup_cosine(warmup, total_steps))
-        unroll = Unroll(drafter)
         if world > 1:
             unroll = DistributedDataParallel(unroll, device_ids=[device.index]
                                              if device.type == "cuda" else None)
@@ -300,7 +317,8 @@ def train(cfg: TrainConfig) -> int:
         def save() -> None:
             nonlocal last_saved
             if rank == 0 and last_saved != step:
-                tensors = {**weights, "d2t": drafter.d2t, "t2d": drafter.t2d}
+                tensors = dict(weights) if cfg.dflash is not None else {
+                    **weights, "d2t": drafter.d2t, "t2d": drafter.t2d}
                 state = {"step": step, "data": position.state_dict(), "rng": _rng_state(),
                          "optimizer": optimizer.state_dict(),
                          "scheduler": scheduler.state_dict()}
@@ -308,7 +326,8 @@ def train(cfg: TrainConfig) -> int:
                     "drafter": cfg.drafter.to_dict(), "layers": dataset.info["layers"],
                     "num_layers": dataset.info["num_layers"],
                     "max_seq_len": cfg.max_seq_len, "ttt_steps": cfg.ttt_steps,
-                    "freeze_lm_head": cfg.freeze_lm_head})
+                    "freeze_lm_head": cfg.freeze_lm_head,
+                    **({} if cfg.dflash is None else {"dflash": cfg.to_dict()["dflash"]})})
                 metrics.write("checkpoint", step=step, path=str(path))
             last_saved = step
             if world > 1:
@@ -320,8 +339,13 @@ def train(cfg: TrainConfig) -> int:
             started = time.perf_counter()
             batch, epoch, next_position = next(batches)
             batch = batch.to(device, non_blocking=True)
-            per_step, counts = forward_backward(unroll, batch, cfg.ttt_steps, cfg.ttt_decay,
-                                                cfg.loss_chunk, world, cfg.checkpoint_ttt)
+            if cfg.dflash is None:
+                per_step, counts = forward_backward(unroll, batch, cfg.ttt_steps,
+                                                    cfg.ttt_decay, cfg.loss_chunk, world,
+                                                    cfg.checkpoint_ttt)
+            else:  # per block offset where EAGLE-3 has per TTT step
+                per_step, counts = dflash.forward_backward(unroll, batch, cfg.drafter,
+                                                           cfg.dflash, cfg.loss_chunk, world)
             grad_norm = optimizer_step(optimizer, trainable.values(), cfg.grad_clip)
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
@@ -340,16 +364,19 @@ def train(cfg: TrainConfig) -> int:
                 + peaks,
                 device, world)
             peaks, stop_requested = sums[-world:], sums[-world - 1]
-            K = cfg.ttt_steps
+            K = len(per_step)
             loss_ttt = [sums[k] / max(counts[k], 1) for k in range(K)]
             acc_ttt = [sums[K + k] / max(counts[k], 1) for k in range(K)]
+            if cfg.dflash is None:
+                losses = dict(loss=sum(cfg.ttt_decay ** k * v for k, v in enumerate(loss_ttt)),
+                              loss_ttt=loss_ttt, acc_ttt=acc_ttt)
+            else:
+                losses = dflash.step_fields(loss_ttt, acc_ttt, counts, cfg.drafter, cfg.dflash)
             tokens, samples, pad = sums[2 * K:2 * K + 3]
             rows = cfg.batch_rows * world
             elapsed = time.perf_counter() - started
             record = dict(
-                step=step, epoch=epoch,
-                loss=sum(cfg.ttt_decay ** k * v for k, v in enumerate(loss_ttt)),
-                loss_ttt=loss_ttt, acc_ttt=acc_ttt, lr=lr, grad_norm=grad_norm.item(),
+                step=step, epoch=epoch, **losses, lr=lr, grad_norm=grad_norm.item(),
                 tokens=int(tokens), tokens_per_s=tokens / elapsed,
                 samples_per_row=samples / rows, pad_frac=pad / (rows * cfg.max_seq_len),
                 peak_mem_gib=peaks[0])

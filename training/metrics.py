@@ -9,8 +9,11 @@ Events and fields:
   step        time, step, epoch, loss, loss_ttt, acc_ttt, lr, grad_norm, tokens,
               tokens_per_s, samples_per_row, pad_frac, peak_mem_gib (rank 0's);
               with world_size > 1 also peak_mem_gib_ranks (every rank's, by rank)
+              a DFlash run's: loss_pos, acc_pos (per block offset) and tau in place of
+              loss_ttt and acc_ttt
   checkpoint  time, step, path
-  oom         time, max_seq_len, ttt_steps, tried_gib, peak_mem_gib
+  oom         time, max_seq_len, ttt_steps, tried_gib, peak_mem_gib; a DFlash run's also
+              block_size, max_anchors (and ttt_steps null)
   end         time, status ("completed", "stopped", "oom", "failed")
 
 `step` counts optimizer steps done (the first is 1); `epoch` is the 0-based epoch the step's
@@ -31,7 +34,12 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "end": ("status",),
 }
 # Fields an event carries only where they mean something.
-OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {"step": ("peak_mem_gib_ranks",)}
+OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {"step": ("peak_mem_gib_ranks",),
+                                               "oom": ("block_size", "max_anchors")}
+# A DFlash run's step event: per block offset where EAGLE-3 reports per TTT step.
+DFLASH_STEP_FIELDS: tuple[str, ...] = tuple(
+    f for f in EVENT_FIELDS["step"] if f not in ("loss_ttt", "acc_ttt")) + (
+    "loss_pos", "acc_pos", "tau")
 
 
 class MetricsWriter:
@@ -44,6 +52,8 @@ class MetricsWriter:
 
     def write(self, event: str, **fields) -> None:
         expected, optional = EVENT_FIELDS[event], OPTIONAL_FIELDS.get(event, ())
+        if event == "step" and "loss_pos" in fields:
+            expected = DFLASH_STEP_FIELDS
         if not set(expected) <= set(fields) <= {*expected, *optional}:
             raise ValueError(f"{event} event needs {expected} (optional: {optional}), got {sorted(fields)}")
         if self._file is None:

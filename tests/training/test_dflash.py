@@ -1,0 +1,321 @@
+"""The DFlash drafter on CPU: its attention mask, anchors, chunked loss, the trainer's
+command line, a loss that falls on --synthetic, and resume after kill -9."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from training import checkpoint
+from training.attention import dense_attention
+from training.cli import main
+from training.config import DFLASH_PRESETS
+from training.dflash.anchors import sample_anchors, valid_anchors
+from training.dflash.loss import block_loss
+from training.dflash.mask import BlockLayout, block_attention
+from training.dflash.model import DFlashDrafter
+from training.dflash.run import step_fields
+from training.packing import collate
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def packed_rows(lengths_per_row, L, seed=0, hidden=4, vocab=50, layers=3):
+    """A PackedBatch of random samples (float64), rows of L tokens."""
+    g = torch.Generator().manual_seed(seed)
+
+    def sample(n):
+        return dict(input_ids=torch.randint(0, vocab, (n,), generator=g),
+                    loss_mask=torch.rand(n, generator=g) > 0.25,
+                    aux_hidden=torch.randn(n, layers * hidden, generator=g,
+                                           dtype=torch.float64),
+                    final_hidden=torch.randn(n, hidden, generator=g, dtype=torch.float64))
+    return collate([[sample(n) for n in row] for row in lengths_per_row], L)
+
+
+def reference_mask(doc_ids, anchors, block_size):
+    """Who sees whom, written out a query and a key at a time."""
+    B, L = doc_ids.shape
+    A = anchors.shape[1]
+    Q = A * block_size
+    allowed = torch.zeros(B, Q, L + Q, dtype=torch.bool)
+    for b in range(B):
+        for slot in range(A):
+            p = int(anchors[b, slot])
+            for k in range(block_size):
+                q = slot * block_size + k
+                for j in range(p):  # context strictly before the anchor, same sample
+                    allowed[b, q, j] = bool(doc_ids[b, j] == doc_ids[b, p])
+                for k2 in range(block_size):  # its own block, both directions
+                    allowed[b, q, L + slot * block_size + k2] = True
+    return allowed
+
+
+@pytest.mark.parametrize("block_size, max_anchors", [(2, 9), (4, 6), (5, 40)])
+def test_the_mask_is_the_rule_on_packed_rows_with_several_samples(block_size, max_anchors):
+    torch.manual_seed(block_size)
+    batch = packed_rows([[13, 9, 20], [30, 11], [6, 4]], 48)
+    anchors, used = sample_anchors(batch.loss_mask, batch.doc_ids, block_size, max_anchors)
+    assert used[:2].sum(1).min() >= 2 and (~used).any()  # several blocks; spare slots too
+    layout = BlockLayout(batch.doc_ids, anchors, block_size, use_flex=False)
+    assert torch.equal(layout.mask, reference_mask(batch.doc_ids, anchors, block_size))
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_with_the_block_mask_matches_the_dense_mask_on_cpu():
+    # flex_attention runs eagerly (forward only) on CPU: this checks the BlockMask that
+    # the CUDA path builds from the same rule.
+    torch.manual_seed(0)
+    block_size = 4
+    batch = packed_rows([[60, 70, 50], [130, 40, 30]], 200)
+    anchors, _ = sample_anchors(batch.loss_mask, batch.doc_ids, block_size, 40)
+    Q, L = anchors.shape[1] * block_size, 200
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 4, Q, 16, generator=g)
+    k, v = (torch.randn(2, 2, L + Q, 16, generator=g) for _ in range(2))
+    flex = block_attention(q, k, v, BlockLayout(batch.doc_ids, anchors, block_size,
+                                                use_flex=True))
+    dense = dense_attention(q, k, v, reference_mask(batch.doc_ids, anchors, block_size))
+    torch.testing.assert_close(flex, dense, rtol=1e-5, atol=1e-5)
+
+
+def test_anchors_are_distinct_valid_positions_drawn_at_random():
+    batch = packed_rows([[20, 3, 25], [40, 8]], 64)
+    valid = valid_anchors(batch.loss_mask, batch.doc_ids, 6)
+    for b in range(2):  # valid: bears loss, and the block's 6 tokens are one sample's
+        for p in range(64):
+            fits = p + 5 < 64 and bool((batch.doc_ids[b, p:p + 6] == batch.doc_ids[b, p]).all())
+            expect = fits and bool(batch.loss_mask[b, p]) and int(batch.doc_ids[b, p]) >= 0
+            assert bool(valid[b, p]) == expect, (b, p)
+    seen = torch.zeros(2, 64)
+    for seed in range(30):
+        torch.manual_seed(seed)
+        anchors, used = sample_anchors(batch.loss_mask, batch.doc_ids, 6, 5)
+        for b in range(2):
+            picked = anchors[b][used[b]]
+            assert len(picked) == min(5, int(valid[b].sum()))
+            assert picked.tolist() == sorted(set(picked.tolist()))  # distinct, in order
+            assert valid[b, picked].all() and not used[b, len(picked):].any()
+            seen[b, picked] += 1
+    assert (seen[valid] > 0).all()  # every valid position is drawn some time
+    with pytest.raises(ValueError, match="max_anchors"):
+        sample_anchors(batch.loss_mask, batch.doc_ids, 6, 65)
+
+
+def unchunked_loss(hidden, head, target_hidden, weights, soft_kl):
+    logits, target_logits = hidden @ head.T, target_hidden @ head.T
+    ce = F.cross_entropy(logits, target_logits.argmax(-1), reduction="none")
+    kl = F.kl_div(logits.log_softmax(-1), target_logits.log_softmax(-1), log_target=True,
+                  reduction="none").sum(-1)
+    losses = (1 - soft_kl) * ce + soft_kl * kl
+    return (weights * losses).sum(), losses
+
+
+@pytest.mark.parametrize("soft_kl", [0.0, 0.15, 1.0])
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_chunked_ce_and_kl_equal_the_unchunked_loss_and_gradients(soft_kl, chunk):
+    g = torch.Generator().manual_seed(2)
+    P, H, V = 37, 16, 300
+    hidden = torch.randn(P, H, generator=g, dtype=torch.float64, requires_grad=True)
+    head = torch.randn(V, H, generator=g, dtype=torch.float64)
+    target_hidden = torch.randn(P, H, generator=g, dtype=torch.float64)
+    weights = torch.rand(P, generator=g, dtype=torch.float64)
+    total, losses, agree = block_loss(hidden, head, target_hidden, weights, soft_kl, chunk)
+    (grad,) = torch.autograd.grad(3.0 * total, hidden)
+    ref_total, ref_losses = unchunked_loss(hidden, head, target_hidden, weights, soft_kl)
+    (ref_grad,) = torch.autograd.grad(3.0 * ref_total, hidden)
+    torch.testing.assert_close(total, ref_total)
+    torch.testing.assert_close(losses, ref_losses.detach())
+    torch.testing.assert_close(grad, ref_grad)
+    expect = (hidden @ head.T).argmax(-1) == (target_hidden @ head.T).argmax(-1)
+    assert torch.equal(agree, expect)
+
+
+def test_the_loss_never_holds_a_positions_by_vocabulary_tensor(peak_allocated_bytes):
+    g = torch.Generator().manual_seed(3)
+    P, H, V = 2048, 16, 2048
+    hidden = torch.randn(P, H, generator=g, requires_grad=True)
+    head, target_hidden = torch.randn(V, H, generator=g), torch.randn(P, H, generator=g)
+    weights = torch.ones(P)
+
+    def run():
+        total, _, _ = block_loss(hidden, head, target_hidden, weights, 0.15, chunk=32)
+        total.backward()
+    # a few chunk × V tensors at once, where the float32 logits alone would be 16 MiB
+    assert peak_allocated_bytes(run) < P * V * 4 / 4
+
+
+def test_the_drafter_scores_each_block_offset_against_the_verifier_token():
+    cfg = DFLASH_PRESETS["tiny"]
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(cfg).double()
+    g = torch.Generator().manual_seed(4)
+    V, H = cfg.vocab_size, cfg.hidden_size
+    drafter.load_verifier(torch.randn(V, H, generator=g, dtype=torch.float64),
+                          torch.randn(V, H, generator=g, dtype=torch.float64))
+    batch = packed_rows([[40, 50], [90]], 96, hidden=H, vocab=V - 1)
+    torch.manual_seed(5)
+    out = drafter(batch, batch.aux_hidden, 12, gamma=2.0, soft_kl=0.15, loss_chunk=16)
+    torch.manual_seed(5)
+    anchors, used = sample_anchors(batch.loss_mask, batch.doc_ids, cfg.block_size, 12)
+    # Offsets 1..7 of every used block whose token bears loss, block by block.
+    expect = [k for b in range(2) for a, u in zip(anchors[b], used[b]) if u
+              for k in range(1, cfg.block_size) if batch.loss_mask[b, a + k]]
+    assert out.offset.tolist() == expect
+    weights = torch.exp(-(out.offset - 1) / 2.0).double()
+    assert out.total.item() == pytest.approx((weights * out.losses).sum().item())
+    grads = torch.autograd.grad(out.total, [p for p in drafter.parameters()])
+    assert all(gr.abs().sum() > 0 for gr in grads)  # every weight of the drafter learns
+    assert not drafter.embed_tokens.requires_grad and not drafter.lm_head.requires_grad
+
+
+def test_tau_is_the_expected_accepted_length():
+    cfg = DFLASH_PRESETS["tiny"]
+    from training.dflash.run import DFlashTraining
+    training = DFlashTraining((2, 4, 5), 8, gamma=1.0, soft_kl=0.0)
+    acc = [0.9, 0.5, 0.5, 0.0, 1.0, 1.0, 1.0]
+    fields = step_fields([1.0] * 7, acc, [10.0] * 7, cfg, training)
+    assert fields["tau"] == pytest.approx(0.9 + 0.45 + 0.225)
+    assert fields["loss"] == pytest.approx(1.0)
+
+
+@pytest.fixture
+def cache(tmp_path_factory, monkeypatch):
+    """The synthetic data set's cache, shared by the whole session."""
+    path = tmp_path_factory.getbasetemp() / "xdg-cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(path))
+    return path
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--block-size", "0"], "--block-size"),
+    (["--block-size", "1"], "--block-size"),
+    (["--block-size", "300", "--max-seq-len", "256"], "--block-size"),
+    (["--max-anchors", "0"], "--max-anchors"),
+    (["--max-anchors", "257", "--max-seq-len", "256"], "--max-anchors"),
+    (["--target-layers", "2,4,99"], "--target-layers"),
+    (["--target-layers", "-1"], "--target-layers"),
+    (["--target-layers", "1,2"], "--target-layers"),  # the verifier's, not in the data
+    (["--target-layers", "2,2"], "--target-layers"),
+    (["--soft-kl", "1.5"], "--soft-kl"),
+    (["--soft-kl", "-0.1"], "--soft-kl"),
+    (["--dflash-gamma", "0"], "--dflash-gamma"),
+    (["--num-layers", "0"], "--num-layers"),
+    (["--preset", "llama3-8b"], "--preset"),
+    (["--freeze-lm-head"], "--freeze-lm-head"),
+])
+def test_bad_dflash_values_exit_2_naming_the_flag(args, flag, capsys, cache, tmp_path):
+    code = None
+    try:
+        code = main(["train", "--synthetic", "--drafter", "dflash", "--out",
+                     str(tmp_path / "run"), *args])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_dflash_flags_need_the_dflash_drafter(capsys, cache, tmp_path):
+    assert main(["train", "--synthetic", "--block-size", "4", "--out",
+                 str(tmp_path / "run")]) == 2
+    assert "--block-size" in capsys.readouterr().err
+
+
+def read_events(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+FAST = ["train", "--synthetic", "--drafter", "dflash", "--max-seq-len", "256",
+        "--max-anchors", "64", "--block-size", "4", "--dflash-gamma", "0.5", "--lr", "1e-2",
+        "--soft-kl", "0.15"]
+
+
+def test_the_loss_falls_on_synthetic_and_step_events_carry_each_block_offset(
+        cache, tmp_path):
+    run_dir = tmp_path / "run"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls gain nothing from more threads
+    try:
+        assert main([*FAST, "--steps", "100", "--out", str(run_dir),
+                     "--save-every", "0"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    events = read_events(run_dir)
+    assert [e["event"] for e in events][::len(events) - 1] == ["start", "end"]
+    assert events[0]["config"]["dflash"]["max_anchors"] == 64
+    steps = [e for e in events if e["event"] == "step"]
+    assert [e["step"] for e in steps] == list(range(1, 101))
+    for e in steps:
+        assert "loss_ttt" not in e and "acc_ttt" not in e
+        assert len(e["loss_pos"]) == len(e["acc_pos"]) == 3  # offsets 1..3 of a block of 4
+        assert all(0 <= a <= 1 for a in e["acc_pos"])
+        run, tau = 1.0, 0.0
+        for a in e["acc_pos"]:
+            run *= a
+            tau += run
+        assert e["tau"] == pytest.approx(tau)
+        assert min(e["loss_pos"]) <= e["loss"] <= max(e["loss_pos"])
+    first = sum(e["loss"] for e in steps[:20]) / 20
+    last = sum(e["loss"] for e in steps[-20:]) / 20
+    assert last <= 0.8 * first, (first, last)
+    assert steps[-1]["tau"] > steps[0]["tau"]
+
+
+def wait_for(predicate, timeout: float, poll: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll)
+    return False
+
+
+def test_resume_after_kill_9_continues_exactly(cache, tmp_path):
+    environ = {**os.environ, "XDG_CACHE_HOME": str(cache), "OMP_NUM_THREADS": "1"}
+    main(["train", "--synthetic", "--drafter", "dflash", "--steps", "1", "--out",
+          str(tmp_path / "warm")])  # the synthetic data, made once before the clock runs
+    run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"
+
+    def start(*extra):
+        return subprocess.Popen([sys.executable, "-m", "training", *FAST, "--steps", "1000",
+                                 "--save-every", "3", "--out", str(run_dir), *extra],
+                                cwd=ROOT, env=environ, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+    proc = start()
+    # Killed a step after a checkpoint, so the resumed run redoes steps it had logged.
+    steps = lambda: [e["step"] for e in read_events(run_dir) if e["event"] == "step"]  # noqa: E731
+    assert wait_for(lambda: (s := steps()) and s[-1] > 3 and s[-1] % 3 == 1, 60)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    found = checkpoint.latest(ckpt)
+    saved_step = int(found.name.removeprefix("step-"))
+    before = len(read_events(run_dir))
+    proc = start("--resume")
+    assert wait_for(lambda: sum(e["event"] == "step" for e in read_events(run_dir)[before:])
+                    >= 4, 60), proc.stderr
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    events = read_events(run_dir)
+    resumed = events[before:]
+    assert resumed[0]["event"] == "start"
+    assert resumed[0]["config"]["resumed_from_step"] == saved_step
+    assert resumed[1]["event"] == "step" and resumed[1]["step"] == saved_step + 1
+    # A step redone after the kill repeats its loss: model, optimizer, data position and
+    # the anchors' RNG all came back.
+    first_run = {e["step"]: e for e in events[:before] if e["event"] == "step"}
+    redone = [e for e in resumed if e["event"] == "step" and e["step"] in first_run]
+    assert redone
+    for e in redone:
+        assert e["loss"] == pytest.approx(first_run[e["step"]]["loss"], rel=1e-6)
+        assert e["acc_pos"] == pytest.approx(first_run[e["step"]]["acc_pos"])

@@ -1,0 +1,160 @@
+"""The DFlash drafter: draft layers that fill blocks of mask tokens, reading the
+verifier's hidden states as context.
+
+The hidden states of several verifier layers are concatenated and projected to one
+context stream (fc, hidden_norm). Every draft layer attends from the blocks' tokens over
+that context's keys and values followed by the blocks' own (one k_proj and v_proj for
+both, as the drafter runs at serving time), under the BlockLayout rule. A block is the
+anchor's token and block_size - 1 mask tokens; offset k of the block at anchor p is scored
+against the verifier's token at p + k, with weight exp(-(k - 1) / γ). The verifier's
+embedding and head are shared and frozen; the drafter owns no vocabulary-sized weight.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from training.attention import at_least_float32
+from training.config import DFlashConfig
+from training.dflash.anchors import sample_anchors
+from training.dflash.loss import block_loss
+from training.dflash.mask import BlockLayout, block_attention
+from training.model import MLP, RMSNorm, rope, rotary_tables
+from training.packing import PackedBatch
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__()
+        self.cfg = cfg
+        H, d = cfg.hidden_size, cfg.head_dim
+        self.q_proj = nn.Linear(H, cfg.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(H, cfg.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(H, cfg.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * d, H, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def forward(self, x: Tensor, context: Tensor, rotary: tuple[Tensor, Tensor],
+                layout: BlockLayout) -> Tensor:
+        """x [B, Q, H] the blocks' stream, context [B, L, H]; rotary: the tables of the
+        keys' positions (context's, then the blocks'), whose last Q are the queries'."""
+        B, Q, _ = x.shape
+        d = self.cfg.head_dim
+        q_rotary = tuple(t[:, -Q:] for t in rotary)
+        q = rope(self.q_norm(self.q_proj(x).view(B, Q, -1, d)), *q_rotary)
+        both = torch.cat([context.to(x.dtype), x], dim=1)
+        k = rope(self.k_norm(self.k_proj(both).view(B, both.shape[1], -1, d)), *rotary)
+        v = self.v_proj(both).view(B, both.shape[1], -1, d)
+        out = block_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), layout)
+        return self.o_proj(out.transpose(1, 2).reshape(B, Q, -1))
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__()
+        H, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.input_layernorm = RMSNorm(H, eps)
+        self.self_attn = DFlashAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(H, eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: Tensor, context: Tensor, rotary: tuple[Tensor, Tensor],
+                layout: BlockLayout) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), context, rotary, layout)
+        return x + self.mlp(self.post_attention_layernorm(x), self.mlp.down_weight())
+
+
+def position_weights(block_size: int, gamma: float) -> list[float]:
+    """exp(-(k - 1) / γ) for block offsets k = 1..block_size - 1 (offset 0 is the anchor,
+    given, not drafted)."""
+    return [math.exp(-(k - 1) / gamma) for k in range(1, block_size)]
+
+
+@dataclass
+class BlockLosses:
+    """A pass's scored positions: what backward needs, and per position for reporting."""
+    total: Tensor  # Σ weight · loss over the positions, differentiable
+    losses: Tensor  # [P] float32, not differentiable
+    agree: Tensor  # [P] bool: the drafter's argmax is the verifier's
+    offset: Tensor  # [P] long: each position's offset in its block, 1..block_size - 1
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__()
+        self.cfg = cfg
+        H = cfg.hidden_size
+        self.fc = nn.Linear(cfg.num_target_layers * H, H, bias=False)
+        self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        # The verifier's, set by load_verifier; not persistent: a checkpoint holds the
+        # drafter's own weights only.
+        self.register_buffer("embed_tokens", torch.zeros(cfg.vocab_size, H), persistent=False)
+        self.register_buffer("lm_head", torch.zeros(cfg.vocab_size, H), persistent=False)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+
+    @torch.no_grad()
+    def load_verifier(self, embed_tokens: Tensor, lm_head: Tensor) -> None:
+        shape = (self.cfg.vocab_size, self.cfg.hidden_size)
+        for name, t in (("embed_tokens", embed_tokens), ("lm_head", lm_head)):
+            if tuple(t.shape) != shape:
+                raise ValueError(f"verifier {name} has shape {tuple(t.shape)}, "
+                                 f"the drafter config wants {shape}")
+        # Kept in the verifier's dtype (bf16 as extracted): frozen, an fp32 copy adds nothing.
+        device = self.fc.weight.device
+        self.embed_tokens = embed_tokens.to(device)
+        self.lm_head = lm_head.to(device)
+
+    def forward(self, batch: PackedBatch, context_hidden: Tensor, max_anchors: int,
+                gamma: float, soft_kl: float = 0.0, loss_chunk: int = 2048) -> BlockLosses:
+        """Draw anchors, draft every block in one pass, score it.
+
+        context_hidden [B, L, num_target_layers · H]: the verifier layers this drafter
+        reads, concatenated (a selection of the data's aux_hidden).
+        """
+        cfg, bs = self.cfg, self.cfg.block_size
+        ids, doc = batch.input_ids, batch.doc_ids
+        B, L = ids.shape
+        anchors, used = sample_anchors(batch.loss_mask, doc, bs, max_anchors)
+        offsets = torch.arange(bs, device=ids.device)
+        at = anchors[..., None] + offsets  # [B, A, bs] row positions of the blocks' tokens
+
+        tokens = torch.full_like(at, cfg.mask_token_id)
+        tokens[..., 0] = ids.gather(1, anchors)
+        x = self.embed_tokens[tokens.flatten(1)]
+        if not torch.is_autocast_enabled(x.device.type):
+            x = x.to(self.fc.weight.dtype)
+            context_hidden = context_hidden.to(self.fc.weight.dtype)
+        context = self.hidden_norm(self.fc(context_hidden))
+
+        block_pos = (batch.position_ids.gather(1, anchors)[..., None] + offsets).flatten(1)
+        rotary = rotary_tables(torch.cat([batch.position_ids, block_pos], dim=1),
+                               cfg.head_dim, cfg.rope_theta,
+                               at_least_float32(self.fc.weight.dtype))
+        layout = BlockLayout(doc, anchors, bs)
+        for layer in self.layers:
+            x = layer(x, context, rotary, layout)
+
+        # Offset k of a used block is scored where its token bears loss; the verifier's
+        # token there is its argmax at the position before (valid anchors keep the whole
+        # block inside the sample).
+        last = at.clamp(max=L - 1)
+        scored = used[..., None] & batch.loss_mask.gather(1, last.flatten(1)).view_as(at)
+        scored[..., 0] = False
+        where = scored.nonzero()  # [P, 3] (row, slot, offset)
+        rows, offset = where[:, 0], where[:, 2]
+        draft_rows = (rows * anchors.shape[1] + where[:, 1]) * bs + offset
+        verifier_rows = rows * L + at[scored] - 1
+        weights = torch.tensor(position_weights(bs, gamma), device=ids.device)[offset - 1]
+        total, losses, agree = block_loss(
+            self.norm(x.flatten(0, 1).index_select(0, draft_rows)), self.lm_head,
+            batch.final_hidden.flatten(0, 1).index_select(0, verifier_rows), weights,
+            soft_kl, loss_chunk)
+        return BlockLosses(total, losses, agree, offset)

@@ -1,0 +1,91 @@
+"""The DFlash drafter inside the training loop (training/loop.py): its training knobs,
+building it on the verifier, one step's forward and backward, and its step fields."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from training.config import DFlashConfig
+from training.data import Dataset
+from training.dflash.model import DFlashDrafter, position_weights
+from training.loop import _all_reduce, precision
+from training.model import StepLoss
+from training.packing import PackedBatch
+
+
+@dataclass(frozen=True)
+class DFlashTraining:
+    target_layers: tuple[int, ...]  # verifier layers read as context, among the data's
+    max_anchors: int  # blocks drawn per packed row
+    gamma: float  # block offset k weighs exp(-(k - 1) / gamma)
+    soft_kl: float  # the share of KL(verifier || drafter) in the loss, the rest CE
+
+
+class DFlashStep(nn.Module):
+    """The drafter's pass on a batch as a forward(), so DDP sees the call it syncs; it
+    picks the context layers out of the data's captured ones."""
+
+    def __init__(self, drafter: DFlashDrafter, training: DFlashTraining,
+                 data_layers: list[int]):
+        super().__init__()
+        self.drafter = drafter
+        self.training = training
+        self.data_layers = len(data_layers)
+        columns = [data_layers.index(layer) for layer in training.target_layers]
+        self.whole = columns == list(range(len(data_layers)))  # no copy to make
+        self.register_buffer("columns", torch.tensor(columns), persistent=False)
+
+    def forward(self, batch: PackedBatch, loss_chunk: int):
+        aux = batch.aux_hidden
+        B, L, _ = aux.shape
+        if not self.whole:
+            aux = aux.view(B, L, self.data_layers, -1)[:, :, self.columns].flatten(2)
+        t = self.training
+        return self.drafter(batch, aux, t.max_anchors, t.gamma, t.soft_kl, loss_chunk)
+
+
+def build(cfg: DFlashConfig, training: DFlashTraining, dataset: Dataset,
+          device: torch.device) -> tuple[DFlashDrafter, DFlashStep]:
+    # Built and filled on the device, as the EAGLE-3 drafter is.
+    with torch.device(device):
+        drafter = DFlashDrafter(cfg)
+    verifier = dataset.verifier()
+    drafter.load_verifier(verifier["embed_tokens"], verifier["lm_head"])
+    return drafter, DFlashStep(drafter, training, dataset.info["layers"]).to(device)
+
+
+def forward_backward(model: nn.Module, batch: PackedBatch, cfg: DFlashConfig,
+                     training: DFlashTraining, loss_chunk: int, world: int = 1
+                     ) -> tuple[list[StepLoss], list[float]]:
+    """Backward through the weighted mean loss over the global batch's scored positions.
+    Returns, per block offset 1..block_size - 1, its positions' losses and their count
+    over all ranks (the shape training/loop.py reports TTT steps in)."""
+    device = batch.input_ids.device
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision(device) == "bf16"):
+        out = model(batch, loss_chunk)
+    local = torch.bincount(out.offset, minlength=cfg.block_size)[1:].tolist()
+    counts = _all_reduce([float(n) for n in local], device, world)
+    weights = position_weights(cfg.block_size, training.gamma)
+    norm = sum(w * n for w, n in zip(weights, counts))
+    # Each rank's share of the global mean; DDP averages gradients over ranks.
+    (out.total * (world / max(norm, 1e-12))).backward()
+    order = out.offset.argsort(stable=True)
+    losses, agree = out.losses[order].split(local), out.agree[order].split(local)
+    return [StepLoss(None, loss, ok, None) for loss, ok in zip(losses, agree)], counts
+
+
+def step_fields(loss_pos: list[float], acc_pos: list[float], counts: list[float],
+                cfg: DFlashConfig, training: DFlashTraining) -> dict:
+    """The step event's loss (the weighted mean the backward took), loss_pos, acc_pos and
+    tau: the expected accepted length if offset k is accepted with probability acc_pos[k]
+    once every offset before it was, Σ_k Π_{j<=k} acc_pos[j]."""
+    weights = position_weights(cfg.block_size, training.gamma)
+    norm = sum(w * n for w, n in zip(weights, counts))
+    loss = sum(w * n * v for w, n, v in zip(weights, counts, loss_pos)) / max(norm, 1e-12)
+    tau, run = 0.0, 1.0
+    for acc in acc_pos:
+        run *= acc
+        tau += run
+    return dict(loss=loss, loss_pos=loss_pos, acc_pos=acc_pos, tau=tau)
