@@ -24,7 +24,10 @@ from textual.worker import Worker, WorkerState
 from backends import attach, gpu, kill, logparse, runs
 from backends.hosts import DEFAULT_RUNS_ROOT, Host, HostError
 from tui.guard import Guarded, error_log_path, guarded_callback, write_error
-from tui.alerts import Alert, host_alerts, kill_alert, run_alerts, update_underfed
+from backends.alerts import (
+    COMMAND_TIMEOUT_S, Alert, AlertBook, HostFacts, RunFacts, Rules, kill_alert, run_command, underfed_since,
+)  # fmt: skip
+from tui.alerts import announce
 from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
 from tui.monitor import HostMonitor
@@ -84,6 +87,9 @@ class TracksideApp(Guarded, App):
         clock: Callable[[], float] = time.time,
         poll_interval: float = 1.0,
         grace_s: float = 30.0,
+        alert_rules: Rules = Rules(),
+        alert_command: list[str] | None = None,
+        alert_timeout_s: float = COMMAND_TIMEOUT_S,
     ) -> None:
         super().__init__()
         self.watched = {w.host.name: w for w in watched}
@@ -93,7 +99,10 @@ class TracksideApp(Guarded, App):
         self.grace_s = grace_s
         self.hosts: dict[str, HostState] = {name: HostState(name) for name in self.watched}
         self.runs: dict[str, RunState] = {}
-        self.alerts: dict[str, Alert] = {}
+        self.alert_book = AlertBook(since=clock(), rules=alert_rules)
+        self.alert_command = alert_command  # run with each new alert as JSON on its stdin
+        self.alert_timeout_s = alert_timeout_s
+        self.alerts: dict[str, Alert] = {}  # up now, in the alert bar's order
         self.kill_alerts: dict[str, Alert] = {}
         self.pending: dict[str, dict] = {}  # edited params per run, applied by relaunch
         self.monitors: dict[str, HostMonitor] = {}
@@ -181,7 +190,7 @@ class TracksideApp(Guarded, App):
             trace = host.traces.setdefault(reading.index, GpuTrace())
             trace.power_w.append(reading.power_w or 0.0)
             trace.mem_mib.append(reading.mem_used_mib or 0)
-        update_underfed(host, message.time)
+            trace.underfed_since = underfed_since(reading, trace.underfed_since, message.time)
         self._changed(host=host.name)
 
     def on_host_failed(self, message: HostFailed) -> None:
@@ -262,16 +271,34 @@ class TracksideApp(Guarded, App):
 
     def _refresh_alerts(self) -> None:
         now = self.clock()
-        alerts: dict[str, Alert] = {}
-        for host in self.hosts.values():
-            alerts.update((a.key, a) for a in host_alerts(host, now))
-        for run in self.runs.values():
-            alerts.update((a.key, a) for a in run_alerts(run, now))
-        alerts.update(self.kill_alerts)
-        for key, alert in alerts.items():
-            if key not in self.alerts:
-                self.notify(alert.text, severity=alert.severity, timeout=8)
-        self.alerts = alerts
+        hosts = [
+            HostFacts(
+                host.name,
+                host.message if host.status.lost else None,
+                [(r, host.traces[r.index].underfed_since) for r in (host.gpus.gpus if host.gpus else ()) if r.index in host.traces],
+            )
+            for host in self.hosts.values()
+        ]
+        listed = [RunFacts(run.key, run.info, run.steps, run.oom) for run in self.runs.values() if not run.gone]
+        for alert in self.alert_book.evaluate(hosts, listed, now, self.kill_alerts.values()):
+            self.notify(alert.text, severity=alert.severity, timeout=8)
+            announce(self, alert)
+            if self.alert_command:
+                self.run_worker(self._send_alert(alert, now), group="alerts", exit_on_error=False)
+        self.alerts = {alert.key: alert for alert in self.alert_book.current}
+
+    async def _send_alert(self, alert: Alert, raised: float) -> None:
+        problem = await run_command(self.alert_command, alert, raised, self.alert_timeout_s)
+        if problem:
+            self.notify(problem, severity="warning", timeout=10)
+
+    def action_alerts(self) -> None:
+        from tui.screens.alerts import AlertsScreen
+
+        if isinstance(self.screen, AlertsScreen):
+            self.screen.dismiss()
+        else:
+            self.push_screen(AlertsScreen())
 
     # --- actions --------------------------------------------------------------------
 

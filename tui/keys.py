@@ -16,6 +16,8 @@ KEYS = [
     Binding("a", "attach", "Attach", id="trackside.attach", tooltip="Open the run's tmux session"),
     Binding("l", "log_focus", "Log", id="trackside.log"),
     Binding("slash", "filter", "Filter", id="trackside.filter", key_display="/"),
+    # Not in the footer: the alert bar says what is up now; `?` and the palette tell the key.
+    Binding("!", "alerts", "Alerts", id="trackside.alerts", show=False),
     Binding("question_mark", "help", "Help", id="trackside.help", key_display="?"),
     Binding("q", "quit", "Quit", id="trackside.quit"),
 ]
@@ -29,6 +31,7 @@ DESCRIPTIONS = {
     "attach": "Open the selected run's tmux session (over SSH when remote)",
     "log_focus": "Focus the log tail",
     "filter": "Filter the rows or log lines",
+    "alerts": "List every alert since the dashboard started, with when it was raised and cleared",
     "help": "Show the keys",
     "quit": "Quit trackside",
 }

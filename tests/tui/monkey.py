@@ -12,6 +12,7 @@ from textual.app import App
 from textual.binding import Binding
 
 from tui.app import TracksideApp
+from tui.screens.alerts import AlertsScreen
 from tui.screens.confirm import Confirm
 from tui.screens.edit import EditScreen
 from tui.screens.fleet import FleetScreen
@@ -19,7 +20,7 @@ from tui.screens.help import HelpScreen
 from tui.screens.kill import KillConfirm, KillReportScreen
 from tui.screens.run import RunScreen
 
-SCREENS = [TracksideApp, App, FleetScreen, RunScreen, EditScreen, KillConfirm, KillReportScreen, Confirm, HelpScreen]
+SCREENS = [TracksideApp, App, FleetScreen, RunScreen, EditScreen, KillConfirm, KillReportScreen, Confirm, HelpScreen, AlertsScreen]
 MOVES = ["enter", "escape", "up", "down", "left", "right", "tab", "shift+tab", "home", "end", "pageup", "pagedown"]
 TYPED = list("0123456789abcdefghijklmnoprstuvwxyz .-_=")  # no q: it quits outside an input
 # Keys that answer Yes in a dialog: pressed only where no dialog can be on its way.

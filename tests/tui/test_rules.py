@@ -1,4 +1,4 @@
-"""Alerts, smoothing and the edit form's predictions, on plain state."""
+"""Smoothing and the edit form's predictions, on plain state."""
 
 from __future__ import annotations
 
@@ -9,40 +9,12 @@ from rich.color import ColorSystem
 from rich.style import Style
 from textual.strip import Strip
 
-from backends.kill import GpuDelta, KillReport
-from backends.gpu import GpuProcess
-from tests.tui.sample import NOW, PARAMS, gpus, metrics_events, run_info
-from tui.alerts import STALL_S, host_alerts, kill_alert, run_alerts, update_underfed
+from tests.tui.sample import NOW, PARAMS, metrics_events, run_info
 from tui.app import ESCAPE_CACHE, bound_escape_cache
 from tui.predict import predict
 from tui.screens.run import stats_text
-from tui.state import STEP_HISTORY, GpuTrace, HostState, RunState
+from tui.state import STEP_HISTORY, RunState
 from tui.widgets.loss_chart import Curves
-
-
-def underfed_host(power_w: float) -> HostState:
-    host = HostState("h200-box", status="ok", gpus=gpus(power_w))
-    host.traces = {i: GpuTrace() for i in range(8)}
-    return host
-
-
-def test_underfed_gpu_is_flagged_after_a_minute_and_cleared_when_fed():
-    host = underfed_host(250.0)
-    update_underfed(host, NOW)
-    assert host_alerts(host, NOW + 59) == []
-    [alert] = host_alerts(host, NOW + 60)
-    assert alert.key == "underfed:h200-box"
-    assert "GPUs 0,1,2,3,4,5,6,7 on h200-box: 250–299 W of 600 W at >90% util for 1m00s" in alert.text
-
-    host.gpus = gpus(550.0)
-    update_underfed(host, NOW + 61)
-    assert host_alerts(host, NOW + 200) == []
-
-
-def test_lost_host_is_an_error_alert():
-    host = HostState("pve-129", status="auth", message="root@10.0.0.129 refused our keys")
-    [alert] = host_alerts(host, NOW)
-    assert alert.severity == "error" and "refused our keys" in alert.text
 
 
 def make_run(events: list[dict]) -> RunState:
@@ -50,32 +22,6 @@ def make_run(events: list[dict]) -> RunState:
     for event in events:
         run.add_event(event)
     return run
-
-
-def test_stall_and_oom_alerts():
-    run = make_run(metrics_events(10))
-    last = run.last_step_time()
-    assert run_alerts(run, last + STALL_S - 1) == []
-    [stall] = run_alerts(run, last + STALL_S + 60)
-    assert "no step for 6m00s" in stall.text
-
-    run.add_event({"event": "oom", "max_seq_len": 32768, "ttt_steps": 5, "tried_gib": 12.0, "peak_mem_gib": 95.1})
-    texts = [a.text for a in run_alerts(run, last)]
-    assert any("max_seq_len=32768, ttt_steps=5, tried_gib=12.0" in t for t in texts)
-    assert run.state_label == "OOM"
-
-
-def test_kill_alert_names_each_straggler():
-    def report(stragglers):
-        return KillReport(
-            target="r", session="dflash", run_id="r", signalled=[1, 2], killed=[], survivors=[],
-            gpus=[GpuDelta(0, 75000, 0)], gpu_processes_before=[], stragglers=stragglers, other_holders=[],
-            released=not stragglers, gpu_status="OK", gpu_message="", exit_status=0, seconds=1.5, release_s=0.2,
-        )  # fmt: skip
-
-    assert kill_alert("h/r", report([])) is None
-    alert = kill_alert("h/r", report([GpuProcess(77, 3, 76800, "python3")]))
-    assert "PID 77 (python3) holds 76800 MiB on GPU 3" in alert.text
 
 
 def step(n: int, loss, ttt=None) -> dict:

@@ -8,7 +8,6 @@ import pytest
 
 from backends.runs import RunState as Listed
 from tests.tui.sample import NOW, gpus, metrics_events, run_info
-from tui.alerts import host_alerts
 from tui.screens.fleet import host_cells, run_cells
 from tui.screens.run import stats_text
 from tui.state import HostState, HostStatus, RunState, RunStatus
@@ -86,7 +85,6 @@ def test_the_step_of_a_metrics_stream_counts_from_its_start_event():
 def test_a_host_status_given_as_its_word_reads_as_the_enum():
     host = HostState("pve-129", status="auth", message="refused our keys", gpus=gpus())
     assert host.status is HostStatus.AUTH and host.status.lost
-    assert [a.severity for a in host_alerts(host, NOW)] == ["error"]
     cell = host_cells(host, NOW, 1.0)["state"]
     assert cell.plain == "auth: refused our keys" and str(cell.style) == "bold red"
     assert not HostState("h").status.lost

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.alerts import Alert
+from backends.alerts import Alert
 from tui.guard import Guarded
 
 
