@@ -177,10 +177,10 @@ def _stall_alert(run: RunFacts, now: float, rules: Rules) -> Alert | None:
     return Alert(f"stall:{run.key}", f"{run.key} stalled: no step for {format_duration(quiet)}")
 
 
-def run_alerts(run: RunFacts, now: float, rules: Rules = Rules(), *, relaunched: bool = False) -> list[Alert]:
-    """A run's alerts; a run relaunched since has had its end answered."""
+def run_alerts(run: RunFacts, now: float, rules: Rules = Rules(), *, answered: bool = False) -> list[Alert]:
+    """A run's alerts; `answered`: its end is no news (the operator stopped or relaunched it)."""
     found = [_loss_alert(run), _stall_alert(run, now, rules)]
-    if not relaunched:
+    if not answered:
         found.append(_ended_alert(run))
     return [alert for alert in found if alert is not None]
 
@@ -212,6 +212,7 @@ class AlertBook:
     active: dict[str, Entry] = field(default_factory=dict)
     entries: deque[Entry] = field(default_factory=lambda: deque(maxlen=HISTORY))
     _seen_running: set[str] = field(default_factory=set)
+    _stopped: set[str] = field(default_factory=set)
 
     @property
     def current(self) -> list[Alert]:
@@ -232,8 +233,12 @@ class AlertBook:
         found = [alert for host in hosts for alert in host_alerts(host, now, self.rules)]
         for run in runs:
             if self.watches(run):
-                found += run_alerts(run, now, self.rules, relaunched=run.info.run_id in parents)
+                found += run_alerts(run, now, self.rules, answered=run.key in self._stopped or run.info.run_id in parents)
         return self.update([*found, *extra], now)
+
+    def stopped(self, key: str) -> None:
+        """The operator stopped this run from here: how it ends is not news to them."""
+        self._stopped.add(key)
 
     def update(self, alerts: Iterable[Alert], now: float) -> list[Alert]:
         """Record the alerts up now: new causes are raised (and returned), gone ones cleared."""

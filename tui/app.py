@@ -421,6 +421,7 @@ class TracksideApp(Guarded, App):
 
         watched = self.watched[run.host]
         self.notify(f"stopping {run.key}…", timeout=3)
+        self.alert_book.stopped(run.key)
         try:
             report = await kill.kill_run(watched.host, plan, grace_s=self.grace_s, smi=watched.smi)
         except Exception as error:

@@ -153,6 +153,17 @@ def test_a_relaunch_answers_its_parents_end():
     assert book.evaluate([], [failed, child], NOW + 1) == [] and book.current == []
 
 
+def test_a_run_the_operator_stopped_ends_without_an_alert():
+    book = AlertBook(since=NOW)
+    running = RunFacts("box/r", info())
+    book.evaluate([], [running], NOW)
+    book.stopped("box/r")
+    killed = RunFacts("box/r", info(RunState.EXITED, -15))
+    assert book.evaluate([], [killed], NOW + 1) == []
+    other = RunFacts("box/other", info(RunState.EXITED, -15, run_id="20260921-1415-0000"))
+    assert causes(book.evaluate([], [killed, other], NOW + 2)) == ["failed"]
+
+
 def command(tmp_path: Path, script: str) -> list[str]:
     return [sys.executable, "-c", script, str(tmp_path / "got")]
 
