@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from backends import console, runs, tmux
 from backends.hosts import Host
@@ -63,6 +64,13 @@ class Series:
             seen += tokens or 0.0
             xs.append(seen if tokens is not None else None)
         return xs
+
+
+class Overlay(NamedTuple):
+    """Another run drawn behind a run: its legend (how the two differ) and its series."""
+
+    label: str
+    series: Series
 
 
 def number(value) -> float | None:

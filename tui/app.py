@@ -21,7 +21,7 @@ from textual.screen import Screen
 from textual.strip import Strip
 from textual.worker import Worker, WorkerState
 
-from backends import attach, gpu, kill, logparse, runs
+from backends import attach, gpu, kill, logparse, runs, series
 from backends.hosts import DEFAULT_RUNS_ROOT, Host, HostError
 from tui.guard import Guarded, error_log_path, guarded_callback, write_error
 from backends.alerts import (
@@ -29,7 +29,7 @@ from backends.alerts import (
 )  # fmt: skip
 from tui.alerts import announce
 from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS
-from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
+from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, OverlaysRead, RunsListed
 from tui.monitor import HostMonitor
 from tui.state import GpuTrace, HostState, HostStatus, RunState, run_key
 
@@ -233,6 +233,47 @@ class TracksideApp(Guarded, App):
         if not run.steps:
             run.console.add(lines)
         self._changed(run=run.key, lines=lines)
+
+    def read_overlays(self, key: str, picked: str | None = None) -> None:
+        """Read, in a worker, what run `key`'s chart draws behind it: its parent's and
+        grandparent's curves, or those of the fleet's run `picked` (picked again: dropped)."""
+        self.run_worker(self._read_overlays(key, picked), group="overlays", exit_on_error=False)
+
+    async def _read_overlays(self, key: str, picked: str | None) -> None:
+        run = self.runs.get(key)
+        if run is None:
+            return
+        if picked is not None and picked in run.overlays:
+            self.post_message(OverlaysRead(key, {}, drop=picked))
+            return
+        other = self.runs.get(picked) if picked is not None else None
+        try:
+            if other is None:
+                # A relaunch lives on its parent's host, beside it in the runs root.
+                line = await series.ancestors(self.watched[run.host].host, run.info.parent)
+                read = [(f"{run.host}/{s.name}", relation, s) for relation, s in zip(("parent", "grandparent"), line)]
+            else:
+                host, info = self.watched[other.host].host, other.info
+                s = await (series.of_run(host, info.run_id) if info.run_id else series.of_session(host, info.session))
+                read = [(picked, s.name, s)]
+        except Exception as error:  # a host lost, a run dir gone: the chart goes on without it
+            self.notify(f"cannot read the curves to draw behind {key}: {error}", severity="warning", timeout=8)
+            return
+        # Named by how this run differs from it, where both have launch params to compare.
+        overlays = {
+            k: series.Overlay(f"{name}: {series.changed(s.params, run.info.params)}" if s.params else name, s)
+            for k, name, s in read
+        }
+        self.post_message(OverlaysRead(key, overlays))
+
+    def on_overlays_read(self, message: OverlaysRead) -> None:
+        run = self.runs.get(message.key)
+        if run is None:
+            return
+        overlays = {k: o for k, o in run.overlays.items() if k != message.drop}
+        overlays.update(message.overlays)
+        run.overlays = overlays
+        self._changed(run=run.key)
 
     def _follow_runs(self, host_name: str) -> None:
         monitor = self.monitors.get(host_name)

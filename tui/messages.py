@@ -56,6 +56,17 @@ class MetricsBatch(HostMessage):
         self.garbled = garbled
 
 
+class OverlaysRead(Message):
+    """Runs to draw behind run `key` (run key → backends.series.Overlay), read by a worker;
+    `drop`, a run key to draw no longer."""
+
+    def __init__(self, key: str, overlays: dict, drop: str | None = None) -> None:
+        super().__init__()
+        self.key = key
+        self.overlays = overlays
+        self.drop = drop
+
+
 class ConsoleBatch(HostMessage):
     """Lines of a run's console.log since the last batch."""
 

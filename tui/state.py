@@ -106,6 +106,9 @@ class RunState:
     log: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     garbled: int = 0
     gone: bool = False  # the run no longer appears in the host's listing
+    # Run key → backends.series.Overlay: other runs drawn dim behind this one's loss (its
+    # ancestors, runs picked from the fleet); replaced whole, never changed in place.
+    overlays: dict = field(default_factory=dict)
 
     @property
     def last(self) -> dict | None:

@@ -18,9 +18,10 @@ from tui.screens.edit import EditScreen
 from tui.screens.fleet import FleetScreen
 from tui.screens.help import HelpScreen
 from tui.screens.kill import KillConfirm, KillReportScreen
+from tui.screens.pick_run import PickRun
 from tui.screens.run import RunScreen
 
-SCREENS = [TracksideApp, App, FleetScreen, RunScreen, EditScreen, KillConfirm, KillReportScreen, Confirm, HelpScreen, AlertsScreen]
+SCREENS = [TracksideApp, App, FleetScreen, RunScreen, EditScreen, KillConfirm, KillReportScreen, PickRun, Confirm, HelpScreen, AlertsScreen]
 MOVES = ["enter", "escape", "up", "down", "left", "right", "tab", "shift+tab", "home", "end", "pageup", "pagedown"]
 TYPED = list("0123456789abcdefghijklmnoprstuvwxyz .-_=")  # no q: it quits outside an input
 # Keys that answer Yes in a dialog: pressed only where no dialog can be on its way.

@@ -70,6 +70,8 @@ class RunScreen(Guarded, Screen):
     BINDINGS = [
         Binding("y", "log_scale", "Log/lin y", id="trackside.run.log_scale"),
         Binding("s", "smoothing", "Smoothing", id="trackside.run.smoothing"),
+        Binding("x", "x_axis", "Step/tokens", id="trackside.run.x_axis", tooltip="Loss by step or by tokens seen"),
+        Binding("o", "overlay", "Overlay", id="trackside.run.overlay", tooltip="Draw another run's loss behind this one's"),
         Binding("escape", "back", "Fleet", id="trackside.run.back"),
     ]
 
@@ -130,6 +132,8 @@ class RunScreen(Guarded, Screen):
         self.query_one(LossChart).show(run)
         self.state_changed()
         self.app.refresh_bindings()
+        if run is not None:
+            self.app.read_overlays(run.key)  # its ancestors' curves, behind its own
 
     def state_changed(self, *, host=None, run=None, events=(), lines=()) -> None:
         if not self.composed:
@@ -213,6 +217,24 @@ class RunScreen(Guarded, Screen):
 
     def action_smoothing(self) -> None:
         self.query_one(LossChart).cycle_smoothing()
+
+    def action_x_axis(self) -> None:
+        self.query_one(LossChart).toggle_x()
+
+    def action_overlay(self) -> None:
+        from tui.screens.pick_run import PickRun
+
+        current = self.run
+        others = [run for key, run in self.app.runs.items() if current is None or key != current.key]
+        if current is None or not others:
+            self.notify("no other run in the fleet to draw behind this one", timeout=5)
+            return
+
+        def picked(key: str | None) -> None:
+            if key is not None:
+                self.app.read_overlays(current.key, key)
+
+        self.app.push_screen(PickRun(current.key, others, set(current.overlays)), picked)
 
     def action_back(self) -> None:
         box = self.query_one("#log-filter", Input)

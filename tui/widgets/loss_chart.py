@@ -1,4 +1,6 @@
-"""The loss chart: the total and one curve per TTT step, EMA-smoothed, linear or log y.
+"""The loss chart: the total and one curve per TTT step, EMA-smoothed, linear or log y,
+by step or by tokens seen, with other runs' losses (its ancestors, runs picked from the
+fleet) drawn dim behind it.
 
 Drawn here in braille, not by plotext: plotext rebuilt a 200 × 24 chart in ~20 ms of
 Python, the app re-read 5,000 step events to smooth them on every replot, and each `y`
@@ -18,15 +20,18 @@ from textual.app import RenderResult
 from textual.timer import Timer
 from textual.widget import Widget
 
+from backends.series import Overlay, SeriesError
 from tui.state import STEP_HISTORY, RunState, format_number
 from tui.guard import Guarded
 
+X_AXES = ("step", "tokens")  # what `x` toggles between
 MIN_SIZE = (24, 8)  # columns, rows below which there is no chart worth drawing
 REPLOT_S = 0.5
 SMOOTHING = [1.0, 0.3, 0.1, 0.03]  # the EMA weights `s` cycles through; 1.0 shows raw values
 TOTAL = Style(color="#e4e4e4", bold=True)
 STEP_COLORS = [Style(color=c) for c in ("#5f87ff", "#5fd75f", "#ff8700", "#d787ff", "#00d7d7", "#ffd75f")]
 AXIS = Style(dim=True)
+OVERLAY_COLORS = [Style(color=c, dim=True) for c in ("#bcbcbc", "#8a8a8a", "#d7af87", "#87afaf", "#af87af")]
 TITLE = Style(bold=True)
 # Braille dots of one character cell: DOTS[dot column][dot row], rows from the top.
 DOTS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
@@ -67,6 +72,8 @@ class Curves:
         self.newest: object = None  # the source's entry folded in last
         self.labels: list[str] = []
         self.steps: deque = deque(maxlen=STEP_HISTORY)
+        self.tokens: deque = deque(maxlen=STEP_HISTORY)  # tokens seen by each entry's end; None: not logged
+        self.seen = 0.0
         self.count = 0  # entries folded in since the start over: where thinning keeps its phase
         self.raw: list[deque] = []  # per curve; None where an entry lacks the value
         self.smooth: list[deque] = []
@@ -79,10 +86,13 @@ class Curves:
         fresh = self._fresh(source)
         entries = None if fresh is None else [read(e) for e in fresh]
         if entries is None or any(len(values) > len(self.raw) for _, values in entries):
-            entries = [read(e) for e in source]
+            fresh = list(source)
+            entries = [read(e) for e in fresh]
             width = max((len(values) for _, values in entries), default=1)
             self.source, self.labels = source, [first] + [f"ttt {k}" for k in range(width - 1)]
             self.steps.clear()
+            self.tokens.clear()
+            self.seen = 0.0
             self.count = 0
             self.raw = [deque(maxlen=STEP_HISTORY) for _ in range(width)]
             self.ema = [None] * width
@@ -91,6 +101,10 @@ class Curves:
         self.count += len(entries)
         for step, _ in entries:
             self.steps.append(step if step is not None else self.steps[-1] + 1 if self.steps else 0)
+        for entry in fresh:
+            tokens = number(entry.get("tokens")) if isinstance(entry, dict) else None
+            self.seen += tokens or 0.0
+            self.tokens.append(self.seen if tokens is not None else None)
         for k, raw in enumerate(self.raw):
             column = [values[k] if k < len(values) else None for _, values in entries]
             raw.extend(column)
@@ -113,13 +127,35 @@ class Curves:
         return None
 
     def _smooth(self, k: int, values) -> None:
-        alpha, keep = self.smoothing, 1 - self.smoothing
-        ema, out = self.ema[k], self.smooth[k]
-        for v in values:
-            if v is not None:
-                ema = v if ema is None else alpha * v + keep * ema
-            out.append(ema)
-        self.ema[k] = ema
+        smoothed = ema(values, self.smoothing, self.ema[k])
+        self.smooth[k].extend(smoothed)
+        if smoothed:
+            self.ema[k] = smoothed[-1]
+
+
+def ema(values, alpha: float, last: float | None = None) -> list[float | None]:
+    """Each value's exponential moving average, from `last` on (None until a first value)."""
+    keep, out = 1 - alpha, []
+    for v in values:
+        if v is not None:
+            last = v if last is None else alpha * v + keep * last
+        out.append(last)
+    return out
+
+
+class Overlaid:
+    """Another run's loss as this chart draws it: smoothed like the run's own, per x axis
+    (a console's curve has no tokens)."""
+
+    def __init__(self, overlay: Overlay, smoothing: float) -> None:
+        self.label = overlay.label
+        self.points: dict[str, list[tuple[float, float]]] = {}
+        for axis in X_AXES:
+            try:
+                xs, ys = zip(*overlay.series.curve("loss", axis))
+            except SeriesError:
+                continue
+            self.points[axis] = list(zip(xs, ema(ys, smoothing)))
 
 
 class LossChart(Guarded, Widget):
@@ -133,7 +169,10 @@ class LossChart(Guarded, Widget):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.log_y = False
+        self.x_axis = "step"
         self.curves = Curves(0.3)
+        self.overlaid: list[Overlaid] = []
+        self._overlays: tuple[dict, float] | None = None  # the run's overlays and the smoothing drawn
         self.run: RunState | None = None
         self._last = 0.0  # monotonic time of the last replot
         self._pending: Timer | None = None
@@ -152,6 +191,8 @@ class LossChart(Guarded, Widget):
             return
         source = entries_of(self.run)[0]
         if source and (source is not self.curves.source or source[-1] is not self.curves.newest):
+            self.replot()
+        elif self._overlays_stale():  # read by a worker meanwhile
             self.replot()
 
     def show(self, run: RunState | None) -> None:
@@ -174,10 +215,23 @@ class LossChart(Guarded, Widget):
         self._last = time.monotonic()
         if self.run is not None:
             self.curves.update(self.run)
+            if self._overlays_stale():
+                self._overlays = (self.run.overlays, self.smoothing)
+                self.overlaid = [Overlaid(o, self.smoothing) for o in self.run.overlays.values()]
         self.refresh()
 
     def toggle_log(self) -> None:
         self.log_y = not self.log_y
+        self.replot()
+
+    def _overlays_stale(self) -> bool:
+        # By identity: the app replaces a run's overlays whole, and comparing thousands
+        # of step records every half second would cost what the chart saves.
+        drawn = self._overlays
+        return drawn is None or drawn[0] is not self.run.overlays or drawn[1] != self.smoothing
+
+    def toggle_x(self) -> None:
+        self.x_axis = X_AXES[(X_AXES.index(self.x_axis) + 1) % len(X_AXES)]
         self.replot()
 
     def cycle_smoothing(self) -> None:
@@ -189,27 +243,44 @@ class LossChart(Guarded, Widget):
         width, height = self.size
         if width < MIN_SIZE[0] or height < MIN_SIZE[1]:
             return ""
-        return draw(self.curves if self.run is not None else None, width, height, self.log_y)
+        run = self.run is not None
+        return draw(self.curves if run else None, width, height, self.log_y, self.overlaid if run else (), self.x_axis)
 
 
-def draw(curves: Curves | None, width: int, height: int, log_y: bool) -> Text:
-    """The chart as `height` lines of `width` cells: a title and legend, the curves in
-    braille dots against a y axis, and the step axis below."""
+def draw(
+    curves: Curves | None, width: int, height: int, log_y: bool, overlaid: list[Overlaid] = (), x_axis: str = "step"
+) -> Text:
+    """The chart as `height` lines of `width` cells: a title and legend (and the overlays'
+    legend), the curves in braille dots against a y axis, and the x axis below.
+
+    By tokens seen only when the run logs its tokens (a console's curve does not): else by
+    step. Overlays are cut to the run's own x range: the question is how the runs compare
+    at the same step, and an ancestor's longer run would squeeze this one into a corner."""
     smoothing = curves.smoothing if curves is not None else 0.3
-    title = f"loss ({smoothing_words(smoothing)}, {'log' if log_y else 'linear'} y)"
     points = thinned(curves, log_y, width) if curves is not None else []
-    found = [y for _, ys in points for y in ys if y is not None]
+    tokens = list(curves.tokens) if curves is not None else []
+    if None in tokens:
+        x_axis = "step"
+    by = " by tokens seen" if x_axis == "tokens" else ""
+    title = f"loss{by} ({smoothing_words(smoothing)}, {'log' if log_y else 'linear'} y)"
+    own = [y for _, ys in points for y in ys if y is not None]
+    steps = (tokens if x_axis == "tokens" else list(curves.steps)) if own else []  # indexed hundreds of times: a deque's middle is not O(1)
+    behind = [o.points.get(x_axis, []) for o in overlaid]
+    if steps:
+        x0, x1 = steps[0], steps[-1]
+    else:  # nothing of its own yet (a relaunch just started): the overlays' range
+        x0, x1 = min((p[0] for ps in behind for p in ps), default=0), max((p[0] for ps in behind for p in ps), default=0)
+    behind = [overlay_points(ps, x0, x1, log_y, width) for ps in behind]
+    found = own + [y for ps in behind for _, y in ps]
     text = Text(no_wrap=True, overflow="crop", end="")
     if not found:
         text.append(title.center(width), TITLE)
         text.append("\n" * (height - 1))
         return text
-    steps = list(curves.steps)  # indexed hundreds of times: a deque's middle is not O(1)
-    x0, x1 = steps[0], steps[-1]
     y0, y1 = min(found), max(found)
     if y1 - y0 < 1e-12:
         y0, y1 = y0 - 0.5, y1 + 0.5
-    rows = height - 3  # title above, axis and step labels below
+    rows = height - 3 - bool(overlaid)  # title (and the overlays' legend) above, axis and its labels below
     label = (lambda v: format_number(10**v, 3)) if log_y else (lambda v: format_number(v, 4))
     marks = ticks(rows)
     y_labels = {r: label(y1 - (r + 0.5) / rows * (y1 - y0)) for r in marks}
@@ -220,16 +291,24 @@ def draw(curves: Curves | None, width: int, height: int, log_y: bool) -> Text:
     dots_x, dots_y = 2 * cols - 1, 4 * rows - 1
     x_scale = dots_x / (x1 - x0) if x1 > x0 else 0.0
     y_scale = dots_y / (y1 - y0)
-    # The total is drawn last, on top of the TTT steps it summarises.
+    # Other runs first, behind; the total last, on top of the TTT steps it summarises.
+    for j, ps in enumerate(behind):
+        plot(bits, owner, len(points) + 1 + j, [round((x - x0) * x_scale) for x, _ in ps], [round((y1 - y) * y_scale) for _, y in ps])
     for k in [*range(1, len(points)), 0]:
         xs, ys = points[k]
         plot(bits, owner, k + 1, [round((steps[i] - x0) * x_scale) for i in xs], [None if y is None else round((y1 - y) * y_scale) for y in ys])
     styles = [None, TOTAL, *[STEP_COLORS[(k - 1) % len(STEP_COLORS)] for k in range(1, len(points))]]
+    styles += [OVERLAY_COLORS[j % len(OVERLAY_COLORS)] for j in range(len(behind))]
     text.append(" " * (margin + 2))
     text.append(title, TITLE)
-    for k, name in enumerate(curves.labels[: len(points)]):
+    for k, name in enumerate(curves.labels[: len(points)] if points else ()):
         text.append("  ")
         text.append("━━ " + name, styles[k + 1])
+    if overlaid:
+        text.append("\n" + " " * (margin + 2))
+        for j, o in enumerate(overlaid):
+            text.append("  " if j else "")
+            text.append("┄┄ " + o.label + ("" if behind[j] else " (none in view)"), styles[len(points) + 1 + j])
     for r in range(rows):
         text.append("\n")
         text.append(y_labels.get(r, "").rjust(margin), AXIS)
@@ -257,7 +336,7 @@ def draw(curves: Curves | None, width: int, height: int, log_y: bool) -> Text:
             placed.append((start, name))
             end = start + len(name)
     text.append("\n")
-    text.append("step".rjust(margin)[-margin:] + " └" + "".join(axis), AXIS)
+    text.append(("step" if x_axis == "step" else "tok").rjust(margin)[-margin:] + " └" + "".join(axis), AXIS)
     text.append("\n")
     # Each label its own span, the gaps unstyled: an SVG export draws a span's text from
     # its first cell, and renderers collapse a long run of spaces inside one.
@@ -267,6 +346,16 @@ def draw(curves: Curves | None, width: int, height: int, log_y: bool) -> Text:
         text.append(name, AXIS)
         end = start + len(name)
     return text
+
+
+def overlay_points(points: list[tuple[float, float]], x0: float, x1: float, log_y: bool, width: int) -> list[tuple[float, float]]:
+    """Another run's points within the x range, about one per dot column, on the y axis."""
+    inside = [(x, y) for x, y in points if x0 <= x <= x1 and y is not None and (y > 0 or not log_y)]
+    stride = max(1, math.ceil(len(inside) / max(1, 2 * width)))
+    kept = inside[::stride]
+    if kept and kept[-1] is not inside[-1]:
+        kept.append(inside[-1])
+    return [(x, math.log10(y) if log_y else y) for x, y in kept]
 
 
 def smoothing_words(weight: float) -> str:
