@@ -84,6 +84,7 @@ def main() -> int:
         print(svg.relative_to(REPO), "(+ .png)" if pngs else "")
     if not pngs:
         print("PNG skipped: pip install cairosvg to make them", file=sys.stderr)
+    print(plot_text().relative_to(REPO))
     return 0
 
 

@@ -160,3 +160,35 @@ async def on_run(pilot) -> None:
     await feed(pilot)
     pilot.app.open_run(RUN_KEY)
     await pilot.pause()
+
+
+# The sample run relaunched with TTT 3 → 5 (issue 24): deeper drafting costs loss early and
+# wins it back. Both as run dirs trackside leaves, for `trackside plot` and the overlays.
+CHILD_ID = "20261129-1410-c3d4"
+CHILD_PARAMS = {**PARAMS, "ttt_steps": 5}
+
+
+def child_metrics_events(steps: int = 300) -> list[dict]:
+    events = metrics_events(steps)
+    for event in events[1:]:
+        step = event["step"]
+        ttt = [2.4 * math.exp(-step / 80) + 0.7 + 0.2 * k + 0.08 * math.sin(step / 3.0) for k in range(5)]
+        event["loss_ttt"] = ttt
+        event["loss"] = sum(0.8**k * v for k, v in enumerate(ttt)) / sum(0.8**k for k in range(5))
+    return events
+
+
+def write_lineage(root) -> None:
+    """The sample run and its child as run dirs under `root`: manifests and metrics.jsonl."""
+    import json
+    from pathlib import Path
+
+    for run_id, params, parent, events in [
+        (RUN_ID, PARAMS, None, metrics_events()),
+        (CHILD_ID, CHILD_PARAMS, RUN_ID, child_metrics_events()),
+    ]:
+        directory = Path(root, run_id)
+        directory.mkdir(parents=True)
+        manifest = {"run_id": run_id, "session": "dflash", "params": params, "parent": parent, "run_dir": str(directory)}
+        (directory / "manifest.json").write_text(json.dumps(manifest))
+        (directory / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
