@@ -90,3 +90,25 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def plot_text() -> Path:
+    """`trackside plot` of the sample run and its TTT 3 → 5 relaunch, as a pipe receives it."""
+    import contextlib
+    import io
+    import tempfile
+
+    from tests.tui.sample import CHILD_ID, RUN_ID, write_lineage
+    from tui.plot import main as plot_main
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_lineage(Path(tmp, "runs"))
+        config = Path(tmp, "config.toml")
+        config.write_text(f'[hosts.h200-box]\nruns_root = "{Path(tmp, "runs")}"\n')
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            plot_main([RUN_ID, CHILD_ID, "--config", str(config), "--width", "100", "--height", "24"])
+    path = OUT / "plot.txt"
+    lines = [f"$ trackside plot {RUN_ID} {CHILD_ID} --width 100 --height 24", *printed.getvalue().splitlines()]
+    path.write_text("".join(line.rstrip() + "\n" for line in lines))  # plotext pads its lines
+    return path
