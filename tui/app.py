@@ -19,7 +19,7 @@ from rich.text import Text
 from textual.app import App, SuspendNotSupported, SystemCommand
 from textual.screen import Screen
 from textual.strip import Strip
-from textual.worker import Worker, WorkerState
+from textual.worker import Worker, WorkerFailed, WorkerState
 
 from backends import attach, gpu, kill, logparse, runs, series
 from backends.hosts import DEFAULT_RUNS_ROOT, Host, HostError
@@ -115,6 +115,7 @@ class TracksideApp(Guarded, App):
         local = next((w.host for w in watched if w.host.is_local), None)
         self.error_log = error_log_path(local.runs_root if local else DEFAULT_RUNS_ROOT)
         self.errors = 0  # unexpected errors caught since start
+        self.textual_errors = 0  # failures of Textual's own workers, survived
         self._reported: dict[tuple[str, type], float] = {}  # when each cause was last shown
 
     # --- unexpected errors ----------------------------------------------------------
@@ -140,7 +141,14 @@ class TracksideApp(Guarded, App):
 
     def _handle_exception(self, error: Exception) -> None:
         # Textual's own handler (private: exits the app). Errors in our code never get
-        # here (tui.guard); one from inside Textual is at least logged before the exit.
+        # here (tui.guard; our workers don't exit on error). A worker of Textual's own
+        # failing (its command palette's search, when the palette closes under it) stops
+        # only that worker, no message pump with it: logged, survived. Anything else from
+        # inside Textual is logged before Textual exits.
+        if isinstance(error, WorkerFailed):
+            self.textual_errors += 1
+            write_error(self.error_log, "a worker of Textual's (survived)", error.error)
+            return
         write_error(self.error_log, "Textual", error)
         super()._handle_exception(error)
 

@@ -30,6 +30,9 @@ ANSWERS_YES = {"y"}
 # before its next key, or queued keys (tab, enter) could answer it Yes.
 OPENS_DIALOG = {"k", "R", "r"}
 MOVES_FOCUS = {"tab", "shift+tab", "left", "right"}
+# The command palette: the monkey waits for it to open, then types into it anything but
+# Enter (which would run whatever command is highlighted: Quit among them).
+OPENS_PALETTE = {App.COMMAND_PALETTE_BINDING}
 # What a key types, for the keys Textual names by word.
 CHARACTERS = {"slash": "/", "question_mark": "?", "space": " "}
 

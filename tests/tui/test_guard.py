@@ -83,3 +83,22 @@ def test_the_workarounds_on_textual_internals_degrade_instead_of_raising(monkeyp
     setattr(footer, "__watchers", {"compact": [("not", "a", "pair")]})
     footer._drop_replaced_watchers()  # another shape of the store: left as it is
     assert getattr(footer, "__watchers")["compact"] == [("not", "a", "pair")]
+
+
+async def test_a_failing_worker_that_would_end_the_app_is_logged_and_survived(tmp_path):
+    """Textual ends the app when a worker started with exit_on_error (its command palette's
+    search, which a closing palette can fail, found by the monkey) raises."""
+    app = make_app()
+    app.error_log = str(tmp_path / "dashboard-errors.log")
+
+    async def search_of_a_closed_palette():
+        raise LookupError("No nodes match 'CommandList'")
+
+    async with app.run_test(size=(120, 40)) as pilot:
+        await feed(pilot)
+        app.run_worker(search_of_a_closed_palette(), exit_on_error=True)
+        await pilot.pause(0.2)
+        assert app.is_running and app.return_code is None and app.textual_errors == 1
+        await pilot.press("slash")
+        assert app.screen.query_one("#filter").display
+    assert "LookupError: No nodes match" in (tmp_path / "dashboard-errors.log").read_text()

@@ -70,7 +70,7 @@ async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monk
                     key = rng.choice(["n", "escape", "enter"])  # Enter presses the focused No
                     tally.dialogs_answered_no += 1
                 elif isinstance(current, CommandPalette):
-                    key = "escape"  # Enter there could run Quit; the palette has its own test
+                    key = rng.choice([k for k in keys if k != "enter"])
                 else:
                     key = rng.choice(keys)
                     if key in monkey.ANSWERS_YES:
@@ -83,9 +83,11 @@ async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monk
                 if key in monkey.OPENS_DIALOG:
                     await pilot.pause()
                     await wait_for(pilot, lambda: dialog_up() or not busy(), 30, f"{key!r}'s dialog or its end")
+                elif key in monkey.OPENS_PALETTE:
+                    await pilot.pause()
                 else:
                     await asyncio.sleep(monkey.pause_s(rng))
-                assert app.is_running and app.return_code is None, f"the app stopped after {key!r}"
+                assert app.is_running and app.return_code is None and app.screen_stack, f"the app stopped after {key!r}"
                 assert app.errors == 0, f"internal error after {key!r}:\n{_errors(app)}"
                 if not screen_text(app).strip():
                     await pilot.pause()  # a screen pushed a moment ago has had no layout yet
@@ -140,7 +142,7 @@ def test_random_keys_in_a_tmux_pane_never_stop_trackside_demo(tmp_path, tmux_soc
                 key = rng.choice(["n", "escape"])
                 tally.dialogs_answered_no += 1
             elif "Search for commands" in shown:
-                key = "escape"
+                key = rng.choice([k for k in keys if k != "enter"])
             else:
                 key = rng.choice(keys)
                 # No way to see a dialog on its way from here: no Yes, and for a few keys after
@@ -157,6 +159,10 @@ def test_random_keys_in_a_tmux_pane_never_stop_trackside_demo(tmp_path, tmux_soc
                 deadline = time.monotonic() + 1
                 while time.monotonic() < deadline and not any(q in screen() for q in ("Stop run", "Relaunch while")):
                     time.sleep(0.1)
+            elif key in monkey.OPENS_PALETTE:
+                deadline = time.monotonic() + 1
+                while time.monotonic() < deadline and "Search for commands" not in screen():
+                    time.sleep(0.05)
             else:
                 time.sleep(monkey.pause_s(rng))
             assert alive(), f"the dashboard ended after {key!r}:\n{screen()}"
