@@ -42,16 +42,16 @@ def _lost(error: BaseException) -> str:
 
 
 async def _tails(host: Host, run_dirs: list[str]) -> dict[str, list[dict]]:
-    """Each run dir's latest step events."""
+    """Each run dir's latest metrics events."""
     if not run_dirs:
         return {}
     result = await host.run(["sh", "-c", _TAILS, "sh", str(alerts.LOSS_WINDOW + 1), *run_dirs])
-    steps = {}
+    tails = {}
     for record in result.stdout.split("\036")[1:]:
         directory, _, text = record.partition("\n")
         events = (logparse.parse_metrics_line(line) for line in text.splitlines())
-        steps[directory] = [e for e in events if e is not None and e.get("event") == "step"]
-    return steps
+        tails[directory] = [e for e in events if e is not None]
+    return tails
 
 
 async def poll(watched: Watched, book: alerts.AlertBook, clock: Callable[[], float]) -> alerts.HostFacts:
@@ -68,7 +68,9 @@ async def poll(watched: Watched, book: alerts.AlertBook, clock: Callable[[], flo
     except Exception as error:  # a host's trouble is an alert, never the watcher's end
         return alerts.HostFacts(host.name, lost=_lost(error))
     for fact in read:
-        fact.steps = tails.get(fact.info.run_dir, [])
+        events = tails.get(fact.info.run_dir, [])
+        fact.steps = [e for e in events if e["event"] == "step"]
+        fact.oom = next((e for e in reversed(events) if e["event"] == "oom"), None)
     watched.runs = facts
     now = clock()
     readings = [(r, alerts.underfed_since(r, watched.underfed.get(r.index), now)) for r in snapshot.gpus]

@@ -25,18 +25,24 @@ FAKE_TRAINER = """
 import json, sys, time
 mode, out = sys.argv[1], sys.argv[sys.argv.index("--out") + 1]
 with open(out + "/metrics.jsonl", "a") as metrics:
-    for n in range(1, 100_000):
-        loss = float("nan") if mode == "nan" and n > 5 else 2.0
-        metrics.write(json.dumps({"event": "step", "time": time.time(), "step": n, "loss": loss}) + "\\n")
+    def write(event):
+        metrics.write(json.dumps(event) + "\\n")
         metrics.flush()
-        time.sleep(0.05)
+    for n in range(1, 100_000):
+        loss = float("nan") if mode == "nan" and n > 5 else 10.0 if mode == "jump" and n > 10 else 2.0
+        write({"event": "step", "time": time.time(), "step": n, "loss": loss})
+        time.sleep(0.5 if mode == "jump" and n > 10 else 0.05)
         if n == 5 and mode == "fail":
             sys.exit(1)
+        if n == 5 and mode == "oom":
+            write({"event": "oom", "max_seq_len": 32768, "ttt_steps": 5})
+            sys.exit(3)
         if n == 5 and mode == "stall":
             time.sleep(600)
 """
 TRAIN_COMMAND = [sys.executable, "-c", FAKE_TRAINER]
-RULES = Rules(stall_floor_s=1.0)  # 5 steps 0.05 s apart: a stall after 1 s without one
+RULES = Rules(stall_floor_s=1.0)
+CAUSES = {"failed": "fail", "oom": "oom", "nan": "nan", "jump": "jump", "stall": "stall"}  # 5 steps 0.05 s apart: a stall after 1 s without one
 
 
 @pytest.fixture
@@ -64,19 +70,19 @@ async def until(check, what: str, timeout: float = 20.0):
     return found
 
 
-async def test_a_failed_a_nan_and_a_stalled_run_each_alert_once(local, tmp_path):
+async def test_failed_oom_nan_jumping_and_stalled_runs_each_alert_once(local, tmp_path):
     book = AlertBook(rules=RULES)
     lines: list[str] = []
     got = tmp_path / "alerts.jsonl"
     launched = {}
-    for mode in ("fail", "nan", "stall"):
+    for mode in ("fail", "oom", "nan", "jump", "stall"):
         info = await runs.launch(local, [*TRAIN_COMMAND, mode], train_command=TRAIN_COMMAND, startup_s=0)
         launched[mode] = f"local/{info.run_id}"
     watcher = asyncio.create_task(
         watch([Watched(local)], book, command=appender(got), interval_s=0.2, say=lines.append)
     )
     try:
-        wanted = {f"failed:{launched['fail']}", f"nan:{launched['nan']}", f"stall:{launched['stall']}"}
+        wanted = {f"{cause}:{launched[mode]}" for cause, mode in CAUSES.items()}
         await until(lambda: wanted <= {alert["key"] for alert in sent(got)}, f"{wanted} sent", timeout=30)
         await asyncio.sleep(1.0)  # five more polls: nothing is sent twice
     finally:
@@ -85,10 +91,12 @@ async def test_a_failed_a_nan_and_a_stalled_run_each_alert_once(local, tmp_path)
     assert sorted(keys) == sorted(wanted), keys
     by_key = {alert["key"]: alert for alert in sent(got)}
     assert by_key[f"failed:{launched['fail']}"]["text"] == f"{launched['fail']} failed: exit status 1"
+    assert by_key[f"oom:{launched['oom']}"]["text"] == f"{launched['oom']} ran out of GPU memory (max_seq_len=32768, ttt_steps=5)"
+    assert by_key[f"jump:{launched['jump']}"]["text"].startswith(f"{launched['jump']} loss jumped to 10 at step 11 (5.0× ")
     assert by_key[f"nan:{launched['nan']}"]["text"].startswith(f"{launched['nan']} loss is nan at step ")
     assert by_key[f"stall:{launched['stall']}"]["text"].startswith(f"{launched['stall']} stalled: no step for ")
     said = [line for line in lines if "cleared" not in line]
-    assert len(said) == 3 and all(line.split()[2] in ("error", "warning") for line in said), lines
+    assert len(said) == 5 and all(line.split()[2] in ("error", "warning") for line in said), lines
 
 
 async def test_a_host_whose_sshd_stops_is_lost_once_and_cleared_when_it_returns(fresh_sshd, tmp_path):
