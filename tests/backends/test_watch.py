@@ -125,6 +125,20 @@ async def test_a_host_whose_sshd_stops_is_lost_once_and_cleared_when_it_returns(
         await host.close()
 
 
+async def test_a_busy_gpu_drawing_a_third_of_its_limit_is_under_fed(local):
+    """The fake nvidia-smi replays an H200 at 99 % util, told to read 250 W of 700 W."""
+    fake = Path(__file__).resolve().parents[1] / "fake_nvidia_smi.py"
+    starved = LocalHost("gpu1", runs_root=local.runs_root, prefix=["env", "FAKE_NVIDIA_SMI_STATE=load", "FAKE_NVIDIA_SMI_NA=power.draw=250.00"])
+    starved.tmux_socket = local.tmux_socket
+    book = AlertBook(rules=Rules(underfed_s=0.5))
+    lines: list[str] = []
+    hosts = [Watched(starved, smi=str(fake))]
+    assert await watch(hosts, book, once=True, say=lines.append) == 0  # not yet for long enough
+    await asyncio.sleep(0.6)
+    assert await watch(hosts, book, once=True, say=lines.append) == 1
+    assert len(lines) == 1 and "under-fed GPU 0 on gpu1: 250 W of 700 W at >90% util for " in lines[0], lines
+
+
 async def test_an_alert_command_that_fails_or_hangs_is_one_line(local, tmp_path):
     info = await runs.launch(local, [*TRAIN_COMMAND, "fail"], train_command=TRAIN_COMMAND, startup_s=0)
     await until(lambda: (Path(info.run_dir) / "exit_status").exists(), "the run's end")
