@@ -47,6 +47,28 @@ async def test_a_failed_run_rings_once_sends_once_and_is_listed(local_host, tmp_
         assert not isinstance(app.screen, AlertsScreen)
 
 
+async def test_a_host_whose_sshd_stops_is_announced_once_and_listed_as_cleared_when_back(fresh_sshd, tmp_path):
+    host = fresh_sshd.host(runs_root=str(tmp_path / "runs"), prefix=["env", f"TMUX_TMPDIR={tmp_path}"])
+    got = tmp_path / "alerts.jsonl"
+    app = TracksideApp([Watched(host)], poll_interval=0.2, alert_command=appender(got))
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: app.hosts["sshd"].status == "ok", what="the host's first listing")
+            fresh_sshd.stop()
+            await wait_for(pilot, lambda: sent(got), what="the lost host's alert sent")
+            fresh_sshd.start()
+            await wait_for(pilot, lambda: not app.alerts, what="the alert cleared", timeout=30)
+            [alert] = sent(got)
+            assert alert["key"] == "lost:sshd" and alert["severity"] == "error"
+            [entry] = app.alert_book.entries
+            assert entry.cleared is not None and entry.cleared >= entry.raised
+            await pilot.press("!")
+            shown = screen_text(app)
+            assert "sshd lost: " in shown and "still up" not in shown
+    finally:
+        await host.close()
+
+
 async def test_an_alert_command_that_hangs_is_killed_and_told_while_the_keys_work(local_host):
     app = TracksideApp(
         [Watched(local_host)], poll_interval=0.2, alert_command=["sh", "-c", "sleep 30"], alert_timeout_s=1.0
