@@ -161,6 +161,9 @@ def _dflash_config(args, dataset, max_seq_len: int):
         raise UsageError(f"{flag}: the drafter's hidden size {base.hidden_size} differs from "
                          f"the data's {dataset.hidden_size} (the verifier's)")
     verifier_layers, data_layers = dataset.info["num_layers"], dataset.info["layers"]
+    if not data_layers:
+        raise UsageError("--data: its dataset.json names no captured verifier layers, which "
+                         "DFlash reads as context; make it with `trackside extract`")
     target = args.target_layers or tuple(data_layers)
     outside = [layer for layer in target if not 0 <= layer < verifier_layers]
     if outside:

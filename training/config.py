@@ -117,11 +117,13 @@ DFLASH_PRESETS: dict[str, DFlashConfig] = {
     "tiny": DFlashConfig(hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=192,
                          vocab_size=512, num_layers=2, num_target_layers=3, block_size=8,
                          mask_token_id=511, rope_theta=10000.0),
-    # Qwen3-8B's attention and MLP shape, five draft layers over five verifier layers.
+    # Qwen3-8B's attention and MLP shape, five draft layers over five verifier layers. Its
+    # tokenizer has 151,669 tokens: the mask is the first of the embedding's spare rows.
     "qwen3-8b": DFlashConfig(hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128,
                              intermediate_size=12288, vocab_size=151936, num_layers=5,
                              num_target_layers=5, block_size=16, mask_token_id=151669),
-    # The story's verifier: hidden 7168, a 248,320-token vocabulary, block 24.
+    # The story's verifier: hidden 7168, a 248,320-token vocabulary, block 24. The mask is
+    # its last row; --model-config names another where the verifier uses that one.
     "story": DFlashConfig(hidden_size=7168, num_heads=64, num_kv_heads=8, head_dim=128,
                           intermediate_size=18432, vocab_size=248320, num_layers=5,
                           num_target_layers=5, block_size=24, mask_token_id=248319),

@@ -22,7 +22,9 @@ from training.dflash.anchors import sample_anchors, valid_anchors
 from training.dflash.loss import block_loss
 from training.dflash.mask import BlockLayout, block_attention
 from training.dflash.model import DFlashDrafter
-from training.dflash.run import step_fields
+from training.dflash.run import DFlashTraining, step_fields
+from training.loop import EXIT_OOM, TrainConfig, record_oom
+from training.metrics import MetricsWriter
 from training.packing import collate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,9 +77,9 @@ def test_flex_with_the_block_mask_matches_the_dense_mask_on_cpu():
     # the CUDA path builds from the same rule.
     torch.manual_seed(0)
     block_size = 4
-    batch = packed_rows([[60, 70, 50], [130, 40, 30]], 200)
-    anchors, _ = sample_anchors(batch.loss_mask, batch.doc_ids, block_size, 40)
-    Q, L = anchors.shape[1] * block_size, 200
+    batch = packed_rows([[50, 40, 60], [100, 30]], 150)
+    anchors, _ = sample_anchors(batch.loss_mask, batch.doc_ids, block_size, 24)
+    Q, L = anchors.shape[1] * block_size, 150
     g = torch.Generator().manual_seed(1)
     q = torch.randn(2, 4, Q, 16, generator=g)
     k, v = (torch.randn(2, 2, L + Q, 16, generator=g) for _ in range(2))
@@ -179,12 +181,33 @@ def test_the_drafter_scores_each_block_offset_against_the_verifier_token():
 
 def test_tau_is_the_expected_accepted_length():
     cfg = DFLASH_PRESETS["tiny"]
-    from training.dflash.run import DFlashTraining
     training = DFlashTraining((2, 4, 5), 8, gamma=1.0, soft_kl=0.0)
     acc = [0.9, 0.5, 0.5, 0.0, 1.0, 1.0, 1.0]
     fields = step_fields([1.0] * 7, acc, [10.0] * 7, cfg, training)
     assert fields["tau"] == pytest.approx(0.9 + 0.45 + 0.225)
     assert fields["loss"] == pytest.approx(1.0)
+
+
+def test_an_oom_names_the_block_size_and_anchors_and_the_writer_checks_dflash_steps(
+        tmp_path, capsys):
+    cfg = TrainConfig(data=tmp_path, run_dir=tmp_path, drafter=DFLASH_PRESETS["story"],
+                      max_seq_len=24576,
+                      dflash=DFlashTraining((2, 30, 58), 1024, gamma=10.0, soft_kl=0.15))
+    metrics = MetricsWriter(tmp_path / "metrics.jsonl")
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 11.37 GiB.")
+    assert record_oom(metrics, cfg, torch.device("cpu"), error) == EXIT_OOM
+    oom = read_events(tmp_path)[0]
+    assert oom == {**oom, "event": "oom", "max_seq_len": 24576, "ttt_steps": None,
+                   "block_size": 24, "max_anchors": 1024, "tried_gib": 11.37}
+    assert "block_size=24 max_anchors=1024" in capsys.readouterr().err
+    step = dict(step=1, epoch=0, loss=1.0, loss_pos=[1.0], acc_pos=[0.5], lr=1e-4,
+                grad_norm=1.0, tokens=10, tokens_per_s=1.0, samples_per_row=1.0,
+                pad_frac=0.0, peak_mem_gib=1.0)
+    with pytest.raises(ValueError, match="tau"):
+        metrics.write("step", **step)
+    with pytest.raises(ValueError):  # one drafter's fields or the other's, not both
+        metrics.write("step", **step, tau=0.5, loss_ttt=[1.0], acc_ttt=[0.5])
+    metrics.write("step", **step, tau=0.5)
 
 
 @pytest.fixture
@@ -281,10 +304,9 @@ def wait_for(predicate, timeout: float, poll: float = 0.02) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_resume_after_kill_9_continues_exactly(cache, tmp_path):
     environ = {**os.environ, "XDG_CACHE_HOME": str(cache), "OMP_NUM_THREADS": "1"}
-    main(["train", "--synthetic", "--drafter", "dflash", "--steps", "1", "--out",
-          str(tmp_path / "warm")])  # the synthetic data, made once before the clock runs
     run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"
 
     def start(*extra):
@@ -319,3 +341,26 @@ def test_resume_after_kill_9_continues_exactly(cache, tmp_path):
     for e in redone:
         assert e["loss"] == pytest.approx(first_run[e["step"]]["loss"], rel=1e-6)
         assert e["acc_pos"] == pytest.approx(first_run[e["step"]]["acc_pos"])
+
+
+@pytest.mark.gpu
+def test_flex_path_matches_the_dense_path_on_cuda():
+    """The compiled BlockMask and flex_attention against the dense rule, forward and
+    backward, on rows whose lengths are not whole flex blocks."""
+    torch.manual_seed(0)
+    block_size = 16
+    batch = packed_rows([[300, 200, 180], [500, 90]], 700).to("cuda")
+    anchors, _ = sample_anchors(batch.loss_mask, batch.doc_ids, block_size, 50)
+    Q, L = anchors.shape[1] * block_size, 700
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(2, 8, Q, 64, generator=g, device="cuda", requires_grad=True)
+    k, v = (torch.randn(2, 2, L + Q, 64, generator=g, device="cuda", requires_grad=True)
+            for _ in range(2))
+    outs = [block_attention(q, k, v, BlockLayout(batch.doc_ids, anchors, block_size,
+                                                 use_flex=flex)) for flex in (True, False)]
+    # float32 kernels with different summation orders (flex may use TF32 for its dots)
+    torch.testing.assert_close(outs[0], outs[1], rtol=5e-3, atol=5e-3)
+    upstream = torch.randn(outs[0].shape, generator=g, device="cuda")
+    for a, b in zip(torch.autograd.grad((outs[0] * upstream).sum(), (q, k, v)),
+                    torch.autograd.grad((outs[1] * upstream).sum(), (q, k, v))):
+        torch.testing.assert_close(a, b, rtol=5e-3, atol=5e-3)

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 from torch import nn
 
 from training.config import DFlashConfig
 from training.data import Dataset
 from training.dflash.model import DFlashDrafter, position_weights
 from training.loop import _all_reduce, precision
-from training.model import StepLoss
 from training.packing import PackedBatch
 
 
@@ -21,6 +21,13 @@ class DFlashTraining:
     max_anchors: int  # blocks drawn per packed row
     gamma: float  # block offset k weighs exp(-(k - 1) / gamma)
     soft_kl: float  # the share of KL(verifier || drafter) in the loss, the rest CE
+
+
+@dataclass
+class OffsetLoss:
+    """One block offset's scored positions, where training/loop.py reads a TTT step's."""
+    losses: Tensor  # [P] float32
+    agree: Tensor  # [P] bool
 
 
 class DFlashStep(nn.Module):
@@ -58,7 +65,7 @@ def build(cfg: DFlashConfig, training: DFlashTraining, dataset: Dataset,
 
 def forward_backward(model: nn.Module, batch: PackedBatch, cfg: DFlashConfig,
                      training: DFlashTraining, loss_chunk: int, world: int = 1
-                     ) -> tuple[list[StepLoss], list[float]]:
+                     ) -> tuple[list[OffsetLoss], list[float]]:
     """Backward through the weighted mean loss over the global batch's scored positions.
     Returns, per block offset 1..block_size - 1, its positions' losses and their count
     over all ranks (the shape training/loop.py reports TTT steps in)."""
@@ -73,7 +80,7 @@ def forward_backward(model: nn.Module, batch: PackedBatch, cfg: DFlashConfig,
     (out.total * (world / max(norm, 1e-12))).backward()
     order = out.offset.argsort(stable=True)
     losses, agree = out.losses[order].split(local), out.agree[order].split(local)
-    return [StepLoss(None, loss, ok, None) for loss, ok in zip(losses, agree)], counts
+    return [OffsetLoss(loss, ok) for loss, ok in zip(losses, agree)], counts
 
 
 def step_fields(loss_pos: list[float], acc_pos: list[float], counts: list[float],
