@@ -17,6 +17,7 @@ after it began, count.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import math
@@ -269,16 +270,18 @@ async def run_command(argv: Sequence[str], alert: Alert, raised: float, timeout_
         )  # fmt: skip
     except OSError as error:
         return f"alert command {shown} could not start: {error.strerror or error}"
+    finished = False
     try:
         async with asyncio.timeout(timeout_s):
             _, stderr = await process.communicate(json.dumps(alert.to_json(raised)).encode() + b"\n")
+        finished = True
     except TimeoutError:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        await process.wait()
         return f"alert command {shown} did not finish within {timeout_s:g}s: killed"
+    finally:
+        if not finished:  # timed out, or its watcher is quitting: nothing it started outlives it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
     if process.returncode:
         said = [line for line in stderr.decode(errors="replace").splitlines() if line.strip()]
         return f"alert command {shown} exited {process.returncode}" + (f": {said[-1].strip()}" if said else "")

@@ -3,6 +3,7 @@ the `[alerts]` config."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import shlex
@@ -190,6 +191,32 @@ async def test_a_command_that_fails_or_hangs_is_one_line(tmp_path):
     hung = await alerts.run_command(["sh", "-c", "sleep 30 & sleep 30"], alert, NOW, timeout_s=0.5)
     assert time.monotonic() - started < 5
     assert hung == "alert command sh -c 'sleep 30 & sleep 30' did not finish within 0.5s: killed"
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+async def test_a_command_whose_watcher_stops_is_killed_with_its_children(tmp_path):
+    pid_file = tmp_path / "child"
+    argv = ["sh", "-c", 'sleep 30 & echo $! > "$1"; wait', "sh", str(pid_file)]
+    task = asyncio.create_task(alerts.run_command(argv, alerts.Alert("lost:h", "h lost"), NOW))
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        await asyncio.sleep(0.05)
+    started = time.monotonic()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert time.monotonic() - started < 5  # not left to sleep its 30 s out
+    child = int(pid_file.read_text())
+    for _ in range(50):
+        if gone(child):
+            break
+        await asyncio.sleep(0.05)
+    assert gone(child)
 
 
 def write(tmp_path, text: str) -> str:
