@@ -74,11 +74,12 @@ class Overlay(NamedTuple):
 
 
 def number(value) -> float | None:
+    """A value fit to plot; metrics lines are the trainer's, or anyone's garbage."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
         value = float(value)
-    except OverflowError:
+    except OverflowError:  # an int past any float
         return None
     return value if math.isfinite(value) else None
 

@@ -20,7 +20,7 @@ from textual.app import RenderResult
 from textual.timer import Timer
 from textual.widget import Widget
 
-from backends.series import Overlay, SeriesError
+from backends.series import Overlay, SeriesError, number
 from tui.state import STEP_HISTORY, RunState, format_number
 from tui.guard import Guarded
 
@@ -37,17 +37,6 @@ TITLE = Style(bold=True)
 DOTS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
 # RUNS[dot column][top][bottom]: the bits of a vertical run of dots within one cell.
 RUNS = [[[sum(DOTS[side][top : bottom + 1]) for bottom in range(4)] for top in range(4)] for side in range(2)]
-
-
-def number(value) -> float | None:
-    """A value fit to plot; metrics lines are the trainer's, or anyone's garbage."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:  # an int past any float
-        return None
-    return value if math.isfinite(value) else None
 
 
 def step_entry(event: dict) -> tuple[float | None, list]:
