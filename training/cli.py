@@ -47,16 +47,6 @@ def _layer_list(text: str) -> tuple[int, ...]:
     return layers
 
 
-def _layers(text: str) -> list[int]:
-    try:
-        layers = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected three layer numbers a,b,c, got {text!r}")
-    if len(layers) != 3:
-        raise argparse.ArgumentTypeError(f"expected three layer numbers a,b,c, got {text!r}")
-    return layers
-
-
 def runs_root() -> Path:
     return Path(os.environ.get("TRACKSIDE_RUNS_ROOT") or Path.home() / ".trackside" / "runs")
 
@@ -214,6 +204,10 @@ def _drafter_config(args, dataset):
     if base.hidden_size != dataset.hidden_size:
         raise UsageError(f"{flag}: the drafter's hidden size {base.hidden_size} differs from "
                          f"the data's {dataset.hidden_size} (the verifier's)")
+    layers = dataset.info["layers"]
+    if layers and len(layers) != 3:
+        raise UsageError(f"--data: EAGLE-3 reads 3 verifier layers, the data carries "
+                         f"{len(layers)} ({layers}); extract 3, or train --drafter dflash")
     vocab = dataset.vocab_size
     draft = args.draft_vocab_size or min(base.draft_vocab_size,
                                          default_draft_vocab_size(vocab))
@@ -307,7 +301,9 @@ def extract_main(argv: list[str]) -> int:
                    help="model directory or hub id, or a config.json (random weights)")
     p.add_argument("--prompts", required=True, type=Path, help="JSONL samples")
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--layers", type=_layers, help="capture layers a,b,c (default 2,n/2,n-3)")
+    p.add_argument("--layers", type=_layer_list,
+                   help="capture layers a,b,… (default 2,n/2,n-3, EAGLE-3's three; DFlash "
+                        "reads five)")
     p.add_argument("--max-tokens-per-batch", type=POSITIVE_INT, default=16384)
     args = p.parse_args(argv)
     from training.extract import ExtractError, run

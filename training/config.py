@@ -107,6 +107,7 @@ class DFlashConfig:
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
+    # the same dict round trip as DrafterConfig's
     to_dict = DrafterConfig.to_dict
     from_dict = classmethod(DrafterConfig.from_dict.__func__)
 

@@ -1,10 +1,11 @@
 """Hidden states of a Hugging Face causal LM, captured into a data directory (see data.py).
 
-EAGLE-3 feeds its drafter three layers of the verifier (low, middle, high) and trains it
-against the verifier's next-token distribution, which the final hidden state and lm_head
-give. A capture layer l is the residual stream entering decoder layer l — HF's
-hidden_states[l], what vLLM's and SGLang's EAGLE-3 capture at serving time — and the
-default layers are EAGLE-3's (2, n // 2, n - 3). The final hidden state is HF's last
+EAGLE-3 feeds its drafter three layers of the verifier (low, middle, high), DFlash
+several (five by default, spread over the depth); both train against the verifier's
+next-token distribution, which the final hidden state and lm_head give. A capture layer l
+is the residual stream entering decoder layer l — HF's hidden_states[l], what vLLM's and
+SGLang's EAGLE-3 capture at serving time — and the default layers are EAGLE-3's
+(2, n // 2, n - 3); --layers captures any others, as many as wanted. The final hidden state is HF's last
 hidden_states entry, after the final norm.
 
 Prompts are batched by a token budget (padded length × rows), never by a sample count, so
@@ -37,8 +38,8 @@ def default_layers(num_layers: int) -> list[int]:
 
 
 def check_layers(layers: list[int], num_layers: int) -> None:
-    if len(layers) != 3 or len(set(layers)) != 3:
-        raise ExtractError("--layers", f"need 3 distinct capture layers, got {layers}")
+    if not layers or len(set(layers)) != len(layers):
+        raise ExtractError("--layers", f"need distinct capture layers, got {layers}")
     if not all(0 <= layer < num_layers for layer in layers):
         raise ExtractError("--layers",
                            f"capture layers must lie in 0..{num_layers - 1}, got {layers}")

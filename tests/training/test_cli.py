@@ -114,7 +114,7 @@ def test_an_existing_run_dir_needs_resume(tmp_path, cache, capsys):
 
 
 @pytest.mark.parametrize("args, flag", [
-    (["--layers", "1,2"], "--layers"),
+    (["--layers", "1,2,1"], "--layers"),
     (["--layers", "a,b,c"], "--layers"),
     (["--max-tokens-per-batch", "0"], "--max-tokens-per-batch"),
     (["--prompts", "/nonexistent.jsonl"], "--prompts"),

@@ -252,6 +252,34 @@ def test_dflash_flags_need_the_dflash_drafter(capsys, cache, tmp_path):
     assert "--block-size" in capsys.readouterr().err
 
 
+def test_extract_captures_five_layers_that_dflash_reads_and_eagle3_refuses(
+        tmp_path, capsys):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from training.extract import extract
+
+    cfg = DFLASH_PRESETS["tiny"]
+    torch.manual_seed(0)
+    verifier = LlamaForCausalLM(LlamaConfig(
+        hidden_size=cfg.hidden_size, intermediate_size=128, num_hidden_layers=10,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=cfg.vocab_size)).eval()
+    g = torch.Generator().manual_seed(1)
+    samples = [(torch.randint(0, 500, (n,), generator=g).tolist(), [True] * n)
+               for n in (40, 60, 30, 50)]
+    data = tmp_path / "data"
+    extract(verifier, samples, data, layers=[1, 3, 5, 7, 8], log=lambda line: None)
+    common = ["train", "--data", str(data), "--steps", "2", "--max-seq-len", "128"]
+    assert main([*common, "--drafter", "dflash", "--max-anchors", "8",
+                 "--out", str(tmp_path / "five")]) == 0
+    assert read_events(tmp_path / "five")[0]["config"]["model"]["num_target_layers"] == 5
+    assert main([*common, "--drafter", "dflash", "--max-anchors", "8", "--target-layers",
+                 "8,1,5", "--out", str(tmp_path / "three")]) == 0
+    capsys.readouterr()
+    assert main([*common, "--out", str(tmp_path / "eagle")]) == 2
+    err = capsys.readouterr().err
+    assert "--data" in err and "3 verifier layers" in err
+
+
 def read_events(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
-from torch import nn
+from torch import Tensor, nn
 
 from training.config import DFlashConfig
 from training.data import Dataset
@@ -63,6 +62,12 @@ def build(cfg: DFlashConfig, training: DFlashTraining, dataset: Dataset,
     return drafter, DFlashStep(drafter, training, dataset.info["layers"]).to(device)
 
 
+def _weighted_count(counts: list[float], cfg: DFlashConfig, training: DFlashTraining
+                    ) -> float:
+    """Σ over offsets of weight × scored positions: what the loss's sum is divided by."""
+    return sum(w * n for w, n in zip(position_weights(cfg.block_size, training.gamma), counts))
+
+
 def forward_backward(model: nn.Module, batch: PackedBatch, cfg: DFlashConfig,
                      training: DFlashTraining, loss_chunk: int, world: int = 1
                      ) -> tuple[list[OffsetLoss], list[float]]:
@@ -74,8 +79,7 @@ def forward_backward(model: nn.Module, batch: PackedBatch, cfg: DFlashConfig,
         out = model(batch, loss_chunk)
     local = torch.bincount(out.offset, minlength=cfg.block_size)[1:].tolist()
     counts = _all_reduce([float(n) for n in local], device, world)
-    weights = position_weights(cfg.block_size, training.gamma)
-    norm = sum(w * n for w, n in zip(weights, counts))
+    norm = _weighted_count(counts, cfg, training)
     # Each rank's share of the global mean; DDP averages gradients over ranks.
     (out.total * (world / max(norm, 1e-12))).backward()
     order = out.offset.argsort(stable=True)
@@ -89,8 +93,8 @@ def step_fields(loss_pos: list[float], acc_pos: list[float], counts: list[float]
     tau: the expected accepted length if offset k is accepted with probability acc_pos[k]
     once every offset before it was, Σ_k Π_{j<=k} acc_pos[j]."""
     weights = position_weights(cfg.block_size, training.gamma)
-    norm = sum(w * n for w, n in zip(weights, counts))
-    loss = sum(w * n * v for w, n, v in zip(weights, counts, loss_pos)) / max(norm, 1e-12)
+    loss = sum(w * n * v for w, n, v in zip(weights, counts, loss_pos)) / max(
+        _weighted_count(counts, cfg, training), 1e-12)
     tau, run = 0.0, 1.0
     for acc in acc_pos:
         run *= acc
