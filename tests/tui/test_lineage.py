@@ -16,7 +16,8 @@ from tests.tui.conftest import screen_text, wait_for
 from tui.app import TracksideApp, Watched
 from tui.messages import MetricsBatch, RunsListed
 from tui.screens.pick_run import PickRun
-from tui.widgets.loss_chart import OVERLAY_COLORS, LossChart
+from backends.series import Overlay, from_metrics
+from tui.widgets.loss_chart import OVERLAY_COLORS, LossChart, Overlaid, draw
 
 T0 = 1_790_000_000.0
 GRANDPARENT, PARENT, CHILD = "20261201-0900-0001", "20261201-0930-0002", "20261201-1000-0003"
@@ -137,3 +138,12 @@ async def test_a_run_picked_from_the_fleet_is_drawn_behind_and_picked_again_take
         await pick()
         await wait_for(pilot, lambda: "local/their-sft" not in run.overlays, timeout=10, what="the picked run taken away")
         assert len(run.overlays) == 2
+
+
+def test_a_relaunch_with_no_step_yet_shows_its_parent_over_the_parents_range():
+    parent = from_metrics(PARENT, "local", "".join(json.dumps(e) + "\n" for e in steps(PARENT)))
+    drawn = draw(None, 80, 16, False, [Overlaid(Overlay("parent: ttt_steps 3 → 5", parent), 0.3)], "tokens")
+    lines = drawn.plain.splitlines()
+    assert "┄┄ parent: ttt_steps 3 → 5" in lines[1]
+    assert x_labels(drawn.plain).split()[0] == "2,000" and x_labels(drawn.plain).split()[-1] == "200,000"
+    assert braille(drawn.plain) > 30

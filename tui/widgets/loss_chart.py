@@ -248,12 +248,14 @@ def draw(
     smoothing = curves.smoothing if curves is not None else 0.3
     points = thinned(curves, log_y, width) if curves is not None else []
     tokens = list(curves.tokens) if curves is not None else []
-    if None in tokens:
-        x_axis = "step"
     by = " by tokens seen" if x_axis == "tokens" else ""
+    if x_axis == "tokens" and None in tokens:
+        x_axis, by = "step", " by step (tokens not logged)"
     title = f"loss{by} ({smoothing_words(smoothing)}, {'log' if log_y else 'linear'} y)"
     own = [y for _, ys in points for y in ys if y is not None]
-    steps = (tokens if x_axis == "tokens" else list(curves.steps)) if own else []  # indexed hundreds of times: a deque's middle is not O(1)
+    if not own:
+        points = []
+    steps = (tokens if x_axis == "tokens" else list(curves.steps)) if points else []  # indexed hundreds of times: a deque's middle is not O(1)
     behind = [o.points.get(x_axis, []) for o in overlaid]
     if steps:
         x0, x1 = steps[0], steps[-1]
@@ -283,7 +285,7 @@ def draw(
     # Other runs first, behind; the total last, on top of the TTT steps it summarises.
     for j, ps in enumerate(behind):
         plot(bits, owner, len(points) + 1 + j, [round((x - x0) * x_scale) for x, _ in ps], [round((y1 - y) * y_scale) for _, y in ps])
-    for k in [*range(1, len(points)), 0]:
+    for k in [*range(1, len(points)), 0] if points else ():
         xs, ys = points[k]
         plot(bits, owner, k + 1, [round((steps[i] - x0) * x_scale) for i in xs], [None if y is None else round((y1 - y) * y_scale) for y in ys])
     styles = [None, TOTAL, *[STEP_COLORS[(k - 1) % len(STEP_COLORS)] for k in range(1, len(points))]]
