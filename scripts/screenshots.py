@@ -85,6 +85,8 @@ def main() -> int:
     if not pngs:
         print("PNG skipped: pip install cairosvg to make them", file=sys.stderr)
     print(plot_text().relative_to(REPO))
+    lineage = asyncio.run(lineage_svg())
+    print(lineage.relative_to(REPO), "(+ .png)" if to_png([lineage]) else "")
     return 0
 
 
@@ -111,4 +113,35 @@ def plot_text() -> Path:
     path = OUT / "plot.txt"
     lines = [f"$ trackside plot {RUN_ID} {CHILD_ID} --width 100 --height 24", *printed.getvalue().splitlines()]
     path.write_text("".join(line.rstrip() + "\n" for line in lines))  # plotext pads its lines
+    return path
+
+
+async def lineage_svg() -> Path:
+    """The sample run's TTT 3 → 5 relaunch on its run screen, its parent drawn dim behind
+    it, read from run dirs by the app's worker as on a live host."""
+    import tempfile
+
+    from backends.hosts import LocalHost
+    from backends.runs import RunState
+    from tests.tui.sample import CHILD_ID, CHILD_PARAMS, NOW, child_metrics_events, frozen_clock, gpus, run_info, write_lineage
+    from tui.app import TracksideApp, Watched
+    from tui.messages import GpusPolled, MetricsBatch, RunsListed
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_lineage(Path(tmp))
+        app = TracksideApp([Watched(LocalHost("h200-box", runs_root=tmp))], monitor=False, clock=frozen_clock)
+        parent = run_info(RunState.EXITED)
+        child = run_info()
+        child.run_id, child.params, child.parent, child.run_dir = CHILD_ID, dict(CHILD_PARAMS), parent.run_id, f"{tmp}/{CHILD_ID}"
+        key = f"h200-box/{CHILD_ID}"
+        async with app.run_test(size=SIZE) as pilot:
+            app.post_message(RunsListed("h200-box", [child, parent], NOW))
+            app.post_message(GpusPolled("h200-box", gpus(), NOW))
+            app.post_message(MetricsBatch("h200-box", key, child_metrics_events(), garbled=0))
+            await pilot.pause()
+            app.open_run(key)
+            while not app.runs[key].overlays:  # read by the app's worker
+                await pilot.pause(0.05)
+            await pilot.pause(0.6)  # the chart replots at most twice a second
+            path = Path(app.save_screenshot("run-lineage.svg", str(OUT)))
     return path

@@ -170,6 +170,7 @@ CHILD_PARAMS = {**PARAMS, "ttt_steps": 5}
 
 def child_metrics_events(steps: int = 300) -> list[dict]:
     events = metrics_events(steps)
+    events[0]["config"].update(CHILD_PARAMS)
     for event in events[1:]:
         step = event["step"]
         ttt = [2.4 * math.exp(-step / 80) + 0.7 + 0.2 * k + 0.08 * math.sin(step / 3.0) for k in range(5)]

@@ -282,12 +282,18 @@ def draw(
     dots_x, dots_y = 2 * cols - 1, 4 * rows - 1
     x_scale = dots_x / (x1 - x0) if x1 > x0 else 0.0
     y_scale = dots_y / (y1 - y0)
-    # Other runs first, behind; the total last, on top of the TTT steps it summarises.
-    for j, ps in enumerate(behind):
-        plot(bits, owner, len(points) + 1 + j, [round((x - x0) * x_scale) for x, _ in ps], [round((y1 - y) * y_scale) for _, y in ps])
-    for k in [*range(1, len(points)), 0] if points else ():
+    # The total last, on top of the TTT steps it summarises; other runs just behind it,
+    # over the TTT steps' fan, where their totals would otherwise be lost.
+    def draw_own(k: int) -> None:
         xs, ys = points[k]
         plot(bits, owner, k + 1, [round((steps[i] - x0) * x_scale) for i in xs], [None if y is None else round((y1 - y) * y_scale) for y in ys])
+
+    for k in range(1, len(points)):
+        draw_own(k)
+    for j, ps in enumerate(behind):
+        plot(bits, owner, len(points) + 1 + j, [round((x - x0) * x_scale) for x, _ in ps], [round((y1 - y) * y_scale) for _, y in ps])
+    if points:
+        draw_own(0)
     styles = [None, TOTAL, *[STEP_COLORS[(k - 1) % len(STEP_COLORS)] for k in range(1, len(points))]]
     styles += [OVERLAY_COLORS[j % len(OVERLAY_COLORS)] for j in range(len(behind))]
     text.append(" " * (margin + 2))
