@@ -20,6 +20,7 @@ import traceback
 from collections.abc import Callable
 
 from rich.text import Text
+from textual.screen import Screen
 from textual.strip import Strip
 
 # What Textual calls on our classes: handlers, actions, keys, watchers, renders, and the
@@ -62,13 +63,27 @@ def _fallback(name: str, owner: object, error: Exception):
     return None
 
 
+def _left(owner: object, name: str) -> bool:
+    """A key's action for a screen no longer on top: it was queued while the screen was
+    being left (Escape, Escape in one breath) and finds its widgets gone."""
+    if not (isinstance(owner, Screen) and name.startswith(("action_", "key_"))):
+        return False
+    try:
+        return owner.app.screen is not owner
+    except Exception:
+        return True  # no screen at all: the app is closing
+
+
 def guard(method: Callable, where: str) -> Callable:
-    """`method` with its exceptions reported instead of raised."""
+    """`method` with its exceptions reported instead of raised; a screen's key action
+    arriving after the screen was left does nothing."""
     name = method.__name__
     if inspect.iscoroutinefunction(method):
 
         @functools.wraps(method)
         async def guarded_async(self, *args, **kwargs):
+            if _left(self, name):
+                return None
             try:
                 return await method(self, *args, **kwargs)
             except Exception as error:
@@ -79,6 +94,8 @@ def guard(method: Callable, where: str) -> Callable:
 
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
+        if _left(self, name):
+            return None
         try:
             return method(self, *args, **kwargs)
         except Exception as error:

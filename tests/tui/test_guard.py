@@ -102,3 +102,18 @@ async def test_a_failing_worker_that_would_end_the_app_is_logged_and_survived(tm
         await pilot.press("slash")
         assert app.screen.query_one("#filter").display
     assert "LookupError: No nodes match" in (tmp_path / "dashboard-errors.log").read_text()
+
+
+async def test_a_key_action_for_a_screen_already_left_does_nothing():
+    """Escape, Escape in one breath: the second reached the run screen as it was being
+    popped and found its widgets gone (NoMatches; found by the monkey)."""
+    from tests.tui.sample import on_run
+
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await on_run(pilot)
+        run_screen = app.screen
+        app.pop_screen()
+        await pilot.pause()
+        assert run_screen.action_back() is None and run_screen.action_filter() is None
+        assert app.errors == 0 and app.screen is not run_screen
