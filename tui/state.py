@@ -12,6 +12,7 @@ import signal
 from collections import deque
 from dataclasses import dataclass, field
 
+from backends.alerts import format_duration  # the alerts' texts and the screens read durations alike
 from backends import runs
 from backends.console import ConsoleSummary
 from backends.gpu import GpuSnapshot
@@ -258,17 +259,6 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
-
-
-def format_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    if seconds >= 60:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds}s"
 
 
 def format_number(value: float | None, digits: int = 4) -> str:
