@@ -4,15 +4,19 @@ tokens seen, and any run of the fleet picked to join them (a foreign one from it
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 from rich.text import Text
 
+from backends import runs
 from backends.runs import RunInfo, RunState
-from tests.tui.conftest import screen_text, wait_for
+from tests.tui.conftest import TRAIN, screen_text, wait_for
 from tui.app import TracksideApp, Watched
 from tui.messages import MetricsBatch, RunsListed
 from tui.screens.pick_run import PickRun
@@ -147,3 +151,27 @@ def test_a_relaunch_with_no_step_yet_shows_its_parent_over_the_parents_range():
     assert "┄┄ parent: ttt_steps 3 → 5" in lines[1]
     assert x_labels(drawn.plain).split()[0] == "2,000" and x_labels(drawn.plain).split()[-1] == "200,000"
     assert braille(drawn.plain) > 30
+
+
+@pytest.mark.slow
+async def test_r_relaunches_a_real_run_and_its_child_shows_the_parent_behind_it(local_host):
+    """End to end: a short synthetic training in tmux, edited and relaunched with `r`; the
+    screen switches to the child, which draws its parent's curve named by the edit."""
+    parent = await runs.launch(local_host, [*TRAIN, "--steps", "8", "--max-seq-len", "128", "--ttt-steps", "2"])
+    deadline = time.monotonic() + 90
+    while (await runs.list_runs(local_host))[0].state is RunState.RUNNING:
+        assert time.monotonic() < deadline, "the parent run never ended"
+        await asyncio.sleep(0.2)
+    app = TracksideApp([Watched(local_host)], poll_interval=0.2)
+    async with app.run_test(size=(140, 44)) as pilot:
+        key = f"local/{parent.run_id}"
+        await wait_for(pilot, lambda: key in app.runs, timeout=10, what="the parent listed")
+        app.open_run(key)
+        app.pending[key] = {"ttt_steps": 3}  # as the edit form keeps it
+        await pilot.press("r")
+        child = await wait_for(
+            pilot, lambda: next((k for k, r in app.runs.items() if r.info.parent == parent.run_id), None), timeout=30, what="the child"
+        )
+        await wait_for(pilot, lambda: app.screen.run_key == child, timeout=10, what="the screen on the child")
+        await wait_for(pilot, lambda: "┄┄ parent: ttt_steps 2 → 3" in screen_text(app), timeout=10, what="the parent's legend")
+        await wait_for(pilot, lambda: braille(chart_styles(app).get(OVERLAY_COLORS[0], "")) > 10, timeout=5, what="the parent's curve")
