@@ -41,7 +41,7 @@ class Series:
         """(x, value) points of `metric` against `x` (the step, tokens seen so far, or
         seconds since the run started); SeriesError naming what the run never logged."""
         if x not in X_AXES:
-            raise SeriesError(f"--x {x!r}: choose one of {', '.join(X_AXES)}")
+            raise SeriesError(f"x axis {x!r}: choose one of {', '.join(X_AXES)}")
         xs = self._xs(x)
         points = [(at, v) for at, e in zip(xs, self.events) if at is not None and (v := value(e, metric)) is not None]
         if not points:
