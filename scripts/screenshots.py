@@ -90,10 +90,6 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def plot_text() -> Path:
     """`trackside plot` of the sample run and its TTT 3 → 5 relaunch, as a pipe receives it."""
     import contextlib
@@ -145,3 +141,7 @@ async def lineage_svg() -> Path:
             await pilot.pause(0.6)  # the chart replots at most twice a second
             path = Path(app.save_screenshot("run-lineage.svg", str(OUT)))
     return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())
