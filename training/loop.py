@@ -267,7 +267,8 @@ def train(cfg: TrainConfig) -> int:
         else:
             from training.dflash import run as dflash
 
-            drafter, unroll = dflash.build(cfg.drafter, cfg.dflash, dataset, device)
+            drafter, unroll = dflash.build(cfg.drafter, cfg.dflash, dataset, device,
+                                           (rank, world))
         trainable = {n: p for n, p in drafter.named_parameters() if p.requires_grad}
         # A checkpoint holds the drafter's own weights, trained or frozen (an export needs
         # its head either way), not the verifier's embedding.

@@ -112,6 +112,19 @@ def test_anchors_are_distinct_valid_positions_drawn_at_random():
         sample_anchors(batch.loss_mask, batch.doc_ids, 6, 65)
 
 
+def test_ranks_draw_the_anchors_one_process_draws_for_the_global_batch():
+    batch = packed_rows([[20, 30], [50], [10, 25, 15], [45]], 50)
+    mask, doc = batch.loss_mask, batch.doc_ids
+    torch.manual_seed(7)
+    whole = sample_anchors(mask, doc, 4, 6)
+    for rank in range(2):
+        torch.manual_seed(7)
+        mine = sample_anchors(mask[2 * rank:2 * rank + 2], doc[2 * rank:2 * rank + 2], 4, 6,
+                              share=(rank, 2))
+        for got, expect in zip(mine, whole):
+            assert torch.equal(got, expect[2 * rank:2 * rank + 2])
+
+
 def unchunked_loss(hidden, head, target_hidden, weights, soft_kl):
     logits, target_logits = hidden @ head.T, target_hidden @ head.T
     ce = F.cross_entropy(logits, target_logits.argmax(-1), reduction="none")

@@ -17,9 +17,14 @@ def valid_anchors(loss_mask: Tensor, doc_ids: Tensor, block_size: int) -> Tensor
 
 
 def sample_anchors(loss_mask: Tensor, doc_ids: Tensor, block_size: int,
-                   max_anchors: int) -> tuple[Tensor, Tensor]:
+                   max_anchors: int, share: tuple[int, int] = (0, 1)) -> tuple[Tensor, Tensor]:
     """Up to max_anchors distinct valid anchors per row, drawn uniformly with torch's RNG
     on the rows' device (a resumed run restores it, so it draws the same anchors).
+
+    share (rank, world size): the rows are rank's slice of a global batch of world size
+    times as many. Every rank draws for the whole global batch and keeps its slice, so
+    the ranks' generators stay in step and N ranks draw exactly the anchors that one
+    process given the global batch would.
 
     Returns anchors [B, max_anchors] long and used [B, max_anchors] bool. Every row has
     max_anchors slots whatever it holds, so the shapes (and a compiled graph) do not change
@@ -31,7 +36,9 @@ def sample_anchors(loss_mask: Tensor, doc_ids: Tensor, block_size: int,
     if not 1 <= max_anchors <= L:
         raise ValueError(f"max_anchors must be in 1..{L} (the row length), got {max_anchors}")
     valid = valid_anchors(loss_mask, doc_ids, block_size)
-    draw = torch.rand(B, L, device=doc_ids.device).masked_fill_(~valid, -1.0)
+    rank, world = share
+    draw = torch.rand(world * B, L, device=doc_ids.device)[rank * B:(rank + 1) * B]
+    draw = draw.masked_fill(~valid, -1.0)
     picked = draw.topk(max_anchors, dim=1)
     used = picked.values >= 0
     order = torch.where(used, picked.indices, L).sort(dim=1)

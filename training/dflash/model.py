@@ -113,16 +113,18 @@ class DFlashDrafter(nn.Module):
         self.lm_head = lm_head.to(device)
 
     def forward(self, batch: PackedBatch, context_hidden: Tensor, max_anchors: int,
-                gamma: float, soft_kl: float = 0.0, loss_chunk: int = 2048) -> BlockLosses:
+                gamma: float, soft_kl: float = 0.0, loss_chunk: int = 2048,
+                share: tuple[int, int] = (0, 1)) -> BlockLosses:
         """Draw anchors, draft every block in one pass, score it.
 
         context_hidden [B, L, num_target_layers · H]: the verifier layers this drafter
-        reads, concatenated (a selection of the data's aux_hidden).
+        reads, concatenated (a selection of the data's aux_hidden). share: (rank, world
+        size) of the process whose slice of the global batch this is (sample_anchors).
         """
         cfg, bs = self.cfg, self.cfg.block_size
         ids, doc = batch.input_ids, batch.doc_ids
         B, L = ids.shape
-        anchors, used = sample_anchors(batch.loss_mask, doc, bs, max_anchors)
+        anchors, used = sample_anchors(batch.loss_mask, doc, bs, max_anchors, share)
         offsets = torch.arange(bs, device=ids.device)
         at = anchors[..., None] + offsets  # [B, A, bs] row positions of the blocks' tokens
 

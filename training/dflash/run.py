@@ -34,10 +34,11 @@ class DFlashStep(nn.Module):
     picks the context layers out of the data's captured ones."""
 
     def __init__(self, drafter: DFlashDrafter, training: DFlashTraining,
-                 data_layers: list[int]):
+                 data_layers: list[int], share: tuple[int, int]):
         super().__init__()
         self.drafter = drafter
         self.training = training
+        self.share = share  # (rank, world size)
         self.data_layers = len(data_layers)
         columns = [data_layers.index(layer) for layer in training.target_layers]
         self.whole = columns == list(range(len(data_layers)))  # no copy to make
@@ -49,17 +50,18 @@ class DFlashStep(nn.Module):
         if not self.whole:
             aux = aux.view(B, L, self.data_layers, -1)[:, :, self.columns].flatten(2)
         t = self.training
-        return self.drafter(batch, aux, t.max_anchors, t.gamma, t.soft_kl, loss_chunk)
+        return self.drafter(batch, aux, t.max_anchors, t.gamma, t.soft_kl, loss_chunk,
+                            self.share)
 
 
 def build(cfg: DFlashConfig, training: DFlashTraining, dataset: Dataset,
-          device: torch.device) -> tuple[DFlashDrafter, DFlashStep]:
+          device: torch.device, share: tuple[int, int]) -> tuple[DFlashDrafter, DFlashStep]:
     # Built and filled on the device, as the EAGLE-3 drafter is.
     with torch.device(device):
         drafter = DFlashDrafter(cfg)
     verifier = dataset.verifier()
     drafter.load_verifier(verifier["embed_tokens"], verifier["lm_head"])
-    return drafter, DFlashStep(drafter, training, dataset.info["layers"]).to(device)
+    return drafter, DFlashStep(drafter, training, dataset.info["layers"], share).to(device)
 
 
 def _weighted_count(counts: list[float], cfg: DFlashConfig, training: DFlashTraining
