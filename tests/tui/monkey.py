@@ -59,6 +59,12 @@ def pool() -> list[str]:
     return keys * 3 + sorted(OPENS_DIALOG) + MOVES * 2 + TYPED
 
 
+def in_palette(rng: random.Random, keys: list[str]) -> str:
+    """A key typed into the open palette: never Enter; often enough Escape that the palette
+    gets a few keys, not most of the run."""
+    return "escape" if rng.random() < 0.3 else rng.choice([k for k in keys if k != "enter"])
+
+
 def seed_from_env() -> int:
     return int(os.environ.get("TRACKSIDE_MONKEY_SEED") or time.time_ns() % 2**32)
 
