@@ -16,23 +16,28 @@ from torch import Tensor
 from training.attention import at_least_float32
 
 
+def _row_dot(a: Tensor, b: Tensor) -> Tensor:
+    """Σ_v a[p, v] · b[p, v] per row, as a batched matmul: no chunk × V product to hold."""
+    return (a.unsqueeze(-2) @ b.unsqueeze(-1)).view(-1)
+
+
 def _chunk(z: Tensor, target_logits: Tensor, soft_kl: float
            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per-row loss, drafter argmax, verifier argmax and d loss / d z (float)."""
-    lse = z.logsumexp(-1, keepdim=True)
-    y = target_logits.argmax(-1)
-    z_y = z.gather(-1, y[:, None])
-    probs = (z - lse).exp()
-    loss = (1 - soft_kl) * (lse - z_y).squeeze(-1)
-    # the gradient is written over probs: one fewer chunk × V tensor alive
-    grad = probs.scatter_add_(-1, y[:, None], z_y.new_full(z_y.shape, soft_kl - 1))
+    """Per-row loss, drafter argmax, verifier argmax and d loss / d z (float), for fresh
+    float logits of both sides, which it overwrites: at the story's vocabulary each chunk ×
+    V tensor is 1 GB per 1,024 positions, and this holds three at most."""
+    mine, theirs = z.argmax(-1), target_logits.argmax(-1)
+    log_p = z.sub_(z.logsumexp(-1, keepdim=True))
+    loss = (soft_kl - 1) * log_p.gather(-1, theirs[:, None]).squeeze(-1)
     if soft_kl:
-        log_q = target_logits.log_softmax(-1)
+        log_q = target_logits.sub_(target_logits.logsumexp(-1, keepdim=True))
         q = log_q.exp()
-        # KL(q || p) = Σ q (log q - z) + logsumexp(z), as q sums to 1
-        loss = loss + soft_kl * ((q * (log_q - z)).sum(-1) + lse.squeeze(-1))
+        loss = loss + soft_kl * (_row_dot(q, log_q) - _row_dot(q, log_p))  # KL(q || p)
+    grad = log_p.exp_().scatter_add_(-1, theirs[:, None],
+                                     loss.new_full((loss.shape[0], 1), soft_kl - 1))
+    if soft_kl:
         grad.sub_(q, alpha=soft_kl)
-    return loss, z.argmax(-1), y, grad
+    return loss, mine, theirs, grad
 
 
 class _BlockLoss(torch.autograd.Function):
@@ -52,7 +57,7 @@ class _BlockLoss(torch.autograd.Function):
                                                      target_logits, soft_kl)
             agree[c] = mine == theirs
             if want_grad:
-                grad_z = (grad_z * weights[c, None].to(f)).to(hidden.dtype)
+                grad_z = grad_z.mul_(weights[c, None].to(f)).to(hidden.dtype)
                 torch.mm(grad_z, w, out=grad_hidden[c])
         ctx.save_for_backward(grad_hidden)
         ctx.mark_non_differentiable(losses, agree)
