@@ -370,9 +370,12 @@ def test_resume_after_kill_9_continues_exactly(cache, tmp_path):
     proc = start("--resume")
     assert wait_for(lambda: sum(e["event"] == "step" for e in read_events(run_dir)[before:])
                     >= 4, 60), proc.stderr
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)  # saves and exits 0
     assert proc.wait(timeout=60) == 0
     events = read_events(run_dir)
+    last_step = max(e["step"] for e in events if e["event"] == "step")
+    assert events[-1]["event"] == "end" and events[-1]["status"] == "stopped"
+    assert checkpoint.latest(ckpt).name == f"step-{last_step}"
     resumed = events[before:]
     assert resumed[0]["event"] == "start"
     assert resumed[0]["config"]["resumed_from_step"] == saved_step
