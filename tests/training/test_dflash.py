@@ -171,7 +171,15 @@ def test_the_loss_holds_a_few_chunks_of_logits_never_all_positions(peak_allocate
     assert peak_allocated_bytes(run) < 6 * chunk * V * 4
 
 
-def test_the_drafter_scores_each_block_offset_against_the_verifier_token():
+def test_the_drafter_scores_each_block_offset_against_the_verifier_token(monkeypatch):
+    import training.dflash.model as model_module
+
+    seen = {}
+
+    def spy(hidden, head, target_hidden, *args):
+        seen["target_hidden"] = target_hidden
+        return block_loss(hidden, head, target_hidden, *args)
+    monkeypatch.setattr(model_module, "block_loss", spy)
     cfg = DFLASH_PRESETS["tiny"]
     torch.manual_seed(0)
     drafter = DFlashDrafter(cfg).double()
@@ -184,10 +192,13 @@ def test_the_drafter_scores_each_block_offset_against_the_verifier_token():
     out = drafter(batch, batch.aux_hidden, 12, gamma=2.0, soft_kl=0.15, loss_chunk=16)
     torch.manual_seed(5)
     anchors, used = sample_anchors(batch.loss_mask, batch.doc_ids, cfg.block_size, 12)
-    # Offsets 1..7 of every used block whose token bears loss, block by block.
-    expect = [k for b in range(2) for a, u in zip(anchors[b], used[b]) if u
+    # Offsets 1..7 of every used block whose token bears loss, block by block, each scored
+    # against the verifier's state at the position before its token (which predicts it).
+    expect = [(b, int(a), k) for b in range(2) for a, u in zip(anchors[b], used[b]) if u
               for k in range(1, cfg.block_size) if batch.loss_mask[b, a + k]]
-    assert out.offset.tolist() == expect
+    assert out.offset.tolist() == [k for _, _, k in expect]
+    assert torch.equal(seen["target_hidden"],
+                       torch.stack([batch.final_hidden[b, a + k - 1] for b, a, k in expect]))
     weights = torch.exp(-(out.offset - 1) / 2.0).double()
     assert out.total.item() == pytest.approx((weights * out.losses).sum().item())
     grads = torch.autograd.grad(out.total, [p for p in drafter.parameters()])
