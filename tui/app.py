@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache, partial
 
 from rich.text import Text
-from textual.app import App, SuspendNotSupported, SystemCommand
+from textual.app import App, ScreenStackError, SuspendNotSupported, SystemCommand
 from textual.screen import Screen
 from textual.strip import Strip
 from textual.worker import Worker, WorkerFailed, WorkerState
@@ -148,6 +148,11 @@ class TracksideApp(Guarded, App):
         if isinstance(error, WorkerFailed):
             self.textual_errors += 1
             write_error(self.error_log, "a worker of Textual's (survived)", error.error)
+            return
+        if isinstance(error, ScreenStackError) and not self.screen_stack:
+            # A key still queued as the app closes meets no screen in Textual's handler:
+            # the app is ending anyway, and ends as it was asked to, not on an error.
+            write_error(self.error_log, "Textual, while closing (ignored)", error)
             return
         write_error(self.error_log, "Textual", error)
         super()._handle_exception(error)

@@ -117,3 +117,4 @@ async def test_a_key_action_for_a_screen_already_left_does_nothing():
         await pilot.pause()
         assert run_screen.action_back() is None and run_screen.action_filter() is None
         assert app.errors == 0 and app.screen is not run_screen
+
