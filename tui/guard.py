@@ -63,26 +63,27 @@ def _fallback(name: str, owner: object, error: Exception):
     return None
 
 
-def _left(owner: object, name: str) -> bool:
-    """A key's action for a screen no longer on top: it was queued while the screen was
-    being left (Escape, Escape in one breath) and finds its widgets gone."""
+def _not_in_view(owner: object, name: str) -> bool:
+    """A key's action for a screen not (or no longer) in view: queued while the screen was
+    being left (Escape, Escape in one breath) or before it had composed (Enter, x), it
+    would find its widgets missing."""
     if not (isinstance(owner, Screen) and name.startswith(("action_", "key_"))):
         return False
     try:
-        return owner.app.screen is not owner
+        return owner.app.screen is not owner or not owner.is_mounted
     except Exception:
         return True  # no screen at all: the app is closing
 
 
 def guard(method: Callable, where: str) -> Callable:
     """`method` with its exceptions reported instead of raised; a screen's key action
-    arriving after the screen was left does nothing."""
+    arriving while the screen is not in view does nothing."""
     name = method.__name__
     if inspect.iscoroutinefunction(method):
 
         @functools.wraps(method)
         async def guarded_async(self, *args, **kwargs):
-            if _left(self, name):
+            if _not_in_view(self, name):
                 return None
             try:
                 return await method(self, *args, **kwargs)
@@ -94,7 +95,7 @@ def guard(method: Callable, where: str) -> Callable:
 
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
-        if _left(self, name):
+        if _not_in_view(self, name):
             return None
         try:
             return method(self, *args, **kwargs)

@@ -20,6 +20,7 @@ import pytest
 from backends import runs, tmux
 from backends.hosts import LocalHost
 from backends.runs import RunState
+from tests.conftest import end_tmux_server
 
 PY = sys.executable
 
@@ -31,7 +32,7 @@ def tmux_dir(monkeypatch):
     monkeypatch.setenv("TMUX_TMPDIR", directory)
     monkeypatch.delenv("TMUX", raising=False)
     yield directory
-    subprocess.run(["tmux", "kill-server"], capture_output=True)  # this test's server only
+    end_tmux_server("tmux")  # this test's server only (TMUX_TMPDIR)
     shutil.rmtree(directory, ignore_errors=True)
 
 

@@ -18,6 +18,7 @@ from backends import runs
 from backends.alerts import AlertBook, Rules
 from backends.hosts import LocalHost
 from backends.watch import Watched, watch
+from tests.conftest import end_tmux_server
 
 # A stand-in trainer: launched as the host's train command, it is given `--out RUN_DIR`
 # and writes step events to the run dir's metrics.jsonl as the real one does.
@@ -50,7 +51,7 @@ def local(tmp_path):
     host = LocalHost("local", runs_root=str(tmp_path / "runs"))
     host.tmux_socket = f"ts-watch-{uuid.uuid4().hex[:8]}"  # backends.tmux reads this attribute
     yield host
-    subprocess.run(["tmux", "-L", host.tmux_socket, "kill-server"], capture_output=True)
+    end_tmux_server("tmux", "-L", host.tmux_socket)
 
 
 def appender(path: Path) -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 import uuid
@@ -10,6 +9,7 @@ import uuid
 import pytest
 
 from backends.hosts import LocalHost
+from tests.conftest import end_tmux_server
 
 TRAIN = [sys.executable, "-m", "training", "train", "--synthetic"]
 
@@ -18,7 +18,7 @@ TRAIN = [sys.executable, "-m", "training", "train", "--synthetic"]
 def tmux_socket():
     name = f"trackside-tui-{uuid.uuid4().hex[:8]}"
     yield name
-    subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True)
+    end_tmux_server("tmux", "-L", name)
 
 
 @pytest.fixture

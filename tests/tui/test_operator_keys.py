@@ -142,3 +142,27 @@ def test_the_charts_smoothing_reads_in_words():
     assert [smoothing_words(w) for w in SMOOTHING] == [
         "smoothing off", "smoothed over ~6 points", "smoothed over ~19 points", "smoothed over ~66 points",
     ]  # fmt: skip
+
+
+async def test_l_on_the_fleet_opens_the_run_with_its_log_in_full():
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        await pilot.press("l")
+        await pilot.pause()
+        assert isinstance(app.screen, RunScreen) and app.screen.maximized is app.screen.query_one(Log)
+
+
+async def test_a_key_before_the_run_screen_has_composed_does_nothing():
+    """A key that reaches a run screen pushed a moment ago, before its chart exists (x
+    right behind Enter, found by the monkey), does nothing rather than fail."""
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        app.open_run(RUN_KEY)
+        screen = app.screen
+        assert isinstance(screen, RunScreen) and not screen.is_mounted
+        for action in (screen.action_x_axis, screen.action_log_scale, screen.action_smoothing, screen.action_back):
+            assert action() is None
+        await pilot.pause()
+        assert app.errors == 0 and screen.is_mounted

@@ -19,6 +19,7 @@ import pytest
 from backends import runs
 from backends.hosts import LocalHost
 from tui.cli import main
+from tests.conftest import end_tmux_server
 
 TRAIN = [sys.executable, "-m", "training", "train", "--synthetic", "--steps", "12", "--max-seq-len", "128", "--ttt-steps", "2"]
 # A program of someone else's: it prints its loss, and stays in its pane to be read.
@@ -70,7 +71,7 @@ def fleet(tmp_path_factory):
             parent, child = asyncio.run(_parent_and_child(LocalHost("box", runs_root=root)))
             yield Fleet(root, tmux_dir, parent, child, config)
         finally:
-            subprocess.run(["tmux", "kill-server"], capture_output=True)  # the module's server only
+            end_tmux_server("tmux")  # the module's server only
             shutil.rmtree(tmux_dir, ignore_errors=True)
 
 

@@ -98,7 +98,7 @@ class RunScreen(Guarded, Screen):
         self.query_one("#log-filter").display = False
         self.show_run(self.run_key)
         if self.focus_log:
-            self.action_log_focus()
+            self._toggle_log_focus()
 
     def on_screen_resume(self) -> None:
         self.state_changed()
@@ -187,6 +187,9 @@ class RunScreen(Guarded, Screen):
             log.write_lines(shown)
 
     def action_log_focus(self) -> None:
+        self._toggle_log_focus()
+
+    def _toggle_log_focus(self) -> None:
         log = self.query_one(Log)
         log.focus()
         if self.maximized is log:
