@@ -24,12 +24,19 @@ from backends.procs import Proc, descendants, process_table, process_tree
 # pids signalled are printed. `for` expands its list once, so `set --` may reuse "$@".
 _SIGNAL = r"""
 sig=$1; shift; set -f
+same=""
 for item; do
   pid=${item%% *}; want=${item#* }
-  now=$(ps -o lstart= -p "$pid") || continue
+  now=$(ps -o stat=,lstart= -p "$pid") || continue
   set -- $now
-  [ "$*" = "$want" ] && kill -s "$sig" -- "$pid" 2>/dev/null && echo "$pid"
+  case $1 in Z*) continue ;; esac  # a zombie takes a signal but has nothing left to stop
+  shift
+  [ "$*" = "$want" ] && same="$same $pid"
 done
+# One kill for all: signalled one by one, a pane's shell dying first hangs up the rest of
+# its group before their turn, and they would read as never signalled.
+[ -n "$same" ] && kill -s "$sig" -- $same 2>/dev/null
+echo $same
 """
 KILL_WAIT_S = 10.0  # after SIGKILL only uninterruptible sleep keeps a process alive
 PANE_EXIT_WAIT_S = 5.0  # tmux marks a pane dead as soon as its pty closes
