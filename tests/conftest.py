@@ -86,8 +86,3 @@ def end_tmux_server(*tmux: str) -> None:
             pass
     subprocess.run([*tmux, "kill-server"], capture_output=True)
 
-
-def pytest_collection_modifyitems(items):
-    # The slow tests first: with two workers, the long ones (the monkeys, kill -9 trials)
-    # then run beside the many short ones instead of after them, alone.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -99,7 +99,8 @@ def gpu_procs(tmp_path, monkeypatch):
 async def test_kill_is_scoped_over_20_trials(host, bystanders, gpu_procs):
     harmed = 0
     for trial in range(20):
-        info = await runs.launch(host, [PY, "-c", WORKERS])
+        # Not a test of the launch: no 2 s wait to see whether the pane dies at once.
+        info = await runs.launch(host, [PY, "-c", WORKERS], startup_s=0)
         parent, *workers = await ready_pids(info)
         gpu_procs({parent: (0, 1000), workers[0]: (0, 2000), workers[1]: (1, 3000), bystanders[1]: (1, 500)})
         report = await kill.kill_run(host, info.run_id, grace_s=10, smi=FAKE_SMI, nvml=False)

@@ -72,11 +72,11 @@ def seed_from_env() -> int:
 def pause_s(rng: random.Random) -> float:
     """0-300 ms, most of them short: a person's bursts with the odd hesitation."""
     roll = rng.random()
-    if roll < 0.6:
+    if roll < 0.75:
         return 0.0
-    if roll < 0.9:
-        return rng.uniform(0.0, 0.04)
-    return rng.uniform(0.04, 0.3)
+    if roll < 0.93:
+        return rng.uniform(0.0, 0.03)
+    return rng.uniform(0.03, 0.3)
 
 
 @dataclass
