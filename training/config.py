@@ -9,6 +9,25 @@ from dataclasses import dataclass
 FLEX_BLOCK = 128
 
 
+def check_attention_shape(cfg, positive: tuple[str, ...]) -> None:
+    """Fill head_dim when unset and check what every drafter's attention needs: positive
+    sizes (these and `positive`), whole KV groups, an even head_dim for RoPE."""
+    if cfg.head_dim is None:
+        if cfg.hidden_size % cfg.num_heads:
+            raise ValueError(
+                f"hidden_size {cfg.hidden_size} is not divisible by num_heads "
+                f"{cfg.num_heads}; set head_dim")
+        object.__setattr__(cfg, "head_dim", cfg.hidden_size // cfg.num_heads)
+    for name in ("hidden_size", "num_heads", "num_kv_heads", "head_dim", *positive):
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise ValueError(f"num_heads {cfg.num_heads} is not a multiple of "
+                         f"num_kv_heads {cfg.num_kv_heads}")
+    if cfg.head_dim % 2:
+        raise ValueError(f"head_dim must be even for RoPE, got {cfg.head_dim}")
+
+
 @dataclass(frozen=True)  # presets are shared: derive with dataclasses.replace
 class DrafterConfig:
     hidden_size: int
@@ -22,24 +41,10 @@ class DrafterConfig:
     rope_theta: float = 500000.0
 
     def __post_init__(self) -> None:
-        if self.head_dim is None:
-            if self.hidden_size % self.num_heads:
-                raise ValueError(
-                    f"hidden_size {self.hidden_size} is not divisible by num_heads "
-                    f"{self.num_heads}; set head_dim")
-            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
-        for name in ("hidden_size", "num_heads", "num_kv_heads", "intermediate_size",
-                     "vocab_size", "draft_vocab_size", "head_dim"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} is not a multiple of "
-                             f"num_kv_heads {self.num_kv_heads}")
+        check_attention_shape(self, ("intermediate_size", "vocab_size", "draft_vocab_size"))
         if self.draft_vocab_size > self.vocab_size:
             raise ValueError(f"draft_vocab_size {self.draft_vocab_size} exceeds "
                              f"vocab_size {self.vocab_size}")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -87,25 +92,11 @@ class DFlashConfig:
     rope_theta: float = 1000000.0
 
     def __post_init__(self) -> None:
-        if self.head_dim is None:
-            if self.hidden_size % self.num_heads:
-                raise ValueError(
-                    f"hidden_size {self.hidden_size} is not divisible by num_heads "
-                    f"{self.num_heads}; set head_dim")
-            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
-        for name in ("hidden_size", "num_heads", "num_kv_heads", "intermediate_size",
-                     "vocab_size", "num_layers", "num_target_layers", "block_size",
-                     "head_dim"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} is not a multiple of "
-                             f"num_kv_heads {self.num_kv_heads}")
+        check_attention_shape(self, ("intermediate_size", "vocab_size", "num_layers",
+                                     "num_target_layers", "block_size"))
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id {self.mask_token_id} is outside the "
                              f"vocabulary of {self.vocab_size}")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
     # the same dict round trip as DrafterConfig's
     to_dict = DrafterConfig.to_dict
