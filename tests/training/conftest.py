@@ -67,3 +67,11 @@ def peak_allocated_bytes():
             peak = max(peak, live)
         return peak
     return measure
+
+
+@pytest.fixture
+def cache(tmp_path_factory, monkeypatch):
+    """The synthetic data set's cache, shared by the whole session."""
+    path = tmp_path_factory.getbasetemp() / "xdg-cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(path))
+    return path

@@ -23,14 +23,6 @@ def run_main(argv, capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-@pytest.fixture
-def cache(tmp_path_factory, monkeypatch):
-    """The synthetic data set's cache, shared by the whole session."""
-    path = tmp_path_factory.getbasetemp() / "xdg-cache"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(path))
-    return path
-
-
 @pytest.mark.parametrize("args, flag", [
     (["--max-seq-len", "0"], "--max-seq-len"),
     (["--max-seq-len", "lots"], "--max-seq-len"),

@@ -7,13 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.training.test_checkpoint import wait_for
 from training import checkpoint
 from training.attention import dense_attention
 from training.cli import main
@@ -237,14 +237,6 @@ def test_an_oom_names_the_block_size_and_anchors_and_the_writer_checks_dflash_st
     metrics.write("step", **step, tau=0.5)
 
 
-@pytest.fixture
-def cache(tmp_path_factory, monkeypatch):
-    """The synthetic data set's cache, shared by the whole session."""
-    path = tmp_path_factory.getbasetemp() / "xdg-cache"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(path))
-    return path
-
-
 @pytest.mark.parametrize("args, flag", [
     (["--block-size", "0"], "--block-size"),
     (["--block-size", "1"], "--block-size"),
@@ -348,15 +340,6 @@ def test_the_loss_falls_on_synthetic_and_step_events_carry_each_block_offset(
     last = sum(e["loss"] for e in steps[-20:]) / 20
     assert last <= 0.8 * first, (first, last)
     assert steps[-1]["tau"] > steps[0]["tau"]
-
-
-def wait_for(predicate, timeout: float, poll: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(poll)
-    return False
 
 
 @pytest.mark.slow

@@ -24,13 +24,6 @@ from training.synthetic import synthetic_dataset
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def cache(tmp_path_factory, monkeypatch):
-    path = tmp_path_factory.getbasetemp() / "xdg-cache"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(path))
-    return path
-
-
 def number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
