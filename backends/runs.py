@@ -35,6 +35,7 @@ METRICS_TAIL_LINES = 64
 STARTUP_S = 2.0  # a pane that dies this soon after its launch, but for a clean exit, failed to start
 STARTUP_POLL_S = 0.1
 FAILED_START_LINES = 15  # of the pane, quoted in a failed launch's error
+DRAIN_READS = 10  # of a dead pane still showing none of its output, STARTUP_POLL_S apart
 
 # The path the host's PATH gives program "$1" (a shell builtin gives its bare name).
 _WHICH = 'command -v "$1"'
@@ -296,11 +297,7 @@ async def _confirm_start(host: Host, manifest: dict, within_s: float) -> int | N
     await record_end(host, manifest, status)
     if status == 0:
         return 0
-    try:
-        shown = await tmux.capture_pane(host, manifest["session"])
-    except tmux.TmuxError:
-        shown = ""  # the session itself is gone
-    last = [line for line in shown.split("\n") if line.strip()][-FAILED_START_LINES:]
+    last = await _last_lines(host, manifest["session"])
     how = (
         "ended with no exit status" if status is None
         else f"was killed by signal {-status}" if status < 0
@@ -311,6 +308,22 @@ async def _confirm_start(host: Host, manifest: dict, within_s: float) -> int | N
         f"{manifest['command'][0]} {how} within {within_s:g}s of its launch: run {manifest['run_id']} "
         f"failed to start (tmux session {manifest['session']} and its run dir are kept). Its pane's last lines:{quoted}"
     )
+
+
+async def _last_lines(host: Host, session: str) -> list[str]:
+    """The dead pane's last lines. tmux can mark a pane dead before it has drained the
+    pane's output (the program's exit is seen first): a pane showing only tmux's own
+    "Pane is dead" line is read again for a moment."""
+    for _ in range(DRAIN_READS):
+        try:
+            shown = await tmux.capture_pane(host, session)
+        except tmux.TmuxError:
+            return []  # the session itself is gone
+        lines = [line for line in shown.split("\n") if line.strip()]
+        if any(not line.startswith("Pane is dead") for line in lines):
+            break
+        await asyncio.sleep(STARTUP_POLL_S)
+    return lines[-FAILED_START_LINES:]
 
 
 async def _link_checkpoint(host: Host, step_dir: str, checkpoints: str) -> None:

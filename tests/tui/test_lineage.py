@@ -17,11 +17,13 @@ from rich.text import Text
 from backends import runs
 from backends.runs import RunInfo, RunState
 from tests.tui.conftest import TRAIN, screen_text, wait_for
+from tests.tui.sample import run_info
 from tui.app import TracksideApp, Watched
 from tui.messages import MetricsBatch, RunsListed
 from tui.screens.pick_run import PickRun
 from backends.series import Overlay, from_metrics
-from tui.widgets.loss_chart import OVERLAY_COLORS, LossChart, Overlaid, draw
+from tui.state import RunState as TuiRun
+from tui.widgets.loss_chart import OVERLAY_COLORS, Curves, LossChart, Overlaid, draw
 
 T0 = 1_790_000_000.0
 GRANDPARENT, PARENT, CHILD = "20261201-0900-0001", "20261201-0930-0002", "20261201-1000-0003"
@@ -153,6 +155,19 @@ def test_a_relaunch_with_no_step_yet_shows_its_parent_over_the_parents_range():
     assert braille(drawn.plain) > 30
 
 
+def test_a_relaunch_at_its_first_step_shows_its_parent_over_the_parents_range():
+    """One step of its own is no range to cut the parent to: the whole parent is drawn."""
+    parent = from_metrics(PARENT, "local", "".join(json.dumps(e) + "\n" for e in steps(PARENT)))
+    child = TuiRun(f"local/{CHILD}", "local", run_info())
+    child.add_event({"event": "step", "step": 1, "loss": 2.0, "loss_ttt": [2.0], "tokens": 1000})
+    curves = Curves(0.3)
+    curves.update(child)
+    drawn = draw(curves, 80, 16, False, [Overlaid(Overlay("parent: ttt_steps 3 → 5", parent), 0.3)], "step")
+    assert "(none in view)" not in drawn.plain
+    assert x_labels(drawn.plain).split()[0] == "1" and x_labels(drawn.plain).split()[-1] == "100"
+    assert braille(drawn.plain) > 30
+
+
 @pytest.mark.slow
 async def test_r_relaunches_a_real_run_and_its_child_shows_the_parent_behind_it(local_host):
     """End to end: a short synthetic training in tmux, edited and relaunched with `r`; the
@@ -174,4 +189,4 @@ async def test_r_relaunches_a_real_run_and_its_child_shows_the_parent_behind_it(
         )
         await wait_for(pilot, lambda: app.screen.run_key == child, timeout=10, what="the screen on the child")
         await wait_for(pilot, lambda: "┄┄ parent: ttt_steps 2 → 3" in screen_text(app), timeout=10, what="the parent's legend")
-        await wait_for(pilot, lambda: braille(chart_styles(app).get(OVERLAY_COLORS[0], "")) > 10, timeout=5, what="the parent's curve")
+        await wait_for(pilot, lambda: braille(chart_styles(app).get(OVERLAY_COLORS[0], "")) > 10, timeout=60, what="the parent's curve (drawn over the child's own range, which grows as it trains)")

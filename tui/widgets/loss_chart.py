@@ -257,10 +257,11 @@ def draw(
         points = []
     steps = (tokens if x_axis == "tokens" else list(curves.steps)) if points else []  # indexed hundreds of times: a deque's middle is not O(1)
     behind = [o.points.get(x_axis, []) for o in overlaid]
-    if steps:
+    if steps and steps[-1] > steps[0]:
         x0, x1 = steps[0], steps[-1]
-    else:  # nothing of its own yet (a relaunch just started): the overlays' range
-        x0, x1 = min((p[0] for ps in behind for p in ps), default=0), max((p[0] for ps in behind for p in ps), default=0)
+    else:  # one point or none of its own yet (a relaunch just started): the overlays' range
+        xs = [*steps, *(p[0] for ps in behind for p in ps)]
+        x0, x1 = min(xs, default=0), max(xs, default=0)
     behind = [overlay_points(ps, x0, x1, log_y, width) for ps in behind]
     found = own + [y for ps in behind for _, y in ps]
     text = Text(no_wrap=True, overflow="crop", end="")
