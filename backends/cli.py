@@ -17,6 +17,7 @@ from backends import kill, params, runs, tmux
 from backends.config import ConfigError, HostConfig, load_config
 from backends.hosts import Host, HostError
 from backends.logparse import Progress
+from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, RUN_ID_EXAMPLE
 
 
 class UsageError(Exception):
@@ -85,7 +86,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
             raise UsageError(f"--session: {e}")
     if args.subcommand == "relaunch":
         if not runs.RUN_ID.fullmatch(args.run):
-            raise UsageError(f"RUN: {args.run!r} is not a run id (like 20261129-0930-ab12)")
+            raise UsageError(f"RUN: {args.run!r} is not a run id (like {RUN_ID_EXAMPLE})")
         try:
             args.changes = params.parse_sets(args.sets)
         except params.ParamError as e:
@@ -173,8 +174,8 @@ async def _run(args) -> tuple[object, str]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     failures: dict[type, int] = {
-        UsageError: 2, ConfigError: 2, params.ParamError: 2, kill.SelfKill: 2,
-        HostError: 1, runs.RunError: 1, kill.KillError: 1,
+        UsageError: EXIT_USAGE, ConfigError: EXIT_USAGE, params.ParamError: EXIT_USAGE, kill.SelfKill: EXIT_USAGE,
+        HostError: EXIT_FAILURE, runs.RunError: EXIT_FAILURE, kill.KillError: EXIT_FAILURE,
     }  # fmt: skip
     try:
         args = _parse(argv)
@@ -184,4 +185,4 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trackside: {e}", file=sys.stderr)
         return code
     print(json.dumps(doc, indent=1) if args.json else text)
-    return 0
+    return EXIT_OK

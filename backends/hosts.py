@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import asyncssh
 
-DEFAULT_RUNS_ROOT = "~/.trackside/runs"
+from training.contract import RUNS_ROOT as DEFAULT_RUNS_ROOT
 CHUNK_BYTES = 1 << 16
 
 

@@ -14,8 +14,6 @@ import enum
 import json
 import os
 import posixpath
-import re
-import secrets
 import shutil
 import sys
 import time
@@ -27,10 +25,9 @@ from backends import params as run_params
 from backends.hosts import Host, HostError
 from backends.logparse import Progress
 from backends.own_session import own_sessions
+from training.contract import EXIT_OOM, RUN_ID, RUN_ID_EXAMPLE, new_run_id
 
-RUN_ID = re.compile(r"[0-9]{8}-[0-9]{4}-[0-9a-f]{4}")
 TRAIN_COMMAND = ["trackside", "train"]
-OOM_EXIT_STATUS = 3  # the trainer's exit code after an `oom` event
 METRICS_TAIL_LINES = 64
 STARTUP_S = 2.0  # a pane that dies this soon after its launch, but for a clean exit, failed to start
 STARTUP_POLL_S = 0.1
@@ -105,17 +102,13 @@ class RunInfo:
         return {**asdict(self), "state": self.state.value}
 
 
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M", time.gmtime()) + "-" + secrets.token_hex(2)
-
-
 def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def check_run_id(run_id: str) -> str:
     if not RUN_ID.fullmatch(run_id):
-        raise RunError(f"{run_id!r} is not a run id (like 20261129-0930-ab12)")
+        raise RunError(f"{run_id!r} is not a run id (like {RUN_ID_EXAMPLE})")
     return run_id
 
 
@@ -406,7 +399,7 @@ async def _read_run_dirs(host: Host) -> list[tuple[dict, int | None, dict]]:
 
 def _state(exit_status: int | None, oom: bool, trainer: bool) -> RunState:
     # Exit code 3 means OOM only for our trainer; other programs use it freely.
-    if oom or (trainer and exit_status == OOM_EXIT_STATUS):
+    if oom or (trainer and exit_status == EXIT_OOM):
         return RunState.OOM
     return RunState.UNKNOWN if exit_status is None else RunState.EXITED
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from backends import alerts, gpu, logparse, runs
 from backends.config import ConfigError, load_config
 from backends.hosts import Host, HostError
+from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 
 POLL_TIMEOUT_S = 20.0
 
@@ -116,7 +117,7 @@ async def watch(
                 task.add_done_callback(sent.discard)
         if once:
             await asyncio.gather(*sent)
-            return 1 if book.active else 0
+            return EXIT_FAILURE if book.active else EXIT_OK
         await asyncio.sleep(interval_s)
 
 
@@ -145,7 +146,7 @@ def main(argv: list[str]) -> int:
         entries = [config.host(name) for name in args.host] if args.host else config.hosts
     except ConfigError as error:
         print(f"trackside watch: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     made = config.make_hosts()
     hosts = [Watched(made[entry.name], entry.nvidia_smi) for entry in entries]
     book = alerts.AlertBook(rules=config.alert_rules)
@@ -156,4 +157,4 @@ def main(argv: list[str]) -> int:
                   interval_s=args.interval, once=args.once, say=lambda line: print(line, flush=True))
         )  # fmt: skip
     except KeyboardInterrupt:
-        return 0
+        return EXIT_OK

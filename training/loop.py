@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from training import checkpoint
 from training.config import DFlashConfig, DrafterConfig
+from training.contract import EXIT_OK, EXIT_OOM
 from training.data import Dataset, Loader, Position
 from training.metrics import MetricsWriter
 from training.model import Eagle3Drafter, StepLoss
@@ -40,9 +41,6 @@ from training.vocab import build_draft_vocab
 
 if TYPE_CHECKING:
     from training.dflash.run import DFlashTraining
-
-EXIT_OOM = 3
-
 
 @dataclass
 class TrainConfig:
@@ -415,4 +413,4 @@ def train(cfg: TrainConfig) -> int:
     metrics.close()
     if world > 1:
         dist.destroy_process_group()
-    return 0
+    return EXIT_OK

@@ -1,0 +1,35 @@
+"""What the trainer and the dashboard agree on, defined once: exit codes, run ids, runs root.
+
+The trainer runs on a GPU box with torch; the dashboard and the headless commands run on
+an operator's laptop without it. Both read these values, so this module imports nothing
+of ours and nothing outside the standard library (import-linter lets `backends` and `tui`
+import it and nothing else of `training` that loads torch).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+
+# Exit codes of every `trackside` command and of the trainer.
+EXIT_OK = 0
+EXIT_FAILURE = 1  # anything else: an unreachable host, a missing run, a failed step
+EXIT_USAGE = 2  # a bad argument or value; the message names the flag or key
+EXIT_OOM = 3  # the trainer ran out of GPU memory, after writing its `oom` event
+
+# A run id is the UTC minute it was made and 4 random hex digits: sorting ids sorts runs by
+# start, and two launches in one minute still differ.
+RUN_ID_TIME_FORMAT = "%Y%m%d-%H%M"
+RUN_ID = re.compile(r"[0-9]{8}-[0-9]{4}-[0-9a-f]{4}")
+RUN_ID_EXAMPLE = "20261129-0930-ab12"
+
+# Where run directories live on a host unless its config says otherwise; the trainer, run
+# by hand without --out, reads the environment variable first.
+RUNS_ROOT = "~/.trackside/runs"
+RUNS_ROOT_ENV = "TRACKSIDE_RUNS_ROOT"
+
+
+def new_run_id(when: float | None = None) -> str:
+    """A fresh run id for the UTC time `when` (default now)."""
+    return f"{time.strftime(RUN_ID_TIME_FORMAT, time.gmtime(when))}-{secrets.token_hex(2)}"
