@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from backends.gpu import GpuReading
-from backends.runs import RunInfo, RunState, launcher_code
+from backends.runs import RunInfo, RunPhase, launcher_code
 
 UNDERFED_POWER = 0.5  # of the power limit
 UNDERFED_UTIL = 90.0  # percent
@@ -129,12 +129,12 @@ def host_alerts(host: HostFacts, now: float, rules: Rules = Rules()) -> list[Ale
 
 def _ended_alert(run: RunFacts) -> Alert | None:
     info = run.info
-    if run.oom or info.state is RunState.OOM:
+    if run.oom or info.state is RunPhase.OOM:
         oom = run.oom or {}
         params = ", ".join(f"{k}={oom[k]}" for k in ("max_seq_len", "ttt_steps", "tried_gib", "peak_mem_gib") if k in oom)
         return Alert(f"oom:{run.key}", f"{run.key} ran out of GPU memory ({params or 'exit status 3'})", "error")
     code = info.exit_status
-    if info.state is RunState.RUNNING or not code or launcher_code(info.end_status, code):
+    if info.state is RunPhase.RUNNING or not code or launcher_code(info.end_status, code):
         return None
     if code < 0:
         try:
@@ -168,7 +168,7 @@ def _loss_alert(run: RunFacts) -> Alert | None:
 
 def _stall_alert(run: RunFacts, now: float, rules: Rules) -> Alert | None:
     timed = [(e["time"], e.get("step", 0)) for e in _recent(run.steps) if isinstance(e.get("time"), (int, float))]
-    if run.info.state is not RunState.RUNNING or not timed:
+    if run.info.state is not RunPhase.RUNNING or not timed:
         return None
     per_step = [(t1 - t0) / (s1 - s0) for (t0, s0), (t1, s1) in zip(timed, timed[1:]) if s1 > s0]
     quiet = now - timed[-1][0]
@@ -221,7 +221,7 @@ class AlertBook:
 
     def watches(self, run: RunFacts) -> bool:
         """Whether the run is this watcher's to alert on: running, seen running, or started since."""
-        if run.info.state is RunState.RUNNING:
+        if run.info.state is RunPhase.RUNNING:
             self._seen_running.add(run.key)
             return True
         started = run.info.started or ""

@@ -72,7 +72,10 @@ class RunError(Exception):
     """A run could not be found, started or read."""
 
 
-class RunState(enum.Enum):
+class RunPhase(enum.Enum):
+    """Where a run is in its life, as a listing finds it (the dashboard's view of a whole
+    run is tui.state.RunState)."""
+
     RUNNING = "running"
     EXITED = "exited"
     OOM = "oom"
@@ -84,7 +87,7 @@ class RunInfo:
     run_id: str | None  # None: a tmux session trackside did not launch
     session: str
     host: str
-    state: RunState
+    state: RunPhase
     exit_status: int | None = None
     params: dict = field(default_factory=dict)
     last_step: int | None = None
@@ -244,7 +247,7 @@ async def launch(
     await write_manifest(host, manifest)
     ended = await _confirm_start(host, manifest, startup_s)
     return RunInfo(
-        run_id, session, host.name, RunState.RUNNING if ended is None else RunState.EXITED, ended,
+        run_id, session, host.name, RunPhase.RUNNING if ended is None else RunPhase.EXITED, ended,
         params=params, pids=[pane_pid] if ended is None else [], run_dir=directory, parent=parent,
         started=manifest["started"],
     )  # fmt: skip
@@ -397,11 +400,11 @@ async def _read_run_dirs(host: Host) -> list[tuple[dict, int | None, dict]]:
     return runs
 
 
-def _state(exit_status: int | None, oom: bool, trainer: bool) -> RunState:
+def _state(exit_status: int | None, oom: bool, trainer: bool) -> RunPhase:
     # Exit code 3 means OOM only for our trainer; other programs use it freely.
     if oom or (trainer and exit_status == EXIT_OOM):
-        return RunState.OOM
-    return RunState.UNKNOWN if exit_status is None else RunState.EXITED
+        return RunPhase.OOM
+    return RunPhase.UNKNOWN if exit_status is None else RunPhase.EXITED
 
 
 async def list_runs(host: Host) -> list[RunInfo]:
@@ -429,7 +432,7 @@ async def list_runs(host: Host) -> list[RunInfo]:
                 manifest = await record_end(host, manifest, exit_status)
         # A session that vanished without a recorded status stays UNKNOWN.
         ended = exit_status is not None or not alive
-        state = _state(exit_status, metrics["oom"], bool(manifest.get("trainer"))) if ended else RunState.RUNNING
+        state = _state(exit_status, metrics["oom"], bool(manifest.get("trainer"))) if ended else RunPhase.RUNNING
         infos.append(
             RunInfo(
                 manifest["run_id"], session, host.name, state, exit_status, manifest.get("params", {}),
@@ -449,7 +452,7 @@ async def list_runs(host: Host) -> list[RunInfo]:
         said = console.summarize(consoles.get(session, "").split("\n"))
         infos.append(
             RunInfo(
-                None, session, host.name, RunState.RUNNING if alive else _state(status, False, False), status,
+                None, session, host.name, RunPhase.RUNNING if alive else _state(status, False, False), status,
                 last_step=said.step, last_loss=said.loss, pids=alive, this_dashboard=session in dashboard,
                 progress=said.progress,
             )  # fmt: skip

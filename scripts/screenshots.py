@@ -118,7 +118,7 @@ async def lineage_svg() -> Path:
     import tempfile
 
     from backends.hosts import LocalHost
-    from backends.runs import RunState
+    from backends.runs import RunPhase
     from tests.tui.sample import CHILD_ID, CHILD_PARAMS, NOW, child_metrics_events, frozen_clock, gpus, run_info, write_lineage
     from tui.app import TracksideApp, Watched
     from tui.messages import GpusPolled, MetricsBatch, RunsListed
@@ -126,7 +126,7 @@ async def lineage_svg() -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         write_lineage(Path(tmp))
         app = TracksideApp([Watched(LocalHost("h200-box", runs_root=tmp))], monitor=False, clock=frozen_clock)
-        parent = run_info(RunState.EXITED)
+        parent = run_info(RunPhase.EXITED)
         child = run_info()
         child.run_id, child.params, child.parent, child.run_dir = CHILD_ID, dict(CHILD_PARAMS), parent.run_id, f"{tmp}/{CHILD_ID}"
         key = f"h200-box/{CHILD_ID}"

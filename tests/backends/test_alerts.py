@@ -18,7 +18,7 @@ from backends.alerts import AlertBook, HostFacts, RunFacts, Rules
 from backends.config import ConfigError, load_config
 from backends.gpu import GpuProcess, GpuReading
 from backends.kill import GpuDelta, KillReport
-from backends.runs import RunInfo, RunState
+from backends.runs import RunInfo, RunPhase
 
 NOW = 1_790_000_000.0
 STARTED = "2026-09-21T14:13:20Z"  # NOW, as a manifest writes it
@@ -28,7 +28,7 @@ def readings(power_w: float, util: int = 100) -> list[GpuReading]:
     return [GpuReading(i, "NVIDIA H200", f"GPU-{i}", power_w + 7 * i, 600.0, 40960, 143771, util, 61) for i in range(8)]
 
 
-def info(state: RunState = RunState.RUNNING, code: int | None = None, **changes) -> RunInfo:
+def info(state: RunPhase = RunPhase.RUNNING, code: int | None = None, **changes) -> RunInfo:
     return dataclasses.replace(
         RunInfo("20260921-1413-a1b2", "dflash", "box", state, code, started=STARTED), **changes
     )
@@ -66,12 +66,12 @@ def test_a_lost_host_is_an_error_alert_naming_why():
 
 
 @pytest.mark.parametrize("state, code, end, expected", [
-    (RunState.EXITED, 1, None, "box/r failed: exit status 1"),
-    (RunState.EXITED, -9, None, "box/r was killed by SIGKILL"),
-    (RunState.EXITED, 0, None, None),
-    (RunState.EXITED, 1, "stopped", None),  # torchrun's 1 after the trainer's own clean stop
-    (RunState.OOM, 3, None, "box/r ran out of GPU memory (exit status 3)"),
-    (RunState.RUNNING, None, None, None),
+    (RunPhase.EXITED, 1, None, "box/r failed: exit status 1"),
+    (RunPhase.EXITED, -9, None, "box/r was killed by SIGKILL"),
+    (RunPhase.EXITED, 0, None, None),
+    (RunPhase.EXITED, 1, "stopped", None),  # torchrun's 1 after the trainer's own clean stop
+    (RunPhase.OOM, 3, None, "box/r ran out of GPU memory (exit status 3)"),
+    (RunPhase.RUNNING, None, None, None),
 ])  # fmt: skip
 def test_how_a_run_ended(state, code, end, expected):
     found = alerts.run_alerts(RunFacts("box/r", info(state, code, end_status=end)), NOW)
@@ -80,7 +80,7 @@ def test_how_a_run_ended(state, code, end, expected):
 
 def test_oom_names_the_params_it_tried():
     oom = {"event": "oom", "max_seq_len": 32768, "ttt_steps": 5, "tried_gib": 12.0, "peak_mem_gib": 95.1}
-    [alert] = alerts.run_alerts(RunFacts("box/r", info(RunState.OOM, 3), oom=oom), NOW)
+    [alert] = alerts.run_alerts(RunFacts("box/r", info(RunPhase.OOM, 3), oom=oom), NOW)
     assert alert.key == "oom:box/r" and "max_seq_len=32768, ttt_steps=5, tried_gib=12.0, peak_mem_gib=95.1" in alert.text
 
 
@@ -107,7 +107,7 @@ def test_a_stall_is_counted_in_the_runs_own_step_times_never_under_the_floor():
     [stall] = alerts.run_alerts(run, NOW + 18 + 21, rules)
     assert stall.text == "box/r stalled: no step for 21s"
     assert alerts.run_alerts(run, NOW + 18 + 21) == []  # the default floor: 5 minutes
-    ended = RunFacts("box/r", info(RunState.EXITED, 0), fast)
+    ended = RunFacts("box/r", info(RunPhase.EXITED, 0), fast)
     assert alerts.run_alerts(ended, NOW + 10_000, rules) == []  # an ended run does not stall
 
 
@@ -137,18 +137,18 @@ def test_the_book_raises_a_cause_once_clears_it_and_raises_it_again_when_it_retu
 
 def test_runs_that_ended_before_the_watcher_are_history_not_alerts():
     book = AlertBook(since=NOW)
-    old = RunFacts("box/old", info(RunState.EXITED, 1, started="2026-09-20T10:00:00Z"))
+    old = RunFacts("box/old", info(RunPhase.EXITED, 1, started="2026-09-20T10:00:00Z"))
     assert book.evaluate([], [old], NOW) == []
     seen = RunFacts("box/seen", info(started="2026-09-20T10:00:00Z"))
     book.evaluate([], [old, seen], NOW + 1)
-    seen.info = dataclasses.replace(seen.info, state=RunState.EXITED, exit_status=1)
-    new = RunFacts("box/new", info(RunState.EXITED, 2, run_id="20260921-1414-c3d4"))  # started as the watcher did
+    seen.info = dataclasses.replace(seen.info, state=RunPhase.EXITED, exit_status=1)
+    new = RunFacts("box/new", info(RunPhase.EXITED, 2, run_id="20260921-1414-c3d4"))  # started as the watcher did
     assert sorted(a.key for a in book.evaluate([], [old, seen, new], NOW + 2)) == ["failed:box/new", "failed:box/seen"]
 
 
 def test_a_relaunch_answers_its_parents_end():
     book = AlertBook(since=NOW)
-    failed = RunFacts("box/r", info(RunState.EXITED, 1))
+    failed = RunFacts("box/r", info(RunPhase.EXITED, 1))
     assert causes(book.evaluate([], [failed], NOW)) == ["failed"]
     child = RunFacts("box/child", info(run_id="20260921-1420-ffff", parent=failed.info.run_id))
     assert book.evaluate([], [failed, child], NOW + 1) == [] and book.current == []
@@ -159,9 +159,9 @@ def test_a_run_the_operator_stopped_ends_without_an_alert():
     running = RunFacts("box/r", info())
     book.evaluate([], [running], NOW)
     book.stopped("box/r")
-    killed = RunFacts("box/r", info(RunState.EXITED, -15))
+    killed = RunFacts("box/r", info(RunPhase.EXITED, -15))
     assert book.evaluate([], [killed], NOW + 1) == []
-    other = RunFacts("box/other", info(RunState.EXITED, -15, run_id="20260921-1415-0000"))
+    other = RunFacts("box/other", info(RunPhase.EXITED, -15, run_id="20260921-1415-0000"))
     assert causes(book.evaluate([], [killed, other], NOW + 2)) == ["failed"]
 
 

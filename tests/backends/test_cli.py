@@ -186,7 +186,7 @@ def test_the_installed_command_routes_here(config, tmp_path):
 
 
 def test_a_clean_stop_whose_launcher_exits_1_reads_as_a_clean_stop():
-    stopped = runs.RunInfo("r1", "s1", "local", runs.RunState.EXITED, 1, end_status="stopped")
-    failed = runs.RunInfo("r2", "s2", "local", runs.RunState.EXITED, 1, end_status="failed")
+    stopped = runs.RunInfo("r1", "s1", "local", runs.RunPhase.EXITED, 1, end_status="stopped")
+    failed = runs.RunInfo("r2", "s2", "local", runs.RunPhase.EXITED, 1, end_status="failed")
     shown = _show_runs([stopped, failed])
     assert "exited (stopped; launcher exit 1)" in shown and "exited (1)" in shown

@@ -133,7 +133,7 @@ async def test_run_ignoring_sigterm_is_killed_after_the_grace_period(host, bysta
     manifest = json.loads(Path(info.run_dir, "manifest.json").read_text())
     assert manifest["exit_status"] == -9 and manifest["ended"]
     run = next(r for r in await runs.list_runs(host) if r.run_id == info.run_id)
-    assert (run.state, run.exit_status) == (runs.RunState.EXITED, -9)
+    assert (run.state, run.exit_status) == (runs.RunPhase.EXITED, -9)
 
 
 async def test_run_that_saves_on_sigterm_exits_cleanly_without_sigkill(host):

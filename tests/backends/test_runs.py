@@ -19,7 +19,7 @@ import pytest
 
 from backends import runs, tmux
 from backends.hosts import LocalHost
-from backends.runs import RunState
+from backends.runs import RunPhase
 from tests.conftest import end_tmux_server
 
 PY = sys.executable
@@ -61,7 +61,7 @@ async def run_named(host, run_id):
 
 async def ended(host, run_id):
     run = await run_named(host, run_id)
-    return run if run.state is not RunState.RUNNING else None
+    return run if run.state is not RunPhase.RUNNING else None
 
 
 def written(path: Path) -> str:
@@ -89,14 +89,14 @@ async def test_argv_arrives_literally_and_nothing_is_executed(host, tmp_path):
 async def test_launch_writes_manifest_and_console_and_list_follows_state(host):
     script = "import sys,time\nfor i in range(3): print(f'line {i}', flush=True)\ntime.sleep(0.5)\nsys.exit(7)"
     info = await runs.launch(host, [PY, "-c", script], session="ts-test-state", startup_s=0)
-    assert info.state is RunState.RUNNING and info.session == "ts-test-state"
+    assert info.state is RunPhase.RUNNING and info.session == "ts-test-state"
     assert runs.RUN_ID.fullmatch(info.run_id) and info.run_dir.endswith(info.run_id)
     manifest = json.loads(Path(info.run_dir, "manifest.json").read_text())
     assert manifest["argv"] == [PY, "-c", script] and manifest["pane_pid"] == info.pids[0]
     assert manifest["session"] == "ts-test-state" and manifest["ended"] is None
 
     listed = await run_named(host, info.run_id)
-    assert listed.state is RunState.RUNNING and listed.pids == info.pids
+    assert listed.state is RunPhase.RUNNING and listed.pids == info.pids
 
     done = await eventually(lambda: ended(host, info.run_id))
     assert done.exit_status == 7 and done.pids == []
@@ -111,7 +111,7 @@ async def test_a_command_that_exits_at_once_still_leaves_its_status(host):
     # remain-on-exit is set in the same tmux invocation, so even `false` keeps its pane.
     info = await runs.launch(host, ["false"], startup_s=0)
     done = await eventually(lambda: ended(host, info.run_id))
-    assert (done.state, done.exit_status) == (RunState.EXITED, 1)
+    assert (done.state, done.exit_status) == (RunPhase.EXITED, 1)
     assert [p.dead for p in await tmux.list_panes(host, info.session)] == [True]
 
 
@@ -125,7 +125,7 @@ async def test_a_pane_that_dies_in_its_first_seconds_is_a_failed_launch(host):
     assert f"{PY} exited with status 2 within 2s of its launch" in message and "| bad flag: --frobnicate" in message
     # Kept, to be read: the run reads as exited 2 with its console.
     [run] = [r for r in await runs.list_runs(host) if r.session == "dies"]
-    assert (run.state, run.exit_status) == (RunState.EXITED, 2)
+    assert (run.state, run.exit_status) == (RunPhase.EXITED, 2)
     assert "bad flag" in Path(run.run_dir, "console.log").read_text()
     with pytest.raises(runs.RunError, match=r"^/\S*/sh was killed by signal 15 within 2s"):
         await runs.launch(host, ["sh", "-c", "kill -TERM $$"])
@@ -133,10 +133,10 @@ async def test_a_pane_that_dies_in_its_first_seconds_is_a_failed_launch(host):
 
 async def test_a_clean_exit_and_a_live_pane_are_launches_that_worked(host):
     quick = await runs.launch(host, ["true"])
-    assert (quick.state, quick.exit_status, quick.pids) == (RunState.EXITED, 0, [])
+    assert (quick.state, quick.exit_status, quick.pids) == (RunPhase.EXITED, 0, [])
     started = time.monotonic()
     alive = await runs.launch(host, ["sleep", "30"])
-    assert alive.state is RunState.RUNNING and time.monotonic() - started >= runs.STARTUP_S
+    assert alive.state is RunPhase.RUNNING and time.monotonic() - started >= runs.STARTUP_S
 
 
 async def test_every_run_gets_its_exit_status(host):
@@ -146,11 +146,11 @@ async def test_every_run_gets_its_exit_status(host):
 
     async def all_ended():
         listed = {r.run_id: r for r in await runs.list_runs(host)}
-        return all(listed[i.run_id].state is not RunState.RUNNING for i in infos) and listed
+        return all(listed[i.run_id].state is not RunPhase.RUNNING for i in infos) and listed
 
     listed = await eventually(all_ended)
     assert [listed[i.run_id].exit_status for i in infos] == [*range(10), -15]
-    assert listed[infos[3].run_id].state is RunState.EXITED  # 3 is OOM only for the trainer
+    assert listed[infos[3].run_id].state is RunPhase.EXITED  # 3 is OOM only for the trainer
 
 
 async def test_capture_pane_shows_what_the_run_printed(host):
@@ -185,7 +185,7 @@ async def test_foreign_sessions_are_listed_without_run_id(host):
     listed = await runs.list_runs(host)
     foreign = [r for r in listed if r.run_id is None]
     assert [r.session for r in foreign] == ["someone-else"]
-    assert foreign[0].state is RunState.RUNNING and len(foreign[0].pids) == 1
+    assert foreign[0].state is RunPhase.RUNNING and len(foreign[0].pids) == 1
     assert [r.run_id for r in listed if r.run_id] == [mine.run_id]
     assert await tmux.list_sessions(host) == sorted(["someone-else", mine.session])
 
@@ -200,10 +200,10 @@ async def test_metrics_tail_gives_step_loss_and_oom(host):
     Path(info.run_dir, "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events) + '{"event": "st')
     run = await run_named(host, info.run_id)
     assert (run.last_step, run.last_loss, run.steps_per_epoch) == (199, pytest.approx(5.0 - 19.9), 40)
-    assert run.state is RunState.RUNNING  # the pane is alive: an oom event alone does not end it
+    assert run.state is RunPhase.RUNNING  # the pane is alive: an oom event alone does not end it
     tmux_kill = subprocess.run(["tmux", "kill-session", "-t", f"={info.session}"])
     assert tmux_kill.returncode == 0
-    assert (await run_named(host, info.run_id)).state is RunState.OOM
+    assert (await run_named(host, info.run_id)).state is RunPhase.OOM
 
 
 async def test_the_trainers_end_is_listed_beside_the_launchers_exit_code(host):
@@ -212,7 +212,7 @@ async def test_the_trainers_end_is_listed_beside_the_launchers_exit_code(host):
     lines = [{"event": "start", "config": {}}, {"event": "end", "status": "stopped"}]
     Path(info.run_dir, "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
     done = await eventually(lambda: ended(host, info.run_id))
-    assert (done.state, done.exit_status, done.end_status) == (RunState.EXITED, 1, "stopped")
+    assert (done.state, done.exit_status, done.end_status) == (RunPhase.EXITED, 1, "stopped")
     assert runs.launcher_code(done.end_status, done.exit_status)
     # a resume starts again: the earlier end no longer holds
     lines.append({"event": "start", "config": {"resumed_from_step": 2}})

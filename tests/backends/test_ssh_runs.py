@@ -11,7 +11,7 @@ import json
 import pytest
 
 from backends import kill, runs, streams, tmux
-from backends.runs import RunState
+from backends.runs import RunPhase
 from tests.backends.test_kill import FAKE_SMI
 from tests.backends.test_runs import HOSTILE, argv_echo, eventually, tmux_dir, written  # noqa: F401 (fixture)
 
@@ -83,7 +83,7 @@ async def test_launch_stream_kill_relaunch_over_ssh(remote):
     print(f"\nover SSH: kill took {report.seconds:.2f}s, GPU release verified {report.release_s * 1000:.0f} ms after the last exit")
 
     killed = next(r for r in await runs.list_runs(remote) if r.run_id == first.run_id)
-    assert (killed.state, killed.exit_status) == (RunState.EXITED, 0) and killed.last_step >= 2
+    assert (killed.state, killed.exit_status) == (RunPhase.EXITED, 0) and killed.last_step >= 2
 
     second = await runs.relaunch(remote, first.run_id, {"ttt_steps": 5}, resume=True)
     assert second.parent == first.run_id and second.params["ttt_steps"] == 5
@@ -95,6 +95,6 @@ async def test_launch_stream_kill_relaunch_over_ssh(remote):
     assert steps(events)[0]["step"] == start["config"]["resumed_from_step"] + 1
 
     listed = {r.run_id: r for r in await runs.list_runs(remote) if r.run_id}
-    assert listed[second.run_id].state is RunState.RUNNING and listed[second.run_id].parent == first.run_id
+    assert listed[second.run_id].state is RunPhase.RUNNING and listed[second.run_id].parent == first.run_id
     report = await kill.kill_run(remote, second.run_id, grace_s=60, smi=FAKE_SMI)
     assert report.exit_status == 0 and report.released
