@@ -372,7 +372,7 @@ class TracksideApp(Guarded, App):
             run = self.selected_run(screen)
             if run is None:
                 return None
-            running = run.info.state == runs.RunState.RUNNING
+            running = run.info.state == runs.RunPhase.RUNNING
             # The dashboard's own session stays enabled: the key says why it refuses.
             if action in ("kill", "kill_relaunch") and not running:
                 return None
@@ -498,7 +498,7 @@ class TracksideApp(Guarded, App):
         run = self.selected_run()
         if run is None:
             return
-        if run.info.state != runs.RunState.RUNNING:
+        if run.info.state != runs.RunPhase.RUNNING:
             self.run_worker(self._relaunch(run), group="actions", exit_on_error=False)
             return
         # A second copy beside a live original doubles its GPU memory: say so, default No.
