@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from backends.runs import RunState as Listed
+from backends.runs import RunPhase as Listed
 from tests.tui.sample import NOW, gpus, metrics_events, run_info
 from tui.screens.fleet import host_cells, run_cells
 from tui.screens.run import stats_text
