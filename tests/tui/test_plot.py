@@ -39,7 +39,7 @@ async def _ended(host: LocalHost, run_id: str, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         listed = {r.run_id: r for r in await runs.list_runs(host)}
-        if listed[run_id].state is not runs.RunState.RUNNING:
+        if listed[run_id].state is not runs.RunPhase.RUNNING:
             return
         await asyncio.sleep(0.2)
     raise AssertionError(f"run {run_id} still running after {timeout}s")
