@@ -12,7 +12,7 @@ from backends.console import summarize
 from backends.gpu import GpuProcess, GpuReading, GpuSnapshot, GpuStatus
 from backends.hosts import HostUnreachable, LocalHost
 from backends.kill import KillPlan
-from backends.runs import RunInfo, RunState
+from backends.runs import RunInfo, RunPhase
 from tui.app import TracksideApp, Watched
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
 
@@ -36,7 +36,7 @@ def gpus(power_w: float = 250.0) -> GpuSnapshot:
     return GpuSnapshot(GpuStatus.OK, "", readings, processes, NOW, "nvidia-smi")
 
 
-def run_info(state: RunState = RunState.RUNNING) -> RunInfo:
+def run_info(state: RunPhase = RunPhase.RUNNING) -> RunInfo:
     return RunInfo(
         RUN_ID, "dflash", "h200-box", state, None, dict(PARAMS), 300, 2.1, 4120, [4200],
         f"/root/.trackside/runs/{RUN_ID}", None, "2026-11-29T09:30:00Z",
@@ -136,13 +136,13 @@ def foreign_info() -> RunInfo:
     """As `runs.list_runs` gives it: its pane read through the one console fold."""
     said = summarize(FOREIGN_LINES)
     return RunInfo(
-        None, FOREIGN_SESSION, "h200-box", RunState.RUNNING, last_step=said.step, last_loss=said.loss,
+        None, FOREIGN_SESSION, "h200-box", RunPhase.RUNNING, last_step=said.step, last_loss=said.loss,
         pids=[5100], progress=said.progress,
     )  # fmt: skip
 
 
 def dashboard_info() -> RunInfo:
-    return RunInfo(None, "ops", "h200-box", RunState.RUNNING, pids=[5300], this_dashboard=True)
+    return RunInfo(None, "ops", "h200-box", RunPhase.RUNNING, pids=[5300], this_dashboard=True)
 
 
 async def feed_foreign(pilot, model: dict | None = None) -> None:
