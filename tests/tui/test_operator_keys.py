@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.command import CommandPalette
 from textual.widgets import Log
 
-from backends.runs import RunInfo, RunState
+from backends.runs import RunInfo, RunPhase
 from tests.tui.conftest import screen_text, wait_for
 from tests.tui.sample import NOW, RUN_KEY, feed, make_app, on_run
 from tui.messages import ConsoleBatch, RunsListed
@@ -14,7 +14,7 @@ from tui.screens.confirm import Confirm
 from tui.screens.help import HelpScreen
 from tui.screens.run import RunScreen
 
-FOREIGN = RunInfo(None, "someone-elses", "h200-box", RunState.RUNNING, pids=[777])
+FOREIGN = RunInfo(None, "someone-elses", "h200-box", RunPhase.RUNNING, pids=[777])
 
 
 async def test_the_palette_lists_the_run_actions_of_the_screen_it_was_opened_on():
