@@ -15,7 +15,7 @@ import pytest
 from rich.text import Text
 
 from backends import runs
-from backends.runs import RunInfo, RunState
+from backends.runs import RunInfo, RunPhase
 from tests.tui.conftest import TRAIN, screen_text, wait_for
 from tests.tui.sample import run_info
 from tui.app import TracksideApp, Watched
@@ -55,7 +55,7 @@ def write_run(root: Path, run_id: str) -> RunInfo:
     manifest = {"run_id": run_id, "session": f"ts-{run_id}", "params": PARAMS[run_id], "parent": LINE[run_id], "run_dir": str(directory)}
     (directory / "manifest.json").write_text(json.dumps(manifest))
     (directory / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in steps(run_id)))
-    return RunInfo(run_id, f"ts-{run_id}", "local", RunState.EXITED, 0, PARAMS[run_id], 100, 1.0, run_dir=str(directory), parent=LINE[run_id])
+    return RunInfo(run_id, f"ts-{run_id}", "local", RunPhase.EXITED, 0, PARAMS[run_id], 100, 1.0, run_dir=str(directory), parent=LINE[run_id])
 
 
 def chart_styles(app) -> dict:
@@ -125,7 +125,7 @@ async def test_a_run_picked_from_the_fleet_is_drawn_behind_and_picked_again_take
     app = TracksideApp([Watched(local_host)], monitor=False, clock=lambda: T0 + 200)
     async with app.run_test(size=(140, 44)) as pilot:
         await open_child(local_host, pilot)
-        foreign = RunInfo(None, "their-sft", "local", RunState.RUNNING, pids=[1])
+        foreign = RunInfo(None, "their-sft", "local", RunPhase.RUNNING, pids=[1])
         app.post_message(RunsListed("local", [*(app.runs[k].info for k in list(app.runs)), foreign], T0 + 201))
         await wait_for(pilot, lambda: "local/their-sft" in app.runs, timeout=5, what="the foreign run listed")
 
@@ -174,7 +174,7 @@ async def test_r_relaunches_a_real_run_and_its_child_shows_the_parent_behind_it(
     screen switches to the child, which draws its parent's curve named by the edit."""
     parent = await runs.launch(local_host, [*TRAIN, "--steps", "8", "--max-seq-len", "128", "--ttt-steps", "2"])
     deadline = time.monotonic() + 90
-    while (await runs.list_runs(local_host))[0].state is RunState.RUNNING:
+    while (await runs.list_runs(local_host))[0].state is RunPhase.RUNNING:
         assert time.monotonic() < deadline, "the parent run never ended"
         await asyncio.sleep(0.2)
     app = TracksideApp([Watched(local_host)], poll_interval=0.2)
