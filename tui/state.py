@@ -190,9 +190,9 @@ class RunState:
     def status(self) -> RunStatus:
         if self.gone:
             return RunStatus.GONE
-        if self.oom or self.info.state is runs.RunState.OOM:
+        if self.oom or self.info.state is runs.RunPhase.OOM:
             return RunStatus.OOM
-        if self.info.state is runs.RunState.RUNNING:
+        if self.info.state is runs.RunPhase.RUNNING:
             return RunStatus.RUNNING
         # The trainer's own end first: after it, a nonzero code is the launcher's
         # (runs.launcher_code), not the run's failure.
