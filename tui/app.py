@@ -36,6 +36,9 @@ from tui.state import GpuTrace, HostState, HostStatus, RunState, run_key
 
 ESCAPE_CACHE = 1024
 REPORT_EVERY_S = 30.0
+# What a read-only dashboard (`trackside serve --read-only`) never offers: everything that
+# changes a run, and attach, whose tmux session takes keystrokes into the run.
+READ_ONLY_HIDDEN = {"kill", "kill_relaunch", "edit", "relaunch", "attach"}
 
 
 def bound_escape_cache(maxsize: int = ESCAPE_CACHE) -> None:
@@ -90,8 +93,12 @@ class TracksideApp(Guarded, App):
         alert_rules: Rules = Rules(),
         alert_command: list[str] | None = None,
         alert_timeout_s: float = COMMAND_TIMEOUT_S,
+        read_only: bool = False,
     ) -> None:
         super().__init__()
+        self.read_only = read_only
+        if read_only:
+            self.title = f"{self.TITLE} (read-only)"
         self.watched = {w.host.name: w for w in watched}
         self.demo = demo
         self.demo_run: runs.RunInfo | None = None  # the demo's run, once launched
@@ -365,7 +372,10 @@ class TracksideApp(Guarded, App):
 
     def action_allowed(self, action: str, screen: Screen) -> bool | None:
         """Whether a key of the app acts on `screen`: True, None (shown, disabled: the
-        selection cannot take it) or False (hidden: nothing here to act on)."""
+        selection cannot take it) or False (hidden: nothing here to act on, or a
+        read-only dashboard)."""
+        if self.read_only and action in READ_ONLY_HIDDEN:
+            return False
         if action in RUN_ACTIONS:
             if not hasattr(screen, "selected_run_key"):
                 return False

@@ -33,10 +33,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("command", nargs="?", choices=["demo"], help="demo: launch a small CPU run and watch it")
     parser.add_argument("--config", metavar="PATH", help="hosts file (default ~/.config/trackside/config.toml)")
     parser.add_argument("--keep-run", action="store_true", help="demo: leave its training run going on quit")
+    parser.add_argument(
+        "--read-only", action="store_true", help="no kill, edit, relaunch or attach (what `trackside serve --read-only` runs)"
+    )
     return parser.parse_args(argv)
 
 
-def dashboard(config_path: str | None) -> TracksideApp:
+def dashboard(config_path: str | None, *, read_only: bool = False) -> TracksideApp:
     """The app over the config's hosts (without a file: this machine)."""
     config = load_config(config_path)
     hosts = config.make_hosts()
@@ -44,6 +47,7 @@ def dashboard(config_path: str | None) -> TracksideApp:
     return TracksideApp(
         watched, poll_interval=config.defaults["poll_ms"] / 1000, grace_s=config.defaults["grace_s"],
         alert_rules=config.alert_rules, alert_command=config.alerts["command"], alert_timeout_s=config.alerts["timeout_s"],
+        read_only=read_only,
     )  # fmt: skip
 
 
@@ -53,10 +57,10 @@ def main(argv: list[str]) -> int:
         demo = Demo(demo_argv(DEMO_PARAMS), f"trackside-demo-{time.strftime('%H%M%S')}", dict(DEMO_PARAMS))
         # The trainer's own variable for where runs go, so a demo can be kept apart.
         runs_root = os.environ.get("TRACKSIDE_RUNS_ROOT", DEFAULT_RUNS_ROOT)
-        app = TracksideApp([Watched(LocalHost(runs_root=runs_root))], demo=demo)
+        app = TracksideApp([Watched(LocalHost(runs_root=runs_root))], demo=demo, read_only=args.read_only)
     else:
         try:
-            app = dashboard(args.config)
+            app = dashboard(args.config, read_only=args.read_only)
         except ConfigError as error:
             print(f"trackside: {error}", file=sys.stderr)
             return 2

@@ -11,6 +11,7 @@ from textual.screen import Screen
 from textual.widgets import Static
 
 from tui.screens.dialog import Dialog
+from tui.app import READ_ONLY_HIDDEN
 from tui.keys import DESCRIPTIONS, KEYS
 
 
@@ -26,6 +27,13 @@ def keys_table(app, screen: Screen) -> Table:
     table.add_column()
     for binding in KEYS:
         allowed = app.action_allowed(binding.action, screen)
+        if allowed is False and getattr(app, "read_only", False) and binding.action in READ_ONLY_HIDDEN:
+            # Hidden from the footer and the palette, but a viewer looking for the key
+            # learns why it is not there.
+            table.add_row(Text(key_label(binding), style="dim"), Text.assemble(
+                (DESCRIPTIONS[binding.action], "dim"), ("  (read-only dashboard)", "dim italic")
+            ))  # fmt: skip
+            continue
         if allowed is False:
             continue
         text = Text(DESCRIPTIONS[binding.action], style="" if allowed else "dim")

@@ -11,14 +11,30 @@ each is written so that a Textual without them loses the workaround, not the foo
 
 from __future__ import annotations
 
+from textual.app import ComposeResult
 from textual.dom import NoScreen
+from textual.widgets import Label
 from textual.widgets import Footer as TextualFooter
 
 from tui.guard import Guarded
 
 
 class Footer(Guarded, TextualFooter):
+    DEFAULT_CSS = """
+    Footer .read-only { width: auto; padding: 0 1; color: $text-warning; text-style: bold; }
+    """
     _shown: tuple | None = None  # what the keys showed at the last recompose
+
+    def compose(self) -> ComposeResult:
+        keys = 0
+        for widget in super().compose():
+            keys += 1
+            yield widget
+        # A read-only dashboard (`trackside serve --read-only`) says so where the missing
+        # keys would be; not before the keys are ready, when the footer is empty.
+        if keys and getattr(self.app, "read_only", False):
+            self.styles.grid_size_columns = (self.styles.grid_size_columns or 0) + 1
+            yield Label("read-only: no kill, edit, relaunch, attach", classes="read-only")
 
     def _keys(self) -> tuple | None:
         """Everything the composed keys are made of; None once the footer has no screen
