@@ -25,12 +25,17 @@ from textual.worker import Worker
 
 from backends import gpu, logparse, runs, streams, tmux
 from backends.hosts import AuthFailed, Host, HostError, HostKeyRejected, HostUnreachable
+from backends.retry import Backoff
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
 
 FLUSH_S = 0.25  # each batch scrolls the log and lays the screen out again: 4 a second reads as live
 PANE_LINES = 200  # a foreign pane's later captures: its screen and what scrolled off it since
 POLL_TIMEOUT_S = 20.0
+# A follower that failed other than by a drop (streams.follow rides those out) starts again
+# after these many seconds, doubling while it keeps failing before any line arrives: each
+# failure is a line in the run's log.
 FOLLOW_RETRY_S = 2.0
+FOLLOW_RETRY_CAP_S = 30.0
 
 
 def failure_status(error: BaseException) -> tuple[str, str]:
@@ -221,12 +226,14 @@ class HostMonitor:
     async def _follow(self, key: str, path: str, batch: Callable) -> None:
         buffer: list[str] = []
         offset = 0
+        retry = Backoff(FOLLOW_RETRY_S, FOLLOW_RETRY_CAP_S)
 
         async def pump() -> None:
             nonlocal offset
             async for line in streams.follow(self.host, path, offset):
                 buffer.append(line.text)
                 offset = line.end_offset
+                retry.succeeded()
 
         while True:
             task = asyncio.create_task(pump())
@@ -247,7 +254,7 @@ class HostMonitor:
                 # Wait for the stream's own clean-up (it stops the remote tail) to finish.
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-            await asyncio.sleep(FOLLOW_RETRY_S)
+            await asyncio.sleep(retry.failed())
 
     async def _watch_pane(self, key: str, session: str) -> None:
         previous: list[str] = []
