@@ -18,7 +18,9 @@ from dataclasses import dataclass
 
 import asyncssh
 
+from backends.retry import Backoff
 from training.contract import RUNS_ROOT as DEFAULT_RUNS_ROOT
+
 CHUNK_BYTES = 1 << 16
 
 
@@ -215,6 +217,9 @@ async def _read_all(process: asyncssh.SSHClientProcess) -> tuple[str, str]:
 # following many runs must still answer the listings, kills and launches that say whether
 # it is up. A stream beyond its share waits for one to close.
 COMMAND_CHANNELS = 2
+# The first wait after a failed connect: short, as a dropped connection is usually remade
+# at once (sshd restarted, a NAT entry expired).
+CONNECT_RETRY_S = 0.25
 
 
 class SSHHost(Host):
@@ -223,8 +228,8 @@ class SSHHost(Host):
     at most COMMAND_CHANNELS fewer).
 
     After a drop, the next call reconnects; while reconnecting keeps failing, calls fail
-    fast with HostUnreachable until the next attempt is due (backoff doubling up to
-    `backoff_cap` seconds). Host keys are checked against `known_hosts` (default
+    fast with HostUnreachable until the next attempt is due (backends.retry.Backoff from
+    CONNECT_RETRY_S up to `backoff_cap` seconds). Host keys are checked against `known_hosts` (default
     ~/.ssh/known_hosts; a missing file trusts nothing). ~/.ssh/config supplies what is
     not given here (user, port, identity files, ...). `jump` is another SSHHost whose
     connection carries this one.
@@ -257,13 +262,12 @@ class SSHHost(Host):
         self.connect_timeout = connect_timeout
         self.keepalive = keepalive
         self.max_channels = max_channels
-        self.backoff_cap = backoff_cap
         self.connects = 0  # connections made so far: observable reuse and reconnects
         self._conn: asyncssh.SSHClientConnection | None = None
         self._connect_lock = asyncio.Lock()
         self._channels = asyncio.Semaphore(max_channels)
         self._streams = asyncio.Semaphore(max(1, max_channels - COMMAND_CHANNELS))
-        self._failures = 0
+        self._backoff = Backoff(CONNECT_RETRY_S, backoff_cap)
         self._retry_at = 0.0
         self._last_error: HostError | None = None
 
@@ -287,11 +291,10 @@ class SSHHost(Host):
             try:
                 self._conn = await self._connect()
             except HostError as e:
-                self._failures += 1
-                self._retry_at = time.monotonic() + min(0.25 * 2 ** (self._failures - 1), self.backoff_cap)
+                self._retry_at = time.monotonic() + self._backoff.failed()
                 self._last_error = e
                 raise
-            self._failures = 0
+            self._backoff.succeeded()
             self._last_error = None
             self.connects += 1
             return self._conn

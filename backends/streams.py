@@ -1,7 +1,7 @@
 """Following a growing file on a host (`tail -F` semantics) from a byte offset.
 
 `follow(host, path, offset)` yields each complete line with the byte offset just after
-it. When the host drops, it waits (with backoff) and resumes from the last offset it
+it. When the host drops, it waits (backends.retry.Backoff) and resumes from the last offset it
 yielded, so the lines received equal the file: none lost, none twice. A file that does not
 exist yet is waited for; when the file is truncated or replaced, following restarts at
 its byte 0, as `tail -F` does.
@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from backends.hosts import Host, HostError
+from backends.retry import Backoff
 
 # Prints the offset it really starts from (0 if the file shrank while we were away), then
 # the file from there on. tail's notices share stdout, in order, so a restart at byte 0
@@ -54,7 +55,7 @@ async def follow(
     Host errors are not raised: following pauses and resumes when the host is back.
     A last line without its newline is held until the newline arrives.
     """
-    delay = retry_s
+    backoff = Backoff(retry_s, retry_cap_s)
     while True:
         argv = ["sh", "-c", _FOLLOW_SCRIPT, "sh", path, str(offset)]
         try:
@@ -74,9 +75,8 @@ async def follow(
                             continue
                         offset += len(raw) + 1
                         yield Line(raw.decode(errors="replace"), offset)
-                        delay = retry_s
+                        backoff.succeeded()
         except HostError:
             pass
         # Only a lost host or a killed tail gets here: wait, then resume from `offset`.
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, retry_cap_s)
+        await asyncio.sleep(backoff.failed())

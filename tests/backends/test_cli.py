@@ -81,7 +81,7 @@ def test_human_output(capsys, config):
 
 
 def test_kill_names_a_process_outside_the_run_that_holds_gpu_memory(capsys, config, tmp_path, monkeypatch):
-    if gpu._nvml() is not None:
+    if gpu.nvml.library() is not None:
         pytest.skip("NVML answers on this machine: the CLI reads the real GPUs, not the fake nvidia-smi")
     bystander = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
     try:

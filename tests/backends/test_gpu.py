@@ -431,7 +431,8 @@ async def test_stream_reopens_after_nvidia_smi_exits(smi_bin, monkeypatch):
     ],
 )
 async def test_stream_failures_are_states_and_recover(smi_bin, monkeypatch, env, status):
-    monkeypatch.setattr(gpu, "RETRY_DELAYS_S", (0.05,))
+    monkeypatch.setattr(gpu.stream, "STREAM_RETRY_S", 0.05)
+    monkeypatch.setattr(gpu.stream, "STREAM_RETRY_CAP_S", 0.05)
     if env is not None:  # else nothing is installed: no nvidia-smi on PATH
         smi_bin()
         for key, value in env.items():
