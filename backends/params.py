@@ -118,6 +118,13 @@ PARAMS: dict[str, Param] = {
         Param("checkpoint_ttt", int, 0, 16, bare=16,
               meaning="TTT steps recomputed"),
         Param("freeze_lm_head", bool),
+        # DFlash's (trackside train --drafter dflash), as its trainer checks them; the
+        # block and the anchors must also fit a row of max_seq_len (see conflicts).
+        Param("block_size", int, 2, 1048576, meaning="the anchor and the tokens drafted with it"),
+        Param("max_anchors", int, 1, 1048576, meaning="blocks drawn per packed row"),
+        Param("dflash_gamma", float, 0, None, low_open=True),
+        Param("soft_kl", float, 0, 1, meaning="share of KL in the loss"),
+        Param("num_layers", int, 1),
     ]
 }
 
@@ -143,6 +150,21 @@ def parse_sets(items: Iterable[str]) -> dict[str, int | float]:
 def check(params: dict) -> dict[str, int | float]:
     """Validate an already-typed mapping (a manifest's params, an API caller's changes)."""
     return {key: _param(key).check(value) for key, value in params.items()}
+
+
+def conflicts(params: dict) -> list[ParamError]:
+    """What a DFlash trainer would refuse in params each valid alone: a block or more
+    anchors than a row of max_seq_len holds. `params` are the ones its argv will carry
+    (a preset's defaults are the trainer's to fit)."""
+    length = params.get("max_seq_len")
+    if length is None:
+        return []
+    return [
+        ParamError(key, f"must be ≤ max_seq_len {PARAMS['max_seq_len'].shown(length)} "
+                        f"(got {PARAMS[key].shown(params[key])})")
+        for key in ("block_size", "max_anchors")
+        if key in params and params[key] > length
+    ]
 
 
 def _flag_index(argv: Sequence[str], flag: str) -> tuple[int, bool] | None:

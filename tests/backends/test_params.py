@@ -149,3 +149,54 @@ def test_every_param_is_a_flag_of_the_trainer_with_its_kind():
         assert name in actions, name
         assert param.flag in actions[name].option_strings
         assert (actions[name].nargs == 0) == (param.kind is bool), name
+
+
+@pytest.mark.parametrize("item, message", [
+    ("block_size=0", "block_size: must be ≥ 2 (got 0)"),
+    ("block_size=1", "block_size: must be ≥ 2 (got 1)"),
+    ("max_anchors=0", "max_anchors: must be ≥ 1 (got 0)"),
+    ("soft_kl=1.5", "soft_kl: must be ≤ 1 (got 1.5)"),
+    ("soft_kl=-0.1", "soft_kl: must be ≥ 0 (got -0.1)"),
+    ("dflash_gamma=0", "dflash_gamma: must be > 0 (got 0)"),
+    ("num_layers=0", "num_layers: must be ≥ 1 (got 0)"),
+])
+def test_dflash_params_are_checked_as_its_trainer_checks_them(item, message):
+    with pytest.raises(ParamError) as err:
+        parse_sets([item])
+    assert str(err.value) == message
+
+
+def test_dflash_params_accept_what_its_trainer_accepts():
+    import argparse
+
+    from training.cli import train_parser
+
+    types = {a.dest: a.type for a in train_parser()._actions}
+    for key, good, bad in [("soft_kl", ["0", "1", "0.15"], ["1.5", "-0.1"]),
+                           ("dflash_gamma", ["0.5", "7"], ["0", "-1"]),
+                           ("max_anchors", ["1", "1024"], ["0"])]:
+        for text in good:
+            assert parse_sets([f"{key}={text}"])[key] == types[key](text)
+        for text in bad:
+            with pytest.raises(argparse.ArgumentTypeError):
+                types[key](text)
+            with pytest.raises(ParamError):
+                parse_sets([f"{key}={text}"])
+
+
+def test_a_dflash_argv_carries_its_params_through_a_relaunch():
+    argv = ["python", "-m", "training", "train", "--drafter", "dflash", "--synthetic", "--max-anchors", "64"]
+    assert read(argv) == {"max_anchors": 64}
+    edited = apply(argv, {"max_anchors": 32, "block_size": 8, "soft_kl": 0.15, "dflash_gamma": 4.0})
+    assert edited == argv[:-1] + ["32", "--block-size", "8", "--soft-kl", "0.15", "--dflash-gamma", "4.0"]
+    assert read(edited) == {"max_anchors": 32, "block_size": 8, "soft_kl": 0.15, "dflash_gamma": 4.0}
+
+
+def test_conflicts_name_a_block_or_anchors_a_row_cannot_hold():
+    from backends.params import conflicts
+
+    assert conflicts({"max_seq_len": 512, "block_size": 16, "max_anchors": 512}) == []
+    assert conflicts({"block_size": 16, "max_anchors": 4096}) == []  # the row's length unknown
+    found = conflicts({"max_seq_len": 512, "block_size": 1024, "max_anchors": 4096})
+    assert [e.key for e in found] == ["block_size", "max_anchors"]
+    assert str(found[1]) == "max_anchors: must be ≤ max_seq_len 512 (got 4,096)"
