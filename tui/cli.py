@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
             from backends.watch import main as watch_main
 
             return watch_main(argv[1:])
+        if command == "serve":
+            from tui.serve import main as serve_main
+
+            return serve_main(argv[1:])
     except BrokenPipeError:
         # The reader went away (`trackside runs | head -1`): stop without a traceback, as
         # other command-line tools do; what is still buffered goes to /dev/null, so the
