@@ -1,0 +1,43 @@
+"""Runs: commands started in tmux with a run directory, and every other tmux session.
+
+`rundir` is the run directory on its host (manifest, exit status, checkpoints), `launch`
+starts and relaunches runs, `listing` lists them with how each stands. Callers import from
+here.
+"""
+
+from backends.runs.launch import (
+    STARTUP_S,
+    launch,
+    launch_command,
+    relaunch,
+    resolve_program,
+    train_args_start,
+)
+from backends.runs.listing import RunInfo, RunPhase, launcher_code, list_runs
+from backends.runs.rundir import (
+    RunError,
+    read_exit_status,
+    read_manifest,
+    record_end,
+    run_dir,
+)
+from training.contract import RUN_ID
+
+__all__ = [
+    "RUN_ID",
+    "STARTUP_S",
+    "RunError",
+    "RunInfo",
+    "RunPhase",
+    "launch",
+    "launch_command",
+    "launcher_code",
+    "list_runs",
+    "read_exit_status",
+    "read_manifest",
+    "record_end",
+    "relaunch",
+    "resolve_program",
+    "run_dir",
+    "train_args_start",
+]

@@ -1,0 +1,234 @@
+"""Launching a run: a command started in a new tmux session with a run directory, its
+start confirmed; and relaunching one with changed parameters."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import posixpath
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+
+from backends import params as run_params
+from backends import tmux
+from backends.hosts import Host
+from backends.runs.listing import RunInfo, RunPhase
+from backends.runs.rundir import (
+    EXIT_STATUS_FILE,
+    RunError,
+    latest_checkpoint,
+    link_checkpoint,
+    now,
+    read_exit_status,
+    read_manifest,
+    record_end,
+    run_dir,
+    write_manifest,
+)
+from training.contract import new_run_id
+
+TRAIN_COMMAND = ["trackside", "train"]
+STARTUP_S = 2.0  # a pane that dies this soon after its launch, but for a clean exit, failed to start
+STARTUP_POLL_S = 0.1
+FAILED_START_LINES = 15  # of the pane, quoted in a failed launch's error
+DRAIN_READS = 10  # of a dead pane still showing none of its output, STARTUP_POLL_S apart
+
+# The path the host's PATH gives program "$1" (a shell builtin gives its bare name).
+_WHICH = 'command -v "$1"'
+
+# The pane runs the command under this sh, which records its exit status in "$1": tmux
+# 3.3 sometimes shows a dead pane without one. The traps are handlers, not ignores, so the
+# command still gets the default actions; sh itself waits for it, then writes the file.
+_RECORD_EXIT = 'f=$1; shift; trap : HUP INT TERM; "$@"; s=$?; echo "$s" > "$f"; exit "$s"'
+
+
+def train_args_start(argv: Sequence[str], train_command: Sequence[str] | None = None) -> int | None:
+    """Index just past the trainer's `train` subcommand, or None if argv is not the trainer.
+
+    Recognised by what it runs: the host's configured train command, `trackside train`
+    by any path to `trackside` (`.venv/bin/trackside train`), and `python -m training train`.
+    """
+    argv = list(argv)
+    if train_command and argv[: len(train_command)] == list(train_command):
+        return len(train_command)
+    if len(argv) >= 2 and posixpath.basename(argv[0]) == TRAIN_COMMAND[0] and argv[1] == TRAIN_COMMAND[1]:
+        return 2
+    for i in range(len(argv) - 2):
+        if argv[i : i + 3] == ["-m", "training", "train"]:
+            return i + 3
+    return None
+
+
+def launch_command(argv: Sequence[str], params: dict, out_dir: str, train_command: Sequence[str] | None) -> list[str]:
+    """The argv actually run: the host's train command in place of `trackside train`,
+    params applied and `--out` pointing at the run dir (trainer argvs only)."""
+    argv = list(argv)
+    if train_command and argv[:2] == TRAIN_COMMAND:
+        argv = list(train_command) + argv[2:]
+    if train_args_start(argv, train_command) is None:
+        return argv
+    return run_params.set_flag(run_params.apply(argv, params), "--out", out_dir)
+
+
+async def launch(
+    host: Host,
+    argv: Sequence[str],
+    *,
+    session: str | None = None,
+    params: dict | None = None,
+    parent: str | None = None,
+    train_command: Sequence[str] | None = None,
+    resume_from: str | None = None,
+    startup_s: float = STARTUP_S,
+) -> RunInfo:
+    """Start argv in a new detached tmux session with a run dir. Its items reach the
+    program as they are (run as `"$@"` under the status-recording sh, never parsed), the
+    program itself by the path the host's PATH gives it here.
+
+    A pane that ends within `startup_s` other than with exit status 0 is a failed launch:
+    RunError, quoting the pane's last lines. Its session and run dir are kept, to be read.
+
+    `resume_from`, a checkpoint step directory on the host, is hard-linked into the new
+    run's checkpoints (the trainer never rewrites a step's files, only replaces whole
+    directories) and the trainer is started with `--resume`.
+    """
+    argv = list(argv)
+    if not argv:
+        raise RunError("nothing to launch: the command is empty")
+    run_id = new_run_id()
+    session = tmux.check_session_name(session or f"ts-{run_id}")
+    is_train = train_args_start(argv, train_command) is not None
+    params = run_params.check(params) if params is not None else (run_params.read(argv) if is_train else {})
+    directory = await run_dir(host, run_id)
+    if resume_from:
+        if not is_train:
+            raise RunError("only trainer runs can resume from a checkpoint")
+        argv = [a for a in argv if a != "--resume"] + ["--resume"]
+    command = await resolve_program(host, launch_command(argv, params, directory, train_command))
+    manifest = {
+        "run_id": run_id,
+        "host": host.name,
+        "session": session,
+        "argv": argv,
+        "command": command,
+        "trainer": is_train,
+        "params": params,
+        "parent": parent,
+        "resume_from": resume_from,
+        "run_dir": directory,
+        "started": now(),
+        "ended": None,
+        "exit_status": None,
+        "pane_pid": None,
+    }
+    await write_manifest(host, manifest)
+    if resume_from:
+        await link_checkpoint(host, resume_from, f"{directory}/checkpoints")
+    recorded = ["sh", "-c", _RECORD_EXIT, "sh", f"{directory}/{EXIT_STATUS_FILE}", *command]
+    try:
+        pane_pid = await tmux.new_session(host, session, recorded, f"{directory}/console.log")
+    except tmux.TmuxError:
+        await host.run(["rm", "-rf", "--", directory])  # a run that never started leaves no trace
+        raise
+    manifest["pane_pid"] = pane_pid
+    await write_manifest(host, manifest)
+    ended = await _confirm_start(host, manifest, startup_s)
+    return RunInfo(
+        run_id, session, host.name, RunPhase.RUNNING if ended is None else RunPhase.EXITED, ended,
+        params=params, pids=[pane_pid] if ended is None else [], run_dir=directory, parent=parent,
+        started=manifest["started"],
+    )  # fmt: skip
+
+
+async def resolve_program(host: Host, command: list[str]) -> list[str]:
+    """`command` with a bare program name replaced by its absolute path on the host.
+
+    The pane's environment need not be the launcher's (`.venv/bin/trackside launch --
+    trackside train` with the venv not activated; a host reached over SSH), and there a
+    venv's `trackside` was not found: exit 127. Here, the caller's PATH and then this
+    Python's own bin dir (where this trackside's console script lives); on any other
+    host, the PATH the host gives a command.
+    """
+    if "/" in command[0]:
+        return command
+    if host.is_local:
+        found = shutil.which(command[0], path=os.pathsep.join([os.environ.get("PATH", os.defpath), os.path.dirname(sys.executable)]))
+        path = os.path.abspath(found) if found else ""
+    else:
+        result = await host.run(["sh", "-c", _WHICH, "sh", command[0]])
+        path = result.stdout.strip() if result.ok else ""
+    return [path, *command[1:]] if path.startswith("/") else command
+
+
+async def _confirm_start(host: Host, manifest: dict, within_s: float) -> int | None:
+    """None while the pane lives through its first `within_s`; 0 if it ended cleanly by
+    then; RunError naming its status and quoting its last lines if it ended otherwise.
+    With `within_s` 0 it does not look."""
+    if within_s <= 0:
+        return None
+    deadline = time.monotonic() + within_s
+    while True:
+        own = [p for p in await tmux.list_panes(host, manifest["session"]) if p.pid == manifest["pane_pid"]]
+        if not own or own[0].dead:
+            break
+        if time.monotonic() >= deadline:
+            return None
+        await asyncio.sleep(STARTUP_POLL_S)
+    status = await read_exit_status(host, manifest["run_dir"])
+    if status is None and own:
+        status = own[0].exit_status
+    await record_end(host, manifest, status)
+    if status == 0:
+        return 0
+    last = await _last_lines(host, manifest["session"])
+    how = (
+        "ended with no exit status" if status is None
+        else f"was killed by signal {-status}" if status < 0
+        else f"exited with status {status}"
+    )  # fmt: skip
+    quoted = "".join(f"\n  | {line}" for line in last) or "\n  (it printed nothing)"
+    raise RunError(
+        f"{manifest['command'][0]} {how} within {within_s:g}s of its launch: run {manifest['run_id']} "
+        f"failed to start (tmux session {manifest['session']} and its run dir are kept). Its pane's last lines:{quoted}"
+    )
+
+
+async def _last_lines(host: Host, session: str) -> list[str]:
+    """The dead pane's last lines. tmux can mark a pane dead before it has drained the
+    pane's output (the program's exit is seen first): a pane showing only tmux's own
+    "Pane is dead" line is read again for a moment."""
+    for _ in range(DRAIN_READS):
+        try:
+            shown = await tmux.capture_pane(host, session)
+        except tmux.TmuxError:
+            return []  # the session itself is gone
+        lines = [line for line in shown.split("\n") if line.strip()]
+        if any(not line.startswith("Pane is dead") for line in lines):
+            break
+        await asyncio.sleep(STARTUP_POLL_S)
+    return lines[-FAILED_START_LINES:]
+
+
+async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False, *, train_command: Sequence[str] | None = None) -> RunInfo:
+    """The parent's argv with changed params, in a new run dir linked to its parent.
+
+    With `resume`, the new run starts from the parent's latest checkpoint (the trainer's
+    `--resume`, on a hard-linked copy of that checkpoint in the new run dir).
+    """
+    changes = run_params.check(changes)
+    parent = await read_manifest(host, run_id)
+    argv = [a for a in parent["argv"] if a != "--resume"]
+    if train_args_start(argv, train_command) is None:
+        raise RunError(f"run {run_id} is not a trainer run ({' '.join(argv)}): its parameters cannot be changed")
+    resume_from = None
+    if resume:
+        resume_from = await latest_checkpoint(host, parent["run_dir"])
+        if resume_from is None:
+            raise RunError(f"run {run_id} has no checkpoint to resume from in {parent['run_dir']}/checkpoints")
+    params = {**parent.get("params", {}), **changes}
+    return await launch(
+        host, run_params.apply(argv, params), params=params, parent=run_id,
+        train_command=train_command, resume_from=resume_from,
+    )  # fmt: skip

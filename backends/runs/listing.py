@@ -1,0 +1,176 @@
+"""Listing runs: every run directory on a host with how its run stands, then every tmux
+session trackside did not launch, known by what its pane prints."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field
+
+from backends import console, tmux
+from backends.hosts import Host, HostError
+from backends.logparse import Progress
+from backends.own_session import own_sessions
+from backends.runs.rundir import parse_exit_status, record_end, runs_root
+from training.contract import EXIT_OOM
+
+METRICS_TAIL_LINES = 64
+
+# For each run dir under "$1": a record-separator line with the dir, the manifest, a
+# file-separator with the recorded exit status, a group-separator line, then the first and
+# last lines of metrics.jsonl. JSON lines never contain raw control characters, so the
+# separators cannot collide with content.
+_READ_RUNS = r"""
+for d in "$1"/*/; do
+  [ -f "${d}manifest.json" ] || continue
+  printf '\036%s\n' "$d"
+  cat "${d}manifest.json"; echo
+  printf '\034'; cat "${d}exit_status" 2>/dev/null; echo
+  printf '\035\n'
+  if [ -f "${d}metrics.jsonl" ]; then head -n 1 "${d}metrics.jsonl"; tail -n "$2" "${d}metrics.jsonl"; fi
+done
+"""
+
+
+class RunPhase(enum.Enum):
+    """Where a run is in its life, as a listing finds it (the dashboard's view of a whole
+    run is tui.state.RunState)."""
+
+    RUNNING = "running"
+    EXITED = "exited"
+    OOM = "oom"
+    UNKNOWN = "unknown"
+
+
+@dataclass
+class RunInfo:
+    run_id: str | None  # None: a tmux session trackside did not launch
+    session: str
+    host: str
+    state: RunPhase
+    exit_status: int | None = None
+    params: dict = field(default_factory=dict)
+    last_step: int | None = None
+    last_loss: float | None = None
+    steps_per_epoch: int | None = None
+    pids: list[int] = field(default_factory=list)
+    run_dir: str | None = None
+    parent: str | None = None
+    started: str | None = None
+    end_status: str | None = None  # the trainer's own end event: completed, stopped, ...
+    this_dashboard: bool = False  # the session this trackside runs in: never to be stopped
+    progress: Progress | None = None  # a foreign session's latest bar or N/M counter
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "state": self.state.value}
+
+
+def _metrics_summary(lines: list[str]) -> dict:
+    summary: dict = {"oom": False, "last_step": None, "last_loss": None, "steps_per_epoch": None,
+                     "end_status": None}
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue  # a line being written as we read, or garbage: not ours to judge
+        if not isinstance(event, dict):
+            continue
+        kind = event.get("event")
+        if kind == "start":  # a resume starts again: an earlier end no longer holds
+            summary["end_status"] = None
+            if isinstance(event.get("steps_per_epoch"), int):
+                summary["steps_per_epoch"] = event["steps_per_epoch"]
+        elif kind == "step":
+            summary["last_step"] = event.get("step", summary["last_step"])
+            summary["last_loss"] = event.get("loss", summary["last_loss"])
+        elif kind == "oom":
+            summary["oom"] = True
+        elif kind == "end" and isinstance(event.get("status"), str):
+            summary["end_status"] = event["status"]
+    return summary
+
+
+def launcher_code(end_status: str | None, exit_status: int | None) -> bool:
+    """Whether a nonzero exit code is the launcher's after the trainer's own clean end
+    (torchrun exits 1 on a clean stop's SIGTERM though its workers saved and exited 0),
+    not the run's failure."""
+    return bool(exit_status) and end_status in ("completed", "stopped")
+
+
+async def _read_run_dirs(host: Host) -> list[tuple[dict, int | None, dict]]:
+    """(manifest, recorded exit status, metrics summary) for every run dir on the host."""
+    result = await host.run(["sh", "-c", _READ_RUNS, "sh", await runs_root(host), str(METRICS_TAIL_LINES)])
+    if not result.ok:
+        raise HostError(host.name, f"cannot read run dirs: {result.stderr.strip()}")
+    runs = []
+    for record in result.stdout.split("\036")[1:]:
+        head, _, metrics = record.partition("\035\n")
+        head, _, status = head.partition("\034")
+        _dir, _, manifest_text = head.partition("\n")
+        try:
+            manifest = json.loads(manifest_text)
+        except ValueError:
+            continue  # a manifest being replaced right now; it will be back next time
+        if isinstance(manifest, dict) and manifest.get("run_id"):
+            runs.append((manifest, parse_exit_status(status), _metrics_summary(metrics.splitlines())))
+    return runs
+
+
+def _state(exit_status: int | None, oom: bool, trainer: bool) -> RunPhase:
+    # Exit code 3 means OOM only for our trainer; other programs use it freely.
+    if oom or (trainer and exit_status == EXIT_OOM):
+        return RunPhase.OOM
+    return RunPhase.UNKNOWN if exit_status is None else RunPhase.EXITED
+
+
+async def list_runs(host: Host) -> list[RunInfo]:
+    """Our runs (newest first), then every tmux session we did not launch."""
+    panes = await tmux.list_panes(host)
+    dashboard = await own_sessions(host, panes)
+    by_session: dict[str, list[tmux.Pane]] = {}
+    for pane in panes:
+        by_session.setdefault(pane.session, []).append(pane)
+    claimed: set[str] = set()
+    infos = []
+    for manifest, recorded, metrics in sorted(await _read_run_dirs(host), key=lambda r: r[0]["run_id"], reverse=True):
+        session = manifest.get("session", "")
+        own = [p for p in by_session.get(session, []) if p.pid == manifest.get("pane_pid")]
+        if own:
+            claimed.add(session)
+        alive = [p.pid for p in own if not p.dead]
+        if manifest.get("ended") is not None:
+            exit_status = manifest.get("exit_status")
+        else:
+            exit_status = recorded
+            if exit_status is None and own and not alive:
+                exit_status = own[0].exit_status  # sh itself was killed: tmux may know how
+            if exit_status is not None:
+                manifest = await record_end(host, manifest, exit_status)
+        # A session that vanished without a recorded status stays UNKNOWN.
+        ended = exit_status is not None or not alive
+        state = _state(exit_status, metrics["oom"], bool(manifest.get("trainer"))) if ended else RunPhase.RUNNING
+        infos.append(
+            RunInfo(
+                manifest["run_id"], session, host.name, state, exit_status, manifest.get("params", {}),
+                metrics["last_step"], metrics["last_loss"], metrics["steps_per_epoch"], [] if ended else alive,
+                manifest.get("run_dir"), manifest.get("parent"), manifest.get("started"), metrics["end_status"],
+                this_dashboard=session in dashboard,
+            )  # fmt: skip
+        )
+    foreign = [session for session in by_session if session not in claimed]
+    # Foreign sessions are known by what their panes print; the dashboard's own pane
+    # prints the dashboard, whose numbers are other runs'.
+    consoles = await tmux.capture_panes(host, [session for session in foreign if session not in dashboard])
+    for session in foreign:
+        session_panes = by_session[session]
+        alive = [p.pid for p in session_panes if not p.dead]
+        status = None if alive else session_panes[0].exit_status
+        said = console.summarize(consoles.get(session, "").split("\n"))
+        infos.append(
+            RunInfo(
+                None, session, host.name, RunPhase.RUNNING if alive else _state(status, False, False), status,
+                last_step=said.step, last_loss=said.loss, pids=alive, this_dashboard=session in dashboard,
+                progress=said.progress,
+            )  # fmt: skip
+        )
+    return infos

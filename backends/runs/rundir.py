@@ -1,0 +1,109 @@
+"""The run directory on its host: where it is, its manifest, its recorded exit status and
+its checkpoints.
+
+`<runs_root>/<run_id>/` holds `manifest.json` (what was launched, where, and how it ended),
+`console.log` (the pane's output via pipe-pane), `exit_status` (written when the command
+ends) and, for the trainer, `metrics.jsonl` and `checkpoints/`. Files on the host are
+written and read by commands with fixed scripts and the paths as arguments, so no path or
+value is ever spliced into shell text.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from backends.hosts import Host, HostError
+from training.contract import RUN_ID, RUN_ID_EXAMPLE
+
+# Write stdin to "$1" atomically, creating its directory.
+_WRITE_FILE = 'mkdir -p "$(dirname "$1")" && cat > "$1.tmp" && mv -f "$1.tmp" "$1"'
+
+# Hard-link checkpoint "$1" (a step dir) into the checkpoints dir "$2" and point `latest` at it.
+_LINK_CHECKPOINT = 'mkdir -p "$2" && cp -al "$1" "$2/" && basename "$1" > "$2/latest"'
+
+# The newest step-<N> directory under the checkpoints dir "$1", as the trainer picks it.
+_LATEST_CHECKPOINT = r"""ls "$1" 2>/dev/null | grep -E '^step-[0-9]+$' | sort -t- -k2 -n | tail -n 1"""
+
+EXIT_STATUS_FILE = "exit_status"
+
+
+class RunError(Exception):
+    """A run could not be found, started or read."""
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def check_run_id(run_id: str) -> str:
+    if not RUN_ID.fullmatch(run_id):
+        raise RunError(f"{run_id!r} is not a run id (like {RUN_ID_EXAMPLE})")
+    return run_id
+
+
+async def runs_root(host: Host) -> str:
+    root = host.runs_root
+    if root == "~" or root.startswith("~/"):
+        root = (await host.home()).rstrip("/") + root[1:]
+    return root.rstrip("/")
+
+
+async def run_dir(host: Host, run_id: str) -> str:
+    return f"{await runs_root(host)}/{check_run_id(run_id)}"
+
+
+async def write_file(host: Host, path: str, text: str) -> None:
+    result = await host.run(["sh", "-c", _WRITE_FILE, "sh", path], input=text)
+    if not result.ok:
+        raise HostError(host.name, f"cannot write {path}: {result.stderr.strip()}")
+
+
+async def read_manifest(host: Host, run_id: str) -> dict:
+    path = f"{await run_dir(host, run_id)}/manifest.json"
+    result = await host.run(["cat", path])
+    if not result.ok:
+        raise RunError(f"no run {run_id} on {host.name} ({path}: {result.stderr.strip()})")
+    try:
+        return json.loads(result.stdout)
+    except ValueError as e:
+        raise RunError(f"{path} is not valid JSON: {e}")
+
+
+async def write_manifest(host: Host, manifest: dict) -> None:
+    await write_file(host, f"{manifest['run_dir']}/manifest.json", json.dumps(manifest) + "\n")
+
+
+async def record_end(host: Host, manifest: dict, exit_status: int | None) -> dict:
+    """Fill the manifest's end once; later calls leave the first record in place."""
+    if manifest.get("ended") is None:
+        manifest = {**manifest, "ended": now(), "exit_status": exit_status}
+        await write_manifest(host, manifest)
+    return manifest
+
+
+async def link_checkpoint(host: Host, step_dir: str, checkpoints: str) -> None:
+    result = await host.run(["sh", "-c", _LINK_CHECKPOINT, "sh", step_dir.rstrip("/"), checkpoints])
+    if not result.ok:
+        raise RunError(f"cannot link checkpoint {step_dir} into {checkpoints}: {result.stderr.strip()}")
+
+
+async def latest_checkpoint(host: Host, run_dir: str) -> str | None:
+    checkpoints = f"{run_dir}/checkpoints"
+    result = await host.run(["sh", "-c", _LATEST_CHECKPOINT, "sh", checkpoints])
+    name = result.stdout.strip()
+    return f"{checkpoints}/{name}" if name else None
+
+
+def parse_exit_status(text: str) -> int | None:
+    """A recorded shell status: the code, or minus the signal (sh reports 128 + N)."""
+    text = text.strip()
+    if not text.isdigit():
+        return None
+    code = int(text)
+    return -(code - 128) if 128 < code < 128 + 65 else code
+
+
+async def read_exit_status(host: Host, directory: str) -> int | None:
+    result = await host.run(["cat", f"{directory}/{EXIT_STATUS_FILE}"])
+    return parse_exit_status(result.stdout) if result.ok else None
