@@ -30,6 +30,6 @@ RUNS_ROOT = "~/.trackside/runs"
 RUNS_ROOT_ENV = "TRACKSIDE_RUNS_ROOT"
 
 
-def new_run_id(when: float | None = None) -> str:
-    """A fresh run id for the UTC time `when` (default now)."""
-    return f"{time.strftime(RUN_ID_TIME_FORMAT, time.gmtime(when))}-{secrets.token_hex(2)}"
+def new_run_id() -> str:
+    """A fresh run id, made now."""
+    return f"{time.strftime(RUN_ID_TIME_FORMAT, time.gmtime())}-{secrets.token_hex(2)}"
