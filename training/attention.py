@@ -125,8 +125,8 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
 @functools.cache
 def _compiled_flex():
     # Dynamic shapes: one kernel for every row length, found in inductor's on-disk cache
-    # by a relaunch with a new max_seq_len (H200: 6.4 s from the start event to the first
-    # step at a new length, against 14.7 s for a cold compile; docs/benchmarks.md).
+    # by a relaunch with a new max_seq_len, whose first step then skips the compile
+    # (docs/benchmarks.md, "Launch to the first step at a new max_seq_len", rounds 4-8).
     return torch.compile(flex_attention, dynamic=True)
 
 
@@ -168,12 +168,11 @@ def _fold_backward(grad: Tensor, q: Tensor, out: Tensor, p: Tensor, keys: Tensor
 
 def _flex_kernel_options(q: Tensor) -> dict | None:
     """What flex_attention cannot see for itself on CUDA: the row is padded to whole blocks
-    (its length is symbolic, so inductor would mask every load at the edges; told, the
-    32768 x 7 step took 1.9 % less on an H200). Not ROWS_GUARANTEED_SAFE, though every
-    query sees itself: with it the H200 gave NaN (likely because a query whose sample
-    starts inside its kv block has no key in the first block the kernel visits). On Hopper
-    (sm90), for head_dim up to 128, backward tiles that took 0.37 ms less per call on an
-    H200 at llama3-8b 8192 than inductor's default. All measured in docs/benchmarks.md,
+    (its length is symbolic, so inductor would otherwise mask every load at the edges).
+    Not ROWS_GUARANTEED_SAFE, though every query sees itself: with it the H200 gave NaN
+    (likely because a query whose sample starts inside its kv block has no key in the
+    first block the kernel visits). On Hopper (sm90), for head_dim up to 128, the backward
+    tiles a sweep found faster than inductor's default. Measured in docs/benchmarks.md,
     rounds 6 and 8."""
     if not q.is_cuda:
         return None
@@ -186,8 +185,8 @@ def _flex_kernel_options(q: Tensor) -> dict | None:
 
 def _fold_passes(q: Tensor):
     """The fold's forward and backward for q's device: Triton kernels on CUDA
-    (training/fold_triton.py: 2.4-4.6x faster than inductor's compile of the functions
-    above on an H200, docs/benchmarks.md round 8), those functions elsewhere."""
+    (training/fold_triton.py: inductor's compile of the functions above ran far below the
+    copy bandwidth; docs/benchmarks.md, round 8), those functions elsewhere."""
     if q.is_cuda:
         from training import fold_triton  # imports Triton, which CUDA machines have
         return fold_triton.fold_forward, fold_triton.fold_backward

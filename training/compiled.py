@@ -6,8 +6,9 @@ elementwise kernels that each read and write whole [tokens x hidden] or
 that change with the row (tokens, positions) are compiled as symbolic sizes, so one graph
 serves every row length and a relaunch with a new max_seq_len finds it in inductor's
 on-disk cache instead of compiling again. The model's own sizes (hidden, heads, head_dim,
-vocab) stay constants: with every size symbolic (dynamic=True) the same kernels ran
-1.1-3.6× slower on an H200 (bench/islands.py, docs/benchmarks.md).
+vocab) stay constants: with every size symbolic (dynamic=True) the kernels pay for index
+arithmetic on sizes that never change (bench/islands.py measures it; docs/benchmarks.md,
+round 7).
 CPU tensors (the tests, the demo) run the same functions eagerly.
 """
 from __future__ import annotations

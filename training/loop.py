@@ -159,8 +159,8 @@ def precision(device: torch.device) -> str:
 
 def use_cuda_allocator_settings() -> None:
     """Expandable segments: the caching allocator grows a segment in place instead of
-    keeping a block per request size (the same speed, 2.2 GiB less held beyond the peak at
-    llama3-8b 32768 × 7: docs/benchmarks.md, round 5). CUDA reads the setting when it
+    keeping a block per request size: the same speed, less memory held beyond the peak
+    (docs/benchmarks.md, round 5). CUDA reads the setting when it
     starts, so the trainer, `fit --probe` and the bench call this first; a
     PYTORCH_CUDA_ALLOC_CONF the user set wins."""
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")

@@ -46,7 +46,7 @@ def side_by_side_norms(a: Tensor, b: Tensor, weight_a: Tensor, weight_b: Tensor,
     """[rms_norm(a) ; rms_norm(b)] in one island: the norms write the concatenation's
     halves, and backward takes its gradient whole. Two compiled norms and a cat wrote both
     halves twice, and each norm's backward, handed a strided half of the gradient, copied
-    it first: 10 [tokens x hidden] copies a llama3-8b 8192 × TTT 5 step."""
+    it first: two [tokens x hidden] copies per TTT step (docs/benchmarks.md, round 10)."""
     return torch.cat([_normalise(a, weight_a, eps), _normalise(b, weight_b, eps)], dim=-1)
 
 
@@ -54,7 +54,7 @@ def rotary_tables(positions: Tensor, head_dim: int, theta: float,
                   dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """cos and sin of the rotary angles at positions [B, L], [B, L, 1, head_dim / 2] each.
     Made once per TTT step for both q and k: computed inside rope, the transcendentals ran
-    per head and per rotated tensor, 300 us a call at llama3-8b 8192 on an H200."""
+    per head and per rotated tensor (docs/benchmarks.md, round 6)."""
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device,
                                        dtype=dtype) / head_dim)
     angles = positions[:, :, None, None].to(dtype) * inv_freq
@@ -88,7 +88,7 @@ class Attention(nn.Module):
         # [B, heads, L, D] views of token-major [B, L, heads, D] tensors: flex_attention
         # and the fold write their outputs and q's gradient in q's layout, so the heads
         # merge back into o_proj's input, and q's gradient into q_proj's, without a copy
-        # (in head-major layout, 10 [tokens x hidden] copies a llama3-8b 8192 × 5 step).
+        # (head-major layout copied each of them per TTT step: docs/benchmarks.md, round 10).
         q = rope(self.q_proj(x).view(B, L, -1, d), *rotary).transpose(1, 2)
         k = rope(self.k_proj(x).view(B, L, -1, d), *rotary).transpose(1, 2)
         v = self.v_proj(x).view(B, L, -1, d).transpose(1, 2)
@@ -109,8 +109,8 @@ class MLP(nn.Module):
         whole TTT unroll, as autocast does for the other projections. Given the fp32
         weight, SwiGLUDown (a Function: autocast's cache does not reach its backward) would
         cast it again in every step's backward and hand back an fp32 gradient per step to
-        add: 11 [hidden x intermediate] copies a llama3-8b step where 2 serve (1.4 ms on an
-        H200, docs/benchmarks.md round 9)."""
+        add: a [hidden x intermediate] copy per TTT step, where one cast and one gradient
+        serve the unroll (docs/benchmarks.md, round 9)."""
         weight, device = self.down_proj.weight, self.down_proj.weight.device.type
         if torch.is_autocast_enabled(device):
             return weight.to(torch.get_autocast_dtype(device))
@@ -319,7 +319,7 @@ class Eagle3Drafter(nn.Module):
             # Outside the checkpoint: the loss keeps its gradients, not its inputs, so a
             # recomputation would redo its three head matmuls for nothing. The positions
             # as whole rows of the flattened batch: indexed as hidden[rows, cols], CUDA
-            # gathered them element by element (181 us a step at llama3-8b 8192, H200).
+            # gathered them element by element (docs/benchmarks.md, round 10).
             flat = rows * L + cols
             total, losses, agree = soft_cross_entropy(
                 self.norm(hidden.flatten(0, 1).index_select(0, flat)), self.lm_head.weight,
