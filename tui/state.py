@@ -22,6 +22,14 @@ HISTORY = 120  # GPU samples kept per card (two minutes at 1 Hz)
 STEP_HISTORY = 5000  # step events kept per run for the loss chart
 LOG_LINES = 2000  # console lines kept per run
 RATE_WINDOW = 20  # step events used to measure steps/s
+# Where a DFlash run's start event holds each knob its edit form offers: the flags default
+# to the preset's values, so its argv alone may not say them.
+DFLASH_KNOBS = {
+    "block_size": ("model", "block_size"),
+    "max_anchors": ("dflash", "max_anchors"),
+    "dflash_gamma": ("dflash", "gamma"),
+    "soft_kl": ("dflash", "soft_kl"),
+}
 
 
 def run_key(host: str, run: runs.RunInfo) -> str:
@@ -126,10 +134,31 @@ class RunState:
 
     @property
     def params(self) -> dict:
+        """Its launch params, as its start event resolved them; a DFlash run's knobs always
+        (its edit form starts from them)."""
         params = dict(self.info.params)
-        if self.start:
-            params.update({k: v for k, v in self.start.get("config", {}).items() if k in params})
+        config = (self.start or {}).get("config") or {}
+        params.update({k: v for k, v in config.items() if k in params})
+        if isinstance(config.get("dflash"), dict):
+            for key, (section, name) in DFLASH_KNOBS.items():
+                value = (config.get(section) or {}).get(name)
+                if value is not None:
+                    params[key] = value
         return params
+
+    @property
+    def is_dflash(self) -> bool:
+        """A DFlash drafter's run, by what it logged, else by its launch params."""
+        config = (self.start or {}).get("config") or {}
+        if isinstance(config.get("dflash"), dict) or (self.last and "loss_pos" in self.last):
+            return True
+        return any(k in self.info.params for k in (*DFLASH_KNOBS, "num_layers"))
+
+    @property
+    def tau(self) -> float | None:
+        """A DFlash run's latest expected accepted length per block."""
+        tau = self.last.get("tau") if self.last else None
+        return tau if isinstance(tau, (int, float)) and not isinstance(tau, bool) else None
 
     @property
     def step(self) -> int | None:

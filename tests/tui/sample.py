@@ -193,3 +193,57 @@ def write_lineage(root) -> None:
         manifest = {"run_id": run_id, "session": "dflash", "params": params, "parent": parent, "run_dir": str(directory)}
         (directory / "manifest.json").write_text(json.dumps(manifest))
         (directory / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+# A DFlash run beside the sample run (issue 22): the story's "experiment-ddtree" (block 16
+# here, 1,024 anchors, soft KL 0.15), its later block positions harder to draft, and τ,
+# the expected accepted length their accuracies imply, rising as it learns.
+DFLASH_ID = "20261129-1130-e5f6"
+DFLASH_KEY = f"h200-box/{DFLASH_ID}"
+DFLASH_PARAMS = {"max_seq_len": 16384, "max_anchors": 1024, "soft_kl": 0.15, "lr": 6e-4, "steps": 8000}
+DFLASH_BLOCK = 16
+
+
+def dflash_info(state: RunPhase = RunPhase.RUNNING) -> RunInfo:
+    return RunInfo(
+        DFLASH_ID, "ddtree", "h200-box", state, None, dict(DFLASH_PARAMS), 240, 4.3, 1500, [4300],
+        f"/root/.trackside/runs/{DFLASH_ID}", None, "2026-11-29T11:30:00Z",
+    )  # fmt: skip
+
+
+def dflash_events(steps: int = 240, model: dict | None = None) -> list[dict]:
+    config = {
+        **DFLASH_PARAMS, "ttt_steps": 3, "model": {**(model or {}), "block_size": DFLASH_BLOCK},
+        "dflash": {"target_layers": [1, 15, 29, 43, 57], "max_anchors": 1024, "gamma": 7.0, "soft_kl": 0.15},
+    }  # fmt: skip
+    events = [{"event": "start", "time": T0, "config": config, "steps_per_epoch": 1500, "world_size": 8}]
+    weights = [math.exp(-k / 7.0) for k in range(DFLASH_BLOCK - 1)]
+    for step in range(1, steps + 1):
+        learnt = 1 - math.exp(-step / 90)
+        wobble = 0.06 * math.sin(step / 4.0)
+        loss_pos = [(2.0 + 0.12 * k) * (2.6 - 1.6 * learnt) + wobble for k in range(DFLASH_BLOCK - 1)]
+        acc_pos = [max(0.0, 0.85 * learnt - 0.035 * k) for k in range(DFLASH_BLOCK - 1)]
+        tau, run = 0.0, 1.0
+        for acc in acc_pos:
+            run *= acc
+            tau += run
+        events.append({
+            "event": "step", "time": T0 + 3.5 * step, "step": step, "epoch": 0,
+            "loss": sum(w * v for w, v in zip(weights, loss_pos)) / sum(weights),
+            "loss_pos": loss_pos, "acc_pos": acc_pos, "tau": tau, "lr": 6e-4, "grad_norm": 0.9,
+            "tokens": 131072, "tokens_per_s": 37449.0, "samples_per_row": 3.2, "pad_frac": 0.02,
+            "peak_mem_gib": 71.6,
+        })  # fmt: skip
+    return events
+
+
+async def on_dflash_run(pilot, model: dict | None = None) -> None:
+    """The fleet of `feed` with the DFlash run listed beside the sample run, its screen open."""
+    await feed(pilot, model)
+    app = pilot.app
+    app.post_message(RunsListed("h200-box", [run_info(), dflash_info()], NOW))
+    await pilot.pause()
+    app.post_message(MetricsBatch("h200-box", DFLASH_KEY, dflash_events(model=model), garbled=0))
+    await pilot.pause()
+    app.open_run(DFLASH_KEY)
+    await pilot.pause()

@@ -19,7 +19,7 @@ COLUMNS = [
     ("name", "host / run", 20),
     ("state", "state", 22),
     ("msl", "max_seq_len", 11),
-    ("ttt", "TTT", 3),
+    ("ttt", "TTT/τ", 5),  # EAGLE-3's TTT steps; a DFlash run's τ, tokens accepted per block
     ("step", "step", 24),
     ("loss", "loss", 7),
     ("tps", "tokens/s", 8),
@@ -94,7 +94,7 @@ def run_cells(run: RunState, host: HostState) -> dict[str, object]:
         "name": Text(f"  {run.info.run_id or run.info.session}"),
         "state": label,
         "msl": format_number(params.get("max_seq_len")),
-        "ttt": format_number(params.get("ttt_steps")),
+        "ttt": f"τ{format_number(run.tau, 2)}" if run.is_dflash else format_number(params.get("ttt_steps")),
         "step": run.step_text,
         "loss": format_number(run.loss),
         "tps": format_number(run.tokens_per_s),

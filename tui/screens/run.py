@@ -14,10 +14,23 @@ from tui.state import RunState, format_duration, format_number
 from tui.widgets.alert_bar import AlertBar
 from tui.widgets.footer import Footer
 from tui.widgets.gpu_panel import GpuPanel
-from tui.widgets.loss_chart import LossChart
+from tui.widgets.loss_chart import LossChart, positions_shown
 from tui.guard import Guarded
 
 LOG_LINES = 2000  # shown; rewritten down to half when full
+
+
+SHOWN = ("max_seq_len", "ttt_steps", "lr", "batch_rows", "steps")
+DFLASH_SHOWN = ("max_seq_len", "block_size", "max_anchors", "soft_kl", "lr", "batch_rows", "steps")
+
+
+def acceptance(acc_pos) -> str:
+    """A DFlash block's accuracy at the positions its chart draws: `acc pos 1/8/15: 0.79 0.55 0.3`."""
+    if not isinstance(acc_pos, (list, tuple)) or not acc_pos:
+        return ""
+    items = positions_shown(len(acc_pos))
+    return (f"acc pos {'/'.join(str(i + 1) for i in items)}: "
+            + " ".join(format_number(acc_pos[i], 2) for i in items))
 
 
 def stats_text(run: RunState, now: float) -> Text:
@@ -38,11 +51,14 @@ def stats_text(run: RunState, now: float) -> Text:
         else:
             text.append(f" exit {code}")
     text.append("\n")
-    shown = [k for k in ("max_seq_len", "ttt_steps", "lr", "batch_rows", "steps") if k in params]
+    shown = [k for k in (DFLASH_SHOWN if run.is_dflash else SHOWN) if k in params]
     text.append("  ".join(f"{k} {format_number(params[k])}" for k in shown) + "\n", style="cyan")
     last = run.last or {}
     text.append(f"step {run.step_text}\n")
     text.append(f"loss {format_number(run.loss)}   tokens/s {format_number(run.tokens_per_s)}   ETA {format_duration(run.eta_s())}\n")
+    if run.tau is not None:  # the tokens a block is expected to have accepted
+        text.append(f"τ {format_number(run.tau, 3)}", style="bold")
+        text.append(f"   {acceptance(last.get('acc_pos'))}\n")
     if run.steps:
         text.append(
             f"samples/row {format_number(last.get('samples_per_row'), 3)}   pad {format_number(last.get('pad_frac'), 2)}"

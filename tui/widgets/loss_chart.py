@@ -1,6 +1,7 @@
-"""The loss chart: the total and one curve per TTT step, EMA-smoothed, linear or log y,
-by step or by tokens seen, with other runs' losses (its ancestors, runs picked from the
-fleet) drawn dim behind it.
+"""The loss chart: the total and one curve per TTT step (a DFlash run: per block position,
+the first, a middle and the last, with its expected accepted length τ beside the legend),
+EMA-smoothed, linear or log y, by step or by tokens seen, with other runs' losses (its
+ancestors, runs picked from the fleet) drawn dim behind it.
 
 Drawn here in braille, not by plotext: plotext rebuilt a 200 × 24 chart in ~20 ms of
 Python, the app re-read 5,000 step events to smooth them on every replot, and each `y`
@@ -10,6 +11,7 @@ arrive, cut to one point per dot column, and drawn in a few ms.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections import deque
@@ -33,23 +35,54 @@ STEP_COLORS = [Style(color=c) for c in ("#5f87ff", "#5fd75f", "#ff8700", "#d787f
 AXIS = Style(dim=True)
 OVERLAY_COLORS = [Style(color=c, dim=True) for c in ("#bcbcbc", "#8a8a8a", "#d7af87", "#87afaf", "#af87af")]
 TITLE = Style(bold=True)
+TAU = Style(color="#ff87af", bold=True)
+TAU_CELLS = 16  # τ's course beside the legend
+SPARKS = "▁▂▃▄▅▆▇█"
 # Braille dots of one character cell: DOTS[dot column][dot row], rows from the top.
 DOTS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
 # RUNS[dot column][top][bottom]: the bits of a vertical run of dots within one cell.
 RUNS = [[[sum(DOTS[side][top : bottom + 1]) for bottom in range(4)] for top in range(4)] for side in range(2)]
 
 
-def step_entry(event: dict) -> tuple[float | None, list]:
+def positions_shown(count: int) -> tuple[int, ...]:
+    """Which of a DFlash block's `count` positions get a curve: the first, a middle and the
+    last. All of a 16-token block's would be a tangle; these three span its fan."""
+    return tuple(sorted({0, (count - 1) // 2, count - 1})) if count else ()
+
+
+def _parts(event: dict) -> tuple[str, tuple[int, ...], object]:
+    """An event's curves beyond its total: (what they are, which items, its list)."""
+    positions = event.get("loss_pos")
+    if isinstance(positions, (list, tuple)):
+        return "pos", positions_shown(len(positions)), positions
     ttt = event.get("loss_ttt")
-    return number(event.get("step")), [number(event.get("loss")), *map(number, ttt if isinstance(ttt, (list, tuple)) else ())]
+    ttt = ttt if isinstance(ttt, (list, tuple)) else ()
+    return "ttt", tuple(range(len(ttt))), ttt
 
 
-def entries_of(run: RunState) -> tuple[deque, str, object]:
-    """Where a run's curve points come from, the name of its first curve, and how to read
-    one entry as (step, [value per curve]): the total first, so its index never moves."""
+def step_entry(event: dict) -> tuple[float | None, list]:
+    _, items, values = _parts(event)
+    return number(event.get("step")), [number(event.get("loss")), *(number(values[i]) for i in items)]
+
+
+@functools.cache
+def _names(kind: str, items: tuple[int, ...]) -> tuple[str, ...]:
+    # A block position counts from 1, the anchor's next token, as the trainer's weights do.
+    return tuple(f"pos {i + 1}" if kind == "pos" else f"ttt {i}" for i in items)
+
+
+def step_names(event: dict) -> tuple[str, ...]:
+    kind, items, _ = _parts(event)
+    return _names(kind, items)
+
+
+def entries_of(run: RunState) -> tuple[deque, str, object, object]:
+    """Where a run's curve points come from, the name of its first curve, how to read one
+    entry as (step, [value per curve]): the total first, so its index never moves; and the
+    names of an entry's other curves."""
     if run.steps:
-        return run.steps, "total", step_entry
-    return run.console_loss, "loss", lambda pair: (number(pair[0]), [number(pair[1])])
+        return run.steps, "total", step_entry, step_names
+    return run.console_loss, "loss", lambda pair: (number(pair[0]), [number(pair[1])]), lambda pair: ()
 
 
 class Curves:
@@ -67,18 +100,28 @@ class Curves:
         self.raw: list[deque] = []  # per curve; None where an entry lacks the value
         self.smooth: list[deque] = []
         self.ema: list[float | None] = []  # each curve's EMA so far
+        # A DFlash run's τ per entry (None where not logged), smoothed like a curve but
+        # not drawn on the loss axis: it counts tokens.
+        self.tau_raw: deque = deque(maxlen=STEP_HISTORY)
+        self.tau: deque = deque(maxlen=STEP_HISTORY)
+        self.tau_ema: float | None = None
 
     def update(self, run: RunState) -> None:
         """Fold in what `run` appended since the last update; start over on anything else
-        (another run, its streams read again, more TTT steps than before)."""
-        source, first, read = entries_of(run)
+        (another run, its streams read again, more TTT steps than before, another block
+        size)."""
+        source, first, read, names = entries_of(run)
         fresh = self._fresh(source)
         entries = None if fresh is None else [read(e) for e in fresh]
-        if entries is None or any(len(values) > len(self.raw) for _, values in entries):
+        known = tuple(self.labels[1:])
+        if entries is None or any(step_names != known[: len(step_names)] for step_names in map(names, fresh)):
             fresh = list(source)
             entries = [read(e) for e in fresh]
-            width = max((len(values) for _, values in entries), default=1)
-            self.source, self.labels = source, [first] + [f"ttt {k}" for k in range(width - 1)]
+            # the newest of the widest: a run relaunched into its dir with another block
+            # size is named as it is now
+            widest = max(map(names, reversed(fresh)), key=len, default=())
+            self.source, self.labels = source, [first, *widest]
+            width = len(self.labels)
             self.steps.clear()
             self.tokens.clear()
             self.seen = 0.0
@@ -86,14 +129,22 @@ class Curves:
             self.raw = [deque(maxlen=STEP_HISTORY) for _ in range(width)]
             self.ema = [None] * width
             self.smooth = [deque(maxlen=STEP_HISTORY) for _ in range(width)]
+            self.tau_raw.clear()
+            self.tau.clear()
+            self.tau_ema = None
         self.newest = source[-1] if source else None
         self.count += len(entries)
         for step, _ in entries:
             self.steps.append(step if step is not None else self.steps[-1] + 1 if self.steps else 0)
+        taus = []
         for entry in fresh:
-            tokens = number(entry.get("tokens")) if isinstance(entry, dict) else None
+            is_event = isinstance(entry, dict)
+            tokens = number(entry.get("tokens")) if is_event else None
             self.seen += tokens or 0.0
             self.tokens.append(self.seen if tokens is not None else None)
+            taus.append(number(entry.get("tau")) if is_event else None)
+        self.tau_raw.extend(taus)
+        self._smooth_tau(taus)
         for k, raw in enumerate(self.raw):
             column = [values[k] if k < len(values) else None for _, values in entries]
             raw.extend(column)
@@ -105,6 +156,15 @@ class Curves:
         self.smooth = [deque(maxlen=STEP_HISTORY) for _ in self.raw]
         for k, raw in enumerate(self.raw):
             self._smooth(k, raw)
+        self.tau_ema = None
+        self.tau.clear()
+        self._smooth_tau(self.tau_raw)
+
+    def _smooth_tau(self, values) -> None:
+        smoothed = ema(values, self.smoothing, self.tau_ema)
+        self.tau.extend(smoothed)
+        if smoothed:
+            self.tau_ema = smoothed[-1]
 
     def _fresh(self, source: deque) -> list | None:
         """The entries after the newest one folded in; None when that one is gone."""
@@ -302,6 +362,10 @@ def draw(
     for k, name in enumerate(curves.labels[: len(points)] if points else ()):
         text.append("  ")
         text.append("━━ " + name, styles[k + 1])
+    tau = tau_legend(curves) if curves is not None else None
+    if tau:
+        text.append("  ")
+        text.append(tau)
     if overlaid:
         text.append("\n" + " " * (margin + 2))
         for j, o in enumerate(overlaid):
@@ -344,6 +408,22 @@ def draw(
         text.append(name, AXIS)
         end = start + len(name)
     return text
+
+
+def tau_legend(curves: Curves) -> Text | None:
+    """A DFlash run's τ (expected accepted tokens per block), smoothed as its losses are:
+    the latest, and its course over the run in a few cells."""
+    if not any(v is not None for v in reversed(curves.tau)):
+        return None
+    values = list(curves.tau)
+    first = next(i for i, v in enumerate(values) if v is not None)
+    values = values[first:]
+    cells = min(TAU_CELLS, len(values))
+    course = [values[round(i * (len(values) - 1) / max(1, cells - 1))] for i in range(cells)]
+    low, high = min(course), max(course)
+    scale = (len(SPARKS) - 1) / (high - low) if high > low else 0.0
+    return Text.assemble(("τ ", TAU), (format_number(values[-1], 3), TAU), " ",
+                         ("".join(SPARKS[round((v - low) * scale)] for v in course), TAU))
 
 
 def overlay_points(points: list[tuple[float, float]], x0: float, x1: float, log_y: bool, width: int) -> list[tuple[float, float]]:
