@@ -1,4 +1,5 @@
-"""metrics.jsonl: the trainer's half of the contract with the dashboard (DESIGN.md).
+"""metrics.jsonl: the trainer's half of the contract with the dashboard
+(docs/design.md).
 
 One JSON object per line, appended and flushed as it happens, so `tail -F` over SSH sees
 every event the moment it exists. Only rank 0 writes; other ranks get a writer that
