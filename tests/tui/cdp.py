@@ -34,6 +34,13 @@ KEYS = {
 }
 
 
+def terminal_text(frames: list[bytes]) -> str:
+    """What a terminal was sent, its escapes (styles, cursor moves) removed: the words
+    drawn, each run of them whole."""
+    raw = b"".join(frames).decode("utf-8", "replace")
+    return re.sub(r"\x1b\[[0-9;?<>=]*[ -/]*[@-~]|\x1b[@-_][^\x1b]*?(\x07|\x1b\\)?", "", raw)
+
+
 def find_chromium() -> str | None:
     return next((path for name in CHROMIUM_NAMES if (path := shutil.which(name))), None)
 
@@ -146,8 +153,7 @@ class Browser:
 
     def text(self, start: int = 0) -> str:
         """What the page's websocket received from frame `start` on, escapes removed."""
-        raw = b"".join(self.frames[start:]).decode("utf-8", "replace")
-        return re.sub(r"\x1b\[[0-9;?<>=]*[ -/]*[@-~]|\x1b[@-_][^\x1b]*?(\x07|\x1b\\)?", "", raw)
+        return terminal_text(self.frames[start:])
 
     async def wait_text(self, needle: str, start: int = 0, timeout: float = 30) -> None:
         """Until the page has been sent `needle` (in frames from `start` on)."""
@@ -160,8 +166,9 @@ class Browser:
 
     async def press(self, name: str) -> None:
         key = _key(name)
-        down = dict(key)
-        await self.send("Input.dispatchKeyEvent", type="keyDown", **down)
+        # Keys go to the focused element: xterm's input box, as after a click on the terminal.
+        await self.evaluate("document.querySelector('.xterm-helper-textarea')?.focus()")
+        await self.send("Input.dispatchKeyEvent", type="keyDown", **key)
         up = {k: v for k, v in key.items() if k != "text"}
         await self.send("Input.dispatchKeyEvent", type="keyUp", **up)
 

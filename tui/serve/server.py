@@ -90,6 +90,7 @@ class Server:
         self.idle.set()
         self.downloads = DownloadManager()  # required by AppService; the dashboard sends no files
         self.served = 0
+        self.stopping = False
 
     def make_app(self) -> web.Application:
         app = web.Application(middlewares=[self.guard])
@@ -139,7 +140,10 @@ class Server:
         return web.Response(text=page(title, font_size, FULL, ENDED), content_type="text/html")
 
     async def alive(self, request: web.Request) -> web.Response:
-        """What a page that lost its socket polls before loading again."""
+        """What a page that lost its socket polls before loading again (not while this
+        server stops: a page loaded then would find no server)."""
+        if self.stopping:
+            raise web.HTTPServiceUnavailable(text="trackside serve is stopping\n")
         return web.json_response({"viewers": len(self.viewers), "max_viewers": self.settings.max_viewers})
 
     async def websocket(self, request: web.Request) -> web.WebSocketResponse:
@@ -215,6 +219,7 @@ class Server:
             process.kill()
 
     async def close_all(self) -> None:
+        self.stopping = True
         for ws in list(self.viewers):
             await ws.close(code=1001, message=b"trackside serve stopped")
         try:
