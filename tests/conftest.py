@@ -71,7 +71,7 @@ def pytest_terminal_summary(terminalreporter):
 
 def end_tmux_server(*tmux: str) -> None:
     """Kill a test's tmux server and what its panes run. Run panes start under an sh that
-    traps SIGHUP (backends/runs.py), and a program that outlives the hangup would go on
+    traps SIGHUP (backends/runs/launch.py), and a program that outlives the hangup would go on
     after the test: each pane's process group is killed first (a pane is a session
     leader, its program in its group)."""
     import os
