@@ -19,15 +19,13 @@ EXIT_USAGE = 2  # a bad argument or value; the message names the flag or key
 EXIT_OOM = 3  # the trainer ran out of GPU memory, after writing its `oom` event
 
 # A run id is the UTC minute it was made and 4 random hex digits: sorting ids sorts runs by
-# start, and two launches in one minute still differ.
+# start, and two launches in one minute differ but for 1 time in 65,536.
 RUN_ID_TIME_FORMAT = "%Y%m%d-%H%M"
 RUN_ID = re.compile(r"[0-9]{8}-[0-9]{4}-[0-9a-f]{4}")
 RUN_ID_EXAMPLE = "20261129-0930-ab12"
 
-# Where run directories live on a host unless its config says otherwise; the trainer, run
-# by hand without --out, reads the environment variable first.
+# Where run directories live on a host unless its config says otherwise.
 RUNS_ROOT = "~/.trackside/runs"
-RUNS_ROOT_ENV = "TRACKSIDE_RUNS_ROOT"
 
 
 def new_run_id() -> str:
