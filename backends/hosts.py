@@ -229,10 +229,10 @@ class SSHHost(Host):
 
     After a drop, the next call reconnects; while reconnecting keeps failing, calls fail
     fast with HostUnreachable until the next attempt is due (backends.retry.Backoff from
-    CONNECT_RETRY_S up to `backoff_cap` seconds). Host keys are checked against `known_hosts` (default
-    ~/.ssh/known_hosts; a missing file trusts nothing). ~/.ssh/config supplies what is
-    not given here (user, port, identity files, ...). `jump` is another SSHHost whose
-    connection carries this one.
+    CONNECT_RETRY_S up to `backoff_cap` seconds). Host keys are checked against
+    `known_hosts` (default ~/.ssh/known_hosts; a missing file trusts nothing).
+    ~/.ssh/config supplies what is not given here (user, port, identity files, ...).
+    `jump` is another SSHHost whose connection carries this one.
     """
 
     def __init__(
