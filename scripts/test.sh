@@ -1,15 +1,31 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh clone: set-up, the OpenSSH server the integration
-# tests start on 127.0.0.1, then pytest.
+# tests start on 127.0.0.1, the browser the serve test drives, then pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+apt_updated=
+apt_install() {  # as root; one `apt-get update` however many packages are missing
+  [ -n "$apt_updated" ] || { apt-get update -qq >/dev/null && apt_updated=1; }
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
 if ! command -v sshd >/dev/null && [ ! -x /usr/sbin/sshd ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "installing openssh-server for the SSH integration tests…" >&2
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server) >/dev/null
+    apt_install openssh-server
   else
     echo "sshd is missing and we are not root: the SSH tests will be skipped" >&2
+  fi
+fi
+# Headless Chromium for `trackside serve`'s browser test (tests/tui/test_serve.py); about
+# 45 s to install, update included.
+if ! command -v chromium >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "installing chromium for the browser test of trackside serve…" >&2
+    apt_install --no-install-recommends chromium \
+      || echo "could not install chromium: the browser test of trackside serve will be skipped" >&2
+  else
+    echo "chromium is missing and we are not root: the browser test of trackside serve will be skipped" >&2
   fi
 fi
 command -v tmux >/dev/null || { echo "tmux is required for the tests" >&2; exit 1; }
