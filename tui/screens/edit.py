@@ -17,6 +17,9 @@ from tui.screens.dialog import Dialog
 
 FIELDS = ["max_seq_len", "ttt_steps", "lr", "steps", "batch_rows", "epochs", "ttt_decay", "loss_chunk",
           "checkpoint_ttt", "freeze_lm_head"]
+# A DFlash run's: its trainer refuses EAGLE-3's TTT flags.
+DFLASH_FIELDS = ["max_seq_len", "block_size", "max_anchors", "dflash_gamma", "soft_kl", "lr", "steps",
+                 "batch_rows", "epochs", "loss_chunk"]
 # The cost is predicted once typing pauses this long, in a worker thread: keys never wait
 # for it, and a burst of them asks for one prediction.
 PREDICT_AFTER_S = 0.15
@@ -49,13 +52,14 @@ class EditScreen(Dialog[dict | None]):
         self.changes: dict = dict(pending)
         self.cost_asked = self.cost_shown = 0  # numbers the requests: only the latest is shown
         self.cost_timer: Timer | None = None
+        self.fields = DFLASH_FIELDS if run.is_dflash else FIELDS
 
     def compose(self) -> ComposeResult:
         current = self.run.params
         with Vertical(classes="dialog", id="edit"):
             yield Static(Text(f"Edit {self.run.key} — relaunch applies these (r)", style="bold"))
             with Grid(id="edit-fields"):
-                for name in FIELDS:
+                for name in self.fields:
                     yield Label(name)
                     yield Input(
                         shown(self.pending.get(name, current.get(name))),
@@ -110,7 +114,7 @@ class EditScreen(Dialog[dict | None]):
     def validate(self) -> bool:
         current = self.run.params
         changes, errors = {}, []
-        for name in FIELDS:
+        for name in self.fields:
             text = self.query_one(f"#param-{name}", Input).value.strip()
             if not text or text == shown(current.get(name)):
                 continue
@@ -121,11 +125,20 @@ class EditScreen(Dialog[dict | None]):
                 continue
             if value != current.get(name):
                 changes[name] = value
+        if not errors:
+            errors = [str(error) for error in run_params.conflicts(self.relaunched(changes))]
         self.changes = changes
         self.query_one("#edit-errors", Static).update(Text("\n".join(errors), style="bold red"))
         self.query_one("#edit-diff", Static).update(self.diff_text())
         self.query_one("#keep", Button).disabled = bool(errors)
         return not errors
+
+    def relaunched(self, changes: dict) -> dict:
+        """The params the relaunch's argv will carry, with the row length it will train at
+        (a preset's knobs left out of the argv are the trainer's to fit)."""
+        config = (self.run.start or {}).get("config") or {}
+        length = self.run.info.params.get("max_seq_len", config.get("max_seq_len"))
+        return {**self.run.info.params, **({"max_seq_len": length} if length else {}), **changes}
 
     def diff_text(self) -> Text:
         if not self.changes:
@@ -168,8 +181,12 @@ def cost_text(basis: Basis, changes: dict, gpu_total: float | None) -> Text:
     if new.peak_gib is None:
         text.append("—  (no memory model for this run yet)\n", style="dim")
         return text
+    # A DFlash run's params always hold its block size (its start event's), an EAGLE-3 run's never.
+    depth = f"block_size {params['block_size']}" if "block_size" in params else f"ttt_steps {params.get('ttt_steps')}"
     length, largest = params.get("max_seq_len"), new.largest_max_seq_len
+    anchors, most_anchors = params.get("max_anchors"), getattr(new, "largest_max_anchors", None)
     fits = gpu_total is None or largest is None or length is None or length <= largest
+    fits = fits and (gpu_total is None or most_anchors is None or anchors is None or anchors <= most_anchors)
     text.append(f"≈{new.peak_gib:.1f} GiB", style="green" if fits else "bold red")
     text.append(f" of {gpu_total:.0f} GiB per GPU" if gpu_total else " (no GPU reading)")
     text.append("" if fits else "  — will not fit", style="bold red")
@@ -178,6 +195,9 @@ def cost_text(basis: Basis, changes: dict, gpu_total: float | None) -> Text:
         text.append(f"\nfits with checkpoint_ttt {fewest}", style="bold")
         text.append(f" (the first {fewest} TTT steps recomputed in backward)")
     if new.largest_max_seq_len:
-        text.append(f"\nlargest max_seq_len that fits at ttt_steps {params.get('ttt_steps')}: ")
+        text.append(f"\nlargest max_seq_len that fits at {depth}: ")
         text.append(f"{new.largest_max_seq_len}", style="bold")
+    if most_anchors:
+        text.append(f"\nlargest max_anchors that fits at {depth}{f', max_seq_len {length}' if length else ''}: ")
+        text.append(f"{most_anchors}", style="bold")
     return text
