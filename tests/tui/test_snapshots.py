@@ -5,7 +5,7 @@ Regenerate after an intended change with `pytest tests/tui/test_snapshots.py --s
 
 from __future__ import annotations
 
-from tests.tui.sample import FOREIGN_KEY, RUN_KEY, feed, feed_foreign, kill_plan, make_app, on_run
+from tests.tui.sample import FOREIGN_KEY, RUN_KEY, feed, feed_foreign, kill_plan, make_app, on_dflash_run, on_run
 from tui.screens.edit import EditScreen
 from tui.screens.kill import KillConfirm
 
@@ -35,6 +35,11 @@ def test_foreign_run(snap_compare):
 
 def test_run(snap_compare):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=on_run)
+
+
+def test_dflash_run(snap_compare):
+    """Its loss at block positions 1, 8 and 15 beside the total, τ by the legend and in the stats."""
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=on_dflash_run)
 
 
 def test_kill_modal(snap_compare):
