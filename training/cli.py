@@ -66,8 +66,8 @@ def train_parser() -> argparse.ArgumentParser:
                    "$TRACKSIDE_RUNS_ROOT or ~/.trackside/runs)")
     p.add_argument("--max-seq-len", type=POSITIVE_INT,
                    help="tokens per packed row (default 2048; 512 with --synthetic)")
-    p.add_argument("--ttt-steps", type=POSITIVE_INT, default=3)
-    p.add_argument("--ttt-decay", type=DECAY, default=0.8)
+    p.add_argument("--ttt-steps", type=POSITIVE_INT, help=f"default {DEFAULT_TTT_STEPS}")
+    p.add_argument("--ttt-decay", type=DECAY, help=f"default {DEFAULT_TTT_DECAY}")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--steps", type=POSITIVE_INT)
     length.add_argument("--epochs", type=POSITIVE_INT, help="default 1 when --steps is absent")
@@ -118,10 +118,13 @@ def train_parser() -> argparse.ArgumentParser:
     return p
 
 
+DEFAULT_TTT_STEPS = 3
+DEFAULT_TTT_DECAY = 0.8
 DEFAULT_MAX_ANCHORS = 512
 DEFAULT_GAMMA = 7.0
 # EAGLE-3's flags that a DFlash run would silently ignore.
-_EAGLE3_ONLY = ("draft_vocab_size", "freeze_lm_head", "checkpoint_ttt", "export")
+_EAGLE3_ONLY = ("ttt_steps", "ttt_decay", "checkpoint_ttt", "draft_vocab_size",
+                "freeze_lm_head")
 _DFLASH_ONLY = ("block_size", "max_anchors", "dflash_gamma", "soft_kl", "num_layers",
                 "target_layers")
 
@@ -167,11 +170,17 @@ def _dflash_config(args, dataset, max_seq_len: int):
     if not 2 <= block <= max_seq_len:
         raise UsageError(f"--block-size {block}: a block is the anchor and at least one "
                          f"drafted token, within a row of max_seq_len {max_seq_len}")
-    anchors = args.max_anchors or min(knobs.get("max_anchors", DEFAULT_MAX_ANCHORS),
-                                      max_seq_len)
-    if anchors > max_seq_len:
-        raise UsageError(f"--max-anchors {anchors} exceeds the {max_seq_len} positions of a "
-                         "row (--max-seq-len)")
+    # A block never crosses samples: one longer than every sample (as packed, cut to
+    # max_seq_len) has nowhere to go.
+    longest = min(max(dataset.lengths), max_seq_len)
+    if block > longest:
+        raise UsageError(f"--block-size {block} exceeds the longest sample "
+                         f"({longest} tokens as packed): no block would fit in one")
+    room = max_seq_len - block + 1  # the anchors a row of one sample can hold
+    anchors = args.max_anchors or min(knobs.get("max_anchors", DEFAULT_MAX_ANCHORS), room)
+    if anchors > room:
+        raise UsageError(f"--max-anchors {anchors}: a row of max_seq_len {max_seq_len} holds "
+                         f"at most {room} blocks of {block} tokens")
     try:
         cfg = dataclasses.replace(base, vocab_size=dataset.vocab_size, block_size=block,
                                   num_target_layers=len(target),
@@ -259,7 +268,7 @@ def train_main(argv: list[str]) -> int:
     if args.drafter == "dflash":
         given = [_flag(d) for d in _EAGLE3_ONLY if getattr(args, d)]
         if given:
-            raise UsageError(f"{given[0]} is EAGLE-3's, not for --drafter dflash")
+            raise UsageError(f"{', '.join(given)}: EAGLE-3's, not for --drafter dflash")
         drafter, dflash = _dflash_config(args, dataset, max_seq_len)
     else:
         given = [_flag(d) for d in _DFLASH_ONLY if getattr(args, d) is not None]
@@ -269,13 +278,15 @@ def train_main(argv: list[str]) -> int:
     cfg = TrainConfig(
         data=Path(data), run_dir=run_dir, drafter=drafter, dflash=dflash,
         steps=args.steps, epochs=None if args.steps else (args.epochs or 1),
-        max_seq_len=max_seq_len, ttt_steps=args.ttt_steps, ttt_decay=args.ttt_decay,
+        max_seq_len=max_seq_len, ttt_steps=args.ttt_steps or DEFAULT_TTT_STEPS,
+        ttt_decay=args.ttt_decay or DEFAULT_TTT_DECAY,
         lr=args.lr or (3e-3 if args.synthetic else 1e-4), batch_rows=args.batch_rows,
         device=device, resume=args.resume, loss_chunk=args.loss_chunk,
-        checkpoint_ttt=min(args.checkpoint_ttt, args.ttt_steps),
+        checkpoint_ttt=min(args.checkpoint_ttt, args.ttt_steps or DEFAULT_TTT_STEPS),
         freeze_lm_head=args.freeze_lm_head,
         gpu_mem_gib=args.gpu_mem_gib, save_every=args.save_every, seed=args.seed,
-        export=args.export)
+        # A DFlash drafter is exported here, after the run, in speculators' layout.
+        export=None if dflash else args.export)
     run_dir.mkdir(parents=True, exist_ok=True)
     if args.synthetic:
         # Every rank of a torchrun run gets here: each links under its own name and renames
@@ -286,11 +297,18 @@ def train_main(argv: list[str]) -> int:
         link.symlink_to(Path(data).resolve())
         os.replace(link, run_dir / "data")
     try:
-        return train(cfg)
+        code = train(cfg)
     except DatasetError as exc:
         raise UsageError(f"--batch-rows/--max-seq-len: {exc}") from None
     except ResumeError as exc:
         raise UsageError(f"--resume: {exc}") from None
+    if code == 0 and dflash and args.export and int(os.environ.get("RANK", "0")) == 0:
+        from training import checkpoint
+        from training.dflash.export import export_dflash
+
+        export_dflash(checkpoint.latest(run_dir / "checkpoints"), args.export,
+                      verifier=dataset.info.get("model") or None)
+    return code
 
 
 def extract_main(argv: list[str]) -> int:
@@ -301,16 +319,18 @@ def extract_main(argv: list[str]) -> int:
                    help="model directory or hub id, or a config.json (random weights)")
     p.add_argument("--prompts", required=True, type=Path, help="JSONL samples")
     p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--drafter", choices=["eagle3", "dflash"], default="eagle3",
+                   help="whose default layers to capture: EAGLE-3's three (2, n/2, n-3) or "
+                        "DFlash's five, spread from layer 1 to n-3")
     p.add_argument("--layers", type=_layer_list,
-                   help="capture layers a,b,… (default 2,n/2,n-3, EAGLE-3's three; DFlash "
-                        "reads five)")
+                   help="capture these layers a,b,… instead of the drafter's default")
     p.add_argument("--max-tokens-per-batch", type=POSITIVE_INT, default=16384)
     args = p.parse_args(argv)
     from training.extract import ExtractError, run
 
     try:
         info = run(args.model, args.prompts, args.out, args.layers,
-                   args.max_tokens_per_batch)
+                   args.max_tokens_per_batch, args.drafter)
     except ExtractError as exc:
         raise UsageError(f"{exc.flag}: {exc}") from None
     print(f"extract: wrote {info['num_samples']} samples, {info['total_tokens']} tokens, "

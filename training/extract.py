@@ -5,7 +5,8 @@ several (five by default, spread over the depth); both train against the verifie
 next-token distribution, which the final hidden state and lm_head give. A capture layer l
 is the residual stream entering decoder layer l — HF's hidden_states[l], what vLLM's and
 SGLang's EAGLE-3 capture at serving time — and the default layers are EAGLE-3's
-(2, n // 2, n - 3); --layers captures any others, as many as wanted. The final hidden state is HF's last
+(2, n // 2, n - 3), or DFlash's five spread over the depth (--drafter dflash); --layers
+captures any others, as many as wanted. The final hidden state is HF's last
 hidden_states entry, after the final norm.
 
 Prompts are batched by a token budget (padded length × rows), never by a sample count, so
@@ -33,8 +34,22 @@ class ExtractError(Exception):
         self.flag = flag
 
 
-def default_layers(num_layers: int) -> list[int]:
-    return [2, num_layers // 2, num_layers - 3]
+DFLASH_LAYERS = 5
+
+
+def default_layers(num_layers: int, drafter: str = "eagle3") -> list[int]:
+    """EAGLE-3's low, middle and high layer; for DFlash, DFLASH_LAYERS spread evenly from
+    layer 1 to layer n - 3 (as EAGLE-3's highest), fewer if the verifier is too shallow
+    to give that many distinct ones."""
+    if drafter == "eagle3":
+        return [2, num_layers // 2, num_layers - 3]
+    if drafter != "dflash":
+        raise ValueError(f"no default capture layers for drafter {drafter!r}")
+    low, high = 1, max(1, num_layers - 3)
+    if num_layers < 2:
+        return [0]
+    steps = DFLASH_LAYERS - 1
+    return sorted({low + round(i * (high - low) / steps) for i in range(DFLASH_LAYERS)})
 
 
 def check_layers(layers: list[int], num_layers: int) -> None:
@@ -124,13 +139,13 @@ def token_budget_batches(lengths: list[int], max_tokens: int) -> list[list[int]]
 @torch.no_grad()
 def extract(model, samples: list[tuple[list[int], list[bool]]], out: Path,
             layers: list[int] | None = None, max_tokens_per_batch: int = 16384,
-            log=None) -> dict:
+            log=None, drafter: str = "eagle3") -> dict:
     """Write the data directory for `samples`; returns its dataset.json content."""
     log = log or (lambda line: print(line, file=sys.stdout, flush=True))
     config = model.config
     num_layers, hidden, vocab = (config.num_hidden_layers, config.hidden_size,
                                  config.vocab_size)
-    layers = default_layers(num_layers) if layers is None else list(layers)
+    layers = default_layers(num_layers, drafter) if layers is None else list(layers)
     check_layers(layers, num_layers)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / VERIFIER_FILE).exists():
@@ -181,10 +196,11 @@ def extract(model, samples: list[tuple[list[int], list[bool]]], out: Path,
 
 
 def run(model_spec: str, prompts: Path, out: Path, layers: list[int] | None,
-        max_tokens_per_batch: int) -> dict:
+        max_tokens_per_batch: int, drafter: str = "eagle3") -> dict:
     if not prompts.is_file():
         raise ExtractError("--prompts", f"no such file: {prompts}")
     model, tokenizer = load_model(model_spec)
     if layers is not None:
         check_layers(layers, model.config.num_hidden_layers)
-    return extract(model, read_prompts(prompts, tokenizer), out, layers, max_tokens_per_batch)
+    return extract(model, read_prompts(prompts, tokenizer), out, layers, max_tokens_per_batch,
+                   drafter=drafter)
