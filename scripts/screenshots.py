@@ -1,9 +1,9 @@
 """Render the real app to screenshots/: the run screen mid-training, the fleet (with a run
 trackside did not launch and the dashboard's own session), that foreign run's screen, the
-kill dialog, the refused self-kill and the edit form, as SVG (and PNG when cairosvg is
-installed).
+kill dialog, the refused self-kill, the edit form and a DFlash run's screen, as SVG (and
+PNG when cairosvg is installed).
 
-    .venv/bin/python scripts/screenshots.py
+    .venv/bin/python scripts/screenshots.py [NAME…]    (default: every one)
 
 The data are the snapshot tests' fixed fleet (tests/tui/sample.py), fed as monitor
 messages, with the llama3-8b drafter shape so the edit form predicts memory.
@@ -27,12 +27,13 @@ OUT = REPO / "screenshots"
 SIZE = (160, 48)
 
 
-async def shoot() -> list[Path]:
+async def shoot(wanted) -> list[Path]:
     app = make_app()
     saved = []
 
     def save(name: str) -> None:
-        saved.append(Path(app.save_screenshot(f"{name}.svg", str(OUT))))
+        if name in wanted:
+            saved.append(Path(app.save_screenshot(f"{name}.svg", str(OUT))))
 
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await feed_foreign(pilot, model=PRESETS["llama3-8b"].to_dict())
@@ -76,17 +77,28 @@ def to_png(svgs: list[Path]) -> bool:
     return True
 
 
-def main() -> int:
+NAMES = ("fleet", "foreign-run", "self-kill-refused", "run", "kill", "edit", "plot", "run-lineage", "dflash-run")
+
+
+def main(argv: list[str]) -> int:
+    wanted = set(argv) or set(NAMES)
+    unknown = wanted - set(NAMES)
+    if unknown:
+        print(f"no screenshot named {', '.join(sorted(unknown))} (known: {', '.join(NAMES)})", file=sys.stderr)
+        return 2
     OUT.mkdir(exist_ok=True)
-    svgs = asyncio.run(shoot())
+    svgs = asyncio.run(shoot(wanted))
+    if "run-lineage" in wanted:
+        svgs.append(asyncio.run(lineage_svg()))
+    if "dflash-run" in wanted:
+        svgs.append(asyncio.run(dflash_svg()))
     pngs = to_png(svgs)
     for svg in svgs:
         print(svg.relative_to(REPO), "(+ .png)" if pngs else "")
     if not pngs:
         print("PNG skipped: pip install cairosvg to make them", file=sys.stderr)
-    print(plot_text().relative_to(REPO))
-    lineage = asyncio.run(lineage_svg())
-    print(lineage.relative_to(REPO), "(+ .png)" if to_png([lineage]) else "")
+    if "plot" in wanted:
+        print(plot_text().relative_to(REPO))
     return 0
 
 
@@ -143,5 +155,16 @@ async def lineage_svg() -> Path:
     return path
 
 
+async def dflash_svg() -> Path:
+    """A DFlash run beside the sample run (tests/tui/sample.py): its loss at block positions
+    1, 8 and 15 beside the total, and τ by the legend and in the stats."""
+    from tests.tui.sample import on_dflash_run
+
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await on_dflash_run(pilot)
+        return Path(app.save_screenshot("dflash-run.svg", str(OUT)))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -237,6 +237,13 @@ def dflash_events(steps: int = 240, model: dict | None = None) -> list[dict]:
     return events
 
 
+DFLASH_LOG = [
+    f"step={e['step']} epoch=0 loss={e['loss']:.4f} acc_0={e['acc_pos'][0]:.3f} lr=6.000e-04 grad_norm=0.900 "
+    f"tokens_per_s=37449 peak_mem_gib=71.60"
+    for e in dflash_events()[-21:]
+]
+
+
 async def on_dflash_run(pilot, model: dict | None = None) -> None:
     """The fleet of `feed` with the DFlash run listed beside the sample run, its screen open."""
     await feed(pilot, model)
@@ -244,6 +251,7 @@ async def on_dflash_run(pilot, model: dict | None = None) -> None:
     app.post_message(RunsListed("h200-box", [run_info(), dflash_info()], NOW))
     await pilot.pause()
     app.post_message(MetricsBatch("h200-box", DFLASH_KEY, dflash_events(model=model), garbled=0))
+    app.post_message(ConsoleBatch("h200-box", DFLASH_KEY, DFLASH_LOG))
     await pilot.pause()
     app.open_run(DFLASH_KEY)
     await pilot.pause()

@@ -411,18 +411,18 @@ def draw(
 
 
 def tau_legend(curves: Curves) -> Text | None:
-    """A DFlash run's τ (expected accepted tokens per block), smoothed as its losses are:
-    the latest, and its course over the run in a few cells."""
-    if not any(v is not None for v in reversed(curves.tau)):
+    """A DFlash run's τ (expected accepted tokens per block): the latest logged, as the
+    stats show it, and its course over the run in a few cells, smoothed as the losses are."""
+    latest = next((v for v in reversed(curves.tau_raw) if v is not None), None)
+    if latest is None:
         return None
     values = list(curves.tau)
-    first = next(i for i, v in enumerate(values) if v is not None)
-    values = values[first:]
+    values = values[next(i for i, v in enumerate(values) if v is not None) :]
     cells = min(TAU_CELLS, len(values))
     course = [values[round(i * (len(values) - 1) / max(1, cells - 1))] for i in range(cells)]
     low, high = min(course), max(course)
     scale = (len(SPARKS) - 1) / (high - low) if high > low else 0.0
-    return Text.assemble(("τ ", TAU), (format_number(values[-1], 3), TAU), " ",
+    return Text.assemble(("τ ", TAU), (format_number(latest, 3), TAU), " ",
                          ("".join(SPARKS[round((v - low) * scale)] for v in course), TAU))
 
 
