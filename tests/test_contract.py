@@ -92,10 +92,6 @@ def test_no_contract_value_is_spelled_out_outside_its_home():
     assert not stray, "use training.contract instead:\n" + "\n".join(stray)
 
 
-def test_the_files_not_yet_moved_exist():
-    assert all((ROOT / name).is_file() for name in NOT_YET_MOVED)
-
-
 @pytest.mark.parametrize(
     "source",
     [
