@@ -153,18 +153,26 @@ def check(params: dict) -> dict[str, int | float]:
 
 
 def conflicts(params: dict) -> list[ParamError]:
-    """What a DFlash trainer would refuse in params each valid alone: a block or more
-    anchors than a row of max_seq_len holds. `params` are the ones its argv will carry
-    (a preset's defaults are the trainer's to fit)."""
-    length = params.get("max_seq_len")
+    """What a DFlash trainer refuses in params each valid alone: a block longer than a row
+    of max_seq_len, or more anchors than such a row has room for (max_seq_len − block_size
+    + 1). `params`: what the run will train with, max_anchors only where its argv sets it
+    (the trainer fits a preset's to the row)."""
+    length, block = params.get("max_seq_len"), params.get("block_size")
     if length is None:
         return []
-    return [
-        ParamError(key, f"must be ≤ max_seq_len {PARAMS['max_seq_len'].shown(length)} "
-                        f"(got {PARAMS[key].shown(params[key])})")
-        for key in ("block_size", "max_anchors")
-        if key in params and params[key] > length
-    ]
+    if block is not None and block > length:
+        return [ParamError("block_size", f"must be ≤ max_seq_len {_shown(length)} (got {_shown(block)})")]
+    room = length - block + 1 if block is not None else length
+    anchors = params.get("max_anchors")
+    if anchors is not None and anchors > room:
+        blocks = f"the blocks of {block}" if block is not None else "the positions"
+        return [ParamError("max_anchors", f"must be ≤ {_shown(room)}, {blocks} a row of max_seq_len "
+                                          f"{_shown(length)} holds (got {_shown(anchors)})")]
+    return []
+
+
+def _shown(count: int) -> str:
+    return f"{int(count):,}"
 
 
 def _flag_index(argv: Sequence[str], flag: str) -> tuple[int, bool] | None:

@@ -195,8 +195,10 @@ def test_a_dflash_argv_carries_its_params_through_a_relaunch():
 def test_conflicts_name_a_block_or_anchors_a_row_cannot_hold():
     from backends.params import conflicts
 
-    assert conflicts({"max_seq_len": 512, "block_size": 16, "max_anchors": 512}) == []
+    assert conflicts({"max_seq_len": 512, "block_size": 16, "max_anchors": 497}) == []
     assert conflicts({"block_size": 16, "max_anchors": 4096}) == []  # the row's length unknown
-    found = conflicts({"max_seq_len": 512, "block_size": 1024, "max_anchors": 4096})
-    assert [e.key for e in found] == ["block_size", "max_anchors"]
-    assert str(found[1]) == "max_anchors: must be ≤ max_seq_len 512 (got 4,096)"
+    assert [str(e) for e in conflicts({"max_seq_len": 512, "block_size": 1024, "max_anchors": 4096})] == [
+        "block_size: must be ≤ max_seq_len 512 (got 1,024)"]  # fmt: skip
+    assert [str(e) for e in conflicts({"max_seq_len": 512, "block_size": 16, "max_anchors": 498})] == [
+        "max_anchors: must be ≤ 497, the blocks of 16 a row of max_seq_len 512 holds (got 498)"]  # fmt: skip
+    assert [e.key for e in conflicts({"max_seq_len": 512, "max_anchors": 513})] == ["max_anchors"]

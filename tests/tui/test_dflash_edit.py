@@ -72,7 +72,7 @@ async def test_an_eagle3_run_keeps_its_ttt_knobs():
     ({"dflash_gamma": "-1"}, "dflash_gamma: must be > 0 (got -1)"),
     ({"max_anchors": "1e3"}, "max_anchors: '1e3' is not a whole number in digits"),
     # each valid alone, refused by the trainer together: the row cannot hold them
-    ({"max_anchors": "20000"}, "max_anchors: must be ≤ max_seq_len 16,384 (got 20,000)"),
+    ({"max_anchors": "16370"}, "max_anchors: must be ≤ 16,369, the blocks of 16 a row of max_seq_len 16,384 holds (got 16,370)"),
     ({"max_seq_len": "2048", "block_size": "4096"}, "block_size: must be ≤ max_seq_len 2,048 (got 4,096)"),
 ])
 async def test_bad_input_is_one_line_naming_the_field(values, message):

@@ -134,11 +134,12 @@ class EditScreen(Dialog[dict | None]):
         return not errors
 
     def relaunched(self, changes: dict) -> dict:
-        """The params the relaunch's argv will carry, with the row length it will train at
-        (a preset's knobs left out of the argv are the trainer's to fit)."""
+        """What the relaunch will train with, as far as run_params.conflicts asks: the row
+        length and block size its start event resolved, the params its argv carries (a
+        preset's anchors left out of it are the trainer's to fit), the changes."""
         config = (self.run.start or {}).get("config") or {}
-        length = self.run.info.params.get("max_seq_len", config.get("max_seq_len"))
-        return {**self.run.info.params, **({"max_seq_len": length} if length else {}), **changes}
+        resolved = {"max_seq_len": config.get("max_seq_len"), "block_size": self.run.params.get("block_size")}
+        return {**{k: v for k, v in resolved.items() if v is not None}, **self.run.info.params, **changes}
 
     def diff_text(self) -> Text:
         if not self.changes:
