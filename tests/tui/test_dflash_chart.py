@@ -5,11 +5,25 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from tests.tui.sample import DFLASH_KEY, dflash_events, dflash_info, gpus, metrics_events, run_info
+from tests.tui.sample import (
+    DFLASH_KEY,
+    dflash_events,
+    dflash_info,
+    gpus,
+    metrics_events,
+    run_info,
+)
 from tui.screens.fleet import run_cells
 from tui.screens.run import stats_text
 from tui.state import HostState, RunState
-from tui.widgets.loss_chart import STEP_COLORS, TAU, TOTAL, Curves, draw, positions_shown
+from tui.widgets.loss_chart import (
+    STEP_COLORS,
+    TAU,
+    TOTAL,
+    Curves,
+    draw,
+    positions_shown,
+)
 
 
 def dflash_run(steps: int = 60, events: list[dict] | None = None) -> RunState:

@@ -50,7 +50,7 @@ async def test_a_dflash_run_offers_its_own_knobs_at_their_current_values():
         shown = {name: form.query_one(f"#param-{name}", Input).value for name in DFLASH_FIELDS}
         assert {k: shown[k] for k in ("block_size", "max_anchors", "dflash_gamma", "soft_kl")} == {
             "block_size": "16", "max_anchors": "1024", "dflash_gamma": "7.0", "soft_kl": "0.15"}  # fmt: skip
-        assert not form.query(f"#param-ttt_steps") and not form.query("#param-checkpoint_ttt")
+        assert not form.query("#param-ttt_steps") and not form.query("#param-checkpoint_ttt")
         await typed(pilot, form, max_anchors="512", dflash_gamma="7", soft_kl="0.3")
         assert form.changes == {"max_anchors": 512, "soft_kl": 0.3}  # 7 is gamma's 7.0
         await pilot.press("ctrl+s")
@@ -99,8 +99,8 @@ async def test_a_preset_anchor_count_is_the_trainers_to_fit_a_shorter_row():
 
 def predicted(**cost) -> SimpleNamespace:
     """A basis whose prediction is given: the form's text of it, whatever the memory model."""
-    fields = dict(steps_per_epoch=1500, epoch_s=5250.0, peak_gib=None, largest_max_seq_len=None,
-                  fewest_checkpoint_ttt=None, largest_max_anchors=None)  # fmt: skip
+    fields = {"steps_per_epoch": 1500, "epoch_s": 5250.0, "peak_gib": None, "largest_max_seq_len": None,
+              "fewest_checkpoint_ttt": None, "largest_max_anchors": None}  # fmt: skip
     params = {"max_seq_len": 16384, "block_size": 16, "max_anchors": 1024, "soft_kl": 0.15}
     return SimpleNamespace(params=params, steps_per_epoch=1500,
                            predict=lambda changes, total=None: SimpleNamespace(**{**fields, **cost}))
