@@ -218,6 +218,24 @@ async def test_the_dashboard_in_a_browser(served):
         )
         assert "viewer 1 from" in server.log() and "refused a viewer" in server.log()
 
+    # A server killed outright takes its dashboards with it (they would poll on unwatched).
+    dashboards = server.dashboards()
+    assert dashboards
+    server.proc.kill()
+    server.proc.wait()
+    deadline = time.monotonic() + 15
+    while any(map(running, dashboards)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not any(map(running, dashboards)), "a dashboard outlived its server"
+
+
+def running(pid: int) -> bool:
+    """Alive, not a zombie (whoever adopted it may not reap it at once)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
 
 @pytest.mark.timeout(120)
 async def test_read_only_serves_no_kill_edit_or_relaunch(served):

@@ -253,7 +253,7 @@ async def _serve(settings: Settings, started: Callable[[], None]) -> int:
                          " (another port: --port)") from None  # fmt: skip
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the ssh session it ran in ended
         loop.add_signal_handler(signum, stop.set)
     started()
     await stop.wait()
