@@ -124,8 +124,9 @@ def _parse_pane(line: str) -> Pane | None:
 
 
 def _no_server(stderr: str) -> bool:
-    # "no current target": a server whose last session just closed, about to exit.
-    return any(m in stderr for m in ("no server running", "error connecting to", "no current target"))
+    # "no current target", "server exited unexpectedly": a server whose last session just
+    # closed, about to exit or gone while it answered.
+    return any(m in stderr for m in ("no server running", "error connecting to", "no current target", "server exited unexpectedly"))
 
 
 async def list_panes(host: Host, session: str | None = None) -> list[Pane]:
