@@ -34,7 +34,6 @@ NOT_YET_MOVED = {
     "training/fit.py": "its main's exit codes",
     "tui/cli.py": "exit 1 after a broken pipe",
     "tui/app_cli.py": "exit 2 for usage",
-    "tui/plot.py": "its main's exit codes",
     "tui/serve/app.py": "exit 0 when its parent is gone (the file was being written)",
 }
 

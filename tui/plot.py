@@ -21,6 +21,7 @@ from backends import runs, series, tmux
 from backends.cli import UsageError, _Parser
 from backends.config import ConfigError, load_config
 from backends.hosts import HostError
+from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 
 MARKERS = ["•", "+", "x", "o", "*", "#"]  # one per run when there is no colour to tell them apart
 
@@ -81,7 +82,9 @@ def chart(curves: list[tuple[str, list[tuple[float, float]]]], metric: str, x: s
 
 
 def main(argv: list[str]) -> int:
-    failures: dict[type, int] = {UsageError: 2, ConfigError: 2, series.SeriesError: 2, HostError: 1, runs.RunError: 1}
+    failures: dict[type, int] = {
+        UsageError: EXIT_USAGE, ConfigError: EXIT_USAGE, series.SeriesError: EXIT_USAGE, HostError: EXIT_FAILURE, runs.RunError: EXIT_FAILURE,
+    }
     try:
         args = parse_args(argv)
         read_series = asyncio.run(read(args))
@@ -98,8 +101,8 @@ def main(argv: list[str]) -> int:
             for s, (_, points) in zip(read_series, curves)
         ]  # fmt: skip
         print(json.dumps(doc, indent=1))
-        return 0
+        return EXIT_OK
     columns, lines = shutil.get_terminal_size((100, 30))
     width, height = args.width or columns, args.height or max(10, min(25, lines - 1))
     print(chart(curves, args.metric, args.x, width, height, color=sys.stdout.isatty()))
-    return 0
+    return EXIT_OK
