@@ -10,7 +10,7 @@ from torch._dynamo.utils import counters
 from training import loss, model
 from training.compiled import compile_island
 from training.config import PRESETS
-from training.fit import count_saved_bytes
+from training.probe import count_saved_bytes
 from training.memory import saved_per_token_step
 
 L_FIRST, L_SECOND = 48, 80

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training import fit, memory
+from training import fit, memory, probe
 from training.config import PRESETS
 from training.memory import GiB, Calibration, StepShape
 
@@ -206,9 +206,9 @@ def test_probe_on_cpu_calibrates_to_its_measurements():
     attention keeps L×L scores the model does not have, so the fit is close, not exact."""
     shape = StepShape(128, 1, precision="fp32")
     log = []
-    cal = fit.run_probe(PRESETS["tiny"], shape, points=fit.SMOKE_POINTS,
+    cal = probe.run_probe(PRESETS["tiny"], shape, points=probe.SMOKE_POINTS,
                         device=torch.device("cpu"), log=log.append)
-    assert len(log) == len(fit.SMOKE_POINTS)
+    assert len(log) == len(probe.SMOKE_POINTS)
     for m in (memory.Measurement(**d) for d in cal.fitted_on["measurements"]):
         p = memory.predict(PRESETS["tiny"], StepShape(m.max_seq_len, m.ttt_steps,
                                                       precision="fp32"), cal)
@@ -219,16 +219,16 @@ def test_probe_on_cpu_calibrates_to_its_measurements():
 
 def test_probe_points_shrink_for_a_smaller_card():
     kimi, shape = PRESETS["kimi-k2"], StepShape(16384, 5)
-    assert fit.probe_points(kimi, shape, 141 * GiB) == fit.PROBE_POINTS  # an H200
-    smaller = fit.probe_points(kimi, shape, 36 * GiB)
-    assert smaller == tuple((n // 2, k) for n, k in fit.PROBE_POINTS)
+    assert probe.probe_points(kimi, shape, 141 * GiB) == probe.PROBE_POINTS  # an H200
+    smaller = probe.probe_points(kimi, shape, 36 * GiB)
+    assert smaller == tuple((n // 2, k) for n, k in probe.PROBE_POINTS)
     assert all(memory.predict(kimi, StepShape(n, k)).total < 0.8 * 36 * GiB
                for n, k in smaller)
 
 
 def test_random_batch_shapes():
     cfg = PRESETS["tiny"]
-    b = fit.random_batch(cfg, 300, 2, torch.device("cpu"), torch.float32, sample_len=128)
+    b = probe.random_batch(cfg, 300, 2, torch.device("cpu"), torch.float32, sample_len=128)
     assert b.aux_hidden.shape == (2, 300, 3 * cfg.hidden_size)
     assert b.final_hidden.shape == (2, 300, cfg.hidden_size)
     assert b.doc_ids[0].tolist() == [0] * 128 + [1] * 128 + [2] * 44

@@ -12,7 +12,7 @@ import torch
 from training import memory
 from training import model as model_module
 from training.config import PRESETS
-from training.fit import Trainer, count_saved_bytes, random_batch, state_tensors
+from training.probe import Trainer, count_saved_bytes, random_batch, state_tensors
 from training.memory import GiB, Calibration, Measurement, StepShape
 from training.model import Eagle3Drafter
 
