@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from backends import params as run_params
 from training import memory
+from training.memory import dflash as dflash_memory
 from tui.state import RunState
 
 
@@ -22,6 +23,7 @@ class Cost:
     peak_gib: float | None
     largest_max_seq_len: int | None  # that fits the GPU at the new TTT depth
     fewest_checkpoint_ttt: int | None  # TTT steps to recompute for the new step to fit
+    largest_max_anchors: int | None = None  # DFlash: that fits the GPU at the new block size
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,10 @@ class Basis:
         return Cost(*_schedule(self, params), *_memory(self, params, gpu_mem_gib))
 
 
+def _peak_bytes(basis: Basis) -> int | None:
+    return round(basis.peak_mem_gib * memory.GiB) if basis.peak_mem_gib else None
+
+
 def predict(run: RunState, changes: dict, gpu_mem_gib: float | None = None) -> Cost:
     return Basis.of(run).predict(changes, gpu_mem_gib)
 
@@ -66,14 +72,18 @@ def _schedule(basis: Basis, params: dict) -> tuple[int | None, float | None]:
 
 
 def _memory(basis: Basis, params: dict, gpu_mem_gib: float | None
-            ) -> tuple[float | None, int | None, int | None]:
+            ) -> tuple[float | None, int | None, int | None, int | None]:
+    """Predicted peak (GiB reserved), then for EAGLE-3 the largest max_seq_len and fewest
+    TTT steps recomputed that fit, for DFlash the largest max_anchors."""
     if not basis.start:
-        return None, None, None
+        return None, None, None, None
     try:
         cfg, shape = memory.shape_from_start(basis.start)
+        if isinstance(shape, memory.DFlashShape):
+            return _dflash_memory(basis, cfg, shape, params, gpu_mem_gib)
         calibration = None
         if basis.peak_mem_gib:
-            measured = memory.Measurement(shape.max_seq_len, shape.ttt_steps, round(basis.peak_mem_gib * memory.GiB))
+            measured = memory.Measurement(shape.max_seq_len, shape.ttt_steps, _peak_bytes(basis))
             calibration = memory.calibrate(cfg, [measured], shape)
         changed = {k: int(params[k]) for k in ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk") if k in params}
         # (check: a manifest from when the flag was a bool holds true/false)
@@ -86,6 +96,27 @@ def _memory(basis: Basis, params: dict, gpu_mem_gib: float | None
         if gpu_mem_gib:
             largest = memory.largest_fitting(cfg, new.ttt_steps, gpu_mem_gib, shape=new, calibration=calibration)
             fewest = memory.fewest_checkpoint_ttt(cfg, new, gpu_mem_gib, calibration=calibration)
-        return peak, largest, fewest
+        return peak, largest, fewest, None
     except Exception:  # an optional estimate: any trouble in it reads as "—", never a crash
-        return None, None, None
+        return None, None, None, None
+
+
+def _dflash_memory(basis: Basis, cfg, shape, params: dict, gpu_mem_gib: float | None
+                   ) -> tuple[float | None, None, None, int | None]:
+    """A DFlash run's edit: the model scaled to the run's own measured peak (where the
+    model describes it), then the changed block size, anchors, soft KL, rows and chunk."""
+    scale = 1.0
+    peak_bytes = _peak_bytes(basis)
+    if peak_bytes:
+        try:
+            scale = dflash_memory.calibrate(cfg, shape, peak_bytes)
+        except ValueError:  # a peak the model does not describe: the analytic prediction
+            pass
+    new_cfg = dataclasses.replace(cfg, block_size=int(params.get("block_size", cfg.block_size)))
+    changed = {k: int(params[k]) for k in ("max_seq_len", "max_anchors", "batch_rows", "loss_chunk") if k in params}
+    if "soft_kl" in params:
+        changed["soft_kl"] = float(params["soft_kl"])
+    new = dataclasses.replace(shape, **changed)
+    peak = dflash_memory.predict(new_cfg, new, scale).reserved / memory.GiB
+    largest = dflash_memory.largest_max_anchors(new_cfg, new, gpu_mem_gib, scale=scale) if gpu_mem_gib else None
+    return peak, None, None, largest

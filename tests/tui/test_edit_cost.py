@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from textual.app import App
 from textual.widgets import Input, Static
 
@@ -93,3 +95,51 @@ async def test_an_answer_to_an_older_edit_is_dropped(monkeypatch):
         assert form.query_one("#edit-cost", Static).render().plain == newest
     assert [c.get("max_seq_len") for c, _ in calls] == [None, 16384, 98304]
     assert ended.index({"max_seq_len": 98304}) < ended.index({"max_seq_len": 16384})
+
+
+def dflash_basis(peak_gib: float | None):
+    """What the edit form reads of a DFlash run of the story's shape on a GPU."""
+    from training.config import DFLASH_PRESETS
+    from tui.predict import Basis
+
+    params = {"max_seq_len": 8192, "block_size": 24, "max_anchors": 1024, "soft_kl": 0.15,
+              "dflash_gamma": 10.0}
+    start = {"event": "start", "world_size": 1, "config": {
+        "model": DFLASH_PRESETS["story"].to_dict(), "device": "cuda", "max_seq_len": 8192,
+        "ttt_steps": 3, "batch_rows": 1, "loss_chunk": 2048, "precision": "bf16",
+        "dflash": {"target_layers": [1, 15, 29, 44, 58], "max_anchors": 1024, "gamma": 10.0,
+                   "soft_kl": 0.15}}}
+    return Basis(params, None, None, start, peak_gib)
+
+
+def test_a_dflash_edit_predicts_its_peak_and_the_largest_anchors():
+    from training.config import DFLASH_PRESETS
+    from training.memory import dflash
+
+    basis = dflash_basis(peak_gib=80.0)
+    now = basis.predict({}, gpu_mem_gib=95)
+    # scaled to the run's own peak (the edit form shows what the allocator will hold)
+    assert now.peak_gib == pytest.approx(80.0 * 1.02, rel=0.01)
+    assert now.largest_max_seq_len is None and now.fewest_checkpoint_ttt is None
+    assert now.largest_max_anchors >= 1024
+    more = basis.predict({"max_anchors": 2048}, gpu_mem_gib=95)
+    assert more.peak_gib > now.peak_gib
+    assert basis.predict({"block_size": 32}, gpu_mem_gib=95).largest_max_anchors < \
+        now.largest_max_anchors
+    # soft KL keeps the same chunks: the same peak
+    assert basis.predict({"soft_kl": 0.0}).peak_gib == pytest.approx(now.peak_gib)
+    # no measured peak yet: the analytic model
+    analytic = dflash_basis(None).predict({})
+    assert analytic.peak_gib == pytest.approx(dflash.predict(
+        DFLASH_PRESETS["story"], dflash.DFlashShape(8192, 1024, 0.15)).reserved / 2**30)
+
+
+def test_an_eagle3_edit_names_no_anchors():
+    from training.config import PRESETS
+    from tui.predict import Basis
+
+    events = metrics_events(50, model=PRESETS["llama3-8b"].to_dict())
+    start = next(e for e in events if e["event"] == "start")
+    cost = Basis({"max_seq_len": 8192, "ttt_steps": 3}, None, None, start, 40.0).predict(
+        {}, gpu_mem_gib=140)
+    assert cost.largest_max_anchors is None and cost.largest_max_seq_len

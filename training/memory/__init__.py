@@ -26,7 +26,8 @@ analytic terms miss and the corrected model extrapolates in T and K.
 
 One module per part: ``terms`` (the analytic bytes), ``calibrate`` (the fitted scales),
 ``peak`` (the predicted peak and whether it fits), ``search`` (the largest step that fits),
-``measured`` (a run's own peak, from its metrics). None imports torch: the dashboard
+``measured`` (a run's own peak, from its metrics), ``dflash`` (the DFlash drafter's step:
+its own terms, prediction, one-scale calibration, largest max_anchors and block size). None imports torch: the dashboard
 predicts an edit's memory on an operator's laptop.
 
 Predictions assume every position carries loss (the loss keeps per-position tensors), the
@@ -35,7 +36,12 @@ upper bound; hidden states are stored in the activation dtype, as extraction wri
 from __future__ import annotations
 
 from training.memory.calibrate import MAX_FIT_ERROR, Calibration, Measurement, calibrate
-from training.memory.measured import measurements_from_run, shape_from_start
+from training.memory.dflash import DFlashShape
+from training.memory.measured import (
+    dflash_from_run,
+    measurements_from_run,
+    shape_from_start,
+)
 from training.memory.peak import (
     CACHED_ROW_BLOCKS,
     DEFAULT_HEADROOM_GIB,
@@ -61,7 +67,7 @@ from training.memory.terms import (
 )
 
 __all__ = [
-    "CACHED_ROW_BLOCKS", "DEFAULT_HEADROOM_GIB", "GROUPS", "MAX_FIT_ERROR", "PHASES",
+    "CACHED_ROW_BLOCKS", "DEFAULT_HEADROOM_GIB", "DFlashShape", "dflash_from_run", "GROUPS", "MAX_FIT_ERROR", "PHASES",
     "PRECISIONS", "RESERVED_RATIO", "SHARDINGS", "Calibration", "GiB", "Measurement",
     "Prediction", "StepShape", "analytic_phases", "calibrate", "fewest_checkpoint_ttt",
     "fits", "group_totals", "kept_per_token_checkpointed_step", "largest_fitting",

@@ -4,18 +4,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from training.config import DrafterConfig
+from training.config import DFlashConfig, DrafterConfig
 from training.memory.calibrate import Measurement
+from training.memory.dflash import DFlashShape
 from training.memory.terms import GiB, StepShape
 
 
-def measurements_from_run(run_dir: str | Path) -> tuple[DrafterConfig, StepShape, Measurement]:
-    """The drafter, step shape and measured peak of a finished run, from its metrics.jsonl.
-
-    The start event's config gives the shape; the highest peak_mem_gib of its step events
-    is the measured peak (every row has max_seq_len tokens, so every step has the same
-    shape and the maximum is the steady state).
-    """
+def _start_and_peak(run_dir: str | Path) -> tuple[dict, float]:
+    """The run's start event and the highest peak_mem_gib of its step events (every row
+    has max_seq_len tokens, so every step has the same shape and the maximum is the
+    steady state)."""
     path = Path(run_dir) / "metrics.jsonl"
     try:
         lines = path.read_text().splitlines()
@@ -37,18 +35,37 @@ def measurements_from_run(run_dir: str | Path) -> tuple[DrafterConfig, StepShape
         raise ValueError(f"{path}: no start event")
     if not peaks:
         raise ValueError(f"{path}: no step event with peak_mem_gib")
+    return start, max(peaks)
+
+
+def measurements_from_run(run_dir: str | Path) -> tuple[DrafterConfig, StepShape, Measurement]:
+    """The EAGLE-3 drafter, step shape and measured peak of a finished run."""
+    start, peak = _start_and_peak(run_dir)
     cfg, shape = shape_from_start(start)
-    return cfg, shape, Measurement(shape.max_seq_len, shape.ttt_steps,
-                                   round(max(peaks) * GiB))
+    if isinstance(shape, DFlashShape):
+        raise ValueError(f"{run_dir} trained a DFlash drafter: fit --drafter dflash")
+    return cfg, shape, Measurement(shape.max_seq_len, shape.ttt_steps, round(peak * GiB))
 
 
-def shape_from_start(start: dict) -> tuple[DrafterConfig, StepShape]:
-    """The drafter and step shape a run's `start` event describes (ValueError if it
-    cannot be read, or the run did not train on a GPU)."""
+def dflash_from_run(run_dir: str | Path) -> tuple[DFlashConfig, DFlashShape, int]:
+    """The DFlash drafter, step shape and measured peak (bytes) of a finished run."""
+    start, peak = _start_and_peak(run_dir)
+    cfg, shape = shape_from_start(start)
+    if not isinstance(shape, DFlashShape):
+        raise ValueError(f"{run_dir} trained an EAGLE-3 drafter, not DFlash")
+    return cfg, shape, round(peak * GiB)
+
+
+def shape_from_start(start: dict) -> tuple[DrafterConfig, StepShape] | tuple[DFlashConfig,
+                                                                            DFlashShape]:
+    """The drafter and step shape a run's `start` event describes, an EAGLE-3 or a DFlash
+    one (ValueError if it cannot be read, or the run did not train on a GPU)."""
     config = start.get("config") or {}
     if config.get("device", "cuda") != "cuda":
         raise ValueError(f"the run trained on {config['device']}: its peak_mem_gib is the "
                          "process's resident set, not GPU memory")
+    if config.get("dflash"):
+        return _dflash_shape(start, config)
     try:
         cfg = DrafterConfig.from_dict(config["model"])
         checkpointed = config.get("checkpoint_ttt", 0)
@@ -68,3 +85,20 @@ def shape_from_start(start: dict) -> tuple[DrafterConfig, StepShape]:
     except (TypeError, ValueError) as e:
         raise ValueError(f"the start event's config is not usable: {e}") from e
     return cfg, shape
+
+
+def _dflash_shape(start: dict, config: dict) -> tuple[DFlashConfig, DFlashShape]:
+    try:
+        dflash = config["dflash"]
+        cfg = DFlashConfig.from_dict(config["model"])
+        return cfg, DFlashShape(max_seq_len=int(config["max_seq_len"]),
+                                max_anchors=int(dflash["max_anchors"]),
+                                soft_kl=float(dflash["soft_kl"]),
+                                batch_rows=int(config.get("batch_rows", 1)),
+                                loss_chunk=int(config.get("loss_chunk", 2048)),
+                                precision=config.get("precision", "bf16"),
+                                world_size=int(start.get("world_size", 1)))
+    except KeyError as e:
+        raise ValueError(f"the start event's config lacks {e.args[0]}") from e
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"the start event's config is not usable: {e}") from e

@@ -1,0 +1,84 @@
+"""`trackside fit --drafter dflash`: a DFlash step's predicted peak on a card, the largest
+max_anchors (at the block size) and block size (at the anchors) that fit, and a table
+over both. Plain arithmetic (training/memory/dflash.py): no torch."""
+from __future__ import annotations
+
+import dataclasses
+
+from training.config import DFlashConfig
+from training.memory import GiB, fits
+from training.memory import dflash as model
+from training.memory.dflash import DFlashShape
+
+TABLE_ANCHORS = (256, 512, 1024, 2048, 4096)
+TABLE_BLOCKS = (8, 16, 24, 32)
+
+
+def report(cfg: DFlashConfig, shape: DFlashShape, gpu_mem_gib: float, headroom_gib: float,
+           scale: float = 1.0, calibrated_on: dict | None = None) -> dict:
+    prediction = model.predict(cfg, shape, scale)
+    table = []
+    for anchors in sorted({shape.max_anchors, *TABLE_ANCHORS}):
+        for block in sorted({cfg.block_size, *TABLE_BLOCKS}):
+            if anchors > shape.max_seq_len - block + 1:
+                continue
+            p = model.predict(dataclasses.replace(cfg, block_size=block),
+                              dataclasses.replace(shape, max_anchors=anchors), scale)
+            table.append({"max_anchors": anchors, "block_size": block,
+                          "peak_gib": p.total / GiB, "reserved_gib": p.reserved / GiB,
+                          "fits": fits(p, gpu_mem_gib, headroom_gib)})
+    return {
+        "drafter": "dflash",
+        "config": cfg.to_dict(),
+        "shape": dataclasses.asdict(shape),
+        "gpu_mem_gib": gpu_mem_gib,
+        "headroom_gib": headroom_gib,
+        "scale": scale,
+        "calibrated_on": calibrated_on,
+        "peak_gib": prediction.total / GiB,
+        "reserved_gib": prediction.reserved / GiB,
+        "peak_phase": prediction.phase,
+        "optimizer_step_gib": prediction.optimizer_step / GiB,
+        "fits": fits(prediction, gpu_mem_gib, headroom_gib),
+        "breakdown_bytes": prediction.breakdown(),
+        "largest_max_anchors": model.largest_max_anchors(cfg, shape, gpu_mem_gib,
+                                                         scale=scale,
+                                                         headroom_gib=headroom_gib),
+        "largest_block_size": model.largest_block_size(cfg, shape, gpu_mem_gib, scale=scale,
+                                                       headroom_gib=headroom_gib),
+        "table": table,
+    }
+
+
+def format_report(r: dict) -> str:
+    s, c = r["shape"], r["config"]
+    verdict = "fits" if r["fits"] else "will not fit"
+    unchunked = s["loss_chunk"] >= s["max_anchors"] * (c["block_size"] - 1) * s["batch_rows"]
+    lines = [
+        f"DFlash block {c['block_size']} × {s['max_anchors']:,} anchors over "
+        f"{s['max_seq_len']:,} tokens: {r['peak_gib']:.1f} GiB predicted "
+        f"({r['reserved_gib']:.1f} reserved), card has {r['gpu_mem_gib']:g} GiB — {verdict}",
+        f"  largest max_anchors that fits at block {c['block_size']}: "
+        f"{r['largest_max_anchors']:,}; largest block size at {s['max_anchors']:,} anchors: "
+        f"{r['largest_block_size'] or 'none'}",
+        f"  batch rows {s['batch_rows']}, loss chunk "
+        f"{'none (the whole loss at once)' if unchunked else s['loss_chunk']}, soft KL "
+        f"{s['soft_kl']:g}, {s['precision']}, {s['world_size']} GPU(s), "
+        f"{r['headroom_gib']:g} GiB outside the allocator; "
+        + (f"scaled ×{r['scale']:.3f} to a measured peak" if r["calibrated_on"]
+           else "analytic model"),
+        "", f"breakdown (GiB; the step peaks in its {r['peak_phase']} phase):",
+    ]
+    for name, b in sorted(r["breakdown_bytes"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {name:<22} {b / GiB:9.3f}")
+    blocks = sorted({row["block_size"] for row in r["table"]})
+    lines += ["", "predicted peak GiB (* = does not fit):",
+              "  max_anchors " + "".join(f"{'block ' + str(b):>11}" for b in blocks)]
+    by_anchors: dict[int, dict[int, dict]] = {}
+    for row in r["table"]:
+        by_anchors.setdefault(row["max_anchors"], {})[row["block_size"]] = row
+    for anchors, row in by_anchors.items():
+        cells = "".join(f"{row[b]['peak_gib']:10.1f}{' ' if row[b]['fits'] else '*'}"
+                        if b in row else f"{'-':>10} " for b in blocks)
+        lines.append(f"  {anchors:>11,} {cells}")
+    return "\n".join(lines)
