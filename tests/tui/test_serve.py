@@ -23,8 +23,8 @@ import pytest
 from tests.conftest import end_tmux_server
 from tests.tui.cdp import Browser, find_chromium, terminal_text
 from tui import serve
-from tui.serve.server import FULL
 from tui.app import READ_ONLY_HIDDEN, TracksideApp, Watched
+from tui.serve.server import FULL
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "test-token-9f3a"
@@ -183,7 +183,7 @@ async def test_the_dashboard_in_a_browser(served):
             raw.sendall(
                 f"GET /ws?width=80&height=24 HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nUpgrade: websocket\r\n"
                 f"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
-                f"Cookie: trackside_token={TOKEN}\r\n\r\n".encode()
+                f"Cookie: trackside_token_{server.port}={TOKEN}\r\n\r\n".encode()
             )
             assert raw.recv(4096).startswith(b"HTTP/1.1 101"), "the websocket was not accepted"
             deadline = time.monotonic() + 20
@@ -195,7 +195,7 @@ async def test_the_dashboard_in_a_browser(served):
         while len(server.dashboards()) > 1 and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         assert len(server.dashboards()) == 1, "the vanished viewer's dashboard was left running"
-        cookies = {"trackside_token": TOKEN}
+        cookies = {f"trackside_token_{server.port}": TOKEN}
         while (await alive(server.url, cookies))["viewers"] > 1 and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         await keys_then(["question_mark"], "Every action by name")  # the page still answers
@@ -240,7 +240,7 @@ def running(pid: int) -> bool:
 @pytest.mark.timeout(120)
 async def test_read_only_serves_no_kill_edit_or_relaunch(served):
     server = served("--read-only")
-    text, _ = await screen_of(server.url, keys="k", seconds=4)
+    text, _ = await screen_of(server.url, keys="k", seconds=3)
     assert "read-only: no kill, edit, relaunch, attach" in text
     assert "trackside (read-only)" in text
     for key in ("k Kill", "e Edit", "r Relaunch"):

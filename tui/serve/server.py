@@ -26,7 +26,7 @@ from textual_serve.download_manager import DownloadManager
 
 from tui.serve.page import page
 
-COOKIE = "trackside_token"
+COOKIE = "trackside_token_{port}"  # cookies ignore the port: one per server on a machine
 FULL = 4001  # the websocket's close code over the viewer cap (4000–4999: the application's)
 ENDED = 4002  # the dashboard process ended without being asked to
 STOP_S = 10.0  # a dashboard asked to quit has this long before it is killed
@@ -91,6 +91,7 @@ class Server:
         self.downloads = DownloadManager()  # required by AppService; the dashboard sends no files
         self.served = 0
         self.stopping = False
+        self.cookie = COOKIE.format(port=settings.port)
 
     def make_app(self) -> web.Application:
         app = web.Application(middlewares=[self.guard])
@@ -118,7 +119,7 @@ class Server:
         if settings.token is None:
             return await handler(request)
         given = request.query.get("token")
-        presented = given if given is not None else request.cookies.get(COOKIE, "")
+        presented = given if given is not None else request.cookies.get(self.cookie, "")
         if not hmac.compare_digest(presented.encode(), settings.token.encode()):
             raise web.HTTPForbidden(text="trackside serve: this page needs its token: open the URL with ?token=…\n")
         if given is None:
@@ -129,7 +130,7 @@ class Server:
             response = web.Response(status=303, headers={"Location": str(rest)})
         else:
             response = await handler(request)
-        response.set_cookie(COOKIE, settings.token, httponly=True, samesite="Strict", path="/")
+        response.set_cookie(self.cookie, settings.token, httponly=True, samesite="Strict", path="/")
         return response
 
     # --- the page -------------------------------------------------------------------
