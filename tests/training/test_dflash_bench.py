@@ -1,0 +1,47 @@
+"""bench/dflash_step.py on the CPU at tiny shapes: every mode runs its real children and
+writes its report (speculators' child where speculators imports)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HAS_SPECULATORS = importlib.util.find_spec("speculators") is not None
+
+
+def bench(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "dflash_step.py"), "--smoke",
+                           *args], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OUT=str(out)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads((out / "dflash_step.json").read_text())
+
+
+@pytest.mark.slow
+def test_compare_mode_steps_each_trainer_and_a_new_shape(tmp_path):
+    trainers = ["trackside", "speculators"] if HAS_SPECULATORS else ["trackside"]
+    report = bench(tmp_path, "--new-shape", "--trainers", *trainers)
+    results = report["results"]
+    assert [r["trainer"] for r in results] == [*trainers, "trackside"]
+    assert results[-1]["max_seq_len"] != results[0]["max_seq_len"]  # the new shape
+    for r in results:
+        assert "error" not in r, r
+        assert r["tokens_per_s"] > 0 and r["first_step_s"] > 0
+        assert r["loss_first"] > 0
+
+
+def test_story_mode_runs_chunked_and_unchunked_with_the_prediction(tmp_path):
+    chunked, unchunked = bench(tmp_path, "--story")["results"]
+    assert chunked["soft_kl"] == 0.15 and chunked["predicted_gib"] > 0
+    assert unchunked["loss_chunk"] == unchunked["max_anchors"] * (unchunked["block_size"] - 1)
+    # the unchunked loss holds every scored position's logits: predicted larger
+    assert unchunked["predicted_gib"] > chunked["predicted_gib"]
+    assert "tokens_per_s" in chunked and "tokens_per_s" in unchunked  # the CPU has room
