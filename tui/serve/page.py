@@ -63,9 +63,13 @@ PAGE = """<!DOCTYPE html>
         show("The server refused this page's token: open the address `trackside serve` printed.", {{ error: true }});
         return;
       }}
-      const alive = await answer.json();
-      if (alive.viewers < alive.max_viewers) {{ location.reload(); return; }}
-      state = `${{alive.viewers}} pages are open: the cap is ${{alive.max_viewers}} (--max-viewers). Waiting for a place`;
+      if (answer.status === 503) {{
+        state = "Connection lost: the server is stopping";
+      }} else {{
+        const alive = await answer.json();
+        if (alive.viewers < alive.max_viewers) {{ location.reload(); return; }}
+        state = `${{alive.viewers}} pages are open: the cap is ${{alive.max_viewers}} (--max-viewers). Waiting for a place`;
+      }}
     }} catch (e) {{
       state = "Connection lost: the server does not answer";
     }}
