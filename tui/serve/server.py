@@ -112,7 +112,7 @@ class Server:
         # a name other than the loopback one is a DNS-rebinding page, and a websocket from
         # another origin is a page driving this dashboard's keys.
         if settings.loopback and urlsplit(f"//{request.host}").hostname not in LOOPBACK_NAMES:
-            raise web.HTTPForbidden(text="trackside serve: open it as http://127.0.0.1:PORT/\n")
+            raise web.HTTPForbidden(text=f"trackside serve: open it as http://127.0.0.1:{settings.port}/\n")
         origin = request.headers.get("Origin")
         if origin is not None and urlsplit(origin).netloc != request.host:
             raise web.HTTPForbidden(text="trackside serve: a page of another origin\n")
@@ -122,14 +122,11 @@ class Server:
         presented = given if given is not None else request.cookies.get(self.cookie, "")
         if not hmac.compare_digest(presented.encode(), settings.token.encode()):
             raise web.HTTPForbidden(text="trackside serve: this page needs its token: open the URL with ?token=…\n")
-        if given is None:
+        if given is None or request.path != "/":
             return await handler(request)
-        # The token moves to a cookie, and out of the address bar, history and Referer.
-        if request.path == "/":
-            rest = request.rel_url.with_query({k: v for k, v in request.query.items() if k != "token"})
-            response = web.Response(status=303, headers={"Location": str(rest)})
-        else:
-            response = await handler(request)
+        # The page's token moves to a cookie, and out of the address bar, history and Referer.
+        rest = request.rel_url.with_query({k: v for k, v in request.query.items() if k != "token"})
+        response = web.Response(status=303, headers={"Location": str(rest)})
         response.set_cookie(self.cookie, settings.token, httponly=True, samesite="Strict", path="/")
         return response
 
@@ -150,6 +147,9 @@ class Server:
     async def websocket(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(heartbeat=HEARTBEAT_S)
         await ws.prepare(request)
+        if self.stopping:
+            await ws.close(code=1001, message=b"trackside serve is stopping")
+            return ws
         if len(self.viewers) >= self.settings.max_viewers:
             reason = f"{len(self.viewers)} pages are open already: the cap is {self.settings.max_viewers} (--max-viewers)"
             await ws.close(code=FULL, message=reason.encode()[:120])
@@ -169,19 +169,20 @@ class Server:
         self.viewers[ws] = viewer
         self.idle.clear()
         self.served += 1
-        self.log(f"viewer {self.served} from {request.remote} ({len(self.viewers)} of {self.settings.max_viewers} open)")
+        number = self.served
+        self.log(f"viewer {number} from {request.remote} ({len(self.viewers)} of {self.settings.max_viewers} open)")
         try:
             await viewer.start(_bounded(request.query.get("width"), 80, 10, 1000),
                                _bounded(request.query.get("height"), 24, 5, 500))  # fmt: skip
             await self.relay(ws, viewer)
         except Exception as error:  # one page's trouble is never the server's
-            self.log(f"viewer {self.served}: {type(error).__name__}: {error}")
+            self.log(f"viewer {number}: {type(error).__name__}: {error}")
         finally:
             await self.stop_viewer(viewer)
             del self.viewers[ws]
             if not self.viewers:
                 self.idle.set()
-            self.log(f"a viewer left ({len(self.viewers)} open)")
+            self.log(f"viewer {number} left ({len(self.viewers)} open)")
         return ws
 
     async def relay(self, ws: web.WebSocketResponse, viewer: Viewer) -> None:
