@@ -4,6 +4,7 @@ and the predicted memory with the largest max_anchors that fits."""
 
 from __future__ import annotations
 
+import re
 import time
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ from textual.app import App
 from textual.widgets import Button, Input, Static
 
 from tests.tui.sample import dflash_events, dflash_info, gpus, metrics_events, run_info
+from training.config import DFLASH_PRESETS
 from tui.screens.edit import DFLASH_FIELDS, FIELDS, EditScreen, cost_text
 from tui.state import HostState, RunState
 
@@ -123,13 +125,29 @@ def test_no_memory_model_reads_as_a_dash():
     assert "peak memory      —  (no memory model for this run yet)" in text
 
 
-async def test_the_form_shows_a_prediction_for_an_edit_of_max_anchors():
+async def predicted_in(form: EditScreen, pilot, **values: str) -> str:
+    await typed(pilot, form, **values)
+    deadline = time.monotonic() + 10
+    while not form.cost_is_current or "predicting" in form.query_one("#edit-cost", Static).render().plain:
+        assert time.monotonic() < deadline, "the cost never caught up with the edit"
+        await pilot.pause(0.05)
+    return form.query_one("#edit-cost", Static).render().plain
+
+
+async def test_the_form_predicts_the_memory_of_an_edit_of_max_anchors():
+    form = a_form(dflash_events(20, model=DFLASH_PRESETS["qwen3-8b"].to_dict()))
+    async with FormApp(form).run_test(size=(120, 50)) as pilot:
+        more = await predicted_in(form, pilot, max_anchors="2048")
+        assert "steps per epoch  1500 → ≈1500" in more
+        assert re.search(r"peak memory      ≈\d+\.\d GiB of 140 GiB per GPU\n", more)
+        largest = int(re.search(r"largest max_anchors that fits at block_size 16, max_seq_len 16384: (\d+)", more)[1])
+        fewer = await predicted_in(form, pilot, max_anchors="256")
+        peak = lambda text: float(re.search(r"≈(\d+\.\d) GiB", text)[1])  # noqa: E731
+        assert peak(fewer) < peak(more) and largest > 2048
+
+
+async def test_a_run_with_no_drafter_shape_to_model_predicts_no_memory():
     form = a_form()
     async with FormApp(form).run_test(size=(120, 50)) as pilot:
-        await typed(pilot, form, max_anchors="2048")
-        deadline = time.monotonic() + 10
-        while not form.cost_is_current or "predicting" in form.query_one("#edit-cost", Static).render().plain:
-            assert time.monotonic() < deadline, "the cost never caught up with the edit"
-            await pilot.pause(0.05)
-        shown = form.query_one("#edit-cost", Static).render().plain
-        assert "steps per epoch  1500 → ≈1500" in shown and "peak memory" in shown
+        shown = await predicted_in(form, pilot, max_anchors="2048")
+        assert "steps per epoch  1500 → ≈1500" in shown and "peak memory      —" in shown

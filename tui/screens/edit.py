@@ -185,7 +185,7 @@ def cost_text(basis: Basis, changes: dict, gpu_total: float | None) -> Text:
     # A DFlash run's params always hold its block size (its start event's), an EAGLE-3 run's never.
     depth = f"block_size {params['block_size']}" if "block_size" in params else f"ttt_steps {params.get('ttt_steps')}"
     length, largest = params.get("max_seq_len"), new.largest_max_seq_len
-    anchors, most_anchors = params.get("max_anchors"), getattr(new, "largest_max_anchors", None)
+    anchors, most_anchors = params.get("max_anchors"), new.largest_max_anchors
     fits = gpu_total is None or largest is None or length is None or length <= largest
     fits = fits and (gpu_total is None or most_anchors is None or anchors is None or anchors <= most_anchors)
     text.append(f"≈{new.peak_gib:.1f} GiB", style="green" if fits else "bold red")
