@@ -237,6 +237,15 @@ def _bounded(value, default: int, low: int, high: int) -> int:
         return default
 
 
+def say(line: str, file=None) -> None:
+    """A line of the server's log. Its terminal may be gone (the ssh session it ran in
+    ended): the server still stops its dashboards, silently."""
+    try:
+        print(f"trackside serve: {line}", file=file or sys.stdout, flush=True)
+    except OSError:
+        pass
+
+
 def serve(settings: Settings, started: Callable[[], None]) -> int:
     if not (STATIC / "js" / "textual.js").is_file():
         raise ServeError(f"textual-serve's page script is not at {STATIC}/js/textual.js: reinstall textual-serve")
@@ -244,7 +253,7 @@ def serve(settings: Settings, started: Callable[[], None]) -> int:
 
 
 async def _serve(settings: Settings, started: Callable[[], None]) -> int:
-    server = Server(settings, lambda line: print(f"trackside serve: {line}", flush=True))
+    server = Server(settings, say)
     runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False)
     await runner.setup()
     try:
@@ -259,7 +268,7 @@ async def _serve(settings: Settings, started: Callable[[], None]) -> int:
         loop.add_signal_handler(signum, stop.set)
     started()
     await stop.wait()
-    print("trackside serve: stopping; each open page's dashboard quits", file=sys.stderr, flush=True)
+    say("stopping; each open page's dashboard quits", file=sys.stderr)
     await server.close_all()
     await runner.cleanup()
     return 0
