@@ -24,7 +24,7 @@ from tests.conftest import end_tmux_server
 from tests.tui.cdp import Browser, find_chromium, terminal_text
 from tui import serve
 from tui.app import READ_ONLY_HIDDEN, TracksideApp, Watched
-from tui.serve.server import FULL
+from tui.serve.server import ENDED, FULL
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "test-token-9f3a"
@@ -251,6 +251,25 @@ async def test_read_only_serves_no_kill_edit_or_relaunch(served):
     # On loopback without a token, a page under another name (DNS rebinding) is refused.
     assert await get_status(server.url + "/", headers={"Host": f"rebound.example:{server.port}"}) == 403
     assert await get_status(server.url + "/") == 200
+
+
+@pytest.mark.timeout(120)
+async def test_a_page_is_told_why_its_socket_closed(served):
+    server = served(run=False)
+    _, code = await screen_of(server.url, keys="q", seconds=3)
+    assert code == 1000  # the dashboard quit on its key: the page offers to open another
+    async with aiohttp.ClientSession() as session:
+        async with session.ws_connect(f"{server.url.replace('http', 'ws')}/ws") as ws:
+            await ws.receive()
+            [dashboard] = server.dashboards()
+            os.kill(dashboard, signal.SIGKILL)
+            while (message := await asyncio.wait_for(ws.receive(), 20)).type == aiohttp.WSMsgType.BINARY:
+                pass
+            assert ws.close_code == ENDED, message
+    deadline = time.monotonic() + 10
+    while (await alive(server.url))["viewers"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert (await alive(server.url))["viewers"] == 0
 
 
 async def test_read_only_app_refuses_the_actions_however_asked(tmp_path):
