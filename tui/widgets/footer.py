@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.dom import NoScreen
-from textual.widgets import Label
 from textual.widgets import Footer as TextualFooter
+from textual.widgets import Label
 
 from tui.guard import Guarded
 
