@@ -22,6 +22,7 @@ from textual import events
 from textual.command import CommandPalette
 
 from backends import params as run_params
+from backends import runs
 from tests.tui import monkey
 from tests.tui.conftest import TRAIN, screen_text, wait_for
 from tui.app import Demo, TracksideApp, Watched
@@ -30,6 +31,7 @@ from tui.screens.kill import KillConfirm
 from tui.screens.run import RunScreen
 
 PARAMS = {"max_seq_len": 256, "ttt_steps": 2, "steps": 100000, "save_every": 100000}
+DFLASH = [*TRAIN, "--drafter", "dflash", "--steps", "3", "--max-seq-len", "128", "--block-size", "4", "--max-anchors", "8"]
 PILOT_KEYS = int(os.environ.get("TRACKSIDE_MONKEY_KEYS", 2000))
 TMUX_KEYS = int(os.environ.get("TRACKSIDE_MONKEY_TMUX_KEYS", 300))
 
@@ -50,6 +52,9 @@ async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monk
     rng = random.Random(tally.seed)
     keys = monkey.pool()
     demo = Demo(run_params.apply(TRAIN, PARAMS), "monkey-pilot", dict(PARAMS))
+    # A short DFlash run beside the demo's EAGLE-3 one: its chart, stats and edit form
+    # (other fields, other checks) are in reach of the keys too.
+    await runs.launch(local_host, DFLASH, startup_s=0)
     app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent")], demo=demo, grace_s=5)
     async with app.run_test(size=(160, 48)) as pilot:
         screen = await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen, 10, "the run screen")
@@ -65,7 +70,8 @@ async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monk
         try:
             while tally.keys < PILOT_KEYS:
                 current = app.screen
-                tally.screens[type(current).__name__] = tally.screens.get(type(current).__name__, 0) + 1
+                seen = type(current).__name__ + (" (DFlash)" if getattr(getattr(current, "run", None), "is_dflash", False) else "")
+                tally.screens[seen] = tally.screens.get(seen, 0) + 1
                 if dialog_up():
                     key = rng.choice(["n", "escape", "enter"])  # Enter presses the focused No
                     tally.dialogs_answered_no += 1
