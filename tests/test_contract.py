@@ -32,9 +32,6 @@ RUN_ID_SPELLINGS = (contract.RUN_ID_TIME_FORMAT, contract.RUN_ID.pattern)
 NOT_YET_MOVED = {
     "training/cli.py": "exit 2 for usage; its own run-id format (local time, seconds)",
     "training/fit.py": "its main's exit codes",
-    "tui/cli.py": "exit 1 after a broken pipe",
-    "tui/app_cli.py": "exit 2 for usage",
-    "tui/serve/app.py": "exit 0 when its parent is gone (the file was being written)",
 }
 
 

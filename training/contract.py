@@ -24,8 +24,10 @@ RUN_ID_TIME_FORMAT = "%Y%m%d-%H%M"
 RUN_ID = re.compile(r"[0-9]{8}-[0-9]{4}-[0-9a-f]{4}")
 RUN_ID_EXAMPLE = "20261129-0930-ab12"
 
-# Where run directories live on a host unless its config says otherwise.
+# Where run directories live on a host unless its config says otherwise; the variable
+# moves them (the trainer's `--out` default, a demo kept apart from real runs).
 RUNS_ROOT = "~/.trackside/runs"
+RUNS_ROOT_ENV = "TRACKSIDE_RUNS_ROOT"
 
 
 def new_run_id() -> str:

@@ -12,6 +12,7 @@ from backends import kill
 from backends.config import ConfigError, load_config
 from backends.hosts import DEFAULT_RUNS_ROOT, LocalHost
 from backends.runs import RunInfo
+from training.contract import EXIT_USAGE, RUNS_ROOT_ENV
 from tui.app import Demo, TracksideApp, Watched
 
 DEMO_PARAMS = {"max_seq_len": 256, "ttt_steps": 3, "steps": 20000, "lr": 3e-3}
@@ -56,14 +57,14 @@ def main(argv: list[str]) -> int:
     if args.command == "demo":
         demo = Demo(demo_argv(DEMO_PARAMS), f"trackside-demo-{time.strftime('%H%M%S')}", dict(DEMO_PARAMS))
         # The trainer's own variable for where runs go, so a demo can be kept apart.
-        runs_root = os.environ.get("TRACKSIDE_RUNS_ROOT", DEFAULT_RUNS_ROOT)
+        runs_root = os.environ.get(RUNS_ROOT_ENV, DEFAULT_RUNS_ROOT)
         app = TracksideApp([Watched(LocalHost(runs_root=runs_root))], demo=demo, read_only=args.read_only)
     else:
         try:
             app = dashboard(args.config, read_only=args.read_only)
         except ConfigError as error:
             print(f"trackside: {error}", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
     app.run()
     if app.return_code:
         print(f"trackside: the dashboard stopped on an error; traceback in {app.error_log}", file=sys.stderr)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
+from training.contract import EXIT_FAILURE
+
 TRAINING_COMMANDS = {"train", "extract", "fit"}
 BACKEND_COMMANDS = {"launch", "runs", "kill", "relaunch"}
 
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         # other command-line tools do; what is still buffered goes to /dev/null, so the
         # interpreter's exit does not fail on it again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return EXIT_FAILURE
     from tui.app_cli import main as dashboard_main
 
     return dashboard_main(argv)

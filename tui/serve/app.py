@@ -14,6 +14,8 @@ import os
 import signal
 import sys
 
+from training.contract import EXIT_OK
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -27,7 +29,7 @@ def die_with_parent() -> None:
     except (OSError, AttributeError):
         return
     if os.getppid() != parent:  # it died before the signal was asked for
-        sys.exit(0)
+        sys.exit(EXIT_OK)
 
 
 def main() -> int:
