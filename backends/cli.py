@@ -13,8 +13,8 @@ import asyncio
 import json
 import sys
 
-from backends import kill, params, runs, tmux
-from backends.config import ConfigError, HostConfig, load_config
+from backends import kill, nodes, params, runs, tmux
+from backends.config import Config, ConfigError, load_config
 from backends.hosts import Host, HostError
 from backends.logparse import Progress
 from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, RUN_ID_EXAMPLE
@@ -39,6 +39,21 @@ def _grace(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def _names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",")]
+    if len(names) < 2 or not all(names):
+        raise argparse.ArgumentTypeError(f"expected two or more host names separated by commas, got {text!r}")
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"a host named twice in {text!r}")
+    return names
+
+
 def _parser() -> _Parser:
     parser = _Parser(prog="trackside", description="Start, list, stop and relaunch runs in tmux on a host.")
     commands = parser.add_subparsers(dest="subcommand", required=True)
@@ -52,6 +67,11 @@ def _parser() -> _Parser:
 
     launch = command("launch", "Run a command (given after --) in a new tmux session with a run directory.")
     launch.add_argument("--session", help="tmux session name (default ts-<run id>)")
+    launch.add_argument("--hosts", type=_names, metavar="H1,H2,…",
+                        help="run the trainer on every one of these hosts as one torchrun job (c10d rendezvous on the first)")
+    launch.add_argument("--nproc-per-node", type=_count, metavar="N", help="with --hosts: processes per host (default 1)")
+    launch.add_argument("--rdzv-host", metavar="ADDR",
+                        help="with --hosts: the address the other hosts reach the first by (default: its configured address)")
     command("runs", "List runs and every other tmux session on the host.")
     stop = command("kill", "Stop a run's own process tree, then verify its GPU memory is released.")
     stop.add_argument("target", metavar="RUN_OR_SESSION")
@@ -79,6 +99,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
             raise UsageError("trackside launch: the command after -- is empty")
     args = _parser().parse_args(argv)
     args.command = command
+    if args.subcommand == "launch" and args.hosts is None:
+        given = [flag for flag, value in (("--nproc-per-node", args.nproc_per_node), ("--rdzv-host", args.rdzv_host)) if value]
+        if given:
+            raise UsageError(f"trackside launch: {given[0]} goes with --hosts")
+    if args.subcommand == "launch" and args.hosts is not None and args.host is not None:
+        raise UsageError("trackside launch: --host and --hosts: give one")
     if getattr(args, "session", None) is not None:
         try:
             tmux.check_session_name(args.session)
@@ -94,18 +120,27 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _host_config(args) -> tuple[HostConfig, dict]:
-    config = load_config(args.config)
-    return (config.host(args.host) if args.host else config.hosts[0]), config.defaults
+def _node_hosts(config: Config, names: list[str]) -> None:
+    """Every --hosts name is a host of the config (exit 2 naming the one that is not)."""
+    for name in names:
+        try:
+            config.host(name)
+        except ConfigError as e:
+            raise UsageError(f"trackside launch: --hosts: {e.problem}") from None
 
 
 def _launched(info: runs.RunInfo, relaunch: bool) -> dict:
     shape = {"run_id": info.run_id, "host": info.host, "session": info.session, "run_dir": info.run_dir}
+    if info.nodes:
+        shape["nodes"] = [{"host": n.host, "session": n.session, "run_dir": n.run_dir} for n in info.nodes]
     return {**shape, "parent": info.parent} if relaunch else shape
 
 
 def _show_launched(doc: dict) -> str:
     parent = f" (from {doc['parent']})" if doc.get("parent") else ""
+    if doc.get("nodes"):
+        where = "".join(f"\nnode {i} on {n['host']}: tmux session {n['session']}, run dir {n['run_dir']}" for i, n in enumerate(doc["nodes"]))
+        return f"launched {doc['run_id']}{parent} on {len(doc['nodes'])} hosts{where}"
     return f"launched {doc['run_id']}{parent} on {doc['host']} in tmux session {doc['session']}\nrun dir: {doc['run_dir']}"
 
 
@@ -113,6 +148,15 @@ def _show_progress(p: Progress) -> str:
     """`Epoch 2 450/1000, ETA 0:00:36`: a foreign run's bar as its pane shows it."""
     eta = "" if p.eta_s is None else f", ETA {int(p.eta_s) // 3600}:{int(p.eta_s) % 3600 // 60:02d}:{int(p.eta_s) % 60:02d}"
     return f"{p.label or p.phase} {p.done}/{p.total}{eta}"
+
+
+def _show_nodes(r: runs.RunInfo) -> list[tuple[str, ...]]:
+    """A multi-node run's nodes, each a row under its run."""
+    return [
+        ("", f"  node {n.node} on {n.host}", n.state + (f" ({n.exit_status})" if n.exit_status is not None else ""),
+         "", "", "", " ".join(map(str, n.pids)) or "-")
+        for n in r.nodes
+    ]  # fmt: skip
 
 
 def _show_runs(infos: list[runs.RunInfo]) -> str:
@@ -130,6 +174,7 @@ def _show_runs(infos: list[runs.RunInfo]) -> str:
             r.run_id or "-", r.session, state, step, loss,
             " ".join(f"{k}={v}" for k, v in r.params.items()) or "-", " ".join(map(str, r.pids)) or "-",
         ))  # fmt: skip
+        rows += _show_nodes(r)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in rows)
 
@@ -145,30 +190,48 @@ def _show_kill(report: kill.KillReport) -> str:
     lines += [f"GPU {g.index}: {g.before_mib} MiB before, {g.after_mib} MiB after" for g in report.gpus]
     lines += [f"straggler: {kill.holding(p)}" for p in report.stragglers]
     lines += [f"held by a process outside the run: {kill.holding(p)} — not touched" for p in report.other_holders]
-    return "\n".join([*lines, report.verdict(), *report.notes])
+    lines = [*lines, report.verdict(), *report.notes]
+    for node in report.nodes:  # a multi-node run's other nodes, each on its host
+        lines += [f"on {node.host}:", *("  " + line for line in _show_kill(node).splitlines())]
+    return "\n".join(lines)
 
 
 async def _run(args) -> tuple[object, str]:
     """(JSON document, human text) for the subcommand."""
-    entry, defaults = _host_config(args)
-    host: Host = entry.make_host()
+    config = load_config(args.config)
+    entry = config.host(args.host) if args.host else config.hosts[0]
+    hosts = config.make_hosts()  # a multi-node run's other nodes are reached through them
+    host: Host = hosts[entry.name]
+    train_commands = {e.name: e.train_command for e in config.hosts}
     try:
         if args.subcommand == "launch":
-            info = await runs.launch(host, args.command, session=args.session, train_command=entry.train_command)
+            if args.hosts:
+                _node_hosts(config, args.hosts)
+                info = await nodes.launch_nodes(
+                    [hosts[name] for name in args.hosts], args.command, args.nproc_per_node or 1, session=args.session,
+                    train_commands=train_commands, rdzv_host=args.rdzv_host,
+                )  # fmt: skip
+            else:
+                info = await runs.launch(host, args.command, session=args.session, train_command=entry.train_command)
             doc = _launched(info, relaunch=False)
             return doc, _show_launched(doc)
         if args.subcommand == "runs":
-            infos = await runs.list_runs(host)
+            infos = await nodes.list_spanning(host, hosts)
             return [r.to_json() for r in infos], _show_runs(infos)
         if args.subcommand == "kill":
-            grace = args.grace if args.grace is not None else defaults.get("grace_s", 30.0)
-            report = await kill.kill_run(host, args.target, grace_s=grace, smi=entry.nvidia_smi)
+            grace = args.grace if args.grace is not None else config.defaults.get("grace_s", 30.0)
+            report = await kill.kill_run(host, args.target, grace_s=grace, smi=entry.nvidia_smi, hosts=hosts)
             return report.to_json(), _show_kill(report)
-        info = await runs.relaunch(host, args.run, args.changes, args.resume, train_command=entry.train_command)
+        if len((await runs.read_manifest(host, args.run)).get("nodes") or []) > 1:
+            if args.resume:
+                raise UsageError("trackside relaunch: --resume: a multi-node run's checkpoint is on one node only")
+            info = await nodes.relaunch_nodes(hosts, host, args.run, args.changes, train_commands=train_commands)
+        else:
+            info = await runs.relaunch(host, args.run, args.changes, args.resume, train_command=entry.train_command)
         doc = _launched(info, relaunch=True)
         return doc, _show_launched(doc)
     finally:
-        await host.close()
+        await asyncio.gather(*(h.close() for h in hosts.values()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,12 +5,24 @@ The plan is what a confirmation shows and exactly what the kill signals: the pro
 of the run's tmux panes (`backends.procs`), each pid with its start time. The host checks
 each start time again right before signalling that pid, so a pid reused meanwhile by an
 unrelated process is left alone. Nothing else is ever signalled.
+
+A torchrun agent in the tree has its workers signalled first: they stop cleanly (the
+trainer checkpoints) and the agent, seeing them end, exits 0 itself; SIGTERM to the agent
+would make it exit 1 whatever its workers did. A multi-node run's plan holds one plan per
+node, each on its own host (backends/nodes.py launches them). Only the first node's
+workers get SIGTERM: the trainer's ranks agree on a stop in every step's all-reduce, so
+every node stops at the same step; a SIGTERM reaching another node later, once its
+trainer has stopped and given SIGTERM its default action back, would kill it mid-exit.
+The other nodes are waited for as long, and get SIGKILL with the rest after the grace.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import posixpath
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from backends import gpu, runs, tmux
@@ -38,6 +50,8 @@ done
 [ -n "$same" ] && kill -s "$sig" -- $same 2>/dev/null
 echo $same
 """
+# "PID ARGS" for each pid given: the command lines, to find a torchrun agent in a tree.
+_ARGS = ["ps", "-o", "pid=,args=", "-p"]
 KILL_WAIT_S = 10.0  # after SIGKILL only uninterruptible sleep keeps a process alive
 PANE_EXIT_WAIT_S = 5.0  # tmux marks a pane dead as soon as its pty closes
 
@@ -69,6 +83,10 @@ class KillPlan:
     closes_session: bool  # the session holds only the run's panes: ending it ends nothing else
     notes: tuple[str, ...] = ()
     manifest: dict | None = field(default=None, repr=False)  # our runs': how to record the end
+    first: tuple[int, ...] = ()  # torchrun's workers: signalled before the rest of the tree
+    # A multi-node run's other nodes, each a plan of its own host (`via`), in node order.
+    nodes: tuple[KillPlan, ...] = ()
+    via: Host | None = field(default=None, repr=False, compare=False)
 
     @property
     def pids(self) -> list[int]:
@@ -103,6 +121,8 @@ class KillReport:
     seconds: float  # the whole kill, first signal to verified release
     release_s: float | None  # last process exit to verified GPU release
     notes: list[str] = field(default_factory=list)
+    host: str | None = None
+    nodes: list[KillReport] = field(default_factory=list)  # a multi-node run's other nodes
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -161,13 +181,50 @@ async def _ended(host: Host, target: str, session: str | None, manifest: dict | 
     return AlreadyEnded(f"{target} had already ended ({how}{where}): nothing was stopped")
 
 
-async def plan_kill(host: Host, target: str, *, smi: str = gpu.DEFAULT_SMI, nvml: bool = True) -> KillPlan:
+async def plan_kill(
+    host: Host,
+    target: str,
+    *,
+    smi: str = gpu.DEFAULT_SMI,
+    nvml: bool = True,
+    hosts: Mapping[str, Host] | None = None,
+) -> KillPlan:
     """What stopping `target` (a run id or tmux session name) would signal, read now.
 
     Raises SelfKill for the session this trackside runs in, AlreadyEnded when none of the
     target's processes is alive, KillError when it names nothing. GPU memory is read as
-    `gpu.read_gpus` reads it (`smi`, `nvml`)."""
+    `gpu.read_gpus` reads it (`smi`, `nvml`).
+
+    With `hosts` (name: Host), a multi-node run's plan covers every node: the first node
+    still alive heads it, the others are its `nodes`, and a node that had already ended
+    is a note."""
     session, manifest, panes, session_panes = await _resolve(host, target)
+    spans = (manifest or {}).get("nodes") or []
+    if hosts is None or len(spans) < 2:
+        return await _plan_node(host, target, session, manifest, panes, session_panes, smi, nvml)
+    missing = [n["host"] for n in spans if n["host"] not in hosts and n["host"] != host.name]
+    if missing:
+        raise KillError(f"run {manifest['run_id']} has nodes on {', '.join(missing)}, not hosts of the config: nothing was stopped")
+
+    async def node(entry: dict) -> KillPlan | AlreadyEnded:
+        on = host if entry["host"] == host.name else hosts[entry["host"]]
+        try:
+            found = await _resolve(on, manifest["run_id"])
+            return await _plan_node(on, target, *found, smi, nvml)
+        except AlreadyEnded as ended:
+            return ended
+
+    plans = await asyncio.gather(*(node(entry) for entry in spans))
+    alive = [p for p in plans if isinstance(p, KillPlan)]
+    ended = tuple(f"node {i} on {spans[i]['host']}: {p}" for i, p in enumerate(plans) if isinstance(p, AlreadyEnded))
+    if not alive:
+        raise AlreadyEnded(f"{target} had already ended on every node ({'; '.join(ended)})")
+    head, *rest = alive
+    return dataclasses.replace(head, nodes=tuple(rest), notes=head.notes + ended)
+
+
+async def _plan_node(host, target, session, manifest, panes, session_panes, smi, nvml) -> KillPlan:
+    """The plan on one host: its panes' process trees and what they hold on its GPUs."""
     if session in await own_sessions(host, session_panes):
         raise SelfKill(f"refusing to stop {target}: this trackside runs in its tmux session {session}")
     table = await process_table(host)
@@ -183,7 +240,27 @@ async def plan_kill(host: Host, target: str, *, smi: str = gpu.DEFAULT_SMI, nvml
     return KillPlan(
         host.name, target, session, manifest["run_id"] if manifest else None, tuple(p.pid for p in panes), tree,
         holdings, bystanders, snapshot.status.name, snapshot.message, closes, notes, manifest,
+        first=await _torchrun_workers(host, table, set(tree)), via=host,
     )  # fmt: skip
+
+
+def _is_torchrun(args: list[str]) -> bool:
+    return any(posixpath.basename(a) == "torchrun" for a in args) or any(
+        args[i : i + 2] == ["-m", "torch.distributed.run"] for i in range(len(args) - 1)
+    )
+
+
+async def _torchrun_workers(host: Host, table: dict[int, Proc], tree: set[int]) -> tuple[int, ...]:
+    """The workers of a torchrun agent in the tree: the children of the deepest process
+    whose command line runs torchrun (the pane's shell and a host prefix name it too)."""
+    result = await host.run([*_ARGS, ",".join(map(str, sorted(tree)))])
+    named = set()
+    for line in result.stdout.splitlines():
+        pid, _, args = line.strip().partition(" ")
+        if pid.isdigit() and int(pid) in tree and _is_torchrun(args.split()):
+            named.add(int(pid))
+    agents = {pid for pid in named if not (descendants(table, {pid}) - {pid}) & named}
+    return tuple(sorted(p for p in tree if table[p].ppid in agents))
 
 
 async def _signal(host: Host, signal: str, known: dict[int, str]) -> list[int]:
@@ -280,24 +357,54 @@ async def kill_run(
     smi: str = gpu.DEFAULT_SMI,
     gpu_timeout_s: float = 10.0,
     nvml: bool = True,
+    hosts: Mapping[str, Host] | None = None,
 ) -> KillReport:
-    """Carry out a plan (or the plan of a run id or session name, made now): SIGTERM to
-    its processes, SIGKILL to what outlives `grace_s`, close its session, then poll until
-    none of them holds GPU memory.
+    """Carry out a plan (or the plan of a run id or session name, made now with `hosts`
+    as plan_kill takes them): SIGTERM to its processes (torchrun's workers first),
+    SIGKILL to what outlives `grace_s`, close its session, then poll until none of them
+    holds GPU memory. A multi-node plan's nodes are stopped together, each on its host;
+    their reports are the report's `nodes`.
 
     Raises AlreadyEnded, touching nothing, when none of the plan's processes is still
     alive as the same process. GPU memory is read as `gpu.read_gpus` reads it: NVML on
     this machine unless `nvml=False`, else `smi`."""
     if isinstance(plan, str):
-        plan = await plan_kill(host, plan, smi=smi, nvml=nvml)
+        plan = await plan_kill(host, plan, smi=smi, nvml=nvml, hosts=hosts)
+
+    async def node(one: KillPlan, term: bool) -> KillReport | AlreadyEnded:
+        try:
+            return await _kill_node(one.via or host, one, grace_s, poll_s, smi, gpu_timeout_s, nvml, term)
+        except AlreadyEnded as ended:  # ended meanwhile: the others are still to be stopped
+            return ended
+
+    head, *rest = await asyncio.gather(node(plan, True), *(node(one, False) for one in plan.nodes))
+    reports = [r for r in rest if isinstance(r, KillReport)]
+    ended = [f"node on {one.host}: {r}" for one, r in zip(plan.nodes, rest) if isinstance(r, AlreadyEnded)]
+    if isinstance(head, AlreadyEnded):
+        if not reports:
+            raise head
+        head, reports = reports[0], reports[1:]
+    head.nodes = reports
+    head.notes += ended
+    return head
+
+
+async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml, term=True) -> KillReport:
+    """One host's part of a kill; without `term`, a node stopped by another's SIGTERM."""
     started = time.monotonic()
     before = await gpu.read_gpus(host, smi, nvml=nvml)
-    signalled = await _signal(host, "TERM", plan.tree)
-    if not signalled:
+    first = {pid: plan.tree[pid] for pid in plan.first} if term else {}
+    signalled = await _signal(host, "TERM", first or plan.tree) if term else []
+    if first and not signalled:  # the workers are gone: the agent and its shell get it
+        first, signalled = {}, await _signal(host, "TERM", plan.tree)
+    # The rest of the tree is waited for too: torchrun's agent and the pane's shell end on
+    # their own once the workers have, and get SIGKILL with them if they do not.
+    table = await process_table(host)
+    known = {pid: plan.tree[pid] for pid in {*signalled, *_same(table, plan.tree)}}
+    if not known:
         panes = [p for p in await tmux.list_panes(host, plan.session) if p.pid in plan.pane_pids] if plan.session else []
         raise await _ended(host, plan.target, plan.session, plan.manifest, panes)
-    known = {pid: plan.tree[pid] for pid in signalled}
-    strangers = set(plan.tree) - set(signalled)
+    strangers = set(plan.tree) - set(known)
     gpu_before = _run_gpu_processes(before, set(known))
     alive = await _wait_exit(host, known, strangers, grace_s, poll_s)
     killed = []
@@ -315,6 +422,11 @@ async def kill_run(
     done = time.monotonic()
     usable = after.status in (gpu.GpuStatus.OK, gpu.GpuStatus.NO_GPU, gpu.GpuStatus.NO_SMI)
     before_mib = {g.index: g.mem_used_mib for g in before.gpus}
+    notes = list(plan.notes)
+    if first:
+        notes.append(f"torchrun's {len(first)} worker(s) got SIGTERM first; its agent and the pane's shell were left to end after them")
+    if not term:
+        notes.append("no SIGTERM here: the first node's stops every rank at the same step")
     return KillReport(
         target=plan.target,
         session=plan.session,
@@ -332,5 +444,6 @@ async def kill_run(
         exit_status=exit_status,
         seconds=done - started,
         release_s=None if alive or stragglers or not usable else verified - last_exit,
-        notes=list(plan.notes),
+        notes=notes,
+        host=host.name,
     )

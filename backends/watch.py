@@ -2,7 +2,12 @@
 
 Each poll lists every host's runs, reads its GPUs and the metrics tail of each run it
 watches, and applies backends.alerts' rules: each alert raised or cleared is one line on
-stdout, and a raised one is handed to the `[alerts] command`. Exit status: 0, or with
+stdout, and a raised one is handed to the `[alerts] command`.
+
+It is also where a multi-node run that lost a node has its other nodes stopped
+(backends.nodes.stop_orphans), named in a `node:` alert: the watcher is the supervisor
+that runs unattended and already acts on what it sees, while a listing (`trackside runs`,
+the dashboard's poll) must stay a read that never stops anything. Exit status: 0, or with
 `--once` 1 when any alert is up; 2 for a bad argument or config (naming the key).
 """
 
@@ -15,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from backends import alerts, gpu, logparse, runs
+from backends import alerts, gpu, logparse, nodes, runs
 from backends.config import ConfigError, load_config
 from backends.hosts import Host, HostError
 from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
@@ -79,6 +84,23 @@ async def poll(watched: Watched, book: alerts.AlertBook, clock: Callable[[], flo
     return alerts.HostFacts(host.name, gpus=readings)
 
 
+async def _lost_nodes(hosts: list[Watched], book: alerts.AlertBook, grace_s: float) -> list[alerts.Alert]:
+    """Stop the live nodes of each multi-node run that lost one; the `node:` alerts."""
+    merged = nodes.merge([run.info for w in hosts for run in w.runs])
+    by_name = {w.host.name: w.host for w in hosts}
+    smis = {w.host.name: w.smi for w in hosts}
+    stopped = await nodes.stop_orphans(merged, by_name, grace_s=grace_s, smis=smis)
+    for run_id, report in stopped.items():  # how the stopped nodes end is no news
+        for part in (report, *report.nodes):
+            book.stopped(f"{part.host}/{run_id}")
+    found = []
+    for info in merged:
+        alert = nodes.node_alert(info, stopped.get(info.run_id)) if info.nodes else None
+        if alert and book.watches(alerts.RunFacts(f"nodes/{info.run_id}", info)):
+            found.append(alert)
+    return found
+
+
 def _line(when: float, word: str, alert: alerts.Alert) -> str:
     return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}  {word:7}  {alert.text}"
 
@@ -90,11 +112,13 @@ async def watch(
     command: list[str] | None = None,
     timeout_s: float = alerts.COMMAND_TIMEOUT_S,
     interval_s: float = 5.0,
+    grace_s: float = 30.0,
     once: bool = False,
     say: Callable[[str], None] = print,
     clock: Callable[[], float] = time.time,
 ) -> int:
-    """Poll until cancelled (or once); say each alert raised and cleared."""
+    """Poll until cancelled (or once); say each alert raised and cleared. A multi-node
+    run's live nodes are stopped (SIGTERM, SIGKILL after `grace_s`) once one has died."""
     sent: set[asyncio.Task] = set()
 
     async def send(alert: alerts.Alert, raised: float) -> None:
@@ -103,9 +127,10 @@ async def watch(
 
     while True:
         facts = await asyncio.gather(*(poll(w, book, clock) for w in hosts))
+        extra = await _lost_nodes(hosts, book, grace_s)
         now = clock()
         before = dict(book.active)
-        raised = book.evaluate(facts, [run for w in hosts for run in w.runs], now)
+        raised = book.evaluate(facts, [run for w in hosts for run in w.runs], now, extra)
         for key, entry in before.items():
             if key not in book.active:
                 say(_line(now, "cleared", entry.alert))
@@ -154,7 +179,8 @@ def main(argv: list[str]) -> int:
     try:
         return asyncio.run(
             watch(hosts, book, command=settings["command"], timeout_s=settings["timeout_s"],
-                  interval_s=args.interval, once=args.once, say=lambda line: print(line, flush=True))
+                  interval_s=args.interval, grace_s=config.defaults.get("grace_s", 30.0), once=args.once,
+                  say=lambda line: print(line, flush=True))
         )  # fmt: skip
     except KeyboardInterrupt:
         return EXIT_OK

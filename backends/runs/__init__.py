@@ -13,7 +13,7 @@ from backends.runs.launch import (
     resolve_program,
     train_args_start,
 )
-from backends.runs.listing import RunInfo, RunPhase, launcher_code, list_runs
+from backends.runs.listing import NodeInfo, RunInfo, RunPhase, launcher_code, list_runs
 from backends.runs.rundir import (
     RunError,
     read_exit_status,
@@ -25,6 +25,7 @@ from training.contract import RUN_ID
 
 __all__ = [
     "RUN_ID",
+    "NodeInfo",
     "STARTUP_S",
     "RunError",
     "RunInfo",

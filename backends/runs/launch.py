@@ -9,7 +9,7 @@ import posixpath
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from backends import params as run_params
 from backends import tmux
@@ -18,6 +18,7 @@ from backends.runs.listing import RunInfo, RunPhase
 from backends.runs.rundir import (
     EXIT_STATUS_FILE,
     RunError,
+    check_run_id,
     latest_checkpoint,
     link_checkpoint,
     now,
@@ -82,6 +83,9 @@ async def launch(
     train_command: Sequence[str] | None = None,
     resume_from: str | None = None,
     startup_s: float = STARTUP_S,
+    run_id: str | None = None,
+    wrap: Callable[[list[str]], list[str]] | None = None,
+    extra: dict | None = None,
 ) -> RunInfo:
     """Start argv in a new detached tmux session with a run dir. Its items reach the
     program as they are (run as `"$@"` under the status-recording sh, never parsed), the
@@ -93,11 +97,14 @@ async def launch(
     `resume_from`, a checkpoint step directory on the host, is hard-linked into the new
     run's checkpoints (the trainer never rewrites a step's files, only replaces whole
     directories) and the trainer is started with `--resume`.
+
+    A node of a multi-node run (backends/nodes.py) passes the run id its nodes share,
+    `wrap` (the resolved command → the torchrun that runs it) and `extra` manifest fields.
     """
     argv = list(argv)
     if not argv:
         raise RunError("nothing to launch: the command is empty")
-    run_id = new_run_id()
+    run_id = check_run_id(run_id) if run_id else new_run_id()
     session = tmux.check_session_name(session or f"ts-{run_id}")
     is_train = train_args_start(argv, train_command) is not None
     params = run_params.check(params) if params is not None else (run_params.read(argv) if is_train else {})
@@ -107,6 +114,8 @@ async def launch(
             raise RunError("only trainer runs can resume from a checkpoint")
         argv = [a for a in argv if a != "--resume"] + ["--resume"]
     command = await resolve_program(host, launch_command(argv, params, directory, train_command))
+    if wrap is not None:
+        command = wrap(command)
     manifest = {
         "run_id": run_id,
         "host": host.name,
@@ -122,6 +131,7 @@ async def launch(
         "ended": None,
         "exit_status": None,
         "pane_pid": None,
+        **(extra or {}),
     }
     await write_manifest(host, manifest)
     if resume_from:
@@ -219,6 +229,9 @@ async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False,
     """
     changes = run_params.check(changes)
     parent = await read_manifest(host, run_id)
+    if len(parent.get("nodes") or []) > 1:  # one node alone would wait for the others forever
+        spans = ", ".join(n["host"] for n in parent["nodes"])
+        raise RunError(f"run {run_id} spans hosts {spans}: relaunch every node together (backends.nodes.relaunch_nodes)")
     argv = [a for a in parent["argv"] if a != "--resume"]
     if train_args_start(argv, train_command) is None:
         raise RunError(f"run {run_id} is not a trainer run ({' '.join(argv)}): its parameters cannot be changed")

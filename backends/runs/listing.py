@@ -43,6 +43,20 @@ class RunPhase(enum.Enum):
 
 
 @dataclass
+class NodeInfo:
+    """One host's part of a multi-node run (backends/nodes.py): its torchrun agent and
+    workers, in its own tmux session and run dir on that host."""
+
+    host: str
+    node: int  # the launch's order; node 0's host serves the rendezvous
+    session: str | None = None
+    run_dir: str | None = None
+    state: str = RunPhase.UNKNOWN.value  # unknown until its host is listed
+    exit_status: int | None = None
+    pids: list[int] = field(default_factory=list)
+
+
+@dataclass
 class RunInfo:
     run_id: str | None  # None: a tmux session trackside did not launch
     session: str
@@ -60,6 +74,7 @@ class RunInfo:
     end_status: str | None = None  # the trainer's own end event: completed, stopped, ...
     this_dashboard: bool = False  # the session this trackside runs in: never to be stopped
     progress: Progress | None = None  # a foreign session's latest bar or N/M counter
+    nodes: list[NodeInfo] = field(default_factory=list)  # a multi-node run's, in node order; else empty
 
     def to_json(self) -> dict:
         return {**asdict(self), "state": self.state.value}
@@ -149,12 +164,16 @@ async def list_runs(host: Host) -> list[RunInfo]:
         # A session that vanished without a recorded status stays UNKNOWN.
         ended = exit_status is not None or not alive
         state = _state(exit_status, metrics["oom"], bool(manifest.get("trainer"))) if ended else RunPhase.RUNNING
+        nodes = [NodeInfo(n["host"], i, n.get("session"), n.get("run_dir")) for i, n in enumerate(manifest.get("nodes") or [])]
+        for node in nodes:
+            if node.node == manifest.get("node"):  # this host's own node: the others are their hosts' to say
+                node.state, node.exit_status, node.pids = state.value, exit_status, [] if ended else alive
         infos.append(
             RunInfo(
                 manifest["run_id"], session, host.name, state, exit_status, manifest.get("params", {}),
                 metrics["last_step"], metrics["last_loss"], metrics["steps_per_epoch"], [] if ended else alive,
                 manifest.get("run_dir"), manifest.get("parent"), manifest.get("started"), metrics["end_status"],
-                this_dashboard=session in dashboard,
+                this_dashboard=session in dashboard, nodes=nodes,
             )  # fmt: skip
         )
     foreign = [session for session in by_session if session not in claimed]

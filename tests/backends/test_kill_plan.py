@@ -174,12 +174,17 @@ async def test_a_torchrun_run_is_signalled_exactly_as_planned_agent_and_workers(
     assert len(agent) == 1 and len(workers) == 2, command
     assert set(plan.pids) == tree  # the recording sh, the agent and both workers
 
+    assert list(plan.first) == sorted(workers)  # signalled first: the agent is left to see them end
+
     report = await kill.kill_run(host, plan, grace_s=60, smi=FAKE_SMI, nvml=False)
-    assert report.signalled == plan.pids, report
+    assert report.signalled == sorted(workers) and report.killed == [], report
     assert not any(alive(p) for p in tree) and report.survivors == []
     assert all(alive(p) for p in bystanders)
     end = json.loads(written(metrics).splitlines()[-1])
     assert (end["event"], end["status"]) == ("end", "stopped")  # rank 0 stopped cleanly on SIGTERM
+    # The agent saw its workers stop cleanly and exited 0 itself: the run's status is the truth.
+    listed = next(r for r in await runs.list_runs(host) if r.run_id == info.run_id)
+    assert (report.exit_status, listed.state, listed.exit_status, listed.end_status) == (0, runs.RunPhase.EXITED, 0, "stopped")
 
 
 # A CUDA process that holds ~2 GiB until killed; prints "ready" once the memory is taken.
