@@ -1,61 +1,43 @@
-"""The dashboard app: folds monitor messages into state, and runs the keys' actions.
+"""The dashboard app: folds monitor messages into state, raises alerts, and decides which
+keys act where.
 
 Screens render from `app.hosts` / `app.runs` and are told what changed; the actions that
-reach a host (kill, relaunch, launch) run in workers and report back as screens and
-notifications, so the UI never waits on the network.
+reach a host (kill, relaunch, launch: `tui.run_actions`) run in workers and report back as
+screens and notifications, so the UI never waits on the network.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import shlex
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from functools import lru_cache, partial
+from functools import partial
 
-from rich.text import Text
-from textual.app import App, ScreenStackError, SuspendNotSupported, SystemCommand
+from textual.app import App, ScreenStackError, SystemCommand
 from textual.screen import Screen
-from textual.strip import Strip
 from textual.worker import Worker, WorkerFailed, WorkerState
 
-from backends import attach, gpu, kill, logparse, runs, series
-from backends.hosts import DEFAULT_RUNS_ROOT, Host, HostError
-from tui.guard import Guarded, error_log_path, guarded_callback, write_error
+from backends import gpu, logparse, runs, series
+from backends.hosts import DEFAULT_RUNS_ROOT, Host
+from tui.escape_cache import bound_escape_cache
+from tui.guard import error_log_path, guarded_callback, write_error
 from backends.alerts import (
-    COMMAND_TIMEOUT_S, Alert, AlertBook, HostFacts, RunFacts, Rules, kill_alert, run_command, underfed_since,
+    COMMAND_TIMEOUT_S, Alert, AlertBook, HostFacts, RunFacts, Rules, run_command, underfed_since,
 )  # fmt: skip
 from tui.alerts import announce
 from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, OverlaysRead, RunsListed
 from tui.monitor import HostMonitor
+from tui.run_actions import RunActions
 from tui.state import GpuTrace, HostState, HostStatus, RunState, run_key
 
 
-ESCAPE_CACHE = 1024
 REPORT_EVERY_S = 30.0
 # What a read-only dashboard (`trackside serve --read-only`) never offers: everything that
 # changes a run, and attach, whose tmux session takes keystrokes into the run.
 READ_ONLY_HIDDEN = {"kill", "kill_relaunch", "edit", "relaunch", "attach"}
-
-
-def bound_escape_cache(maxsize: int = ESCAPE_CACHE) -> None:
-    """Shrink Textual's cache of the escapes of Rich styles (`Strip.render_ansi`, 16,384).
-
-    Each rendered segment's style carries its screen offset (for text selection), so under
-    a scrolling log almost every style is new: in the load bench 2 % of lookups hit, and
-    the cache only filled (docs/load.md, round 3). A style keeps its own escapes once
-    rendered (`Style._ansi`), so a smaller cache costs little. The cache is Textual's
-    internal: a Textual that keeps it otherwise keeps its own size.
-    """
-    try:
-        render_ansi = Strip.render_ansi.__func__
-        if render_ansi.cache_parameters()["maxsize"] > maxsize:
-            Strip.render_ansi = classmethod(lru_cache(maxsize)(render_ansi.__wrapped__))
-    except Exception:
-        return
 
 
 @dataclass
@@ -76,7 +58,7 @@ class Demo:
     params: dict = field(default_factory=dict)
 
 
-class TracksideApp(Guarded, App):
+class TracksideApp(RunActions, App):
     CSS_PATH = "trackside.tcss"
     TITLE = "trackside"
     BINDINGS = KEYS
@@ -442,175 +424,6 @@ class TracksideApp(Guarded, App):
         self.selected.discard(key)
         if run := self.runs.get(key):
             self._follow_runs(run.host)
-
-    def action_kill(self) -> None:
-        self._confirm_kill(relaunch=False)
-
-    def action_kill_relaunch(self) -> None:
-        self._confirm_kill(relaunch=True)
-
-    def _confirm_kill(self, *, relaunch: bool) -> None:
-        run = self.selected_run()
-        if run is None:
-            return
-        if run.info.this_dashboard:
-            self.notify(
-                f"{run.key} is the tmux session this dashboard runs in: it is never stopped from here",
-                severity="warning", timeout=8,
-            )  # fmt: skip
-            return
-        self.run_worker(self._plan_kill(run, relaunch), group="actions", exit_on_error=False)
-
-    async def _plan_kill(self, run: RunState, relaunch: bool) -> None:
-        from tui.screens.kill import KillConfirm
-
-        watched = self.watched[run.host]
-        try:
-            plan = await kill.plan_kill(watched.host, run.info.run_id or run.info.session, smi=watched.smi)
-        except kill.KillError as refused:  # our own session, a run that ended meanwhile, a gone one
-            self.notify(str(refused), severity="warning", timeout=8)
-            return
-        except Exception as error:
-            self.notify(f"cannot list {run.key}'s processes: {error}", severity="error", timeout=10)
-            return
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.run_worker(self._kill(run, plan, relaunch), group="actions", exit_on_error=False)
-
-        self.push_screen(KillConfirm(run.key, plan, self.pending.get(run.key, {}) if relaunch else None), answered)
-
-    async def _kill(self, run: RunState, plan: kill.KillPlan, relaunch: bool) -> None:
-        from tui.screens.kill import KillReportScreen
-
-        watched = self.watched[run.host]
-        self.notify(f"stopping {run.key}…", timeout=3)
-        self.alert_book.stopped(run.key)
-        try:
-            report = await kill.kill_run(watched.host, plan, grace_s=self.grace_s, smi=watched.smi)
-        except Exception as error:
-            self.notify(f"could not kill {run.key}: {error}", severity="error", timeout=10)
-            return
-        alert = kill_alert(run.key, report)
-        if alert:
-            self.kill_alerts[alert.key] = alert
-        else:
-            self.kill_alerts.pop(f"held:{run.key}", None)
-        self._poll_runs(run.host)
-        self.push_screen(KillReportScreen(run.key, report))
-        self._changed(run=run.key)
-        if relaunch:
-            await self._relaunch(run)
-
-    def action_relaunch(self) -> None:
-        from tui.screens.confirm import Confirm
-
-        run = self.selected_run()
-        if run is None:
-            return
-        if run.info.state != runs.RunPhase.RUNNING:
-            self.run_worker(self._relaunch(run), group="actions", exit_on_error=False)
-            return
-        # A second copy beside a live original doubles its GPU memory: say so, default No.
-        question = Text()
-        question.append(f"Relaunch while {run.key} still runs?\n\n", style="bold")
-        question.append(f"tmux session {run.info.session} keeps running (PIDs {', '.join(map(str, run.info.pids)) or '—'}): ")
-        question.append("two copies, on a GPU twice the memory.\n")
-        question.append("R stops it first, then relaunches.", style="cyan")
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.run_worker(self._relaunch(run), group="actions", exit_on_error=False)
-
-        self.push_screen(Confirm(question, "Yes, run both", text_id="relaunch-question"), answered)
-
-    async def _relaunch(self, run: RunState) -> None:
-        changes = self.pending.get(run.key, {})
-        host = self.watched[run.host].host
-        described = ", ".join(f"{k}={v}" for k, v in changes.items()) or "unchanged parameters"
-        self.notify(f"relaunching {run.key} with {described}…", timeout=3)
-        try:
-            info = await runs.relaunch(host, run.info.run_id, changes)
-        except Exception as error:
-            self.notify(f"could not relaunch {run.key}: {error}", severity="error", timeout=10)
-            return
-        new = self._adopt(run.host, info)
-        self.pending.pop(run.key, None)
-        self.notify(f"relaunched as {new.key}", title="relaunch")
-        shown = self.shown_screen()
-        if getattr(shown, "run_key", None) == run.key:
-            shown.show_run(new.key)
-
-    def _adopt(self, host_name: str, info) -> RunState:
-        """A run this app just launched: known before the next listing, and followed."""
-        key = run_key(host_name, info)
-        run = self.runs.setdefault(key, RunState(key, host_name, info))
-        run.info = info
-        self.select(key)
-        self._poll_runs(host_name)
-        self._changed(host=host_name, run=key)
-        return run
-
-    def _poll_runs(self, host_name: str) -> None:
-        if monitor := self.monitors.get(host_name):
-            monitor.poll_runs_now()
-
-    async def _launch_demo(self) -> None:
-        assert self.demo is not None
-        name, watched = next(iter(self.watched.items()))
-        try:
-            info = await runs.launch(watched.host, self.demo.argv, session=self.demo.session, params=self.demo.params)
-        except Exception as error:
-            self.notify(f"could not start the demo run: {error}", severity="error", timeout=30)
-            self.shown_screen().show_waiting(f"could not start the demo run: {error}")
-            return
-        self.demo_run = info
-        run = self._adopt(name, info)
-        shown = self.shown_screen()
-        if getattr(shown, "run_key", "") is None:
-            shown.show_run(run.key)
-
-    def action_edit(self) -> None:
-        from tui.screens.edit import EditScreen
-
-        run = self.selected_run()
-        if run is None:
-            return
-
-        def keep(changes: dict | None) -> None:
-            if changes is None:
-                return
-            self.pending[run.key] = changes
-            if changes:
-                diff = ", ".join(f"{k} {run.params.get(k)} → {v}" for k, v in changes.items())
-                self.notify(f"{diff}: press r to relaunch with it", title="edited")
-            self._changed(run=run.key)
-
-        self.push_screen(EditScreen(run, self.hosts[run.host], self.pending.get(run.key, {})), keep)
-
-    def action_attach(self) -> None:
-        run = self.selected_run()
-        if run is None:
-            return
-        host = self.watched[run.host].host
-        if attach.inside_tmux():
-            self.run_worker(self._attach_inside_tmux(host, run.info.session), group="actions", exit_on_error=False)
-            return
-        argv = attach.attach_argv(host, run.info.session)
-        try:
-            with self.suspend():
-                status = attach.attach(host, run.info.session)
-        except SuspendNotSupported:
-            self.notify(f"this terminal cannot hand over; run: {shlex.join(argv)}", timeout=15)
-            return
-        if status != 0:
-            self.notify(f"{shlex.join(argv)} exited {status}", severity="warning", timeout=10)
-
-    async def _attach_inside_tmux(self, host: Host, session: str) -> None:
-        try:
-            self.notify(await attach.attach_inside_tmux(host, session), timeout=8)
-        except (attach.AttachError, HostError) as error:
-            self.notify(str(error), severity="warning", timeout=15)
 
     async def on_unmount(self) -> None:
         # Let the workers' own clean-up (killing their tail and tmux children) finish

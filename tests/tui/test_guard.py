@@ -74,7 +74,7 @@ def test_the_workarounds_on_textual_internals_degrade_instead_of_raising(monkeyp
     """A Textual that keeps its internals otherwise loses the workaround, not the app."""
     from textual.strip import Strip
 
-    from tui.app import bound_escape_cache
+    from tui.escape_cache import bound_escape_cache
 
     monkeypatch.setattr(Strip, "render_ansi", classmethod(lambda cls, segments, color_system: ""))
     bound_escape_cache()  # no lru_cache to shrink: nothing happens

@@ -10,7 +10,7 @@ from rich.style import Style
 from textual.strip import Strip
 
 from tests.tui.sample import NOW, PARAMS, metrics_events, run_info
-from tui.app import ESCAPE_CACHE, bound_escape_cache
+from tui.escape_cache import ESCAPE_CACHE, bound_escape_cache
 from tui.predict import predict
 from tui.screens.run import stats_text
 from tui.state import STEP_HISTORY, RunState
