@@ -33,6 +33,7 @@ import dataclasses
 import json
 import os
 import statistics
+import signal
 import subprocess
 import sys
 import time
@@ -238,16 +239,25 @@ def child(spec: dict) -> dict:
 
 
 def run_child(spec: dict, timeout: float) -> dict:
-    cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
+    # -X faulthandler: a child past its time is sent SIGABRT and prints every thread's
+    # stack, so a timeout says where the child was (compiling, autotuning, stepping).
+    cmd = [sys.executable, "-X", "faulthandler", __file__, "--child", json.dumps(spec)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {**spec, "error": f"timeout {timeout:g} s"}
-    for line in reversed(proc.stdout.splitlines()):
+        proc.send_signal(signal.SIGABRT)
+        try:
+            _, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, stderr = proc.communicate()
+        return {**spec, "error": f"timeout {timeout:g} s", "stack": stderr[-6000:]}
+    for line in reversed(stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
-    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    tail = (stderr.strip().splitlines() or ["no output"])[-1]
     return {**spec, "error": f"exit {proc.returncode}: {tail}"}
 
 
