@@ -30,7 +30,6 @@ from backends.hosts import Host
 from backends.own_session import own_sessions
 from backends.procs import Proc, descendants, process_table, process_tree
 
-
 # Arguments: the signal, then "PID STARTED" items. Each pid is signalled only if ps still
 # shows the start time we listed (words compared, so ps's padding does not matter); the
 # pids signalled are printed. `for` expands its list once, so `set --` may reuse "$@".

@@ -27,7 +27,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from functools import partial
 
-from backends import kill
+from backends import gpu, kill
 from backends import params as run_params
 from backends.alerts import Alert
 from backends.hosts import Host, HostError
@@ -280,7 +280,7 @@ async def stop_orphans(
         if not (_dead(info) and alive):
             continue
         with contextlib.suppress(kill.AlreadyEnded):  # ended on their own meanwhile
-            smi = (smis or {}).get(alive[0].host, kill.gpu.DEFAULT_SMI)
+            smi = (smis or {}).get(alive[0].host, gpu.DEFAULT_SMI)
             stopped[info.run_id] = await kill.kill_run(hosts[alive[0].host], info.run_id, grace_s=grace_s, smi=smi, hosts=hosts)
     return stopped
 

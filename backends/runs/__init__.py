@@ -25,8 +25,8 @@ from training.contract import RUN_ID
 
 __all__ = [
     "RUN_ID",
-    "NodeInfo",
     "STARTUP_S",
+    "NodeInfo",
     "RunError",
     "RunInfo",
     "RunPhase",

@@ -26,9 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from backends import alerts, kill, watch
-from backends.cli import main
+from backends import alerts, kill, nodes, watch
+from backends.cli import _show_runs, main
 from backends.config import load_config
+from backends.hosts import LocalHost
+from backends.runs import NodeInfo, RunError, RunInfo, RunPhase
 from tests.backends.test_kill import FAKE_SMI
 from tests.conftest import end_tmux_server
 
@@ -102,7 +104,7 @@ def listed(capsys, config: str, run_id: str) -> dict:
 
 
 @pytest.mark.slow
-def test_two_nodes_train_as_two_processes_and_stop_together(capsys, two_hosts):
+def test_two_nodes_train_as_two_processes_stop_together_relaunch_and_lose_one(capsys, two_hosts):
     config, _, _ = two_hosts
     # One node × two processes: the reference, and issue 23's item 2 (a torchrun run
     # stopped by trackside ends `stopped` with exit 0).
@@ -142,14 +144,24 @@ def test_two_nodes_train_as_two_processes_and_stop_together(capsys, two_hosts):
     for step in common:
         assert nodes[step] == pytest.approx(reference[step], rel=1e-5), step
 
+    # Relaunched with a change: every node again, its parent named; then node 1's worker
+    # is SIGKILLed and `trackside watch` names it and stops node 0.
+    child = cli(capsys, "relaunch", two["run_id"], "--config", config, "--set", "ttt_steps=2")
+    assert child["parent"] == two["run_id"] and [n["host"] for n in child["nodes"]] == ["local", "node2"]
+    wait_for(lambda: len(losses(child)) >= 2, what="2 steps of the relaunch")
+    assert metrics(child)[0]["config"]["ttt_steps"] == 2
+    said = lose_node(config, child["run_id"])
+    line = next(line for line in said if "lost a node" in line)
+    assert "node 1 on node2" in line, said
+    # node 0 waits on node 1 in its next all-reduce: the watcher stops it, unless gloo's error ended it first
+    assert "stopped the node(s) on local" in line or "node 0 on local" in line, said
+    run = listed(capsys, config, child["run_id"])
+    assert run["state"] != "running" and all(n["state"] != "running" and not n["pids"] for n in run["nodes"]), run
 
-@pytest.mark.slow
-def test_a_node_that_dies_is_named_and_the_other_is_stopped(capsys, two_hosts):
-    config, _, _ = two_hosts
-    two = cli(capsys, "launch", "--config", config, "--hosts", "local,node2", "--", "trackside", "train", *ARGS)
-    wait_for(lambda: len(losses(two)) >= 2, what="2 steps")
-    loaded = load_config(config)
-    hosts = loaded.make_hosts()
+
+def lose_node(config: str, run_id: str) -> list[str]:
+    """SIGKILL node 1's worker under a `trackside watch` (polled until it speaks); its lines."""
+    hosts = load_config(config).make_hosts()
     watched = [watch.Watched(hosts[name], FAKE_SMI) for name in ("local", "node2")]
     book = alerts.AlertBook(since=0)
     said: list[str] = []
@@ -157,8 +169,7 @@ def test_a_node_that_dies_is_named_and_the_other_is_stopped(capsys, two_hosts):
     async def scenario():
         try:
             await watch.watch(watched, book, once=True, say=said.append, grace_s=30)  # sees it running
-            plan = await kill.plan_kill(hosts["node2"], two["run_id"])  # node2's own part: its worker
-            (worker,) = plan.first
+            (worker,) = (await kill.plan_kill(hosts["node2"], run_id)).first  # node2's own part
             os.kill(worker, signal.SIGKILL)
             deadline = time.monotonic() + 60
             while not any("lost a node" in line for line in said):
@@ -169,7 +180,71 @@ def test_a_node_that_dies_is_named_and_the_other_is_stopped(capsys, two_hosts):
             await asyncio.gather(*(h.close() for h in hosts.values()))
 
     asyncio.run(scenario())
-    line = next(line for line in said if "lost a node" in line)
-    assert "node 1 on node2" in line, said
-    run = listed(capsys, config, two["run_id"])
-    assert run["state"] != "running" and all(n["state"] != "running" and not n["pids"] for n in run["nodes"]), run
+    return said
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["--hosts", "local,nope"], '--hosts: no host named "nope"'),
+        (["--hosts", "local"], "--hosts"),
+        (["--hosts", "local,local"], "--hosts"),
+        (["--hosts", "local,other", "--nproc-per-node", "0"], "--nproc-per-node"),
+        (["--nproc-per-node", "2"], "--nproc-per-node goes with --hosts"),
+        (["--rdzv-host", "10.0.0.1"], "--rdzv-host goes with --hosts"),
+        (["--host", "local", "--hosts", "local,other"], "--host and --hosts"),
+    ],
+)
+def test_bad_multinode_launches_exit_2_naming_the_flag(capsys, tmp_path, argv, names):
+    config = tmp_path / "config.toml"
+    config.write_text(f"[hosts.local]\nruns_root = {json.dumps(str(tmp_path))}\n[hosts.other]\nruns_root = {json.dumps(str(tmp_path))}\n")
+    code = main(["launch", "--config", str(config), *argv, "--", "trackside", "train", "--synthetic"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and names in err and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == [config]  # nothing was launched
+
+
+async def test_a_multinode_launch_runs_the_trainer_on_distinct_hosts(tmp_path):
+    a, b = LocalHost("a", runs_root=str(tmp_path)), LocalHost("b", runs_root=str(tmp_path))
+    with pytest.raises(RunError, match="runs the trainer"):
+        await nodes.launch_nodes([a, b], ["sleep", "60"], 1)
+    with pytest.raises(RunError, match="two or more different hosts"):
+        await nodes.launch_nodes([a, a], ["trackside", "train"], 1)
+
+
+def test_torchrun_wraps_either_trainer_command():
+    opts = {"nnodes": 2, "nproc_per_node": 4, "endpoint": "10.0.0.5:29400", "run_id": "20261201-1200-abcd"}
+    venv = nodes.torchrun_command(["/v/bin/trackside", "train", "--out", "d"], serves=True, **opts)
+    assert venv[0] == "/v/bin/torchrun" and venv[-4:] == ["/v/bin/trackside", "train", "--out", "d"]
+    assert venv[venv.index("--rdzv-conf") + 1] == "is_host=true" and venv[venv.index("--rdzv-id") + 1] == opts["run_id"]
+    module = nodes.torchrun_command(["/usr/bin/python3", "-m", "training", "train"], serves=False, **opts)
+    assert module[:3] == ["/usr/bin/python3", "-m", "torch.distributed.run"] and module[-3:] == ["-m", "training", "train"]
+    assert module[module.index("--nnodes") + 1] == "2" and module[module.index("--nproc-per-node") + 1] == "4"
+    assert module[module.index("--rdzv-conf") + 1] == "is_host=false"
+
+
+def node_part(host: str, node: int, state: RunPhase, status: int | None, *, metrics: bool = False, end: str | None = None) -> RunInfo:
+    spans = [NodeInfo("gpu1", 0, "s", "/r"), NodeInfo("gpu2", 1, "s", "/r")]
+    spans[node] = NodeInfo(host, node, "s", "/r", state.value, status, [7] if state is RunPhase.RUNNING else [])
+    return RunInfo("20261201-1200-abcd", "s", host, state, status, last_step=5 if metrics else None,
+                   steps_per_epoch=10 if metrics else None, pids=spans[node].pids, end_status=end, nodes=spans)  # fmt: skip
+
+
+def test_a_runs_nodes_merge_into_one_entry_with_rank_0s_metrics():
+    other = RunInfo(None, "foreign", "gpu1", RunPhase.RUNNING)
+    # rank 0 on node 1 (c10d picks by address): the run's metrics are node 1's
+    merged = nodes.merge([node_part("gpu1", 0, RunPhase.RUNNING, None), other, node_part("gpu2", 1, RunPhase.EXITED, -9, metrics=True)])
+    assert [m.run_id for m in merged] == ["20261201-1200-abcd", None]
+    run = merged[0]
+    assert (run.host, run.last_step, run.state) == ("gpu2", 5, RunPhase.RUNNING)
+    assert [(n.host, n.state, n.exit_status, n.pids) for n in run.nodes] == [("gpu1", "running", None, [7]), ("gpu2", "exited", -9, [])]
+    alert = nodes.node_alert(run)
+    assert alert.key == "node:20261201-1200-abcd" and "node 1 on gpu2 killed by SIGKILL" in alert.text
+    shown = _show_runs([run])
+    assert "node 0 on gpu1  running" in shown and "node 1 on gpu2  exited (-9)" in shown
+    # a clean stop: torchrun's exit 1 after the trainer's own `stopped` is no death
+    stopped = nodes.merge([node_part("gpu1", 0, RunPhase.EXITED, 0, metrics=True, end="stopped"), node_part("gpu2", 1, RunPhase.EXITED, 1)])[0]
+    assert (stopped.state, stopped.exit_status) == (RunPhase.EXITED, 0) and nodes.node_alert(stopped) is None
+    # one host listed alone: the other node is unknown, never guessed
+    alone = nodes.merge([node_part("gpu1", 0, RunPhase.EXITED, 0, metrics=True)])[0]
+    assert alone.state is RunPhase.UNKNOWN and alone.nodes[1].state == "unknown"
