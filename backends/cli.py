@@ -220,7 +220,8 @@ async def _run(args) -> tuple[object, str]:
             return [r.to_json() for r in infos], _show_runs(infos)
         if args.subcommand == "kill":
             grace = args.grace if args.grace is not None else config.defaults.get("grace_s", 30.0)
-            report = await kill.kill_run(host, args.target, grace_s=grace, smi=entry.nvidia_smi, hosts=hosts)
+            smis = {e.name: e.nvidia_smi for e in config.hosts}
+            report = await kill.kill_run(host, args.target, grace_s=grace, smi=entry.nvidia_smi, hosts=hosts, smis=smis)
             return report.to_json(), _show_kill(report)
         if len((await runs.read_manifest(host, args.run)).get("nodes") or []) > 1:
             if args.resume:

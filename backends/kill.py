@@ -86,6 +86,7 @@ class KillPlan:
     # A multi-node run's other nodes, each a plan of its own host (`via`), in node order.
     nodes: tuple[KillPlan, ...] = ()
     via: Host | None = field(default=None, repr=False, compare=False)
+    smi: str | None = None  # the nvidia-smi of this plan's host (nodes' hosts may differ)
 
     @property
     def pids(self) -> list[int]:
@@ -187,6 +188,7 @@ async def plan_kill(
     smi: str = gpu.DEFAULT_SMI,
     nvml: bool = True,
     hosts: Mapping[str, Host] | None = None,
+    smis: Mapping[str, str] | None = None,
 ) -> KillPlan:
     """What stopping `target` (a run id or tmux session name) would signal, read now.
 
@@ -196,11 +198,11 @@ async def plan_kill(
 
     With `hosts` (name: Host), a multi-node run's plan covers every node: the first node
     still alive heads it, the others are its `nodes`, and a node that had already ended
-    is a note."""
+    is a note. `smis` names the nvidia-smi of hosts that have their own."""
     session, manifest, panes, session_panes = await _resolve(host, target)
     spans = (manifest or {}).get("nodes") or []
     if hosts is None or len(spans) < 2:
-        return await _plan_node(host, target, session, manifest, panes, session_panes, smi, nvml)
+        return await _plan_node(host, target, session, manifest, panes, session_panes, (smis or {}).get(host.name, smi), nvml)
     missing = [n["host"] for n in spans if n["host"] not in hosts and n["host"] != host.name]
     if missing:
         raise KillError(f"run {manifest['run_id']} has nodes on {', '.join(missing)}, not hosts of the config: nothing was stopped")
@@ -209,7 +211,7 @@ async def plan_kill(
         on = host if entry["host"] == host.name else hosts[entry["host"]]
         try:
             found = await _resolve(on, manifest["run_id"])
-            return await _plan_node(on, target, *found, smi, nvml)
+            return await _plan_node(on, target, *found, (smis or {}).get(on.name, smi), nvml)
         except AlreadyEnded as ended:
             return ended
 
@@ -239,7 +241,7 @@ async def _plan_node(host, target, session, manifest, panes, session_panes, smi,
     return KillPlan(
         host.name, target, session, manifest["run_id"] if manifest else None, tuple(p.pid for p in panes), tree,
         holdings, bystanders, snapshot.status.name, snapshot.message, closes, notes, manifest,
-        first=await _torchrun_workers(host, table, set(tree)), via=host,
+        first=await _torchrun_workers(host, table, set(tree)), via=host, smi=smi,
     )  # fmt: skip
 
 
@@ -357,9 +359,10 @@ async def kill_run(
     gpu_timeout_s: float = 10.0,
     nvml: bool = True,
     hosts: Mapping[str, Host] | None = None,
+    smis: Mapping[str, str] | None = None,
 ) -> KillReport:
     """Carry out a plan (or the plan of a run id or session name, made now with `hosts`
-    as plan_kill takes them): SIGTERM to its processes (torchrun's workers first),
+    and `smis` as plan_kill takes them): SIGTERM to its processes (torchrun's workers first),
     SIGKILL to what outlives `grace_s`, close its session, then poll until none of them
     holds GPU memory. A multi-node plan's nodes are stopped together, each on its host;
     their reports are the report's `nodes`.
@@ -368,11 +371,11 @@ async def kill_run(
     alive as the same process. GPU memory is read as `gpu.read_gpus` reads it: NVML on
     this machine unless `nvml=False`, else `smi`."""
     if isinstance(plan, str):
-        plan = await plan_kill(host, plan, smi=smi, nvml=nvml, hosts=hosts)
+        plan = await plan_kill(host, plan, smi=smi, nvml=nvml, hosts=hosts, smis=smis)
 
     async def node(one: KillPlan, term: bool) -> KillReport | AlreadyEnded:
         try:
-            return await _kill_node(one.via or host, one, grace_s, poll_s, smi, gpu_timeout_s, nvml, term)
+            return await _kill_node(one.via or host, one, grace_s, poll_s, one.smi or smi, gpu_timeout_s, nvml, term)
         except AlreadyEnded as ended:  # ended meanwhile: the others are still to be stopped
             return ended
 

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import ipaddress
 import posixpath
+import re
 import signal
 from collections.abc import Mapping, Sequence
 from functools import partial
@@ -47,6 +48,10 @@ from backends.runs import (
     train_args_start,
 )
 from training.contract import new_run_id
+
+# torchrun's summary of a failed job: the first failed worker's rank and exit code.
+_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+CONSOLE_TAIL_BYTES = 65536
 
 # A port free on the host now, for the rendezvous store (run by the trainer's python).
 _FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
@@ -280,17 +285,36 @@ async def stop_orphans(
         if not (_dead(info) and alive):
             continue
         with contextlib.suppress(kill.AlreadyEnded):  # ended on their own meanwhile
-            smi = (smis or {}).get(alive[0].host, gpu.DEFAULT_SMI)
-            stopped[info.run_id] = await kill.kill_run(hosts[alive[0].host], info.run_id, grace_s=grace_s, smi=smi, hosts=hosts)
+            head = hosts[alive[0].host]
+            smi = (smis or {}).get(head.name, gpu.DEFAULT_SMI)
+            stopped[info.run_id] = await kill.kill_run(head, info.run_id, grace_s=grace_s, smi=smi, hosts=hosts, smis=smis)
     return stopped
 
 
-def node_alert(info: RunInfo, report: kill.KillReport | None = None) -> Alert | None:
-    """A multi-node run with a dead node: which, how, and which nodes were stopped for it."""
+async def root_causes(info: RunInfo, hosts: Mapping[str, Host]) -> dict[int, str]:
+    """How each dead node's first failed worker ended, by node, as its torchrun summed it
+    up in its console ("rank 1 killed by SIGKILL"): torchrun itself exits 1 whatever
+    happened to its workers."""
+    causes = {}
+    for node in _dead(info):
+        if node.host in hosts and node.run_dir:
+            with contextlib.suppress(HostError):
+                tail = await hosts[node.host].run(["tail", "-c", str(CONSOLE_TAIL_BYTES), f"{node.run_dir}/console.log"])
+                if found := _ROOT_CAUSE.search(tail.stdout):
+                    causes[node.node] = f"rank {found[1]} {_how(int(found[2]))}"
+    return causes
+
+
+def node_alert(info: RunInfo, report: kill.KillReport | None = None, causes: Mapping[int, str] | None = None) -> Alert | None:
+    """A multi-node run with a dead node: which, how (its worker's end, from `causes`),
+    and which nodes were stopped for it."""
     dead = _dead(info)
     if not dead:
         return None
-    said = "; ".join(f"node {n.node} on {n.host} {_how(n.exit_status)}" for n in dead)
+    causes = causes or {}
+    said = "; ".join(
+        f"node {n.node} on {n.host} {_how(n.exit_status)}" + (f" ({causes[n.node]})" if n.node in causes else "") for n in dead
+    )
     if report is not None:
         hosts = [r.host for r in (report, *report.nodes)]
         said += f"; stopped the node(s) on {', '.join(hosts)} rather than leave them waiting on it"

@@ -97,6 +97,10 @@ async def _lost_nodes(hosts: list[Watched], book: alerts.AlertBook, grace_s: flo
     for info in merged:
         alert = nodes.node_alert(info, stopped.get(info.run_id)) if info.nodes else None
         if alert and book.watches(alerts.RunFacts(f"nodes/{info.run_id}", info)):
+            if alert.key in book.active:  # its words stay those it was raised with
+                alert = book.active[alert.key].alert
+            else:  # new: worth reading how its worker ended
+                alert = nodes.node_alert(info, stopped.get(info.run_id), await nodes.root_causes(info, by_name))
             found.append(alert)
     return found
 
