@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 
 from backends import kill, nodes, params, runs, tmux
@@ -54,6 +55,12 @@ def _names(text: str) -> list[str]:
     return names
 
 
+def _address(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", text):
+        raise argparse.ArgumentTypeError(f"expected a host name or IPv4 address, got {text!r}")
+    return text
+
+
 def _parser() -> _Parser:
     parser = _Parser(prog="trackside", description="Start, list, stop and relaunch runs in tmux on a host.")
     commands = parser.add_subparsers(dest="subcommand", required=True)
@@ -70,7 +77,7 @@ def _parser() -> _Parser:
     launch.add_argument("--hosts", type=_names, metavar="H1,H2,…",
                         help="run the trainer on every one of these hosts as one torchrun job (c10d rendezvous on the first)")
     launch.add_argument("--nproc-per-node", type=_count, metavar="N", help="with --hosts: processes per host (default 1)")
-    launch.add_argument("--rdzv-host", metavar="ADDR",
+    launch.add_argument("--rdzv-host", type=_address, metavar="ADDR",
                         help="with --hosts: the address the other hosts reach the first by (default: its configured address)")
     command("runs", "List runs and every other tmux session on the host.")
     stop = command("kill", "Stop a run's own process tree, then verify its GPU memory is released.")
@@ -120,13 +127,21 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _node_hosts(config: Config, names: list[str]) -> None:
-    """Every --hosts name is a host of the config (exit 2 naming the one that is not)."""
-    for name in names:
+def _check_nodes(args, config: Config, hosts: dict[str, Host]) -> None:
+    """A multi-node launch's usage errors (exit 2): a --hosts name the config lacks, a
+    command that is not the trainer, a first host the others cannot reach as configured."""
+    for name in args.hosts:
         try:
             config.host(name)
         except ConfigError as e:
             raise UsageError(f"trackside launch: --hosts: {e.problem}") from None
+    if runs.train_args_start(args.command, config.host(args.hosts[0]).train_command) is None:
+        raise UsageError(f"trackside launch: --hosts runs the trainer (-- trackside train …), not {args.command[0]}")
+    if args.rdzv_host is None:
+        try:
+            nodes.rendezvous_host([hosts[name] for name in args.hosts])
+        except runs.RunError as e:
+            raise UsageError(f"trackside launch: --hosts: {e}") from None
 
 
 def _launched(info: runs.RunInfo, relaunch: bool) -> dict:
@@ -206,7 +221,7 @@ async def _run(args) -> tuple[object, str]:
     try:
         if args.subcommand == "launch":
             if args.hosts:
-                _node_hosts(config, args.hosts)
+                _check_nodes(args, config, hosts)
                 info = await nodes.launch_nodes(
                     [hosts[name] for name in args.hosts], args.command, args.nproc_per_node or 1, session=args.session,
                     train_commands=train_commands, rdzv_host=args.rdzv_host,

@@ -195,15 +195,27 @@ def lose_node(config: str, run_id: str) -> list[str]:
         (["--nproc-per-node", "2"], "--nproc-per-node goes with --hosts"),
         (["--rdzv-host", "10.0.0.1"], "--rdzv-host goes with --hosts"),
         (["--host", "local", "--hosts", "local,other"], "--host and --hosts"),
+        (["--hosts", "local,other", "--rdzv-host", "a;b"], "--rdzv-host"),
+        (["--hosts", "local,far"], "--rdzv-host"),  # this machine first: 127.0.0.1 is no address for far
     ],
 )
 def test_bad_multinode_launches_exit_2_naming_the_flag(capsys, tmp_path, argv, names):
     config = tmp_path / "config.toml"
-    config.write_text(f"[hosts.local]\nruns_root = {json.dumps(str(tmp_path))}\n[hosts.other]\nruns_root = {json.dumps(str(tmp_path))}\n")
+    config.write_text(
+        f"[hosts.local]\nruns_root = {json.dumps(str(tmp_path))}\n[hosts.other]\nruns_root = {json.dumps(str(tmp_path))}\n"
+        '[hosts.far]\naddress = "192.0.2.7"\n'  # never contacted: the launch is refused first
+    )
     code = main(["launch", "--config", str(config), *argv, "--", "trackside", "train", "--synthetic"])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and names in err and "Traceback" not in err, err
     assert list(tmp_path.iterdir()) == [config]  # nothing was launched
+
+
+def test_a_multinode_launch_of_another_program_exits_2(capsys, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text(f"[hosts.local]\nruns_root = {json.dumps(str(tmp_path))}\n[hosts.other]\nruns_root = {json.dumps(str(tmp_path))}\n")
+    code = main(["launch", "--config", str(config), "--hosts", "local,other", "--", "sleep", "60"])
+    assert code == 2 and "--hosts runs the trainer" in capsys.readouterr().err
 
 
 async def test_a_multinode_launch_runs_the_trainer_on_distinct_hosts(tmp_path):
