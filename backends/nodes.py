@@ -50,7 +50,7 @@ from backends.runs import (
 from training.contract import new_run_id
 
 # torchrun's summary of a failed job: the first failed worker's rank and exit code.
-_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
 CONSOLE_TAIL_BYTES = 65536
 
 # A port free on the host now, for the rendezvous store (run by the trainer's python).
