@@ -13,17 +13,11 @@ from tests.tui.sample import (
     metrics_events,
     run_info,
 )
+from tui.curves import Curves, positions_shown
 from tui.screens.fleet import run_cells
 from tui.screens.run import stats_text
 from tui.state import HostState, RunState
-from tui.widgets.loss_chart import (
-    STEP_COLORS,
-    TAU,
-    TOTAL,
-    Curves,
-    draw,
-    positions_shown,
-)
+from tui.widgets.loss_chart import STEP_COLORS, TAU, TOTAL, draw
 
 
 def dflash_run(steps: int = 60, events: list[dict] | None = None) -> RunState:

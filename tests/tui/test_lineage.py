@@ -16,14 +16,15 @@ from rich.text import Text
 
 from backends import runs
 from backends.runs import RunInfo, RunPhase
+from backends.series import Overlay, from_metrics
 from tests.tui.conftest import TRAIN, screen_text, wait_for
 from tests.tui.sample import run_info
 from tui.app import TracksideApp, Watched
+from tui.curves import Curves, Overlaid
 from tui.messages import MetricsBatch, RunsListed
 from tui.screens.pick_run import PickRun
-from backends.series import Overlay, from_metrics
 from tui.state import RunState as TuiRun
-from tui.widgets.loss_chart import OVERLAY_COLORS, Curves, LossChart, Overlaid, draw
+from tui.widgets.loss_chart import OVERLAY_COLORS, LossChart, draw
 
 T0 = 1_790_000_000.0
 GRANDPARENT, PARENT, CHILD = "20261201-0900-0001", "20261201-0930-0002", "20261201-1000-0003"

@@ -10,11 +10,11 @@ from rich.style import Style
 from textual.strip import Strip
 
 from tests.tui.sample import NOW, PARAMS, metrics_events, run_info
+from tui.curves import Curves
 from tui.escape_cache import ESCAPE_CACHE, bound_escape_cache
 from tui.predict import predict
 from tui.screens.run import stats_text
 from tui.state import STEP_HISTORY, RunState
-from tui.widgets.loss_chart import Curves
 
 
 def make_run(events: list[dict]) -> RunState:

@@ -10,12 +10,13 @@ from textual.screen import Screen
 from textual.widgets import Header, Input, Log, Static
 
 from backends.runs import launcher_code
+from tui.curves import positions_shown
+from tui.guard import Guarded
 from tui.state import RunState, format_duration, format_number
 from tui.widgets.alert_bar import AlertBar
 from tui.widgets.footer import Footer
 from tui.widgets.gpu_panel import GpuPanel
-from tui.widgets.loss_chart import LossChart, positions_shown
-from tui.guard import Guarded
+from tui.widgets.loss_chart import LossChart
 
 LOG_LINES = 2000  # shown; rewritten down to half when full
 
