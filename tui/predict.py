@@ -51,10 +51,6 @@ def _peak_bytes(basis: Basis) -> int | None:
     return round(basis.peak_mem_gib * memory.GiB) if basis.peak_mem_gib else None
 
 
-def predict(run: RunState, changes: dict, gpu_mem_gib: float | None = None) -> Cost:
-    return Basis.of(run).predict(changes, gpu_mem_gib)
-
-
 def _schedule(basis: Basis, params: dict) -> tuple[int | None, float | None]:
     """An epoch holds the same tokens whatever the row length; rows fill as they do now."""
     last, spe, old = basis.last, basis.steps_per_epoch, basis.params

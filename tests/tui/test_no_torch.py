@@ -17,7 +17,7 @@ from backends import runs
 from tests.tui.conftest import wait_for
 from tests.tui.sample import metrics_events, run_info
 from tui.app import TracksideApp, Watched
-from tui.predict import predict
+from tui.predict import Basis
 from tui.screens.edit import EditScreen
 from tui.state import RunState, RunStatus
 
@@ -40,7 +40,7 @@ def test_the_memory_model_predicts_without_torch():
     run = RunState("h200-box/r", "h200-box", run_info())
     for event in metrics_events(5, model=PRESETS["llama3-8b"].to_dict()):
         run.add_event(event)
-    cost = predict(run, {"max_seq_len": 16384}, gpu_mem_gib=140.4)
+    cost = Basis.of(run).predict({"max_seq_len": 16384}, gpu_mem_gib=140.4)
     assert cost.peak_gib > 40 and cost.largest_max_seq_len > 16384
     assert "torch" not in sys.modules
 

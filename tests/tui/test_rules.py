@@ -12,7 +12,7 @@ from textual.strip import Strip
 from tests.tui.sample import NOW, PARAMS, metrics_events, run_info
 from tui.curves import Curves
 from tui.escape_cache import ESCAPE_CACHE, bound_escape_cache
-from tui.predict import predict
+from tui.predict import Basis
 from tui.screens.run import stats_text
 from tui.state import STEP_HISTORY, RunState
 
@@ -95,11 +95,11 @@ def test_a_resumed_run_replaces_the_steps_it_redoes():
 
 def test_prediction_scales_steps_with_row_length_and_time_with_ttt():
     run = make_run(metrics_events(50))
-    now = predict(run, {})
+    now = Basis.of(run).predict({})
     assert now.steps_per_epoch == 4120
-    doubled = predict(run, {"max_seq_len": 2 * PARAMS["max_seq_len"]})
+    doubled = Basis.of(run).predict({"max_seq_len": 2 * PARAMS["max_seq_len"]})
     assert doubled.steps_per_epoch == 2060
-    deeper = predict(run, {"ttt_steps": 5})
+    deeper = Basis.of(run).predict({"ttt_steps": 5})
     assert deeper.epoch_s == pytest.approx(now.epoch_s * 5 / 3)
     assert now.peak_gib is None and now.largest_max_seq_len is None  # no drafter shape: "—"
 
@@ -108,22 +108,22 @@ def test_prediction_of_peak_memory_grows_with_row_length():
     from training.config import PRESETS
 
     run = make_run(metrics_events(50, model=PRESETS["llama3-8b"].to_dict()))
-    now = predict(run, {}).peak_gib
+    now = Basis.of(run).predict({}).peak_gib
     assert now == pytest.approx(40.2, rel=0.1)  # calibrated on the run's measured peak
-    assert predict(run, {"max_seq_len": 16384}).peak_gib > now
-    assert predict(run, {"ttt_steps": 5}).peak_gib > now
-    largest = predict(run, {}, gpu_mem_gib=140.4).largest_max_seq_len
+    assert Basis.of(run).predict({"max_seq_len": 16384}).peak_gib > now
+    assert Basis.of(run).predict({"ttt_steps": 5}).peak_gib > now
+    largest = Basis.of(run).predict({}, gpu_mem_gib=140.4).largest_max_seq_len
     assert largest > 8192 and largest % 1024 == 0
-    assert predict(run, {"ttt_steps": 5}, gpu_mem_gib=140.4).largest_max_seq_len < largest
+    assert Basis.of(run).predict({"ttt_steps": 5}, gpu_mem_gib=140.4).largest_max_seq_len < largest
     # a step too long to fit is told how many TTT steps to recompute
     longer = {"max_seq_len": 98304, "ttt_steps": 5}
-    n = predict(run, longer, gpu_mem_gib=140.4).fewest_checkpoint_ttt
+    n = Basis.of(run).predict(longer, gpu_mem_gib=140.4).fewest_checkpoint_ttt
     assert 0 < n < 5
-    assert predict(run, {**longer, "checkpoint_ttt": n}, gpu_mem_gib=140.4).largest_max_seq_len >= 98304
-    assert predict(run, {**longer, "checkpoint_ttt": n - 1}, gpu_mem_gib=140.4).largest_max_seq_len < 98304
+    assert Basis.of(run).predict({**longer, "checkpoint_ttt": n}, gpu_mem_gib=140.4).largest_max_seq_len >= 98304
+    assert Basis.of(run).predict({**longer, "checkpoint_ttt": n - 1}, gpu_mem_gib=140.4).largest_max_seq_len < 98304
     # a run launched while the flag was a bool recorded `true`: every step
-    assert predict(run, {**longer, "checkpoint_ttt": True}).peak_gib == \
-        predict(run, {**longer, "checkpoint_ttt": 5}).peak_gib
+    assert Basis.of(run).predict({**longer, "checkpoint_ttt": True}).peak_gib == \
+        Basis.of(run).predict({**longer, "checkpoint_ttt": 5}).peak_gib
 
 
 def test_pane_captures_yield_each_new_line_once():
