@@ -19,7 +19,7 @@ from textual.app import App, ScreenStackError, SystemCommand
 from textual.screen import Screen
 from textual.worker import Worker, WorkerFailed, WorkerState
 
-from backends import gpu, logparse, runs, series
+from backends import gpu, logparse, nodes, runs, series
 from backends.hosts import DEFAULT_RUNS_ROOT, Host
 from tui.escape_cache import bound_escape_cache
 from tui.guard import error_log_path, guarded_callback, write_error
@@ -88,11 +88,13 @@ class TracksideApp(RunActions, App):
         self.grace_s = grace_s
         self.hosts: dict[str, HostState] = {name: HostState(name) for name in self.watched}
         self.runs: dict[str, RunState] = {}
+        self.listings: dict[str, list[runs.RunInfo]] = {}  # each host's latest, merged into runs
         self.alert_book = AlertBook(since=clock(), rules=alert_rules)
         self.alert_command = alert_command  # run with each new alert as JSON on its stdin
         self.alert_timeout_s = alert_timeout_s
         self.alerts: dict[str, Alert] = {}  # up now, in the alert bar's order
         self.kill_alerts: dict[str, Alert] = {}
+        self.stopped_runs: set[str] = set()  # stopped from here: a node the kill took is no lost node
         self.pending: dict[str, dict] = {}  # edited params per run, applied by relaunch
         self.monitors: dict[str, HostMonitor] = {}
         if monitor:
@@ -203,17 +205,31 @@ class TracksideApp(RunActions, App):
     def on_runs_listed(self, message: RunsListed) -> None:
         host = self.hosts[message.host]
         self._host_answered(host, message.time)
-        listed = {run_key(host.name, info): info for info in message.runs}
-        for key, info in listed.items():
+        # A multi-node run is listed by each of its hosts, each knowing its own node: the
+        # fleet's latest listings are merged into one entry per run (a host that cannot
+        # be listed keeps its last listing, as its runs stay shown).
+        self.listings[host.name] = message.runs
+        listed = {}
+        for info in nodes.merge([info for infos in self.listings.values() for info in infos]):
+            home = self.home_of(info)
+            listed[run_key(home, info)] = home, info
+        for key, (home, info) in listed.items():
             run = self.runs.get(key)
             if run is None:
-                self.runs[key] = run = RunState(key, host.name, info)
-            run.info, run.gone = info, False
+                self.runs[key] = run = RunState(key, info.host, info, home=home)
+            run.info, run.host, run.gone = info, info.host, False
         for key, run in self.runs.items():
-            if run.host == host.name and key not in listed:
+            if key not in listed and host.name in run.hosts:
                 run.gone = True
-        self._follow_runs(host.name)
+        # Every host's: a multi-node run's metrics move to the node found to hold rank 0.
+        for name in self.monitors:
+            self._follow_runs(name)
         self._changed(host=host.name)
+
+    def home_of(self, info: runs.RunInfo) -> str:
+        """The host a run is filed under (its key's): a multi-node run's first node on a
+        watched host, so its key holds while its metrics' host is still being found."""
+        return next((n.host for n in info.nodes if n.host in self.hosts), info.host)
 
     def on_metrics_batch(self, message: MetricsBatch) -> None:
         run = self.runs.get(message.key)
@@ -323,12 +339,26 @@ class TracksideApp(RunActions, App):
             for host in self.hosts.values()
         ]
         listed = [RunFacts(run.key, run.info, run.steps, run.oom) for run in self.runs.values() if not run.gone]
-        for alert in self.alert_book.evaluate(hosts, listed, now, self.kill_alerts.values()):
+        for alert in self.alert_book.evaluate(hosts, listed, now, [*self.kill_alerts.values(), *self._lost_nodes(listed)]):
             self.notify(alert.text, severity=alert.severity, timeout=8)
             announce(self, alert)
             if self.alert_command:
                 self.run_worker(self._send_alert(alert, now), group="alerts", exit_on_error=False)
         self.alerts = {alert.key: alert for alert in self.alert_book.current}
+
+    def _lost_nodes(self, listed: list[RunFacts]) -> list[Alert]:
+        """A multi-node run with a dead node, named. Only said: stopping the nodes left
+        waiting on it is `trackside watch`'s, which supervises whether a dashboard is open
+        or not (a dashboard's poll is a read that never stops anything)."""
+        parents = {run.info.parent for run in listed if run.info.parent}
+        found = []
+        for run in listed:
+            if not run.info.nodes or run.key in self.stopped_runs or run.info.run_id in parents:
+                continue  # the operator stopped or relaunched it: its end is no news
+            alert = nodes.node_alert(run.info)
+            if alert is not None and self.alert_book.watches(run):
+                found.append(alert)
+        return found
 
     async def _send_alert(self, alert: Alert, raised: float) -> None:
         problem = await run_command(self.alert_command, alert, raised, self.alert_timeout_s)

@@ -12,7 +12,7 @@ import shlex
 from rich.text import Text
 from textual.app import SuspendNotSupported
 
-from backends import attach, kill, runs
+from backends import attach, kill, nodes, runs
 from backends.alerts import kill_alert
 from backends.hosts import Host, HostError
 from tui.guard import Guarded
@@ -46,7 +46,12 @@ class RunActions(Guarded):
 
         watched = self.watched[run.host]
         try:
-            plan = await kill.plan_kill(watched.host, run.info.run_id or run.info.session, smi=watched.smi)
+            # With every watched host: a multi-node run's plan covers each node on its own.
+            plan = await kill.plan_kill(
+                watched.host, run.info.run_id or run.info.session, smi=watched.smi,
+                hosts={name: w.host for name, w in self.watched.items()},
+                smis={name: w.smi for name, w in self.watched.items()},
+            )  # fmt: skip
         except kill.KillError as refused:  # our own session, a run that ended meanwhile, a gone one
             self.notify(str(refused), severity="warning", timeout=8)
             return
@@ -66,17 +71,22 @@ class RunActions(Guarded):
         watched = self.watched[run.host]
         self.notify(f"stopping {run.key}…", timeout=3)
         self.alert_book.stopped(run.key)
+        self.stopped_runs.add(run.key)
         try:
             report = await kill.kill_run(watched.host, plan, grace_s=self.grace_s, smi=watched.smi)
         except Exception as error:
             self.notify(f"could not kill {run.key}: {error}", severity="error", timeout=10)
             return
-        alert = kill_alert(run.key, report)
-        if alert:
-            self.kill_alerts[alert.key] = alert
-        else:
-            self.kill_alerts.pop(f"held:{run.key}", None)
-        self._poll_runs(run.host)
+        # Memory still held is said per host: a multi-node run's other nodes report their own.
+        for part in (report, *report.nodes):
+            where = run.key if part is report else f"{run.key} on {part.host}"
+            alert = kill_alert(where, part)
+            if alert:
+                self.kill_alerts[alert.key] = alert
+            else:
+                self.kill_alerts.pop(f"held:{where}", None)
+        for name in run.hosts:
+            self._poll_runs(name)
         self.push_screen(KillReportScreen(run.key, report))
         self._changed(run=run.key)
         if relaunch:
@@ -94,7 +104,10 @@ class RunActions(Guarded):
         # A second copy beside a live original doubles its GPU memory: say so, default No.
         question = Text()
         question.append(f"Relaunch while {run.key} still runs?\n\n", style="bold")
-        question.append(f"tmux session {run.info.session} keeps running (PIDs {', '.join(map(str, run.info.pids)) or '—'}): ")
+        if len(run.info.nodes) > 1:
+            question.append(f"its nodes on {'+'.join(run.hosts)} keep running: ")
+        else:
+            question.append(f"tmux session {run.info.session} keeps running (PIDs {', '.join(map(str, run.info.pids)) or '—'}): ")
         question.append("two copies, on a GPU twice the memory.\n")
         question.append("R stops it first, then relaunches.", style="cyan")
 
@@ -106,29 +119,37 @@ class RunActions(Guarded):
 
     async def _relaunch(self, run: RunState) -> None:
         changes = self.pending.get(run.key, {})
-        host = self.watched[run.host].host
+        watched = self.watched[run.host]
         described = ", ".join(f"{k}={v}" for k, v in changes.items()) or "unchanged parameters"
         self.notify(f"relaunching {run.key} with {described}…", timeout=3)
         try:
-            info = await runs.relaunch(host, run.info.run_id, changes)
+            if len(run.info.nodes) > 1:  # every node again, together: one alone would wait for the rest
+                info = await nodes.relaunch_nodes(
+                    {name: w.host for name, w in self.watched.items()}, watched.host, run.info.run_id, changes,
+                    train_commands={name: w.train_command for name, w in self.watched.items()},
+                )  # fmt: skip
+            else:
+                info = await runs.relaunch(watched.host, run.info.run_id, changes, train_command=watched.train_command)
         except Exception as error:
             self.notify(f"could not relaunch {run.key}: {error}", severity="error", timeout=10)
             return
-        new = self._adopt(run.host, info)
+        new = self._adopt(info)
         self.pending.pop(run.key, None)
         self.notify(f"relaunched as {new.key}", title="relaunch")
         shown = self.shown_screen()
         if getattr(shown, "run_key", None) == run.key:
             shown.show_run(new.key)
 
-    def _adopt(self, host_name: str, info) -> RunState:
+    def _adopt(self, info) -> RunState:
         """A run this app just launched: known before the next listing, and followed."""
-        key = run_key(host_name, info)
-        run = self.runs.setdefault(key, RunState(key, host_name, info))
+        home = self.home_of(info)
+        key = run_key(home, info)
+        run = self.runs.setdefault(key, RunState(key, info.host, info, home=home))
         run.info = info
         self.select(key)
-        self._poll_runs(host_name)
-        self._changed(host=host_name, run=key)
+        for name in run.hosts:
+            self._poll_runs(name)
+        self._changed(host=info.host, run=key)
         return run
 
     def _poll_runs(self, host_name: str) -> None:
@@ -137,7 +158,7 @@ class RunActions(Guarded):
 
     async def _launch_demo(self) -> None:
         assert self.demo is not None
-        name, watched = next(iter(self.watched.items()))
+        watched = next(iter(self.watched.values()))
         try:
             info = await runs.launch(watched.host, self.demo.argv, session=self.demo.session, params=self.demo.params)
         except Exception as error:
@@ -145,7 +166,7 @@ class RunActions(Guarded):
             self.shown_screen().show_waiting(f"could not start the demo run: {error}")
             return
         self.demo_run = info
-        run = self._adopt(name, info)
+        run = self._adopt(info)
         shown = self.shown_screen()
         if getattr(shown, "run_key", "") is None:
             shown.show_run(run.key)

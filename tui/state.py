@@ -37,6 +37,23 @@ def run_key(host: str, run: runs.RunInfo) -> str:
     return f"{host}/{run.run_id or run.session}"
 
 
+def node_label(node: runs.NodeInfo, end_status: str | None) -> tuple[str, str]:
+    """One node of a multi-node run in a few words, with its colour: red only for a node
+    that died (torchrun's exit 1 after the trainer's own clean end is no death)."""
+    code = node.exit_status
+    if node.state == runs.RunPhase.RUNNING.value:
+        return RunStatus.RUNNING.label, RunStatus.RUNNING.style
+    if node.state == runs.RunPhase.OOM.value:
+        return RunStatus.OOM.label, RunStatus.OOM.style
+    if node.state == runs.RunPhase.UNKNOWN.value or code is None:
+        return RunStatus.UNKNOWN.label, RunStatus.UNKNOWN.style
+    if code == 0 or runs.launcher_code(end_status, code):
+        return f"exited ({code})", RunStatus.STOPPED.style
+    if code < 0:
+        return f"killed ({_signal_name(-code)})", RunStatus.KILLED.style
+    return f"failed ({code})", RunStatus.FAILED.style
+
+
 class HostStatus(enum.StrEnum):
     """Whether the dashboard reaches a host. A str enum: the monitor reports the word."""
 
@@ -118,6 +135,18 @@ class RunState:
     # Run key → backends.series.Overlay: other runs drawn dim behind this one's loss (its
     # ancestors, runs picked from the fleet); replaced whole, never changed in place.
     overlays: dict = field(default_factory=dict)
+    # The host whose fleet row lists it, named by its key. `host` is where its metrics
+    # are read: for a multi-node run the node holding rank 0, which the rendezvous picks
+    # and the listing finds only once rank 0 has written; `home` stays its first node's.
+    home: str = ""
+
+    def __post_init__(self) -> None:
+        self.home = self.home or self.host
+
+    @property
+    def hosts(self) -> list[str]:
+        """Every host it runs on: a multi-node run's nodes', in node order."""
+        return [n.host for n in self.info.nodes] or [self.host]
 
     @property
     def last(self) -> dict | None:

@@ -6,13 +6,14 @@ Figures follow the story in DESIGN.md: eight H200s drawing 250 W of 600 W at 100
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from backends.console import summarize
 from backends.gpu import GpuProcess, GpuReading, GpuSnapshot, GpuStatus
 from backends.hosts import HostUnreachable, LocalHost
 from backends.kill import KillPlan
-from backends.runs import RunInfo, RunPhase
+from backends.runs import NodeInfo, RunInfo, RunPhase
 from tui.app import TracksideApp, Watched
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
 
@@ -260,3 +261,84 @@ async def on_dflash_run(pilot, model: dict | None = None) -> None:
     await pilot.pause()
     app.open_run(DFLASH_KEY)
     await pilot.pause()
+
+
+# A run spanning two hosts as one torchrun job (issue 23): four H200s on each, node 0 on
+# h200-a; the rendezvous gave rank 0 to node 1 on h200-b, so the run's metrics are there.
+MULTI_ID = "20261129-1200-d7e8"
+MULTI_HOSTS = ("h200-a", "h200-b")
+MULTI_KEY = f"{MULTI_HOSTS[0]}/{MULTI_ID}"
+MULTI_GPUS = 4
+MULTI_PIDS = {"h200-a": [6100], "h200-b": [7100]}  # each node's pane, as its host lists it
+
+
+def multinode_parts(dead: bool = False) -> list[RunInfo]:
+    """What each host lists of the run: its own node's state, the other node unknown.
+    `dead`: node 1's worker was SIGKILLed and its torchrun exited 1, node 0 still runs."""
+    parts = []
+    for i, host in enumerate(MULTI_HOSTS):
+        lost = dead and i == 1
+        state, status = (RunPhase.EXITED, 1) if lost else (RunPhase.RUNNING, None)
+        pids = [] if lost else MULTI_PIDS[host]
+        spans = [NodeInfo(h, n, f"ts-{MULTI_ID}", f"/root/.trackside/runs/{MULTI_ID}") for n, h in enumerate(MULTI_HOSTS)]
+        spans[i] = NodeInfo(host, i, f"ts-{MULTI_ID}", f"/root/.trackside/runs/{MULTI_ID}", state.value, status, pids)
+        rank_0 = i == 1  # only rank 0's run dir has metrics
+        parts.append(RunInfo(
+            MULTI_ID, f"ts-{MULTI_ID}", host, state, status, dict(PARAMS), 300 if rank_0 else None, 2.1 if rank_0 else None,
+            4120 if rank_0 else None, pids, f"/root/.trackside/runs/{MULTI_ID}", None, "2026-11-29T12:00:00Z", nodes=spans,
+        ))  # fmt: skip
+    return parts
+
+
+def multinode_gpus(host_index: int) -> GpuSnapshot:
+    """Each host's four cards, held by that node's four ranks."""
+    readings = tuple(
+        GpuReading(i, "NVIDIA H200", f"GPU-{host_index}{i:03d}", 540.0 + 9 * i + 20 * host_index, 600.0, 52224 + 256 * i,
+                   143771, 100, 63 + i)
+        for i in range(MULTI_GPUS)
+    )  # fmt: skip
+    processes = tuple(GpuProcess(8000 + 100 * host_index + i, i, 51200 + 256 * i, "python") for i in range(MULTI_GPUS))
+    return GpuSnapshot(GpuStatus.OK, "", readings, processes, NOW, "nvidia-smi")
+
+
+def multinode_events(steps: int = 300) -> list[dict]:
+    """The sample run's curve, logged by rank 0 of the 8 ranks with every rank's peak."""
+    events = metrics_events(steps)
+    for event in events[1:]:
+        event["peak_mem_gib_ranks"] = [round(event["peak_mem_gib"] + 0.5 * rank, 1) for rank in range(2 * MULTI_GPUS)]
+    return events
+
+
+def make_multinode_app() -> TracksideApp:
+    app = TracksideApp([Watched(LocalHost(name)) for name in MULTI_HOSTS], monitor=False, clock=frozen_clock)
+    notify = app.notify  # toasts kept, as make_app keeps them
+    app.notify = lambda message, **kw: notify(message, **{**kw, "timeout": 3600})
+    return app
+
+
+async def feed_multinode(pilot, dead: bool = False) -> None:
+    """Each host's listing and GPUs as its own monitor posts them; rank 0's metrics."""
+    app = pilot.app
+    for i, (host, part) in enumerate(zip(MULTI_HOSTS, multinode_parts(dead))):
+        app.post_message(RunsListed(host, [part], NOW))
+        app.post_message(GpusPolled(host, multinode_gpus(i), NOW))
+    await pilot.pause()
+    app.post_message(MetricsBatch(MULTI_HOSTS[1], MULTI_KEY, multinode_events(), garbled=0))
+    app.post_message(ConsoleBatch(MULTI_HOSTS[1], MULTI_KEY, LOG))
+    await pilot.pause()
+
+
+def multinode_plan() -> KillPlan:
+    """What `k` on the multi-node run shows: each node's pane shell, torchrun agent and its
+    four workers (the ranks), holding that host's four GPUs; read from the hosts, fixed here."""
+    started = "Sun Nov 29 12:00:00 2026"
+    parts = []
+    for i, host in enumerate(MULTI_HOSTS):
+        pane, agent = MULTI_PIDS[host][0], MULTI_PIDS[host][0] + 1
+        workers = tuple(range(8000 + 100 * i, 8000 + 100 * i + MULTI_GPUS))
+        parts.append(KillPlan(
+            host, MULTI_ID, f"ts-{MULTI_ID}", MULTI_ID, (pane,), {pid: started for pid in (pane, agent, *workers)},
+            multinode_gpus(i).processes, (), "OK", "", True, manifest={"run_id": MULTI_ID, "node": i}, first=workers,
+        ))  # fmt: skip
+    head, *rest = parts
+    return dataclasses.replace(head, nodes=tuple(rest))

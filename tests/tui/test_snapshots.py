@@ -5,7 +5,10 @@ Regenerate after an intended change with `pytest tests/tui/test_snapshots.py --s
 
 from __future__ import annotations
 
-from tests.tui.sample import FOREIGN_KEY, RUN_KEY, feed, feed_foreign, kill_plan, make_app, on_dflash_run, on_run
+from tests.tui.sample import (
+    FOREIGN_KEY, MULTI_KEY, RUN_KEY, feed, feed_foreign, feed_multinode, kill_plan, make_app, make_multinode_app,
+    multinode_plan, on_dflash_run, on_run,
+)  # fmt: skip
 from tui.screens.edit import EditScreen
 from tui.screens.kill import KillConfirm
 
@@ -97,3 +100,30 @@ def test_kill_report_with_a_straggler(snap_compare):
         await pilot.pause()
 
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_fleet_with_a_run_spanning_two_hosts(snap_compare):
+    """Listed once, under its first node's host, each node's state on a row of its own."""
+    assert snap_compare(make_multinode_app(), terminal_size=SIZE, run_before=feed_multinode)
+
+
+async def on_multinode_run(pilot) -> None:
+    await feed_multinode(pilot)
+    pilot.app.open_run(MULTI_KEY)
+    await pilot.pause()
+
+
+def test_run_spanning_two_hosts(snap_compare):
+    """Both hosts' GPUs, its nodes and every rank's peak."""
+    assert snap_compare(make_multinode_app(), terminal_size=SIZE, run_before=on_multinode_run)
+
+
+def test_kill_modal_of_a_run_spanning_two_hosts(snap_compare):
+    """Every node's PIDs and ranks, each on its own host."""
+
+    async def run_before(pilot) -> None:
+        await on_multinode_run(pilot)
+        pilot.app.push_screen(KillConfirm(MULTI_KEY, multinode_plan()))
+        await pilot.pause()
+
+    assert snap_compare(make_multinode_app(), terminal_size=SIZE, run_before=run_before)

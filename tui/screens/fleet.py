@@ -8,7 +8,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Header, Input
 
 from backends.gpu import GpuSnapshot, GpuStatus
-from tui.state import HostState, HostStatus, RunState, format_duration, format_number
+from tui.state import HostState, HostStatus, RunState, format_duration, format_number, node_label
 from tui.widgets.alert_bar import AlertBar
 from tui.widgets.footer import Footer
 from tui.guard import Guarded
@@ -103,6 +103,27 @@ def run_cells(run: RunState, host: HostState) -> dict[str, object]:
     }
 
 
+def node_cells(run: RunState, index: int) -> dict[str, object]:
+    """A multi-node run's node, under the run's row: its host and its own state."""
+    node = run.info.nodes[index]
+    label, style = node_label(node, run.info.end_status)
+    branch = "└" if index == len(run.info.nodes) - 1 else "├"
+    return {
+        "name": Text(f"   {branch} {node.host}"),
+        "state": Text(label, style=style),
+        **dict.fromkeys(("msl", "ttt", "step", "loss", "tps", "eta", "power"), ""),
+    }
+
+
+def row_run_key(row_key: str) -> str | None:
+    """The run a fleet row stands for: a run's row, or one of its nodes' rows."""
+    if row_key.startswith("run:"):
+        return row_key[len("run:"):]
+    if row_key.startswith("node:"):
+        return row_key[len("node:"):].rpartition("#")[0]
+    return None
+
+
 class FleetScreen(Guarded, Screen):
     AUTO_FOCUS = "#fleet"
 
@@ -135,10 +156,11 @@ class FleetScreen(Guarded, Screen):
         if not table.row_count:
             return None
         key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-        return key[len("run:"):] if key and key.startswith("run:") else None
+        return row_run_key(key or "")
 
     def rows(self) -> list[tuple[str, dict]]:
-        """Hosts in config order, each followed by its runs (newest first)."""
+        """Hosts in config order, each followed by its runs (newest first); a run spanning
+        hosts once, under its first node's host, each node on a row of its own below it."""
         app = self.app
         now = app.clock()
         interval = next(iter(app.monitors.values())).interval if app.monitors else 1.0
@@ -146,16 +168,20 @@ class FleetScreen(Guarded, Screen):
         rows = []
         for host in app.hosts.values():
             runs = sorted(
-                (r for r in app.runs.values() if r.host == host.name),
+                (r for r in app.runs.values() if r.home == host.name),
                 key=lambda r: (r.info.started or "", r.key),
                 reverse=True,
             )
             if needle:
-                runs = [r for r in runs if needle in r.key.lower() or needle in r.state_label.lower()]
+                runs = [r for r in runs if needle in r.key.lower() or needle in r.state_label.lower()
+                        or any(needle in name.lower() for name in r.hosts)]  # fmt: skip
                 if not runs and needle not in host.name.lower():
                     continue
             rows.append((f"host:{host.name}", host_cells(host, now, interval)))
-            rows.extend((f"run:{r.key}", run_cells(r, host)) for r in runs)
+            for r in runs:
+                rows.append((f"run:{r.key}", run_cells(r, host)))
+                if len(r.info.nodes) > 1:
+                    rows.extend((f"node:{r.key}#{i}", node_cells(r, i)) for i in range(len(r.info.nodes)))
         return rows
 
     def rebuild(self) -> None:
@@ -190,9 +216,8 @@ class FleetScreen(Guarded, Screen):
         self.rebuild()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        key = event.row_key.value or ""
-        if key.startswith("run:"):
-            self.app.open_run(key[len("run:"):])
+        if key := row_run_key(event.row_key.value or ""):
+            self.app.open_run(key)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self.app.refresh_bindings()

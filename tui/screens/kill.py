@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Button, Static
 
 from backends.kill import KillPlan, holding
@@ -14,16 +14,39 @@ from tui.screens.dialog import Dialog
 
 
 def plan_text(key: str, plan: KillPlan, relaunch: dict | None) -> Text:
-    """The plan, every PID of it: what a Yes signals, and nothing else."""
+    """The plan, every PID of it on every node: what a Yes signals, and nothing else."""
+    parts = (plan, *plan.nodes)
     text = Text()
-    text.append(f"Stop run {key} on {plan.host}?\n\n", style="bold")
+    text.append(f"Stop run {key} on {'+'.join(p.host for p in parts)}?\n", style="bold")
+    for part in parts:
+        text.append("\n")
+        if plan.nodes:  # a multi-node run: each node's own processes, on its own host
+            node = (part.manifest or {}).get("node")
+            text.append(f"{'' if node is None else f'node {node} '}on {part.host}\n", style="bold")
+        _plan_part(text, part, alone=not plan.nodes)
+    if plan.nodes:
+        text.append("\nStopped as one run: torchrun's workers first, SIGKILL to what outlives the grace period.")
+        text.append("\nNothing else on these hosts is touched.")
+    else:
+        text.append("\nNothing else on the host is touched.")
+    if relaunch is not None:
+        changes = ", ".join(f"{k}={v}" for k, v in relaunch.items()) or "unchanged parameters"
+        text.append(f"\nThen relaunch with {changes}.", style="cyan")
+    return text
+
+
+def _plan_part(text: Text, plan: KillPlan, *, alone: bool) -> None:
+    """One host's part of a plan: its session, PIDs, ranks and GPU holdings."""
     text.append("tmux session  ", style="dim")
     text.append(f"{plan.session}\n")
     text.append("pane PIDs     ", style="dim")
     text.append(", ".join(map(str, plan.pane_pids)) + "\n")
     text.append("processes     ", style="dim")
     text.append(", ".join(map(str, plan.pids)))
-    text.append("\n              (SIGTERM, then SIGKILL after the grace period)\n")
+    text.append("\n              (SIGTERM, then SIGKILL after the grace period)\n" if alone else "\n")
+    if plan.first:  # torchrun's workers: one per rank
+        text.append("ranks         ", style="dim")
+        text.append(", ".join(map(str, plan.first)) + "  (torchrun's workers, among the processes)\n")
     text.append("GPUs          ", style="dim")
     if plan.holdings:
         text.append("\n".join(f"{'' if i == 0 else ' ' * 14}{holding(p)}" for i, p in enumerate(plan.holdings)) + "\n")
@@ -37,15 +60,19 @@ def plan_text(key: str, plan: KillPlan, relaunch: dict | None) -> Text:
         text.append(f"{' ' * 14}not this run's, left alone: {holding(p)}\n", style="yellow")
     for note in plan.notes:
         text.append(f"{note}\n", style="dim")
-    text.append("\nNothing else on the host is touched.")
-    if relaunch is not None:
-        changes = ", ".join(f"{k}={v}" for k, v in relaunch.items()) or "unchanged parameters"
-        text.append(f"\nThen relaunch with {changes}.", style="cyan")
-    return text
 
 
 class KillConfirm(Confirm):
     """The plan `backends.kill` made, to be carried out exactly as shown on Yes."""
+
+    # A plan over several nodes of eight GPUs each is taller than a screen: it scrolls,
+    # so every PID a Yes signals can be read, with the answer's buttons always in view.
+    DEFAULT_CSS = """
+    KillConfirm #kill-plan-scroll {
+        height: auto;
+        max-height: 75vh;
+    }
+    """
 
     def __init__(self, key: str, plan: KillPlan, relaunch: dict | None = None) -> None:
         super().__init__(plan_text(key, plan, relaunch), "Yes, kill", text_id="kill-plan")
@@ -53,10 +80,28 @@ class KillConfirm(Confirm):
         self.plan = plan
         self.relaunch = relaunch  # the changed params when this kill is followed by a relaunch
 
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            with VerticalScroll(id="kill-plan-scroll"):
+                yield Static(self.question, id=self.text_id)
+            with Horizontal(classes="buttons"):
+                yield Button("No", id="no", variant="primary")
+                yield Button(self.yes, id="yes", variant="error")
+
 
 def report_text(key: str, report) -> Text:
     text = Text()
-    text.append(f"Killed {key} in {report.seconds:.1f}s\n\n", style="bold")
+    text.append(f"Killed {key} in {report.seconds:.1f}s\n", style="bold")
+    for part in (report, *report.nodes):
+        text.append("\n" if part is report else "\n\n")  # after the previous part's verdict
+        if report.nodes:  # a multi-node run: what each node's own host saw
+            text.append(f"on {part.host}\n", style="bold")
+        _report_part(text, part)
+    return text
+
+
+def _report_part(text: Text, report) -> None:
+    """One host's part of a kill: what was signalled there, its GPUs, its verdict."""
     text.append("signalled  ", style="dim")
     text.append((", ".join(map(str, report.signalled)) or "nothing was alive") + "\n")
     if report.killed:
@@ -81,7 +126,6 @@ def report_text(key: str, report) -> Text:
     text.append("\n")
     verified = report.released and report.gpu_status == "OK"
     text.append(report.verdict(), style="bold green" if verified else "bold" if report.released else "bold red")
-    return text
 
 
 class KillReportScreen(Dialog[None]):

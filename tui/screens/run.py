@@ -12,7 +12,7 @@ from textual.widgets import Header, Input, Log, Static
 from backends.runs import launcher_code
 from tui.curves import positions_shown
 from tui.guard import Guarded
-from tui.state import RunState, format_duration, format_number
+from tui.state import RunState, format_duration, format_number, node_label
 from tui.widgets.alert_bar import AlertBar
 from tui.widgets.footer import Footer
 from tui.widgets.gpu_panel import GpuPanel
@@ -52,6 +52,8 @@ def stats_text(run: RunState, now: float) -> Text:
         else:
             text.append(f" exit {code}")
     text.append("\n")
+    if len(info.nodes) > 1:
+        nodes_text(text, run)
     shown = [k for k in (DFLASH_SHOWN if run.is_dflash else SHOWN) if k in params]
     text.append("  ".join(f"{k} {format_number(params[k])}" for k in shown) + "\n", style="cyan")
     last = run.last or {}
@@ -65,6 +67,10 @@ def stats_text(run: RunState, now: float) -> Text:
             f"samples/row {format_number(last.get('samples_per_row'), 3)}   pad {format_number(last.get('pad_frac'), 2)}"
             f"   peak {format_number(last.get('peak_mem_gib'), 3)} GiB\n"
         )
+        ranks = last.get("peak_mem_gib_ranks")
+        if isinstance(ranks, (list, tuple)) and len(ranks) > 1:  # torchrun: every rank's own GPU
+            text.append("peak GiB by rank  ")
+            text.append("  ".join(f"{rank}:{format_number(gib, 3)}" for rank, gib in enumerate(ranks)) + "\n")
     elif run.progress is not None:  # no step events: the console's bar is the clock (foreign runs, loading)
         p = run.progress
         eta = f", ETA {format_duration(p.eta_s)}" if p.eta_s is not None else ""
@@ -75,6 +81,15 @@ def stats_text(run: RunState, now: float) -> Text:
     if run.gone:
         text.append("run directory is gone (deleted or unreadable)\n", style="red")
     return text
+
+
+def nodes_text(text: Text, run: RunState) -> None:
+    """A multi-node run's nodes: each one's host, state and PIDs, as its own host lists them."""
+    for node in run.info.nodes:
+        label, style = node_label(node, run.info.end_status)
+        text.append(f"node {node.node} {node.host}  ", style="dim")
+        text.append(label, style=style)
+        text.append(f"  PIDs {' '.join(map(str, node.pids))}\n" if node.pids else "\n", style="dim")
 
 
 class RunScreen(Guarded, Screen):
@@ -162,13 +177,16 @@ class RunScreen(Guarded, Screen):
             self._show_stats(Text(self.waiting))
             return
         everything = host is None and run is None  # the once-a-second tick, or a resume
-        if everything or host == current.host:
-            watched = app.watched[current.host]
-            self.query_one(GpuPanel).show(app.hosts[current.host], watched.host.is_local)
+        ours = host in current.hosts  # a multi-node run: any of its nodes' hosts
+        if everything or ours:
+            # Every GPU of every host it runs on (watched: a node on a host not in the
+            # config has no GPU reading here).
+            shown = [name for name in current.hosts if name in app.hosts]
+            self.query_one(GpuPanel).show([(app.hosts[name], app.watched[name].host.is_local) for name in shown])
             app.refresh_bindings()  # a listing may have ended the run: k no longer applies
         # Console lines change the stats only through progress or a console loss.
         console = (current.progress, current.console_loss[-1] if current.console_loss else None)
-        if everything or host == current.host or (run == current.key and (events or console != self.console_shown)):
+        if everything or ours or (run == current.key and (events or console != self.console_shown)):
             self.console_shown = console
             self._show_stats(stats_text(current, app.clock()))
         if run == current.key:

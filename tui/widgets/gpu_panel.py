@@ -45,10 +45,12 @@ def gib(mib: float | None) -> str:
     return "—" if mib is None else f"{mib / 1024:.1f}"
 
 
-def gpu_line(reading) -> Text:
+def gpu_line(reading, host: str = "") -> Text:
+    """One card's line; `host` (padded) leads it when the panel shows several hosts' cards."""
     util = "—" if reading.util_pct is None else f"{reading.util_pct}%"
     temp = "" if reading.temp_c is None else f" {reading.temp_c}°C"
     return Text.assemble(
+        (host, "bold"),
         (f"GPU{reading.index} ", "bold"),
         (f"{(reading.name or '').removeprefix('NVIDIA ')[:8]:<8} ", "dim"),
         power_bar(reading.power_w, reading.power_limit_w),
@@ -88,8 +90,8 @@ class GpuRow(Guarded, Horizontal):
         yield self.line
         yield self.history
 
-    def show(self, reading, history) -> None:
-        line = gpu_line(reading)
+    def show(self, reading, history, host: str = "") -> None:
+        line = gpu_line(reading, host)
         if line != self.shown:
             # The line is sized to its text: only a change of width needs a layout pass,
             # which reflows and repaints the whole screen.
@@ -99,28 +101,43 @@ class GpuRow(Guarded, Horizontal):
 
 
 class GpuPanel(Guarded, Vertical):
-    """One GpuRow per card, updated in place; a plain sentence when there are none."""
+    """One GpuRow per card of each host shown (a multi-node run's every node's), updated
+    in place; a plain sentence for a host with none to show."""
 
-    def compose(self) -> ComposeResult:
-        yield Static(id="gpu-none")
-
-    def show(self, host: HostState, is_local: bool) -> None:
-        message = no_gpu_text(host, is_local)
-        none = self.query_one("#gpu-none", Static)
-        none.display = message is not None
-        if message is not None:
-            none.update(message)
-            for row in self.query(GpuRow):
-                row.remove()
-            return
-        readings = list(host.gpus.gpus)
-        rows = {row.id: row for row in self.query(GpuRow)}
-        for reading in readings:
-            row_id = f"gpu-{reading.index}"
-            if row_id not in rows:
-                rows[row_id] = GpuRow(id=row_id)
-                self.mount(rows[row_id])
-            trace = host.traces.get(reading.index)
-            rows[row_id].show(reading, trace.power_w if trace else [])
-        for row_id in set(rows) - {f"gpu-{r.index}" for r in readings}:
-            rows[row_id].remove()
+    def show(self, hosts: list[tuple[HostState, bool]]) -> None:
+        """`hosts`: each host to show, with whether it is this machine."""
+        named = len(hosts) > 1
+        width = max(len(host.name) for host, _ in hosts) + 1 if named else 0
+        wanted: list[tuple[str, type, tuple]] = []  # (row id, its widget's class, what it shows), in order
+        for i, (host, is_local) in enumerate(hosts):
+            message = no_gpu_text(host, is_local)
+            if message is not None:
+                if named and not message.startswith(f"{host.name}:"):
+                    message = f"{host.name}: {message}"
+                wanted.append((f"gpu-none-{i}", Static, (message,)))
+                continue
+            for reading in host.gpus.gpus:
+                trace = host.traces.get(reading.index)
+                label = host.name.ljust(width) if named else ""
+                wanted.append((f"gpu-{i}-{reading.index}", GpuRow, (reading, trace.power_w if trace else [], label)))
+        shown = {child.id: child for child in self.children}
+        previous = None
+        for row_id, kind, args in wanted:
+            row = shown.pop(row_id, None)
+            if row is None:
+                row = kind(id=row_id)
+                if previous is not None:
+                    self.mount(row, after=previous)
+                elif self.children:
+                    self.mount(row, before=0)
+                else:
+                    self.mount(row)
+            elif previous is not None and self.children.index(row) != self.children.index(previous) + 1:
+                self.move_child(row, after=previous)
+            if isinstance(row, GpuRow):
+                row.show(*args)
+            else:
+                row.update(*args)
+            previous = row
+        for row in shown.values():
+            row.remove()
