@@ -18,11 +18,7 @@ from backends import kill, nodes, params, runs, tmux
 from backends.config import Config, ConfigError, load_config
 from backends.hosts import Host, HostError
 from backends.logparse import Progress
-from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, RUN_ID_EXAMPLE
-
-
-class UsageError(Exception):
-    """Bad arguments: exit 2."""
+from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, RUN_ID_EXAMPLE, UsageError
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,132 +1,20 @@
-"""The typed launch parameters a relaunch may change, and their place in a trainer argv.
+"""The launch parameters a relaunch may change, and their place in a trainer argv.
 
-Values are checked against a strict literal grammar before conversion (Python's `int()`
-would accept surrounding whitespace, newlines and underscores), so nothing but a plain
-number ever reaches an argv.
+Their names, kinds and ranges are the trainer's own table (training/params.py), which
+`trackside train`'s parser reads too; this module checks edits against it and writes
+them into an argv.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
-_INT = re.compile(r"[0-9]{1,12}")
-_FLOAT = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?")
+from training.params import PARAMS, Param, ParamError
+
+__all__ = ["PARAMS", "Param", "ParamError", "apply", "check", "conflicts", "parse_sets", "read", "set_flag"]
+
 _KEY = re.compile(r"[a-z][a-z0-9_]*")
-
-
-class ParamError(ValueError):
-    """A parameter is unknown, malformed or out of range; `key` names it."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(f"{key}: {message}")
-        self.key = key
-
-
-_BOOL = {"true": True, "false": False}
-
-
-@dataclass(frozen=True)
-class Param:
-    name: str
-    kind: type  # int, float, or bool (a bare flag: present is true)
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False  # low itself excluded, as in (0, 1]
-    # An int flag that may also be given bare stands for this value then, and is left
-    # out of the argv at 0.
-    bare: int | None = None
-    meaning: str | None = None  # what the number counts, where its name does not say
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    def shown(self, value: float) -> str:
-        """A value as the operator reads it: 1,048,576 for an int, 0.0003 for a float."""
-        return f"{int(value):,}" if self.kind is int else f"{value:g}"
-
-    @property
-    def _low(self) -> str | None:
-        return None if self.low is None else f"{'>' if self.low_open else '≥'} {self.shown(self.low)}"
-
-    @property
-    def _high(self) -> str | None:
-        return None if self.high is None else f"≤ {self.shown(self.high)}"
-
-    def describe(self) -> str:
-        if self.kind is bool:
-            return "bool: true or false"
-        text = f"{self.kind.__name__} {' and '.join(filter(None, [self._low, self._high]))}".strip()
-        return f"{text}: {self.meaning}" if self.meaning else text
-
-    def parse(self, text: str) -> int | float | bool:
-        if self.kind is bool:
-            if text not in _BOOL:
-                raise ParamError(self.name, f"{text!r} is not true or false")
-            return _BOOL[text]
-        grammar = _INT if self.kind is int else _FLOAT
-        # A sign is read so that -5 is told its range, not that it is no number; the range
-        # check then keeps every value the grammar lets through a plain literal.
-        if not isinstance(text, str) or not grammar.fullmatch(text.removeprefix("-")):
-            raise ParamError(self.name, f"{text!r} is not {_KIND_WORDS[self.kind]}")
-        return self.check(self.kind(text))
-
-    def check(self, value: int | float | bool) -> int | float | bool:
-        if self.bare is not None and isinstance(value, bool):
-            # as manifests wrote it while the flag was a bool: bare, or left out
-            return self.bare if value else 0
-        if self.kind is bool:
-            if not isinstance(value, bool):
-                raise ParamError(self.name, f"{value!r} is not true or false")
-            return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ParamError(self.name, f"{value!r} is not a number")
-        if self.kind is int and not float(value).is_integer():
-            raise ParamError(self.name, f"{value!r} is not a whole number")
-        value = self.kind(value)
-        if not math.isfinite(value):
-            raise ParamError(self.name, f"{value!r} is not finite")
-        too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
-        too_high = self.high is not None and value > self.high
-        if too_low or too_high:
-            raise ParamError(self.name, f"must be {self._low if too_low else self._high} (got {self.shown(value)})")
-        return value
-
-
-_KIND_WORDS = {int: "a whole number in digits", float: "a number in digits (e.g. 3e-4)"}
-
-
-PARAMS: dict[str, Param] = {
-    p.name: p
-    for p in [
-        Param("max_seq_len", int, 128, 1048576),
-        Param("ttt_steps", int, 1, 16),
-        Param("ttt_decay", float, 0, 1, low_open=True),
-        Param("lr", float, 0, None, low_open=True),
-        Param("steps", int, 1),
-        Param("epochs", int, 1),
-        Param("batch_rows", int, 1),
-        Param("draft_vocab_size", int, 1),
-        Param("loss_chunk", int, 1),
-        Param("save_every", int, 0),
-        Param("seed", int, 0),
-        # the first N TTT steps recomputed; bare, every step (the trainer takes at most
-        # its ttt_steps, at most 16 here)
-        Param("checkpoint_ttt", int, 0, 16, bare=16,
-              meaning="TTT steps recomputed"),
-        Param("freeze_lm_head", bool),
-        # DFlash's (trackside train --drafter dflash), as its trainer checks them; the
-        # block and the anchors must also fit a row of max_seq_len (see conflicts).
-        Param("block_size", int, 2, 1048576, meaning="the anchor and the tokens drafted with it"),
-        Param("max_anchors", int, 1, 1048576, meaning="blocks drawn per packed row"),
-        Param("dflash_gamma", float, 0, None, low_open=True),
-        Param("soft_kl", float, 0, 1, meaning="share of KL in the loss"),
-        Param("num_layers", int, 1),
-    ]
-}
 
 
 def _param(key: str) -> Param:

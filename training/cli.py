@@ -8,14 +8,12 @@ import argparse
 import dataclasses
 import json
 import os
-import secrets
 import sys
-import time
 from pathlib import Path
 
-
-class UsageError(Exception):
-    """A bad value on the command line: the message names the flag; exit 2."""
+from training import contract
+from training.contract import EXIT_OK, EXIT_USAGE, UsageError
+from training.params import PARAMS
 
 
 def _typed(kind, check, what: str):
@@ -30,11 +28,9 @@ def _typed(kind, check, what: str):
     return parse
 
 
+# For the flags outside training/params.py's table (those a relaunch does not change).
 POSITIVE_INT = _typed(int, lambda v: v > 0, "a positive integer")
-NON_NEGATIVE_INT = _typed(int, lambda v: v >= 0, "an integer ≥ 0")
 POSITIVE_FLOAT = _typed(float, lambda v: v > 0 and v != float("inf"), "a positive number")
-DECAY = _typed(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
-SHARE = _typed(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 
 
 def _layer_list(text: str) -> tuple[int, ...]:
@@ -48,7 +44,21 @@ def _layer_list(text: str) -> tuple[int, ...]:
 
 
 def runs_root() -> Path:
-    return Path(os.environ.get("TRACKSIDE_RUNS_ROOT") or Path.home() / ".trackside" / "runs")
+    root = os.environ.get(contract.RUNS_ROOT_ENV)
+    return Path(root) if root else Path(contract.RUNS_ROOT).expanduser()
+
+
+def _param(group, name: str, **kwargs) -> None:
+    """A flag of training/params.py's table, with its range; a bool is a bare flag, and
+    a param that may be bare takes its bare value when given without one."""
+    param = PARAMS[name]
+    if param.kind is bool:
+        group.add_argument(param.flag, action="store_true", **kwargs)
+    elif param.bare is not None:
+        group.add_argument(param.flag, type=param.argument_type, nargs="?", const=param.bare,
+                           **kwargs)
+    else:
+        group.add_argument(param.flag, type=param.argument_type, **kwargs)
 
 
 def train_parser() -> argparse.ArgumentParser:
@@ -64,18 +74,15 @@ def train_parser() -> argparse.ArgumentParser:
     source.add_argument("--data", type=Path, help="a data directory from trackside extract")
     p.add_argument("--out", type=Path, help="run directory (default: a new one under "
                    "$TRACKSIDE_RUNS_ROOT or ~/.trackside/runs)")
-    p.add_argument("--max-seq-len", type=POSITIVE_INT,
-                   help="tokens per packed row (default 2048; 512 with --synthetic)")
-    p.add_argument("--ttt-steps", type=POSITIVE_INT, help=f"default {DEFAULT_TTT_STEPS}")
-    p.add_argument("--ttt-decay", type=DECAY, help=f"default {DEFAULT_TTT_DECAY}")
+    _param(p, "max_seq_len", help="tokens per packed row (default 2048; 512 with --synthetic)")
+    _param(p, "ttt_steps", help=f"default {DEFAULT_TTT_STEPS}")
+    _param(p, "ttt_decay", help=f"default {DEFAULT_TTT_DECAY}")
     length = p.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=POSITIVE_INT)
-    length.add_argument("--epochs", type=POSITIVE_INT, help="default 1 when --steps is absent")
-    p.add_argument("--lr", type=POSITIVE_FLOAT,
-                   help="peak learning rate (default 1e-4; 3e-3 with --synthetic)")
-    p.add_argument("--batch-rows", type=POSITIVE_INT, default=1,
-                   help="packed rows per process per step")
-    p.add_argument("--draft-vocab-size", type=POSITIVE_INT)
+    _param(length, "steps")
+    _param(length, "epochs", help="default 1 when --steps is absent")
+    _param(p, "lr", help="peak learning rate (default 1e-4; 3e-3 with --synthetic)")
+    _param(p, "batch_rows", default=1, help="packed rows per process per step")
+    _param(p, "draft_vocab_size")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--model-config", type=Path, help="drafter shape as JSON")
     shape.add_argument("--preset", choices=sorted(set(PRESETS) | set(DFLASH_PRESETS)),
@@ -84,35 +91,32 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["cpu", "cuda"])
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in --out")
-    p.add_argument("--loss-chunk", type=POSITIVE_INT, default=2048)
-    p.add_argument("--checkpoint-ttt", type=NON_NEGATIVE_INT, nargs="?", const=sys.maxsize,
-                   default=0, metavar="N",
-                   help="recompute the first N TTT steps in backward (bare: every step): "
-                        "each saves its activations' share of the peak for about a third "
-                        "more of its compute")
-    p.add_argument("--freeze-lm-head", action="store_true",
-                   help="keep the draft head at the verifier's instead of training it (as "
-                        "speculators does): less compute and memory per step")
+    _param(p, "loss_chunk", default=2048)
+    _param(p, "checkpoint_ttt", default=0, metavar="N",
+           help="recompute the first N TTT steps in backward (bare: every step): each saves "
+                "its activations' share of the peak for about a third more of its compute")
+    _param(p, "freeze_lm_head",
+           help="keep the draft head at the verifier's instead of training it (as "
+                "speculators does): less compute and memory per step")
     p.add_argument("--gpu-mem-gib", type=POSITIVE_FLOAT,
                    help="cap this process's GPU memory (a smaller card, for tests)")
-    p.add_argument("--save-every", type=NON_NEGATIVE_INT, default=1000,
-                   help="checkpoint every N steps (0: only at the end or when stopped)")
-    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=0)
+    _param(p, "save_every", default=1000,
+           help="checkpoint every N steps (0: only at the end or when stopped)")
+    _param(p, "seed", default=0)
     p.add_argument("--export", type=Path, help="export the final drafter here")
     dflash = p.add_argument_group("DFlash (--drafter dflash)")
-    dflash.add_argument("--block-size", type=POSITIVE_INT,
-                        help="an anchor and block_size - 1 tokens drafted at once "
-                             "(default the preset's)")
-    dflash.add_argument("--max-anchors", type=POSITIVE_INT,
-                        help=f"blocks drawn per packed row (default the preset's, else "
-                             f"{DEFAULT_MAX_ANCHORS}, at most max_seq_len)")
-    dflash.add_argument("--dflash-gamma", type=POSITIVE_FLOAT,
-                        help="block offset k weighs exp(-(k-1)/gamma) (default the "
-                             f"preset's, else {DEFAULT_GAMMA})")
-    dflash.add_argument("--soft-kl", type=SHARE,
-                        help="share of KL to the verifier's distribution blended into the "
-                             "cross-entropy (default the preset's, else 0)")
-    dflash.add_argument("--num-layers", type=POSITIVE_INT, help="draft layers")
+    _param(dflash, "block_size",
+           help="an anchor and block_size - 1 tokens drafted at once (default the preset's)")
+    _param(dflash, "max_anchors",
+           help=f"blocks drawn per packed row (default the preset's, else "
+                f"{DEFAULT_MAX_ANCHORS}, at most max_seq_len)")
+    _param(dflash, "dflash_gamma",
+           help="block offset k weighs exp(-(k-1)/gamma) (default the preset's, else "
+                f"{DEFAULT_GAMMA})")
+    _param(dflash, "soft_kl",
+           help="share of KL to the verifier's distribution blended into the cross-entropy "
+                "(default the preset's, else 0)")
+    _param(dflash, "num_layers", help="draft layers")
     dflash.add_argument("--target-layers", type=_layer_list,
                         help="verifier layers read as context, a,b,… (default the data's)")
     return p
@@ -226,34 +230,63 @@ def _drafter_config(args, dataset):
     return dataclasses.replace(base, vocab_size=vocab, draft_vocab_size=draft)
 
 
-def _run_dir(args) -> Path:
+def _run_dir(args, device: str) -> Path:
     if args.out is None:
         if args.resume:
             raise UsageError("--resume needs --out RUN_DIR")
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # set by torchrun
             raise UsageError("under torchrun every rank must write to one run directory: "
                              "pass --out RUN_DIR")
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        return runs_root() / f"{stamp}-{secrets.token_hex(2)}"
-    if not args.resume and (args.out / "metrics.jsonl").exists():
-        raise UsageError(f"--out {args.out} already holds a run; pass --resume or choose "
-                         "another directory")
+        return runs_root() / contract.new_run_id()
+    if not args.resume and _holds_a_run(args.out, device):
+        said = (f"--out {args.out} already holds a run; pass --resume or choose another "
+                "directory")
+        # Every rank refuses; rank 0 alone says why, once for the whole run.
+        raise UsageError(said if int(os.environ.get("RANK", "0")) == 0 else "")
     return args.out
+
+
+def _holds_a_run(out: Path, device: str) -> bool:
+    """Whether `out` holds a run, as rank 0 sees it before any rank has written.
+
+    Under torchrun rank 0 alone looks, and the process group carries its answer to every
+    rank: a rank looking for itself could look after rank 0 had begun this very run, and
+    refuse it."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return (out / "metrics.jsonl").exists()
+    import torch.distributed as dist
+
+    from training.loop import join_processes
+
+    join_processes(device)
+    seen = [(out / "metrics.jsonl").exists() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(seen, src=0)
+    return seen[0]
 
 
 def train_main(argv: list[str]) -> int:
     args = train_parser().parse_args(argv)
     import torch
 
-    from training.data import Dataset, DatasetError
-    from training.loop import ResumeError, TrainConfig, train
+    from training.loop import leave_processes
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available")
     if args.gpu_mem_gib and device != "cuda":
         raise UsageError("--gpu-mem-gib needs --device cuda")
-    run_dir = _run_dir(args)
+    try:
+        return _train(args, device)
+    except UsageError:
+        leave_processes()  # where a rank joined its torchrun run before refusing
+        raise
+
+
+def _train(args, device: str) -> int:
+    from training.data import Dataset, DatasetError
+    from training.loop import ResumeError, TrainConfig, train
+
+    run_dir = _run_dir(args, device)
     if args.synthetic:
         from training.synthetic import synthetic_dataset
 
@@ -335,7 +368,7 @@ def extract_main(argv: list[str]) -> int:
         raise UsageError(f"{exc.flag}: {exc}") from None
     print(f"extract: wrote {info['num_samples']} samples, {info['total_tokens']} tokens, "
           f"layers {info['layers']} to {args.out}", flush=True)
-    return 0
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -351,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
 
             return fit_main(argv)
     except UsageError as exc:
-        print(f"trackside {command}: error: {exc}", file=sys.stderr)
-        return 2
+        if str(exc):
+            print(f"trackside {command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     print("usage: trackside {train,extract,fit} …", file=sys.stderr)
-    return 2
+    return EXIT_USAGE

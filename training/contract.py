@@ -1,4 +1,5 @@
-"""What the trainer and the dashboard agree on, defined once: exit codes, run ids, runs root.
+"""What the trainer and the dashboard agree on, defined once: exit codes, the usage error
+behind exit 2, run ids, runs root.
 
 The trainer runs on a GPU box with torch; the dashboard and the headless commands run on
 an operator's laptop without it. Both read these values, so this module imports nothing
@@ -17,6 +18,13 @@ EXIT_OK = 0
 EXIT_FAILURE = 1  # anything else: an unreachable host, a missing run, a failed step
 EXIT_USAGE = 2  # a bad argument or value; the message names the flag or key
 EXIT_OOM = 3  # the trainer ran out of GPU memory, after writing its `oom` event
+
+
+class UsageError(Exception):
+    """A bad argument or value: exit 2 (EXIT_USAGE), the message naming the flag or key.
+
+    An empty message means it was already said (argparse printed it, or rank 0 of a
+    torchrun run speaks for every rank), so the one catching it prints nothing."""
 
 # A run id is the UTC minute it was made and 4 random hex digits: sorting ids sorts runs by
 # start, and two launches in one minute differ but for 1 time in 65,536.

@@ -14,14 +14,11 @@ from pathlib import Path
 
 from training import memory
 from training.config import DFLASH_PRESETS, PRESETS, DFlashConfig, DrafterConfig
+from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError
 from training.memory import Calibration, GiB, Measurement, StepShape
 
 TABLE_LENGTHS = (4096, 8192, 16384, 24576, 32768, 65536)
 TABLE_TTT = (1, 3, 5, 7)
-
-
-class UsageError(Exception):
-    """A bad value on the command line: exit 2, naming the flag."""
 
 
 def _positive_int(flag: str, value: int | None) -> None:
@@ -317,7 +314,7 @@ def main(argv: list[str]) -> int:
 
             r = dflash_fit(args)
             print(json.dumps(r, indent=2) if args.json else format_dflash(r))
-            return 0
+            return EXIT_OK
         cfg = load_drafter_config(args)
         calibration, base = None, None
         if args.calibration and not (args.probe or args.from_run):
@@ -342,7 +339,7 @@ def main(argv: list[str]) -> int:
                 calibration = run_probe(cfg, shape, log=None if args.json else print)
             except ProbeError as e:
                 print(f"trackside fit: probe failed: {e}", file=sys.stderr)
-                return 1
+                return EXIT_FAILURE
         if calibration is not None and args.calibration and (args.probe or args.from_run):
             try:
                 calibration.save(args.calibration)
@@ -351,9 +348,9 @@ def main(argv: list[str]) -> int:
     except UsageError as e:
         if str(e):
             print(f"trackside fit: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     r = report(cfg, shape, args, calibration)
     print(json.dumps(r, indent=2) if args.json else format_report(r))
-    return 0
+    return EXIT_OK
 
 

@@ -91,19 +91,35 @@ class Unroll(nn.Module):
 
 
 class _StopRequest:
-    """SIGTERM / SIGINT ask for a clean stop after the current step."""
+    """SIGTERM / SIGINT ask for a clean stop after the current step.
+
+    Once a stop is under way (this rank was asked, or another rank was and the step's
+    all-reduce said so), SIGTERM is ignored until the process exits: torchrun's agent and
+    a kill that signals every node send it again while the rank saves, writes its end
+    event and leaves the process group, and its default action then would kill the rank
+    mid-exit (ignored, it does not interrupt a system call either). SIGKILL remains the
+    hard stop; SIGINT gets its handler back, so a second Ctrl-C at the terminal still
+    interrupts."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
-        self.requested = False
+        self.requested = False  # this process was signalled
+        self._stopping = False
         self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
 
     def _handle(self, signum, frame) -> None:
         self.requested = True
 
+    def under_way(self) -> None:
+        """Every rank stops after this step."""
+        self._stopping = True
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
     def restore(self) -> None:
         for sig, handler in self._previous.items():
+            if sig == signal.SIGTERM and (self._stopping or self.requested):
+                handler = signal.SIG_IGN
             signal.signal(sig, handler)
 
 
@@ -215,23 +231,36 @@ def record_oom(metrics: MetricsWriter, cfg: TrainConfig, device: torch.device,
     return EXIT_OOM
 
 
-def train(cfg: TrainConfig) -> int:
-    # --- processes and device ---
+def join_processes(device_type: str) -> tuple[torch.device, int, int]:
+    """This process's device, rank and world size; under torchrun (WORLD_SIZE > 1) the
+    process group joined, once: the CLI joins before it decides whether --out is free,
+    train() finds it joined."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if cfg.device == "cuda":
+    if device_type == "cuda":
         use_cuda_allocator_settings()
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-        if cfg.gpu_mem_gib:
-            total = torch.cuda.get_device_properties(device).total_memory
-            torch.cuda.set_per_process_memory_fraction(
-                min(1.0, cfg.gpu_mem_gib * 2**30 / total), device)
     else:
         device = torch.device("cpu")
-    if world > 1:
+    if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device, rank, world
+
+
+def leave_processes() -> None:
+    """Leave the process group, where this process joined one."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def train(cfg: TrainConfig) -> int:
+    # --- processes and device ---
+    device, rank, world = join_processes(cfg.device)
+    if device.type == "cuda" and cfg.gpu_mem_gib:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(
+            min(1.0, cfg.gpu_mem_gib * 2**30 / total), device)
     torch.manual_seed(cfg.seed)
 
     # --- data ---
@@ -389,6 +418,7 @@ def train(cfg: TrainConfig) -> int:
                       f"peak_mem_gib={record['peak_mem_gib']:.2f}", flush=True)
             if stop_requested > 0:  # any rank was asked to stop
                 status = "stopped"
+                stop.under_way()
                 break
             if cfg.save_every and step % cfg.save_every == 0:
                 save()
@@ -411,6 +441,5 @@ def train(cfg: TrainConfig) -> int:
         export_drafter(checkpoint.latest(ckpt_root), cfg.export)
     metrics.write("end", status=status)
     metrics.close()
-    if world > 1:
-        dist.destroy_process_group()
+    leave_processes()
     return EXIT_OK

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from backends import params as run_params
 from training import memory
 from training.memory import dflash as dflash_memory
+from training.params import count_recomputed
 from tui.state import RunState
 
 
@@ -82,9 +82,7 @@ def _memory(basis: Basis, params: dict, gpu_mem_gib: float | None
             measured = memory.Measurement(shape.max_seq_len, shape.ttt_steps, _peak_bytes(basis))
             calibration = memory.calibrate(cfg, [measured], shape)
         changed = {k: int(params[k]) for k in ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk") if k in params}
-        # (check: a manifest from when the flag was a bool holds true/false)
-        changed["checkpoint_ttt"] = run_params.PARAMS["checkpoint_ttt"].check(
-            params.get("checkpoint_ttt", shape.checkpoint_ttt))
+        changed["checkpoint_ttt"] = count_recomputed(params.get("checkpoint_ttt", shape.checkpoint_ttt))
         changed["freeze_lm_head"] = bool(params.get("freeze_lm_head", shape.freeze_lm_head))
         new = dataclasses.replace(shape, **changed)
         peak = memory.predict(cfg, new, calibration).reserved / memory.GiB

@@ -151,6 +151,48 @@ def test_every_param_is_a_flag_of_the_trainer_with_its_kind():
         assert (actions[name].nargs == 0) == (param.kind is bool), name
 
 
+def _edges(param) -> list[tuple[str, bool]]:
+    """Values at and just past each end of a param's range, each with whether it is in."""
+    step = 1 if param.kind is int else 0.5
+    shown = (lambda v: str(int(v))) if param.kind is int else repr
+    edges = []
+    if param.low is not None:
+        edges += [(param.low, not param.low_open), (param.low - step, False)]
+        if param.low_open:
+            edges.append((param.low + step, True))
+    if param.high is not None:
+        edges += [(param.high, True), (param.high + step, False)]
+    return [(shown(value), inside) for value, inside in edges]
+
+
+@pytest.mark.parametrize("name", [name for name, param in PARAMS.items() if param.kind is not bool])
+def test_the_trainer_takes_exactly_the_range_an_edit_may_set(name, capsys):
+    # An edit accepted by relaunch --set or the edit form is never refused by the trainer it
+    # relaunches, and the trainer takes nothing an edit could not set.
+    from training.cli import train_parser
+
+    param = PARAMS[name]
+    for text, inside in _edges(param):
+        try:
+            parsed = getattr(train_parser().parse_args(["--synthetic", param.flag, text]), name)
+        except SystemExit:
+            parsed = None
+        assert (parsed is not None) == inside, (param.flag, text, capsys.readouterr().err)
+        if inside:
+            assert parsed == parse_sets([f"{name}={text}"])[name]
+        else:
+            assert param.flag in capsys.readouterr().err
+            with pytest.raises(ParamError):
+                parse_sets([f"{name}={text}"])
+
+
+def test_a_bare_checkpoint_ttt_is_every_step_to_both():
+    from training.cli import train_parser
+
+    bare = train_parser().parse_args(["--synthetic", "--checkpoint-ttt"]).checkpoint_ttt
+    assert bare == read(["--checkpoint-ttt"])["checkpoint_ttt"] == PARAMS["ttt_steps"].high
+
+
 @pytest.mark.parametrize("item, message", [
     ("block_size=0", "block_size: must be ≥ 2 (got 0)"),
     ("block_size=1", "block_size: must be ≥ 2 (got 1)"),

@@ -1,4 +1,5 @@
-"""Checkpoints survive kill -9 at any moment; SIGTERM saves and exits 0 within one step."""
+"""Checkpoints survive kill -9 at any moment; SIGTERM saves and exits 0 within one step, and
+a SIGTERM that arrives while the run is stopping does not end it sooner."""
 from __future__ import annotations
 
 import json
@@ -145,4 +146,25 @@ def test_sigterm_saves_and_exits_0_within_one_step(tmp_path, tmp_path_factory):
     assert len(saved) == 1
     last_step = max(e["step"] for e in tail if e["event"] == "step")
     assert saved[0]["step"] == last_step and last_step <= at_signal + 1
+    assert checkpoint.latest(run_dir / "checkpoints").name == f"step-{last_step}"
+
+
+@pytest.mark.slow
+def test_sigterm_again_while_stopping_still_saves_and_exits_0(tmp_path, tmp_path_factory):
+    # torchrun's agent and a kill that signals every node of a run send SIGTERM again while
+    # a rank saves and ends: SIGTERM keeps arriving, every 10 ms, until the trainer exits.
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, env(tmp_path_factory), "--save-every", "0")
+    assert wait_for(lambda: sum(e["event"] == "step" for e in events(run_dir)) >= 3, 60)
+    signals = 0
+    while proc.poll() is None:  # polled first: a reaped pid is never signalled
+        proc.send_signal(signal.SIGTERM)
+        signals += 1
+        time.sleep(0.01)
+    assert proc.returncode == 0 and signals >= 2, proc.stderr.read()
+    tail = events(run_dir)
+    assert tail[-1] == {**tail[-1], "event": "end", "status": "stopped"}
+    saved = [e for e in tail if e["event"] == "checkpoint"]
+    last_step = max(e["step"] for e in tail if e["event"] == "step")
+    assert [e["step"] for e in saved] == [last_step]
     assert checkpoint.latest(run_dir / "checkpoints").name == f"step-{last_step}"

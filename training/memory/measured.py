@@ -8,6 +8,7 @@ from training.config import DFlashConfig, DrafterConfig
 from training.memory.calibrate import Measurement
 from training.memory.dflash import DFlashShape
 from training.memory.terms import GiB, StepShape
+from training.params import count_recomputed
 
 
 def _start_and_peak(run_dir: str | Path) -> tuple[dict, float]:
@@ -68,11 +69,10 @@ def shape_from_start(start: dict) -> tuple[DrafterConfig, StepShape] | tuple[DFl
         return _dflash_shape(start, config)
     try:
         cfg = DrafterConfig.from_dict(config["model"])
-        checkpointed = config.get("checkpoint_ttt", 0)
-        if isinstance(checkpointed, bool):  # runs from before partial checkpointing
-            checkpointed = int(config["ttt_steps"]) if checkpointed else 0
+        ttt_steps = int(config["ttt_steps"])
+        checkpointed = min(count_recomputed(config.get("checkpoint_ttt", 0)), ttt_steps)
         shape = StepShape(max_seq_len=int(config["max_seq_len"]),
-                          ttt_steps=int(config["ttt_steps"]),
+                          ttt_steps=ttt_steps,
                           batch_rows=int(config.get("batch_rows", 1)),
                           loss_chunk=int(config.get("loss_chunk", 2048)),
                           precision=config.get("precision", "bf16"),

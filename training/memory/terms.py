@@ -39,6 +39,8 @@ class StepShape:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        # A count only: a manifest's or start event's legacy true/false is read as one by
+        # training.params.count_recomputed before it gets here.
         if isinstance(self.checkpoint_ttt, bool) or not isinstance(self.checkpoint_ttt, int) \
                 or self.checkpoint_ttt < 0:
             raise ValueError("checkpoint_ttt counts TTT steps (0 or more), "
