@@ -21,10 +21,10 @@ from tests.backends.test_kill import FAKE_SMI
 from tests.backends.test_multinode import ARGS, two_hosts  # noqa: F401 (a fixture)
 from tests.tui.conftest import screen_text, wait_for
 from tests.tui.sample import (
-    MULTI_HOSTS, MULTI_ID, MULTI_KEY, NOW, feed_multinode, make_multinode_app, multinode_parts, multinode_plan,
+    MULTI_HOSTS, MULTI_ID, MULTI_KEY, NOW, feed_multinode, gpus, make_multinode_app, multinode_parts, multinode_plan,
 )  # fmt: skip
 from tui.app import TracksideApp, Watched
-from tui.messages import RunsListed
+from tui.messages import GpusPolled, RunsListed
 from tui.screens.fleet import FleetScreen
 from tui.screens.kill import KillConfirm, KillReportScreen, plan_text
 from tui.screens.run import RunScreen
@@ -69,6 +69,12 @@ async def test_a_run_spanning_two_hosts_is_one_fleet_row_with_a_row_per_node():
         assert [line.split()[:2] for line in lines] == [[h, f"GPU{i}"] for h in MULTI_HOSTS for i in range(4)]
         assert "567/600 W" in lines[3] and "587/600 W" in lines[7]
         assert "peak GiB by rank  0:40.2  1:40.7  2:41.2  3:41.7  4:42.2  5:42.7  6:43.2  7:43.7" in shown
+        # Two hosts of eight GPUs: all sixteen on screen, past the stylesheet's band of twelve.
+        for host in MULTI_HOSTS:
+            app.post_message(GpusPolled(host, gpus(), NOW))
+        await wait_for(pilot, lambda: len(screen.query(GpuRow)) == 16, timeout=5, what="sixteen GPU rows")
+        await pilot.pause()
+        assert sum(" GPU" in line and "/600 W" in line for line in screen_text(app).splitlines()) == 16
 
 
 async def test_a_lost_node_is_an_alert_and_its_run_still_lists_once():

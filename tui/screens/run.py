@@ -98,6 +98,7 @@ class RunScreen(Guarded, Screen):
     console_shown: tuple = (None, None)  # progress and console loss the stats last showed
     stats_shown: Text | None = None
     stats_height = 0  # lines the stats took at their last layout
+    top_cap: int | None = None  # the GPUs' band's height, where the run's GPUs outgrow the stylesheet's
 
     BINDINGS = [
         Binding("y", "log_scale", "Log/lin y", id="trackside.run.log_scale"),
@@ -127,6 +128,9 @@ class RunScreen(Guarded, Screen):
 
     def on_mount(self) -> None:
         self.composed = True
+        # The stylesheet's cap on the GPUs-and-stats band, which a run spanning hosts may
+        # outgrow (_fit_top).
+        self.top_lines = self.query_one("#top").styles.max_height.cells or 0
         self.query_one("#log-filter").display = False
         self.show_run(self.run_key)
         if self.focus_log:
@@ -182,7 +186,7 @@ class RunScreen(Guarded, Screen):
             # Every GPU of every host it runs on (watched: a node on a host not in the
             # config has no GPU reading here).
             shown = [name for name in current.hosts if name in app.hosts]
-            self.query_one(GpuPanel).show([(app.hosts[name], app.watched[name].host.is_local) for name in shown])
+            self._fit_top(self.query_one(GpuPanel).show([(app.hosts[name], app.watched[name].host.is_local) for name in shown]))
             app.refresh_bindings()  # a listing may have ended the run: k no longer applies
         # Console lines change the stats only through progress or a console loss.
         console = (current.progress, current.console_loss[-1] if current.console_loss else None)
@@ -194,6 +198,15 @@ class RunScreen(Guarded, Screen):
                 self.query_one(LossChart).show(current)
             if lines:
                 self._write_log(lines)
+
+    def _fit_top(self, lines: int | None) -> None:
+        """Let the GPUs' band grow past the stylesheet's cap, up to half the screen, when
+        the run's GPUs need it (two hosts of eight are sixteen lines); back to the cap
+        when they fit."""
+        cap = max(self.top_lines, min(lines, self.size.height // 2)) if lines and lines > self.top_lines else None
+        if cap != self.top_cap:
+            self.query_one("#top").styles.max_height = cap
+            self.top_cap = cap
 
     def _show_stats(self, text: Text) -> None:
         """Update the stats, with a layout pass (which reflows and repaints the whole

@@ -104,8 +104,8 @@ class GpuPanel(Guarded, Vertical):
     """One GpuRow per card of each host shown (a multi-node run's every node's), updated
     in place; a plain sentence for a host with none to show."""
 
-    def show(self, hosts: list[tuple[HostState, bool]]) -> None:
-        """`hosts`: each host to show, with whether it is this machine."""
+    def show(self, hosts: list[tuple[HostState, bool]]) -> int:
+        """`hosts`: each host to show, with whether it is this machine. The lines shown."""
         named = len(hosts) > 1
         width = max(len(host.name) for host, _ in hosts) + 1 if named else 0
         wanted: list[tuple[str, type, tuple]] = []  # (row id, its widget's class, what it shows), in order
@@ -141,3 +141,4 @@ class GpuPanel(Guarded, Vertical):
             previous = row
         for row in shown.values():
             row.remove()
+        return len(wanted)
