@@ -9,11 +9,10 @@ unrelated process is left alone. Nothing else is ever signalled.
 A torchrun agent in the tree has its workers signalled first: they stop cleanly (the
 trainer checkpoints) and the agent, seeing them end, exits 0 itself; SIGTERM to the agent
 would make it exit 1 whatever its workers did. A multi-node run's plan holds one plan per
-node, each on its own host (backends/nodes.py launches them). Only the first node's
-workers get SIGTERM: the trainer's ranks agree on a stop in every step's all-reduce, so
-every node stops at the same step; a SIGTERM reaching another node later, once its
-trainer has stopped and given SIGTERM its default action back, would kill it mid-exit.
-The other nodes are waited for as long, and get SIGKILL with the rest after the grace.
+node, each on its own host (backends/nodes.py launches them), and every node's workers
+get SIGTERM: the trainer's ranks agree on a stop in every step's all-reduce, so every
+node stops at the same step whichever signal arrives first, and a trainer already
+stopping absorbs a SIGTERM that arrives later (training/loop.py).
 """
 
 from __future__ import annotations
@@ -373,13 +372,13 @@ async def kill_run(
     if isinstance(plan, str):
         plan = await plan_kill(host, plan, smi=smi, nvml=nvml, hosts=hosts, smis=smis)
 
-    async def node(one: KillPlan, term: bool) -> KillReport | AlreadyEnded:
+    async def node(one: KillPlan) -> KillReport | AlreadyEnded:
         try:
-            return await _kill_node(one.via or host, one, grace_s, poll_s, one.smi or smi, gpu_timeout_s, nvml, term)
+            return await _kill_node(one.via or host, one, grace_s, poll_s, one.smi or smi, gpu_timeout_s, nvml)
         except AlreadyEnded as ended:  # ended meanwhile: the others are still to be stopped
             return ended
 
-    head, *rest = await asyncio.gather(node(plan, True), *(node(one, False) for one in plan.nodes))
+    head, *rest = await asyncio.gather(node(plan), *(node(one) for one in plan.nodes))
     reports = [r for r in rest if isinstance(r, KillReport)]
     ended = [f"node on {one.host}: {r}" for one, r in zip(plan.nodes, rest) if isinstance(r, AlreadyEnded)]
     if isinstance(head, AlreadyEnded):
@@ -391,12 +390,12 @@ async def kill_run(
     return head
 
 
-async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml, term=True) -> KillReport:
-    """One host's part of a kill; without `term`, a node stopped by another's SIGTERM."""
+async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml) -> KillReport:
+    """One host's part of a kill."""
     started = time.monotonic()
     before = await gpu.read_gpus(host, smi, nvml=nvml)
-    first = {pid: plan.tree[pid] for pid in plan.first} if term else {}
-    signalled = await _signal(host, "TERM", first or plan.tree) if term else []
+    first = {pid: plan.tree[pid] for pid in plan.first}
+    signalled = await _signal(host, "TERM", first or plan.tree)
     if first and not signalled:  # the workers are gone: the agent and its shell get it
         first, signalled = {}, await _signal(host, "TERM", plan.tree)
     # The rest of the tree is waited for too: torchrun's agent and the pane's shell end on
@@ -427,8 +426,6 @@ async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml, term
     notes = list(plan.notes)
     if first:
         notes.append(f"torchrun's {len(first)} worker(s) got SIGTERM first; its agent and the pane's shell were left to end after them")
-    if not term:
-        notes.append("no SIGTERM here: the first node's stops every rank at the same step")
     return KillReport(
         target=plan.target,
         session=plan.session,
