@@ -4,7 +4,14 @@ shared one (`ssh_host`), and a temporary runs root (`runs_root`)."""
 
 from __future__ import annotations
 
-import pytest
+import os
+
+# One thread per torch: two test workers on two cores already fill the machine, and each
+# trainer a test starts (in tmux, inheriting this) would otherwise spread over both cores
+# against the workers. Set before anything imports torch.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
 
 from tests.sshd import Sshd, sshd_available
 

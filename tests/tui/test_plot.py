@@ -47,10 +47,12 @@ async def _ended(host: LocalHost, run_id: str, timeout: float = 90.0) -> None:
 
 async def _parent_and_child(host: LocalHost) -> tuple[runs.RunInfo, runs.RunInfo]:
     parent = await runs.launch(host, TRAIN)
-    await _ended(host, parent.run_id)
+    # Relaunched at once, not after its parent: the lineage is the manifest's, and the two
+    # short trainings overlap rather than queue.
     child = await runs.relaunch(host, parent.run_id, {"ttt_steps": 3})
     await runs.launch(host, FOREIGN, session="printer")  # ours, but no metrics.jsonl: its console.log
     subprocess.run(["tmux", "new-session", "-d", "-s", "their-sft", "--", *FOREIGN], check=True)  # not ours
+    await _ended(host, parent.run_id)
     await _ended(host, child.run_id)
     return parent, child
 
