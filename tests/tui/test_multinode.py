@@ -72,9 +72,8 @@ async def test_a_run_spanning_two_hosts_is_one_fleet_row_with_a_row_per_node():
         # Two hosts of eight GPUs: all sixteen on screen, past the stylesheet's band of twelve.
         for host in MULTI_HOSTS:
             app.post_message(GpusPolled(host, gpus(), NOW))
-        await wait_for(pilot, lambda: len(screen.query(GpuRow)) == 16, timeout=5, what="sixteen GPU rows")
-        await pilot.pause()
-        assert sum(" GPU" in line and "/600 W" in line for line in screen_text(app).splitlines()) == 16
+        drawn = lambda: sum(" GPU" in line and "/600 W" in line for line in screen_text(app).splitlines())  # noqa: E731
+        await wait_for(pilot, lambda: drawn() == 16, timeout=5, what=f"sixteen GPU rows drawn (not {drawn()})")
 
 
 async def test_a_lost_node_is_an_alert_and_its_run_still_lists_once():
@@ -133,7 +132,8 @@ async def test_k_stops_a_real_two_node_run_named_once_in_the_fleet_and_r_relaunc
             parts = (plan, *plan.nodes)
             assert [p.host for p in parts] == ["local", "node2"]
             text = dialog.question.plain
-            assert "node 0 on local" in screen_text(app) and "node 1 on node2" in screen_text(app)
+            await wait_for(pilot, lambda: "node 1 on node2" in screen_text(app), timeout=5, what="the dialog drawn")
+            assert "node 0 on local" in screen_text(app)
             # Every node's PIDs, exactly the plan's: each pane's shell, its torchrun and its rank's worker.
             assert named_pids(text) == [p.pids for p in parts]
             assert all(len(p.first) == 1 and set(p.first) < set(p.pids) for p in parts)
@@ -144,7 +144,7 @@ async def test_k_stops_a_real_two_node_run_named_once_in_the_fleet_and_r_relaunc
             report = shown.report
             assert [(r.host, r.killed, r.exit_status) for r in (report, *report.nodes)] == [("local", [], 0), ("node2", [], 0)]
             assert set(report.signalled) <= set(plan.pids)  # nothing outside the plan
-            assert "on node2" in screen_text(app)
+            await wait_for(pilot, lambda: "on node2" in screen_text(app), timeout=5, what="the report drawn, node2's part in it")
             await wait_for(
                 pilot, lambda: app.runs[key].info.state is RunPhase.EXITED and all(n.state == "exited" for n in app.runs[key].info.nodes),
                 timeout=30, what="both nodes listed as exited",
