@@ -10,6 +10,7 @@ app, stopped with `k`, and relaunched with `r`.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -73,7 +74,7 @@ async def test_a_run_spanning_two_hosts_is_one_fleet_row_with_a_row_per_node():
         for host in MULTI_HOSTS:
             app.post_message(GpusPolled(host, gpus(), NOW))
         drawn = lambda: sum(" GPU" in line and "/600 W" in line for line in screen_text(app).splitlines())  # noqa: E731
-        await wait_for(pilot, lambda: drawn() == 16, timeout=5, what=f"sixteen GPU rows drawn (not {drawn()})")
+        await wait_for(pilot, lambda: drawn() == 16, timeout=5, what="sixteen GPU rows drawn")
 
 
 async def test_a_lost_node_is_an_alert_and_its_run_still_lists_once():
@@ -100,6 +101,16 @@ def test_the_kill_dialog_names_every_nodes_pids_and_ranks_exactly_the_plans():
     ranks = [[int(p) for p in line.split("(")[0].replace(",", " ").split()[1:]] for line in text.splitlines() if line.startswith("ranks")]
     assert ranks == [list(part.first) for part in (plan, *plan.nodes)] and all(len(r) == 4 for r in ranks)
     assert "node 0 on h200-a" in text and "node 1 on h200-b" in text and "pid 8103 (python) on GPU 3" in text
+
+
+def test_the_kill_dialog_of_a_one_host_torchrun_run_names_each_ranks_pid():
+    """Two processes under torchrun on one host: its pane's shell, the agent and two
+    workers, the workers named as the ranks (what `first` holds: SIGTERM goes to them)."""
+    plan = dataclasses.replace(multinode_plan(), nodes=(), first=(8000, 8001), tree={pid: "t" for pid in (6100, 6101, 8000, 8001)})
+    text = plan_text(MULTI_KEY, plan, None).plain
+    assert named_pids(text) == [[6100, 6101, 8000, 8001]]
+    assert "ranks         8000, 8001  (torchrun's workers, among the processes)" in text
+    assert "node 0" not in text and "(SIGTERM, then SIGKILL after the grace period)" in text
 
 
 @pytest.mark.slow
