@@ -7,7 +7,7 @@ import enum
 import json
 from dataclasses import asdict, dataclass, field
 
-from backends import console, tmux
+from backends import console, pace, tmux
 from backends.hosts import Host, HostError
 from backends.logparse import Progress
 from backends.own_session import own_sessions
@@ -75,14 +75,18 @@ class RunInfo:
     this_dashboard: bool = False  # the session this trackside runs in: never to be stopped
     progress: Progress | None = None  # a foreign session's latest bar or N/M counter
     nodes: list[NodeInfo] = field(default_factory=list)  # a multi-node run's, in node order; else empty
+    tokens_per_s: float | None = None  # the latest step's
+    tau: float | None = None  # a DFlash run's latest expected accepted length
+    eta_s: float | None = None  # to the last step at the recent rate (backends/pace.py)
 
     def to_json(self) -> dict:
         return {**asdict(self), "state": self.state.value}
 
 
-def _metrics_summary(lines: list[str]) -> dict:
+def _metrics_summary(lines: list[str], params: dict) -> dict:
     summary: dict = {"oom": False, "last_step": None, "last_loss": None, "steps_per_epoch": None,
-                     "end_status": None}
+                     "end_status": None, "tokens_per_s": None, "tau": None, "eta_s": None}
+    start, steps = None, []
     for line in lines:
         try:
             event = json.loads(line)
@@ -93,15 +97,20 @@ def _metrics_summary(lines: list[str]) -> dict:
         kind = event.get("event")
         if kind == "start":  # a resume starts again: an earlier end no longer holds
             summary["end_status"] = None
+            start, steps = event, []
             if isinstance(event.get("steps_per_epoch"), int):
                 summary["steps_per_epoch"] = event["steps_per_epoch"]
         elif kind == "step":
             summary["last_step"] = event.get("step", summary["last_step"])
             summary["last_loss"] = event.get("loss", summary["last_loss"])
+            summary["tokens_per_s"] = event.get("tokens_per_s")
+            summary["tau"] = event.get("tau")  # a DFlash run's
+            steps.append(event)
         elif kind == "oom":
             summary["oom"] = True
         elif kind == "end" and isinstance(event.get("status"), str):
             summary["end_status"] = event["status"]
+    summary["eta_s"] = pace.eta_s(steps, pace.total_steps(start, params))
     return summary
 
 
@@ -127,7 +136,8 @@ async def _read_run_dirs(host: Host) -> list[tuple[dict, int | None, dict]]:
         except ValueError:
             continue  # a manifest being replaced right now; it will be back next time
         if isinstance(manifest, dict) and manifest.get("run_id"):
-            runs.append((manifest, parse_exit_status(status), _metrics_summary(metrics.splitlines())))
+            params = manifest.get("params") if isinstance(manifest.get("params"), dict) else {}
+            runs.append((manifest, parse_exit_status(status), _metrics_summary(metrics.splitlines(), params)))
     return runs
 
 
@@ -173,7 +183,8 @@ async def list_runs(host: Host) -> list[RunInfo]:
                 manifest["run_id"], session, host.name, state, exit_status, manifest.get("params", {}),
                 metrics["last_step"], metrics["last_loss"], metrics["steps_per_epoch"], [] if ended else alive,
                 manifest.get("run_dir"), manifest.get("parent"), manifest.get("started"), metrics["end_status"],
-                this_dashboard=session in dashboard, nodes=nodes,
+                this_dashboard=session in dashboard, nodes=nodes, tokens_per_s=metrics["tokens_per_s"],
+                tau=metrics["tau"], eta_s=None if ended else metrics["eta_s"],
             )  # fmt: skip
         )
     foreign = [session for session in by_session if session not in claimed]

@@ -393,3 +393,30 @@ async def test_foreign_sessions_carry_what_their_panes_printed(host, tmp_path):
     assert json.loads(json.dumps(hf.to_json()))["progress"] == {"phase": "working", "done": 2000, "total": 10000, "eta_s": 2400.0, "label": ""}
     assert (listed["quiet"].last_step, listed["quiet"].last_loss, listed["quiet"].progress) == (None, None, None)
     assert listed[mine.session].last_loss is None  # a run of ours is read from its metrics, not its pane
+
+
+@pytest.mark.slow
+async def test_the_listing_carries_the_pace_and_tau_the_dashboard_shows(host):
+    """`trackside runs --json` is the fleet row's twin: a live DFlash run's tokens/s, τ and
+    ETA, the ETA reckoned as the dashboard reckons it from the same step events."""
+    from tui.state import RunState as Shown
+
+    argv = [PY, "-m", "training", "train", "--synthetic", "--drafter", "dflash", "--steps", "5000",
+            "--max-seq-len", "128", "--block-size", "4", "--max-anchors", "8"]  # fmt: skip
+    info = await runs.launch(host, argv, startup_s=0)
+
+    async def live():
+        listed = next(r for r in await runs.list_runs(host) if r.run_id == info.run_id)
+        return listed if listed.state is RunPhase.RUNNING and (listed.last_step or 0) >= 5 else None
+
+    listed = await eventually(live, timeout=90, interval=0.3)
+    assert listed.tokens_per_s > 0 and 0.0 <= listed.tau <= 4.0 and listed.eta_s > 0
+    doc = listed.to_json()
+    assert {"tokens_per_s", "tau", "eta_s"} <= doc.keys()
+    with open(os.path.join(listed.run_dir, "metrics.jsonl")) as metrics:
+        events = [json.loads(line) for line in metrics]
+    shown = Shown(f"local/{info.run_id}", "local", listed)
+    for event in events[: next(i for i, e in enumerate(events) if e.get("step") == listed.last_step) + 1]:
+        shown.add_event(event)
+    assert shown.tau == listed.tau and shown.tokens_per_s == listed.tokens_per_s
+    assert shown.eta_s() == pytest.approx(listed.eta_s)
