@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from backends.alerts import format_duration  # the alerts' texts and the screens read durations alike
-from backends import runs
+from backends import pace, runs
 from backends.console import ConsoleSummary
 from backends.gpu import GpuSnapshot
 from backends.logparse import Progress
@@ -21,7 +21,6 @@ from backends.logparse import Progress
 HISTORY = 120  # GPU samples kept per card (two minutes at 1 Hz)
 STEP_HISTORY = 5000  # step events kept per run for the loss chart
 LOG_LINES = 2000  # console lines kept per run
-RATE_WINDOW = 20  # step events used to measure steps/s
 # Where a DFlash run's start event holds each knob its edit form offers: the flags default
 # to the preset's values, so its argv alone may not say them.
 DFLASH_KNOBS = {
@@ -213,27 +212,17 @@ class RunState:
 
     @property
     def total_steps(self) -> int | None:
-        config = (self.start or {}).get("config", {})
-        return config.get("steps") or self.params.get("steps")
+        return pace.total_steps(self.start, self.params)
 
     @property
     def tokens_per_s(self) -> float | None:
         return self.last.get("tokens_per_s") if self.last else None
 
-    def steps_per_s(self) -> float | None:
-        recent = [e for e in list(self.steps)[-RATE_WINDOW:] if "time" in e]
-        if len(recent) < 2:
-            return None
-        dt = recent[-1]["time"] - recent[0]["time"]
-        ds = recent[-1].get("step", 0) - recent[0].get("step", 0)
-        return ds / dt if dt > 0 and ds > 0 else None
-
     def eta_s(self) -> float | None:
         """From the step events' rate; without them, what the run's own bar says."""
-        rate, total, step = self.steps_per_s(), self.total_steps, self.step
-        if rate is None or total is None or step is None:
-            return self.progress.eta_s if self.progress is not None and not self.steps else None
-        return max(0.0, (total - step) / rate)
+        if not self.steps:
+            return self.progress.eta_s if self.progress is not None else None
+        return pace.eta_s(self.steps, self.total_steps)
 
     @property
     def step_text(self) -> str:
