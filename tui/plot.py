@@ -18,10 +18,10 @@ import sys
 import plotext as plt
 
 from backends import runs, series, tmux
-from backends.cli import UsageError, _Parser
+from backends.cli import _Parser
 from backends.config import ConfigError, load_config
 from backends.hosts import HostError
-from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, RUN_ID_EXAMPLE, UsageError
 
 MARKERS = ["•", "+", "x", "o", "*", "#"]  # one per run when there is no colour to tell them apart
 
@@ -45,7 +45,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     for run in args.runs:
         if not runs.RUN_ID.fullmatch(run) and not tmux.SESSION_NAME.fullmatch(run):
-            raise UsageError(f"trackside plot: RUN {run!r} is neither a run id (like 20261129-0930-ab12) nor a tmux session name")
+            raise UsageError(f"trackside plot: RUN {run!r} is neither a run id (like {RUN_ID_EXAMPLE}) nor a tmux session name")
     return args
 
 
