@@ -418,8 +418,11 @@ class TracksideApp(RunActions, App):
     def action_command_palette(self) -> None:
         from tui.screens.palette import CommandPalette
 
+        # No id, unlike Textual's own (nothing selects by it): a palette closed a moment ago
+        # stays registered until its removal is done, and a new one under the same id was
+        # refused (DuplicateIds).
         if self.use_command_palette and not CommandPalette.is_open(self):
-            self.push_screen(CommandPalette(id="--command-palette"))
+            self.push_screen(CommandPalette())
 
     def action_help(self) -> None:
         from tui.screens.help import HelpScreen

@@ -136,6 +136,22 @@ async def test_page_keys_in_the_same_breath_as_the_palette_do_not_end_the_app():
             assert isinstance(app.screen, CommandPalette)
 
 
+async def test_ctrl_p_while_the_last_palette_is_still_being_removed_is_dropped():
+    """A palette closed a moment ago is still registered: a second one under the same id was
+    refused (DuplicateIds, an internal error): found by the Pilot monkey."""
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        app.action_command_palette()
+        await pilot.pause()
+        palette = app.screen
+        assert isinstance(palette, CommandPalette)
+        palette.dismiss()
+        app.action_command_palette()  # before the closed one is gone
+        await pilot.pause()
+        assert isinstance(app.screen, CommandPalette) and app.screen is not palette and app.errors == 0
+
+
 def test_the_charts_smoothing_reads_in_words():
     from tui.widgets.loss_chart import SMOOTHING, smoothing_words
 
