@@ -16,8 +16,7 @@ import pytest
 
 from training import memory
 from training.config import DFLASH_PRESETS, PRESETS
-from training.memory import GiB, Measurement, StepShape
-from training.memory import dflash
+from training.memory import GiB, Measurement, StepShape, dflash
 from training.memory.dflash import DFlashShape
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench/results"
