@@ -85,14 +85,14 @@ def test_largest_max_anchors_and_block_size_are_the_edge_of_fitting():
         256 - DFLASH_PRESETS["tiny"].block_size + 1
 
 
-def test_a_scale_fitted_to_a_measured_peak_reproduces_it():
-    peak = model.predict(STORY, STORY_SHAPE).total
-    scale = model.calibrate(STORY, STORY_SHAPE, int(peak * 1.05))
-    assert scale > 1
-    assert model.predict(STORY, STORY_SHAPE, scale).total == pytest.approx(peak * 1.05,
-                                                                            rel=1e-6)
+def test_a_peak_the_model_cannot_describe_is_refused():
+    # Fitting measured peaks, and predicting others from the fit, is
+    # test_memory_measured.py's (the H200 records); here a peak no scale of the growing
+    # terms reaches within a factor of two.
     with pytest.raises(ValueError, match="does not fit"):
         model.calibrate(STORY, STORY_SHAPE, 10 * GiB)  # below the weights alone
+    with pytest.raises(ValueError, match="does not fit"):
+        model.calibrate(STORY, STORY_SHAPE, 1000 * GiB)  # more than any card holds
 
 
 def run_fit(capsys, *args):
