@@ -15,9 +15,8 @@ from training.memory.terms import FP32, GROUPS, GiB, StepShape, analytic_phases,
 # extrapolate to the large steps that decide a fit.
 RESERVED_RATIO = 1.02
 # Long rows hold more: whole-row fp32 tensors [T, H] (the final norm's backward gradients)
-# cached between uses. Recorded H200 steps held 1.1-1.9 such blocks (llama3-8b, 16K-32K
-# tokens) and 4.05 with every TTT step recomputed (kimi-k2, 64K) beyond the allocated
-# peak; the model's own allocated peak for that step is 1.6 GiB above the measured one.
+# cached between uses, beyond the allocated peak; the count is the most that recorded H200
+# steps held (docs/benchmarks.md, the reserve refit and the memory model's tests).
 CACHED_ROW_BLOCKS = 4
 # Outside the allocator: CUDA context, cuBLAS/NCCL handles; a card's memory minus this is
 # what the allocator may use.
