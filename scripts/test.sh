@@ -30,6 +30,7 @@ if ! command -v chromium >/dev/null; then
 fi
 command -v tmux >/dev/null || { echo "tmux is required for the tests" >&2; exit 1; }
 .venv/bin/lint-imports
-# Two workers: most tests wait on tmux, sshd and child processes rather than the CPU, and
-# the dashboard's tests then meet the load a busy machine gives them.
-exec .venv/bin/python -m pytest -n "${TRACKSIDE_TEST_WORKERS:-2}" "$@"
+# Three workers on CI's two cores: many tests wait on tmux, sshd and child processes rather
+# than the CPU (docs/testing.md has the timings), and the dashboard's tests then meet the
+# load a busy machine gives them.
+exec .venv/bin/python -m pytest -n "${TRACKSIDE_TEST_WORKERS:-3}" "$@"
