@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from bench.random_data import prompt_len  # noqa: E402
-from bench.train_step import sample_lengths  # noqa: E402
+from bench.train_step import sample_lengths, speculators_loss_implementation  # noqa: E402
 from training.config import DFLASH_PRESETS, DFLASH_TRAINING_PRESETS  # noqa: E402
 
 GAMMA = 7.0
@@ -127,14 +127,7 @@ def speculators_step(spec: dict, row: dict, device: torch.device):
     from transformers import Qwen3Config
 
     cfg = drafter_config(spec)
-    if device.type == "cuda":
-        from speculators.losses import fused
-        # speculators 0.9.0's fused-loss kernels share one autotune config list, which
-        # torch.compile on torch 2.11 rejects; a copy per kernel is the whole workaround.
-        fused.loss_backward_kernel.configs = list(fused.loss_backward_kernel.configs)
-        implementation = "fused"
-    else:
-        implementation = "eager"  # the fused loss is Triton: CUDA only
+    implementation = speculators_loss_implementation(device)
     layer = Qwen3Config(
         hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_heads,
         num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,

@@ -200,6 +200,18 @@ def trackside_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: tor
     return step
 
 
+def speculators_loss_implementation(device: torch.device) -> str:
+    """Which of speculators' loss implementations to use on `device`: its fused Triton
+    loss on CUDA, made compilable; eager elsewhere (Triton is CUDA only)."""
+    if device.type != "cuda":
+        return "eager"
+    from speculators.losses import fused
+    # speculators 0.9.0's two fused-loss kernels share one autotune config list, which
+    # torch.compile on torch 2.11 rejects; a copy per kernel is the whole workaround.
+    fused.loss_backward_kernel.configs = list(fused.loss_backward_kernel.configs)
+    return "fused"
+
+
 def speculators_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: torch.device):
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.losses import resolve_loss_config
@@ -208,14 +220,7 @@ def speculators_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: t
     from speculators.proposals.greedy import GreedyTokenProposalConfig
     from transformers import LlamaConfig
 
-    if device.type == "cuda":
-        from speculators.losses import fused
-        # speculators 0.9.0's two fused-loss kernels share one autotune config list, which
-        # torch.compile on torch 2.11 rejects; a copy per kernel is the whole workaround.
-        fused.loss_backward_kernel.configs = list(fused.loss_backward_kernel.configs)
-        implementation = "fused"
-    else:
-        implementation = "eager"  # the fused loss is Triton: CUDA only
+    implementation = speculators_loss_implementation(device)
     layer = LlamaConfig(
         hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_heads,
         num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,

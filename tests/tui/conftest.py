@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 import uuid
 
 import pytest
 
+from backends import runs
 from backends.hosts import LocalHost
 from tests.conftest import end_tmux_server
 
@@ -40,6 +42,16 @@ async def wait_for(pilot, condition, timeout: float = 60.0, what: str = "conditi
         f"timed out after {timeout:.0f}s waiting for {what} (screens: {pilot.app.screen_stack}, "
         f"focused: {pilot.app.focused})"
     )
+
+
+async def launch_and_wait_ended(host, argv: list[str], timeout: float = 90.0) -> runs.RunInfo:
+    """A short real run, launched and left to end: the parent a relaunch test starts from."""
+    parent = await runs.launch(host, argv)
+    deadline = time.monotonic() + timeout
+    while (await runs.list_runs(host))[0].state is runs.RunPhase.RUNNING:
+        assert time.monotonic() < deadline, "the parent run never ended"
+        await asyncio.sleep(0.2)
+    return parent
 
 
 def screen_text(app) -> str:

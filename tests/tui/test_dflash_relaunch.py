@@ -4,15 +4,12 @@ relaunches a child that trains with it, its parent drawn behind it named by the 
 
 from __future__ import annotations
 
-import asyncio
-import time
 
 import pytest
 from textual.widgets import Input, Static
 
 from backends import runs
-from backends.runs import RunPhase
-from tests.tui.conftest import TRAIN, screen_text, wait_for
+from tests.tui.conftest import launch_and_wait_ended, TRAIN, screen_text, wait_for
 from tui.app import TracksideApp, Watched
 from tui.screens.edit import EditScreen
 from tui.widgets.loss_chart import LossChart
@@ -23,11 +20,7 @@ DFLASH = [*TRAIN, "--drafter", "dflash", "--steps", "3", "--max-seq-len", "128",
 
 @pytest.mark.slow
 async def test_a_real_dflash_run_charted_edited_in_max_anchors_and_relaunched(local_host):
-    parent = await runs.launch(local_host, DFLASH)
-    deadline = time.monotonic() + 90
-    while (await runs.list_runs(local_host))[0].state is RunPhase.RUNNING:
-        assert time.monotonic() < deadline, "the parent run never ended"
-        await asyncio.sleep(0.2)
+    parent = await launch_and_wait_ended(local_host, DFLASH)
     app = TracksideApp([Watched(local_host)], poll_interval=0.2)
     async with app.run_test(size=(140, 50)) as pilot:
         key = f"local/{parent.run_id}"

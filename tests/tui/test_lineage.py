@@ -4,20 +4,17 @@ tokens seen, and any run of the fleet picked to join them (a foreign one from it
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from rich.text import Text
 
-from backends import runs
 from backends.runs import RunInfo, RunPhase
 from backends.series import Overlay, from_metrics
-from tests.tui.conftest import TRAIN, screen_text, wait_for
+from tests.tui.conftest import launch_and_wait_ended, TRAIN, screen_text, wait_for
 from tests.tui.sample import run_info
 from tui.app import TracksideApp, Watched
 from tui.curves import Curves, Overlaid
@@ -173,11 +170,7 @@ def test_a_relaunch_at_its_first_step_shows_its_parent_over_the_parents_range():
 async def test_r_relaunches_a_real_run_and_its_child_shows_the_parent_behind_it(local_host):
     """End to end: a short synthetic training in tmux, edited and relaunched with `r`; the
     screen switches to the child, which draws its parent's curve named by the edit."""
-    parent = await runs.launch(local_host, [*TRAIN, "--steps", "8", "--max-seq-len", "128", "--ttt-steps", "2"])
-    deadline = time.monotonic() + 90
-    while (await runs.list_runs(local_host))[0].state is RunPhase.RUNNING:
-        assert time.monotonic() < deadline, "the parent run never ended"
-        await asyncio.sleep(0.2)
+    parent = await launch_and_wait_ended(local_host, [*TRAIN, "--steps", "8", "--max-seq-len", "128", "--ttt-steps", "2"])
     app = TracksideApp([Watched(local_host)], poll_interval=0.2)
     async with app.run_test(size=(140, 44)) as pilot:
         key = f"local/{parent.run_id}"
