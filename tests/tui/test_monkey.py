@@ -33,7 +33,7 @@ from tui.screens.run import RunScreen
 
 PARAMS = {"max_seq_len": 256, "ttt_steps": 2, "steps": 100000, "save_every": 100000}
 DFLASH = [*TRAIN, "--drafter", "dflash", "--steps", "3", "--max-seq-len", "128", "--block-size", "4", "--max-anchors", "8"]
-PILOT_KEYS = int(os.environ.get("TRACKSIDE_MONKEY_KEYS", 1000))
+PILOT_KEYS = int(os.environ.get("TRACKSIDE_MONKEY_KEYS", 600))
 TMUX_KEYS = int(os.environ.get("TRACKSIDE_MONKEY_TMUX_KEYS", 300))
 
 
