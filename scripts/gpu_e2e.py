@@ -1,25 +1,36 @@
-"""The dashboard supervising a real training run on this machine's GPU, end to end (issue 6).
+"""The dashboard supervising a real training run on this machine's GPU, end to end (issues 6, 22).
 
 The real app runs headless (Textual Pilot) on LocalHost, with real tmux (a private server)
-and real NVML. It launches a Llama-3.1-8B-shaped drafter, waits until the run screen shows
-real power, memory and a loss curve, checks the app's reading against NVML and nvidia-smi
-read at the same moment, presses k + y and checks the release, edits TTT and max_seq_len
-(e), relaunches (r), watches the new run train and kills it too. It prints a Markdown
-report and writes it, the raw figures and SVG screenshots to $OUT (else screenshots/; for
---smoke, a new temporary directory).
+and real NVML. It launches a drafter run, waits until the run screen shows real power,
+memory and a loss curve, checks the app's reading against NVML and nvidia-smi read at the
+same moment, presses k + y and checks the release, edits the run (e), relaunches (r),
+watches the new run train and kills it too. It prints a Markdown report and writes it,
+the raw figures and SVG screenshots to $OUT (else screenshots/; for --smoke, a new
+temporary directory).
 
-    PYTHONPATH=$PWD python3 scripts/gpu_e2e.py      # on a machine with an NVIDIA GPU
-    .venv/bin/python scripts/gpu_e2e.py --smoke     # the same flow on CPU, tiny drafter
+Two drafters (--drafter): EAGLE-3 (the default), a Llama-3.1-8B-shaped drafter whose TTT
+steps and max_seq_len are edited; DFlash, a Qwen3-8B-shaped drafter on random data made
+here, whose chart (loss per block position, τ) must show, and whose max_anchors is edited:
+the edit form must show the memory model's predicted peak for the new value and the
+largest max_anchors that fits, and the relaunched run must train with it. A DFlash run's
+files are named dflash-*.svg and gpu_e2e-dflash.{md,json}, so both drafters' fit in one $OUT.
 
-Every wait is bounded, the flow stops within BUDGET_S and a watchdog ends the process soon
-after; whatever the script started (the tmux server, the trainers) is ended on the way out.
-Exit status 0 when every check passed, 1 otherwise.
+    PYTHONPATH=$PWD python3 scripts/gpu_e2e.py                    # on a machine with an NVIDIA GPU
+    PYTHONPATH=$PWD python3 scripts/gpu_e2e.py --drafter dflash
+    .venv/bin/python scripts/gpu_e2e.py --smoke [--drafter dflash]  # the same flow on CPU, tiny drafter
+
+Every wait is bounded, the flow stops within its mode's budget (380 s for EAGLE-3, 285 s for
+DFlash, data included) and a watchdog ends the process 15 s after; whatever the script
+started (the tmux server, the trainers) is ended on the way out, and a killed run's
+checkpoint (saved on SIGTERM: 12 GB for the DFlash drafter) is deleted once the kill is
+checked. Exit status 0 when every check passed, 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -38,55 +49,87 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from backends.hosts import LocalHost  # noqa: E402
+from training.params import PARAMS  # noqa: E402
 from tui.app import Demo, TracksideApp, Watched  # noqa: E402
-from tui.screens.edit import EditScreen  # noqa: E402
+from tui.curves import positions_shown  # noqa: E402
+from tui.screens.edit import EditScreen, gpu_total_gib  # noqa: E402
 from tui.screens.kill import KillConfirm, KillReportScreen  # noqa: E402
 from tui.screens.run import RunScreen  # noqa: E402
+from tui.state import DFLASH_KNOBS  # noqa: E402
+from tui.widgets.loss_chart import LossChart  # noqa: E402
 
-BUDGET_S = 380.0  # the whole flow, data included; with the watchdog and clean-up, under 7 minutes
-WATCHDOG_S = BUDGET_S + 15  # past this the process ends itself, even if a call blocks
 SIZE = (160, 48)
 TMUX_SOCKET = "trackside-gpu-e2e"
 SESSION = "gpu-e2e"
 DATA_DIR = "/tmp/data-8b"
+DFLASH_DATA_DIR = "/tmp/data-qwen3-8b-dflash"
 RELAUNCH_TTT = 5
 POWER_TOLERANCE = 0.05  # power moves step to step; memory barely does
 MEMORY_TOLERANCE = 0.01
 IDLE_TOLERANCE_MIB = 100  # "back to idle": within this of the memory used before launch
 AGREEMENT_SAMPLES = 3
+WATCHDOG_AFTER_S = 15  # past its budget the process ends itself, even if a call blocks
 SMI_QUERY = ["nvidia-smi", "--query-gpu=power.draw,memory.used", "--format=csv,noheader,nounits", "--id=0"]
+DRAFTER_NAMES = {"eagle3": "EAGLE-3", "dflash": "DFlash"}
 
 
 @dataclass(frozen=True)
 class Mode:
-    name: str
+    name: str  # gpu or smoke
+    drafter: str  # eagle3 or dflash
     preset: str
     data: tuple[str, ...]  # the trainer's flags choosing its data
     device: str
-    params: dict  # the first run's max_seq_len and ttt_steps
+    params: dict  # the first run's params, as flags on its argv (EAGLE-3: max_seq_len, ttt_steps)
     min_power_w: float | None  # the run screen must show more than this before the checks
     min_mem_gib: float | None
     loss_points: int
-    length_cap: int  # the relaunch's max_seq_len: the largest that fits, at most this
     card_gib: float | None  # the card size handed to `fit` when NVML reads none (CPU smoke)
     # A short schedule on the GPU, so warm-up ends and the loss falls visibly on screen.
     schedule: tuple[str, ...] = ("--steps", "100000")
+    length_cap: int | None = None  # EAGLE-3's relaunch max_seq_len: the largest that fits, at most this
+    relaunch: dict | None = None  # DFlash's edit, as it stands
+    budget_s: float = 380.0  # the whole flow, data included
+    data_dir: str | None = None  # made before the flow (and reused) when it lacks a dataset.json
+
+    @property
+    def dflash(self) -> bool:
+        return self.drafter == "dflash"
+
+    @property
+    def prefix(self) -> str:
+        """Of its files: an EAGLE-3 run's keep the names they always had."""
+        return "dflash-" if self.dflash else ""
 
     def train_argv(self) -> list[str]:
         # Not installed as a package on the GPU box: the trainer is this Python's module.
+        drafter = ["--drafter", self.drafter] if self.dflash else []
+        flags = [part for name, value in self.params.items() for part in (PARAMS[name].flag, str(value))]
         return [
-            sys.executable, "-m", "training", "train", *self.data, "--preset", self.preset,
-            "--device", self.device, "--max-seq-len", str(self.params["max_seq_len"]),
-            "--ttt-steps", str(self.params["ttt_steps"]), *self.schedule, "--save-every", "0",
+            sys.executable, "-m", "training", "train", *drafter, *self.data, "--preset", self.preset,
+            "--device", self.device, *flags, *self.schedule, "--save-every", "0",
         ]  # fmt: skip
 
 
 # 3000 steps: the flow stops the run itself; at 8192 x 3 the trainer now finishes 300 steps
 # (~40 s) before the screen has gathered its 40 loss points.
-GPU = Mode("gpu", "llama3-8b", ("--data", DATA_DIR), "cuda", {"max_seq_len": 8192, "ttt_steps": 3},
-           300.0, 10.0, 40, 16384, None, ("--steps", "3000", "--lr", "1e-3"))  # fmt: skip
-SMOKE = Mode("smoke", "tiny", ("--synthetic",), "cpu", {"max_seq_len": 256, "ttt_steps": 2},
-             None, None, 5, 512, 4.0)  # fmt: skip
+GPU = Mode("gpu", "eagle3", "llama3-8b", ("--data", DATA_DIR), "cuda", {"max_seq_len": 8192, "ttt_steps": 3},
+           300.0, 10.0, 40, None, ("--steps", "3000", "--lr", "1e-3"), length_cap=16384,
+           data_dir=DATA_DIR)  # fmt: skip
+SMOKE = Mode("smoke", "eagle3", "tiny", ("--synthetic",), "cpu", {"max_seq_len": 256, "ttt_steps": 2},
+             None, None, 5, 4.0, length_cap=512)  # fmt: skip
+# Qwen3-8B's shape at 8K tokens, 512 anchors of 16 (26 GiB, ~0.2 s a step on an H200, its
+# first ~47 s: docs/benchmarks.md), then 1,024 anchors: twice the block positions. 285 s:
+# data ~20 s, launch to 40 points ~60 s, two kills each saving a 12 GB checkpoint, the
+# relaunch's first step; the flow and its watchdog end within 5 minutes.
+DFLASH_GPU = Mode("gpu", "dflash", "qwen3-8b", ("--data", DFLASH_DATA_DIR), "cuda",
+                  {"max_seq_len": 8192, "max_anchors": 512}, 250.0, 10.0, 40, None,
+                  ("--steps", "3000", "--lr", "1e-3"), relaunch={"max_anchors": 1024}, budget_s=285.0,
+                  data_dir=DFLASH_DATA_DIR)  # fmt: skip
+DFLASH_SMOKE = Mode("smoke", "dflash", "tiny", ("--synthetic",), "cpu", {"max_seq_len": 256, "max_anchors": 16},
+                    None, None, 5, 4.0, relaunch={"max_anchors": 32})  # fmt: skip
+MODES = {("gpu", "eagle3"): GPU, ("smoke", "eagle3"): SMOKE, ("gpu", "dflash"): DFLASH_GPU,
+         ("smoke", "dflash"): DFLASH_SMOKE}  # fmt: skip
 
 
 class Stuck(Exception):
@@ -220,7 +263,8 @@ class Flow:
         self.out = out
         self.runs_root = runs_root
         self.nvml = Nvml()
-        self.facts: dict = {"mode": mode.name, "gpu": self.nvml.name, "screenshots": [], "checks": []}
+        self.facts: dict = {"mode": mode.name, "drafter": mode.drafter, "gpu": self.nvml.name, "screenshots": [],
+                            "checks": []}  # fmt: skip
         self.app: TracksideApp | None = None
         self.pilot = None
         self.waiting = "nothing yet"  # str, or a callable saying what was seen instead
@@ -245,8 +289,18 @@ class Flow:
     def check(self, what: str, ok: bool, detail: str = "") -> None:
         self.facts["checks"].append({"what": what, "ok": bool(ok), "detail": detail})
 
+    async def eventually(self, condition, timeout: float) -> bool:
+        """Whether condition() comes true within timeout, the app running meanwhile: for a
+        check that fails plainly rather than stopping the flow."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() >= deadline:
+                return False
+            await self.pilot.pause(0.1)
+        return True
+
     def save(self, name: str) -> None:
-        path = Path(self.app.save_screenshot(f"{name}.svg", str(self.out)))
+        path = Path(self.app.save_screenshot(f"{self.mode.prefix}{name}.svg", str(self.out)))
         self.facts["screenshots"].append(path.name)
 
     def idle(self, label: str) -> None:
@@ -263,6 +317,13 @@ class Flow:
             await self.pilot.pause(0.1)
         self.idle(label)
         self.facts[f"{label}_waited_s"] = round(time.monotonic() - waited, 2)
+
+    def relaunch_changes(self) -> dict:
+        """The edit the flow makes before relaunching: EAGLE-3's TTT steps and the longest
+        max_seq_len the memory model fits (capped), DFlash's max_anchors (the mode's)."""
+        if self.mode.dflash:
+            return dict(self.mode.relaunch)
+        return {"max_seq_len": self.relaunch_length(), "ttt_steps": RELAUNCH_TTT}
 
     def relaunch_length(self) -> int:
         from training import memory
@@ -284,7 +345,7 @@ class Flow:
     async def run(self) -> None:
         mode = self.mode
         self.idle("idle_before")
-        new_length = self.relaunch_length()
+        changes = self.relaunch_changes()
         host = LocalHost("local", runs_root=str(self.runs_root))
         host.tmux_socket = TMUX_SOCKET  # backends.tmux reads this attribute
         self.app = app = TracksideApp([Watched(host)], demo=Demo(mode.train_argv(), SESSION, dict(mode.params)))
@@ -296,13 +357,15 @@ class Flow:
             self.facts["first_run"] = {"key": first.key, "params": dict(mode.params)}
             await self.until(lambda: self.training_shown(first), 120, lambda: self.ready_words(first))
             self.facts["launch_to_ready_s"] = round(time.monotonic() - launched, 1)
+            if mode.dflash:
+                await self.check_dflash_chart(screen, first)
             if mode.min_power_w is None:
                 said = "no GPU on this machine" in screen_text(app)
                 self.check("the run screen says plainly that there is no GPU", said)
             else:  # without a GPU there is no reading to agree on, nor a poll to wait for
                 await self.agreement()
             self.save("run-training")
-            self.facts["first_run"]["loss"] = [round(e["loss"], 4) for e in first.steps if e.get("loss") is not None]
+            self.facts["first_run"].update(curves(first))
 
             self.facts["kill_1"] = await self.kill(first, "kill-report")
             await self.settle("idle_after_kill_1")
@@ -311,13 +374,14 @@ class Flow:
 
             await pilot.press("e")
             form = await self.showing(EditScreen, 10, "the edit form")
-            changes = {"max_seq_len": new_length, "ttt_steps": RELAUNCH_TTT}
-            form.query_one("#param-max_seq_len").value = str(new_length)
-            form.query_one("#param-ttt_steps").value = str(RELAUNCH_TTT)
+            for name, value in changes.items():
+                form.query_one(f"#param-{name}").value = str(value)
             await pilot.pause()
             await self.until(lambda: form.cost_is_current, 30, "the edit form's prediction")
             self.check("the edit form reads the change", form.changes == changes, f"{form.changes}")
             self.facts["edit_cost"] = str(form.query_one("#edit-cost").render())
+            if mode.dflash:
+                self.check_dflash_cost(first, changes)
             self.save("edit-form")
             await pilot.click("#keep")
             await self.until(lambda: app.pending.get(first.key) == changes, 10, "the edit to be kept")
@@ -329,6 +393,8 @@ class Flow:
             self.facts["r_to_first_step_seen_s"] = round(time.monotonic() - pressed, 2)
             self.facts["r_to_first_step_event_s"] = round(second.steps[0]["time"] - pressed_at, 2)
             await self.until(lambda: len(second.steps) >= 3, 90, "3 steps of the relaunched run")
+            if mode.dflash:  # the new run's own chart, not the first run's left on screen
+                await self.eventually(lambda: chart_legend(screen, second) is not None, 5)
             self.save("run-relaunched")
             self.record_second(first, second, changes)
 
@@ -362,6 +428,47 @@ class Flow:
             reading and reading.power_w and reading.mem_mib
             and reading.power_w > mode.min_power_w and reading.mem_mib > mode.min_mem_gib * 1024
         )  # fmt: skip
+
+    async def check_dflash_chart(self, screen: RunScreen, run) -> None:
+        """The run screen draws a DFlash run's chart: its total, the loss of the block
+        positions the chart picks (first, middle, last) and τ beside the legend; the stats
+        give τ and those positions' acceptance."""
+        shown = await self.eventually(lambda: chart_legend(screen, run) is not None, 5)
+        legend = chart_legend(screen, run, whole=True)
+        last = run.last or {}
+        names = [f"pos {i + 1}" for i in positions_shown(len(last.get("loss_pos") or ()))]
+        self.facts["dflash_chart"] = {"legend": legend, "positions": names, "block_size": run.params.get("block_size")}
+        self.check(f"the run screen draws the DFlash chart: the loss per block position ({', '.join(names)}) and τ",
+                   shown, legend or "no such legend on the chart")  # fmt: skip
+        stats = str(screen.query_one("#stats").render())
+        line = next((line for line in stats.splitlines() if line.startswith("τ ")), "")
+        self.check("the run's stats give τ and the acceptance per block position", "acc pos " in line,
+                   line or "no τ line")  # fmt: skip
+
+    def check_dflash_cost(self, run, changes: dict) -> None:
+        """The edit form's peak for the new max_anchors and the largest that fits, against
+        the memory model (training/memory/dflash.py) asked directly, calibrated as the form
+        calibrates it on the run's own measured peak; on CPU the form must say it has none."""
+        text = self.facts["edit_cost"]
+        expected = dflash_prediction(run, changes, gpu_total_gib(self.app.hosts["local"]))
+        self.facts["dflash_prediction"] = expected
+        if "error" in expected:  # a CPU run's peak is no GPU memory: the model has nothing to scale
+            said = "no memory model for this run yet" in text
+            self.check("the edit form says plainly it has no memory model for this run",
+                       said and self.mode.device == "cpu", expected["error"])  # fmt: skip
+            return
+        peak = re.search(r"peak memory\s+≈([\d.]+) GiB", text)
+        shown = f"≈{expected['reserved_gib']:.1f} GiB"
+        self.check(f"the edit form shows the memory model's peak for max_anchors {changes['max_anchors']} "
+                   f"({shown}, was ≈{expected['reserved_gib_before']:.1f} at {expected['max_anchors_before']})",
+                   bool(peak) and f"≈{peak[1]} GiB" == shown, f"the form: {peak[0] if peak else 'no peak'}")  # fmt: skip
+        largest = re.search(r"largest max_anchors that fits at [^:]*: (\d+)", text)
+        if expected["largest_max_anchors"] is None:
+            self.check("the edit form names no largest max_anchors without a GPU reading", not largest)
+            return
+        self.check(f"the edit form shows the largest max_anchors that fits ({expected['largest_max_anchors']})",
+                   bool(largest) and int(largest[1]) == expected["largest_max_anchors"],
+                   largest[0] if largest else "no such line")  # fmt: skip
 
     async def agreement(self) -> None:
         """The app's reading next to NVML's and nvidia-smi's, taken right after each app poll."""
@@ -414,6 +521,7 @@ class Flow:
             self.save(screenshot)
         self.check(f"kill {run.key}: released=True in the report", report.released, report.gpu_message)
         self.check(f"kill {run.key}: every PID of the run is gone", not alive, f"alive: {alive}" if alive else "")
+        saved = drop_checkpoints(run) if not alive else None
         return {
             "run": run.key, "k_to_release_s": round(done - pressed, 2), "y_to_release_s": round(done - answered, 2),
             "kill_run_s": round(report.seconds, 2),
@@ -422,20 +530,21 @@ class Flow:
             "pids": sorted({*started, *report.signalled}),
             "gpu_mib_before_after": [(d.index, d.before_mib, d.after_mib) for d in report.gpus],
             "stragglers": [p.pid for p in report.stragglers], "gpu_status": report.gpu_status,
+            "checkpoint_gib": saved,
         }  # fmt: skip
 
     def record_second(self, first, run, changes: dict) -> None:
         config = (run.start or {}).get("config", {})
         steps = list(run.steps)
         speeds = [e["tokens_per_s"] for e in steps[1:] if e.get("tokens_per_s")]  # the first compiles
+        shape = ("max_anchors", "block_size") if self.mode.dflash else ("ttt_steps",)
         self.facts["second_run"] = {
-            "key": run.key, "parent_ok": run.info.parent == first.info.run_id,
-            "ttt_steps": config.get("ttt_steps"), "max_seq_len": config.get("max_seq_len"), "steps_seen": len(steps),
+            "key": run.key, "parent_ok": run.info.parent == first.info.run_id, "steps_seen": len(steps),
+            "max_seq_len": config.get("max_seq_len"), **{name: started_with(config, name) for name in shape},
             "tokens_per_s_median": round(statistics.median(speeds)) if speeds else None,
-            "peak_mem_gib": max((e.get("peak_mem_gib") or 0 for e in steps), default=None),
-            "loss": [round(e["loss"], 4) for e in steps if e.get("loss") is not None],
+            "peak_mem_gib": max((e.get("peak_mem_gib") or 0 for e in steps), default=None), **curves(run),
         }  # fmt: skip
-        trained = {"max_seq_len": config.get("max_seq_len"), "ttt_steps": config.get("ttt_steps")}
+        trained = {name: started_with(config, name) for name in changes}
         self.check("the relaunched run trains with the edited params", trained == changes, f"{trained}")
         self.check("the relaunched run's parent is the first run", run.info.parent == first.info.run_id)
 
@@ -451,19 +560,155 @@ class Flow:
                            gap <= IDLE_TOLERANCE_MIB, detail)  # fmt: skip
 
 
+def started_with(config: dict, name: str):
+    """A parameter as a run's start event resolved it: DFlash's knobs in their sections."""
+    if name in DFLASH_KNOBS:
+        section, key = DFLASH_KNOBS[name]
+        return (config.get(section) or {}).get(key)
+    return config.get(name)
+
+
+def curves(run) -> dict:
+    """A run's loss per step (and a DFlash run's τ) as its step events logged them."""
+    out = {"loss": [round(e["loss"], 4) for e in run.steps if e.get("loss") is not None]}
+    tau = [round(e["tau"], 3) for e in run.steps if isinstance(e.get("tau"), (int, float))]
+    return {**out, "tau": tau} if tau else out
+
+
+def chart_legend(screen: RunScreen, run, *, whole: bool = False) -> str | None:
+    """The run screen's chart's legend line once it draws `run` as a DFlash run: its total,
+    the block positions tui.curves picks and τ; else None (whole: the line, whatever it holds)."""
+    chart = screen.query_one(LossChart)
+    rendered = chart.render() if chart.run is run else ""
+    line = getattr(rendered, "plain", str(rendered)).split("\n", 1)[0].strip()
+    last = run.last or {}
+    names = [f"━━ pos {i + 1}" for i in positions_shown(len(last.get("loss_pos") or ()))]
+    drawn = bool(names) and "━━ total" in line and all(name in line for name in names) and "τ " in line
+    return line if drawn or whole else None
+
+
+def dflash_prediction(run, changes: dict, gpu_total: float | None) -> dict:
+    """What training/memory/dflash.py predicts for the run with `changes`, scaled to the
+    run's measured peak as the edit form scales it; {"error": why} where it cannot."""
+    from training import memory
+    from training.memory import dflash
+
+    try:
+        cfg, shape = memory.shape_from_start(run.start or {})
+    except ValueError as error:
+        return {"error": str(error)}
+    peaks = [e["peak_mem_gib"] for e in run.steps if e.get("peak_mem_gib")]
+    scale, calibration = 1.0, "none: no measured peak"
+    if peaks:
+        try:
+            scale = dflash.calibrate(cfg, shape, round(max(peaks) * memory.GiB))
+            calibration = f"on the run's measured peak, {max(peaks):.2f} GiB (scale {scale:.3f})"
+        except ValueError as error:  # the form then predicts uncalibrated too
+            calibration = f"none: {error}"
+    new = dataclasses.replace(shape, max_anchors=int(changes["max_anchors"]))
+    before, after = dflash.predict(cfg, shape, scale), dflash.predict(cfg, new, scale)
+    return {
+        "max_seq_len": shape.max_seq_len, "block_size": cfg.block_size, "calibration": calibration,
+        "max_anchors_before": shape.max_anchors, "reserved_gib_before": before.reserved / memory.GiB,
+        "max_anchors": new.max_anchors, "reserved_gib": after.reserved / memory.GiB,
+        "allocated_gib": after.total / memory.GiB, "gpu_total_gib": gpu_total,
+        "largest_max_anchors": dflash.largest_max_anchors(cfg, new, gpu_total, scale=scale) if gpu_total else None,
+    }  # fmt: skip
+
+
+def drop_checkpoints(run) -> float | None:
+    """Delete a killed run's checkpoints (its SIGTERM's save: the disk is shared with other
+    measurements); the GiB they held, None when there were none."""
+    path = Path(run.info.run_dir or "", "checkpoints")
+    if not run.info.run_dir or not path.is_dir():
+        return None
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+    shutil.rmtree(path, ignore_errors=True)
+    return round(size / 2**30, 2)
+
+
 def make_data(mode: Mode, facts: dict, timeout: float) -> None:
-    if mode is SMOKE:
+    """The GPU run's random data (a smoke's is --synthetic), made in a child process so that
+    no CUDA context of this one is on the card when the idle readings are taken."""
+    if mode.data_dir is None:
         return
-    if Path(DATA_DIR, "dataset.json").exists():
-        facts["data"] = f"reused {DATA_DIR}"
+    if Path(mode.data_dir, "dataset.json").exists():
+        facts["data"] = f"reused {mode.data_dir}"
         return
     started = time.monotonic()
-    argv = [sys.executable, "bench/random_data.py", "--preset", mode.preset, "--out", DATA_DIR,
-            "--samples", "40", "--length", "2048"]  # fmt: skip
+    if mode.dflash:
+        argv = [sys.executable, __file__, "--make-dflash-data", mode.data_dir, "--preset", mode.preset]
+        maker = "gpu_e2e.py --make-dflash-data"
+    else:
+        argv = [sys.executable, "bench/random_data.py", "--preset", mode.preset, "--out", mode.data_dir,
+                "--samples", "40", "--length", "2048"]  # fmt: skip
+        maker = "bench/random_data.py"
     result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     if result.returncode:
-        raise Stuck(f"bench/random_data.py failed: {result.stderr.strip()[-500:]}")
+        raise Stuck(f"{maker} failed: {result.stderr.strip()[-500:]}")
     facts["data"] = f"{result.stdout.strip()} in {time.monotonic() - started:.0f}s"
+
+
+# Random DFlash data (what bench/random_data.py is for EAGLE-3): 16 samples of ~2K tokens,
+# ~4 packed rows of 8K. The hidden states of five verifier layers (Qwen3-8B has 36; the
+# five `extract --drafter dflash` captures) are random, the verifier's final state leans
+# on its token's embedding and its head maps token x's embedding onto σ(x), x's successor
+# in a fixed permutation of a set of active tokens that the token stream mostly follows:
+# the verifier's argmax at a position is the next token, which a drafter can learn from
+# the anchor, so each block position's loss falls and τ grows within tens of steps.
+DFLASH_DATA = {"samples": 16, "length": 2048, "depth": 36, "active": 1024, "follow": 0.75}
+
+
+def make_dflash_data(out: Path, preset: str, seed: int = 0) -> str:
+    import torch
+
+    from bench.random_data import prompt_len
+    from training.config import DFLASH_PRESETS
+    from training.data import (DATASET_JSON, TOKEN_COUNTS_FILE, VERIFIER_FILE, sample_path,
+                               write_json_atomic, write_tensors_atomic)  # fmt: skip
+    from training.extract import default_layers
+
+    spec, cfg = DFLASH_DATA, DFLASH_PRESETS[preset]
+    h, vocab = cfg.hidden_size, cfg.vocab_size
+    layers = default_layers(spec["depth"], "dflash")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the big randn on the GPU
+    g = torch.Generator().manual_seed(seed)
+    on = torch.Generator(device).manual_seed(seed)
+    active = torch.randperm(cfg.mask_token_id, generator=g)[: min(spec["active"], cfg.mask_token_id)]
+    successor = torch.arange(vocab)
+    successor[active] = active[torch.randperm(len(active), generator=g)]
+    embed = torch.randn(vocab, h, generator=on, device=device)
+    head = 0.02 * torch.randn(vocab, h, generator=on, device=device)
+    chosen = embed[active.to(device)]
+    head[successor[active].to(device)] = 10.0 * chosen / chosen.norm(dim=-1, keepdim=True) ** 2
+    out.mkdir(parents=True, exist_ok=True)
+    write_tensors_atomic(out / VERIFIER_FILE, {"embed_tokens": (0.02 * embed).bfloat16().cpu(),
+                                               "lm_head": head.bfloat16().cpu()})  # fmt: skip
+    counts = torch.zeros(vocab, dtype=torch.long)
+    lengths, after = [], successor.tolist()
+    for i in range(spec["samples"]):
+        n = int(spec["length"] * (0.75 + 0.5 * torch.rand((), generator=g)))
+        follow = (torch.rand(n, generator=g) < spec["follow"]).tolist()
+        jumps = active[torch.randint(len(active), (n,), generator=g)].tolist()
+        ids = [jumps[0]]
+        for t in range(1, n):
+            ids.append(after[ids[-1]] if follow[t] else jumps[t])
+        ids = torch.tensor(ids)
+        mask = torch.ones(n, dtype=torch.bool)
+        mask[: prompt_len(n)] = False
+        final = embed[ids.to(device)] + 0.5 * torch.randn(n, h, generator=on, device=device)
+        write_tensors_atomic(sample_path(out, i), {
+            "input_ids": ids, "loss_mask": mask,
+            "aux_hidden": torch.randn(n, len(layers) * h, generator=on, device=device).bfloat16().cpu(),
+            "final_hidden": final.bfloat16().cpu()})  # fmt: skip
+        counts += torch.bincount(ids[mask], minlength=vocab)
+        lengths.append(n)
+    write_tensors_atomic(out / TOKEN_COUNTS_FILE, {"counts": counts})
+    write_json_atomic(out / DATASET_JSON, {
+        "hidden_size": h, "vocab_size": vocab, "num_layers": spec["depth"], "layers": layers, "dtype": "bfloat16",
+        "num_samples": len(lengths), "lengths": lengths, "total_tokens": sum(lengths), "model": f"random:{preset}",
+    })  # fmt: skip
+    return f"wrote {len(lengths)} samples, {sum(lengths)} tokens, layers {layers} to {out} (on {device.type})"
 
 
 def end_private_tmux() -> list[int]:
@@ -524,7 +769,7 @@ def joined(values) -> str:
 def report(facts: dict) -> str:
     verdict = "PASSED" if facts.get("passed") else f"FAILED: {facts.get('failure') or 'a check failed'}"
     lines = [
-        f"# trackside on a real GPU, end to end ({facts['mode']})", "",
+        f"# trackside on a real GPU, end to end ({facts['mode']}, {DRAFTER_NAMES[facts['drafter']]} drafter)", "",
         f"**{verdict}** — {facts.get('date', '')}, {cell(facts.get('wall_s'))} s wall, GPU: {facts['gpu']}", "",
     ]  # fmt: skip
     if facts.get("data"):
@@ -573,6 +818,7 @@ def report(facts: dict) -> str:
                 [f"{words}: SIGKILLed after the grace period", joined(k["sigkilled"]) or "none"],
                 [f"{words}: GPU memory before → after (MiB, the report)", memory],
                 [f"{words}: PIDs gone", ("all of " if not k["alive_after"] else "NOT ") + joined(k["pids"])],
+                [f"{words}: its SIGTERM checkpoint, deleted after the checks", f"{cell(k.get('checkpoint_gib'), 2)} GiB"],
             ]
     for key, words in (
         ("r_to_first_step_seen_s", "`r` → the new run's first step, seen by the app"),
@@ -584,19 +830,30 @@ def report(facts: dict) -> str:
         lines += ["## Timings", ""] + table(["what", "value"], timings)
 
     if (first := facts.get("first_run")) and (loss := first.get("loss")):
-        lines += [f"First run ({first['params']}): loss {loss[0]} → {loss[-1]} over its first {len(loss)} steps.", ""]
+        tau = first.get("tau")
+        tau = f", τ {tau[0]} → {tau[-1]}" if tau else ""
+        lines += [f"First run ({first['params']}): loss {loss[0]} → {loss[-1]}{tau} over its first {len(loss)} steps.",
+                  ""]  # fmt: skip
+    if chart := facts.get("dflash_chart"):
+        lines += [f"The DFlash chart's legend (block size {chart['block_size']}): `{chart['legend']}`", ""]
     if second := facts.get("second_run"):
-        loss = second["loss"]
-        lines += ["## The relaunched run", ""]
-        lines += table(
-            ["TTT", "max_seq_len", "tokens/s (median, steps 2+)", "peak GiB", "steps seen", "loss"],
-            [[second["ttt_steps"], second["max_seq_len"], cell(second["tokens_per_s_median"]),
-              cell(second["peak_mem_gib"], 2), second["steps_seen"], " → ".join(map(str, loss[:1] + loss[-1:]))]],
-        )  # fmt: skip
+        lines += ["## The relaunched run", ""] + relaunched_table(second)
     if length := facts.get("relaunch_length"):
         lines += [f"max_seq_len: {length['why']}.", ""]
     if facts.get("edit_cost"):
         lines += ["The edit form's prediction:", "", "```", facts["edit_cost"].strip(), "```", ""]
+    if (model := facts.get("dflash_prediction")) and "error" not in model:
+        measured = (facts.get("second_run") or {}).get("peak_mem_gib")
+        lines += [
+            f"The memory model asked directly (training/memory/dflash.py, calibrated {model['calibration']}): "
+            f"max_anchors {model['max_anchors_before']} → {model['max_anchors']} at block size {model['block_size']}, "
+            f"max_seq_len {model['max_seq_len']}: peak ≈{model['reserved_gib_before']:.1f} → "
+            f"≈{model['reserved_gib']:.1f} GiB reserved ({model['allocated_gib']:.2f} GiB allocated; the relaunched "
+            f"run measured {cell(measured, 2)} GiB); the largest max_anchors that fits "
+            f"{cell(model['gpu_total_gib'], 1)} GiB: {cell(model['largest_max_anchors'])}.", "",
+        ]  # fmt: skip
+    elif model:
+        lines += [f"The memory model: {model['error']}.", ""]
 
     lines += ["## Checks", ""]
     for c in facts["checks"]:
@@ -607,23 +864,43 @@ def report(facts: dict) -> str:
     return "\n".join(lines)
 
 
+def relaunched_table(second: dict) -> list[str]:
+    loss, tau = second["loss"], second.get("tau")
+    shape = [k for k in ("ttt_steps", "max_anchors", "block_size") if k in second]
+    header = [*shape, "max_seq_len", "tokens/s (median, steps 2+)", "peak GiB", "steps seen", "loss"]
+    row = [*(second[k] for k in shape), second["max_seq_len"], cell(second["tokens_per_s_median"]),
+           cell(second["peak_mem_gib"], 2), second["steps_seen"], " → ".join(map(str, loss[:1] + loss[-1:]))]  # fmt: skip
+    if tau:
+        header.append("τ")
+        row.append(" → ".join(map(str, tau[:1] + tau[-1:])))
+    return table(header, [row])
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="the same flow on CPU with the tiny drafter")
+    parser.add_argument("--drafter", choices=DRAFTER_NAMES, default="eagle3", help="the drafter the runs train")
+    # The DFlash data, made in a child process of the flow (no CUDA context left in it).
+    parser.add_argument("--make-dflash-data", type=Path, metavar="DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--preset", default="qwen3-8b", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    mode = SMOKE if args.smoke else GPU
+    if args.make_dflash_data:
+        print(make_dflash_data(args.make_dflash_data, args.preset), flush=True)
+        return 0
+    mode = MODES["smoke" if args.smoke else "gpu", args.drafter]
+    budget = mode.budget_s
     started = time.monotonic()
     scratch = Path(tempfile.mkdtemp(prefix="gpu-e2e-"))
     if os.environ.get("OUT"):
         out = Path(os.environ["OUT"])
     else:  # a CPU smoke's pictures never replace the GPU run's in screenshots/
-        out = Path(tempfile.mkdtemp(prefix="gpu-e2e-smoke-")) if mode is SMOKE else REPO / "screenshots"
+        out = Path(tempfile.mkdtemp(prefix="gpu-e2e-smoke-")) if mode.name == "smoke" else REPO / "screenshots"
     out.mkdir(parents=True, exist_ok=True)
     # The trainers run in tmux panes: they find this repo, and (on CPU) share the cores politely.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     os.environ["TMUX_TMPDIR"] = str(scratch)  # a private tmux server, nothing else touched
     os.environ.pop("TMUX", None)
-    if mode is SMOKE:
+    if mode.name == "smoke":
         os.environ["OMP_NUM_THREADS"] = "1"
 
     flow = Flow(mode, out, scratch / "runs")
@@ -642,25 +919,27 @@ def main(argv: list[str]) -> int:
             facts["wall_s"] = round(time.monotonic() - started, 1)
             text = report(facts)
             print(text, flush=True)
-            (out / "gpu_e2e.md").write_text(text)
-            (out / "gpu_e2e.json").write_text(json.dumps(facts, indent=1, default=str))
+            name = "gpu_e2e-dflash" if mode.dflash else "gpu_e2e"
+            (out / f"{name}.md").write_text(text)
+            (out / f"{name}.json").write_text(json.dumps(facts, indent=1, default=str))
             print(f"written to {out}", flush=True)
             shutil.rmtree(scratch, ignore_errors=True)
             return text
 
     def watchdog() -> None:
-        finish(f"the watchdog stopped the script after {WATCHDOG_S:.0f}s, waiting for {flow.waiting_for()}")
+        finish(f"the watchdog stopped the script after {budget + WATCHDOG_AFTER_S:.0f}s, "
+               f"waiting for {flow.waiting_for()}")
         os._exit(1)
 
-    timer = threading.Timer(WATCHDOG_S, watchdog)
+    timer = threading.Timer(budget + WATCHDOG_AFTER_S, watchdog)
     timer.daemon = True
     timer.start()
     failure = None
     try:
-        make_data(mode, facts, timeout=BUDGET_S / 2)
-        asyncio.run(asyncio.wait_for(flow.run(), BUDGET_S - (time.monotonic() - started)))
+        make_data(mode, facts, timeout=budget / 2)
+        asyncio.run(asyncio.wait_for(flow.run(), budget - (time.monotonic() - started)))
     except (asyncio.TimeoutError, TimeoutError):
-        failure = f"the flow ran past its budget of {BUDGET_S:.0f}s, waiting for {flow.waiting_for()}"
+        failure = f"the flow ran past its budget of {budget:.0f}s, waiting for {flow.waiting_for()}"
     except (Stuck, subprocess.TimeoutExpired) as error:
         failure = str(error)
     except Exception as error:  # the report still says how far it got
