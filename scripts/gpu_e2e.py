@@ -300,7 +300,11 @@ class Flow:
             await self.pilot.pause(poll)
         return value
 
-    def save(self, name: str) -> None:
+    async def save(self, name: str) -> None:
+        """An SVG screenshot of the screen on top, once it has drawn (a screen just pushed
+        can be saved before its first layout: a blank picture)."""
+        await self.pilot.pause()
+        await self.eventually(lambda: screen_text(self.app).strip(), 5)
         path = Path(self.app.save_screenshot(f"{self.mode.prefix}{name}.svg", str(self.out)))
         self.facts["screenshots"].append(path.name)
 
@@ -365,7 +369,7 @@ class Flow:
                 self.check("the run screen says plainly that there is no GPU", said)
             else:  # without a GPU there is no reading to agree on, nor a poll to wait for
                 await self.agreement()
-            self.save("run-training")
+            await self.save("run-training")
             self.facts["first_run"].update(curves(first))
 
             self.facts["kill_1"] = await self.kill(first, "kill-report")
@@ -383,7 +387,7 @@ class Flow:
             self.facts["edit_cost"] = str(form.query_one("#edit-cost").render())
             if mode.dflash:
                 self.check_dflash_cost(first, changes)
-            self.save("edit-form")
+            await self.save("edit-form")
             await pilot.click("#keep")
             await self.until(lambda: app.pending.get(first.key) == changes, 10, "the edit to be kept")
 
@@ -396,7 +400,7 @@ class Flow:
             await self.until(lambda: len(second.steps) >= 3, 90, "3 steps of the relaunched run")
             if mode.dflash:  # the new run's own chart, not the first run's left on screen
                 await self.eventually(lambda: chart_legend(screen, second) is not None, 5)
-            self.save("run-relaunched")
+            await self.save("run-relaunched")
             self.record_second(first, second, changes)
 
             self.facts["kill_2"] = await self.kill(second, None)
@@ -520,7 +524,7 @@ class Flow:
         report = shown.report
         alive = sorted(pid for pid, ticks in started.items() if still_running(pid, ticks))
         if screenshot:
-            self.save(screenshot)
+            await self.save(screenshot)
         self.check(f"kill {run.key}: released=True in the report", report.released, report.gpu_message)
         self.check(f"kill {run.key}: every PID of the run is gone", not alive, f"alive: {alive}" if alive else "")
         saved = drop_checkpoints(run) if not alive else None
