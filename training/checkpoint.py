@@ -5,6 +5,11 @@
     checkpoints/step-<N>/state.pt            optimizer, scheduler, data position, RNG
     checkpoints/latest                       "step-<N>", repointed last
 
+Tensors are whole, whatever the sharding of the run that wrote them (training/loop.py
+gathers them to rank 0), and the optimizer state is keyed by parameter name: a checkpoint
+resumes at another world size, under DDP or FSDP. One written before that keyed it by
+the optimizer's parameter order; `optimizer_by_name` reads both.
+
 A step directory is written whole under a temporary name, fsynced, then renamed: any
 `step-*` directory is complete. `latest` is a small file replaced by rename after that, so
 it never names a missing directory; loading still falls back to the newest step directory
@@ -102,3 +107,15 @@ def load(path: Path) -> tuple[dict[str, Tensor], dict, dict]:
     state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     config = json.loads((path / "config.json").read_text())
     return tensors, state, config
+
+
+def optimizer_by_name(saved: dict, names: list[str]) -> dict:
+    """A checkpoint's optimizer state keyed by parameter name, as
+    torch.distributed.checkpoint.state_dict's get_optimizer_state_dict keys it. `names`:
+    the trained parameters in the order they were handed to the optimizer, which is how a
+    checkpoint from before FSDP keyed them (by position)."""
+    if all(isinstance(p, str) for group in saved["param_groups"] for p in group["params"]):
+        return saved
+    return {"state": {names[i]: s for i, s in saved["state"].items()},
+            "param_groups": [{**group, "params": [names[i] for i in group["params"]]}
+                             for group in saved["param_groups"]]}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from training import contract
 from training.contract import EXIT_OK, EXIT_USAGE, UsageError
+from training.memory.terms import SHARDINGS
 from training.params import PARAMS
 
 
@@ -89,6 +90,10 @@ def train_parser() -> argparse.ArgumentParser:
                        help="default tiny; EAGLE-3: " + ", ".join(sorted(PRESETS))
                        + "; DFlash: " + ", ".join(sorted(DFLASH_PRESETS)))
     p.add_argument("--device", choices=["cpu", "cuda"])
+    p.add_argument("--sharding", choices=SHARDINGS, default="ddp",
+                   help="ddp (default): every process holds the whole drafter; fsdp: "
+                        "its trained weights, gradients and AdamW state sharded over the "
+                        "processes, for a drafter whose optimizer state crowds a card")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in --out")
     _param(p, "loss_chunk", default=2048)
@@ -316,7 +321,7 @@ def _train(args, device: str) -> int:
         lr=args.lr or (3e-3 if args.synthetic else 1e-4), batch_rows=args.batch_rows,
         device=device, resume=args.resume, loss_chunk=args.loss_chunk,
         checkpoint_ttt=min(args.checkpoint_ttt, args.ttt_steps or DEFAULT_TTT_STEPS),
-        freeze_lm_head=args.freeze_lm_head,
+        freeze_lm_head=args.freeze_lm_head, sharding=args.sharding,
         gpu_mem_gib=args.gpu_mem_gib, save_every=args.save_every, seed=args.seed,
         # A DFlash drafter is exported here, after the run, in speculators' layout.
         export=None if dflash else args.export)

@@ -48,7 +48,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="bf16 autocast (GPU default) or fp32")
     p.add_argument("--world-size", type=int, help="GPUs in the run (default 1)")
     p.add_argument("--sharding", choices=memory.SHARDINGS, default=None,
-                   help="ddp (replicated state) or fsdp (sharded)")
+                   help="as train --sharding: ddp (every GPU holds the whole drafter and "
+                        "its AdamW state) or fsdp (each holds a shard of them and gathers "
+                        "the weights it runs whole); default: the run's, else ddp")
     p.add_argument("--checkpoint-ttt", type=int, nargs="?", const=sys.maxsize, default=None,
                    metavar="N", help="as train --checkpoint-ttt: the first N TTT steps "
                    "recomputed in backward (bare: every step)")
@@ -102,8 +104,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 # Flags of one drafter's fit that the other's would silently ignore.
-_EAGLE3_ONLY = ("ttt_steps", "checkpoint_ttt", "freeze_lm_head", "sharding", "probe",
-                "calibration")
+_EAGLE3_ONLY = ("ttt_steps", "checkpoint_ttt", "freeze_lm_head", "probe", "calibration")
 _DFLASH_ONLY = ("max_anchors", "block_size", "soft_kl")
 DFLASH_MAX_SEQ_LEN = 8192
 DFLASH_MAX_ANCHORS = 512
@@ -160,7 +161,8 @@ def dflash_fit(args: argparse.Namespace) -> dict:
         shape = memory.DFlashShape(
             max_seq_len=length, max_anchors=anchors, soft_kl=pick("soft_kl", 0.0),
             batch_rows=pick("batch_rows", 1), loss_chunk=pick("loss_chunk", 2048),
-            precision=pick("precision", "bf16"), world_size=pick("world_size", 1))
+            precision=pick("precision", "bf16"), world_size=pick("world_size", 1),
+            sharding=pick("sharding", "ddp"))
     except ValueError as e:
         raise UsageError(str(e)) from e
     return report(cfg, shape, args.gpu_mem_gib, args.headroom_gib, scale, calibrated_on)

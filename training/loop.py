@@ -1,9 +1,14 @@
 """The training loop, top to bottom: set-up, resume, steps, checkpoints, the end.
 
-One process per GPU under torchrun (DDP: gloo on CPU, NCCL on CUDA), or one process alone.
+One process per GPU under torchrun (gloo on CPU, NCCL on CUDA), or one process alone.
 Each rank trains on its slice of the global batch; the loss is normalised by the global
 count of scored positions per TTT step, so N ranks compute exactly what one process with
-the whole global batch would. Rank 0 writes metrics and checkpoints. The step itself
+the whole global batch would. `sharding` says how ranks hold the drafter: "ddp" replicates
+it (DistributedDataParallel), "fsdp" shards its trained parameters, their gradients and
+AdamW state over the ranks (FSDP2's fully_shard, `shard`). Rank 0 writes metrics and
+checkpoints; a checkpoint holds the whole drafter and its optimizer state by parameter
+name, gathered from every rank, so it resumes at any world size and either sharding. The
+step itself
 (make_optimizer, forward_backward, optimizer_step) is also what `trackside fit --probe`
 measures.
 
@@ -28,6 +33,16 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from training import checkpoint
@@ -66,6 +81,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     export: Path | None = None
     dflash: DFlashTraining | None = None  # set: train a DFlash drafter, not EAGLE-3
+    sharding: str = "ddp"  # one of training.memory.SHARDINGS
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -211,7 +227,49 @@ def optimizer_step(optimizer: torch.optim.Optimizer, params, grad_clip: float) -
     grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return grad_norm
+    # Sharded gradients give a DTensor norm, already reduced over the ranks: its value is
+    # the whole drafter's norm, as DDP's is.
+    return grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm
+
+
+def shard(model: nn.Module, layers, device: torch.device, world: int) -> nn.Module:
+    """FSDP2 over every rank: each of `layers` its own group (gathered for its forward and
+    again for its backward, then freed), the rest of `model` one group, gathered for the
+    whole step. Frozen parameters (the verifier's embedding, a frozen draft head) stay
+    whole on every rank: they take no gradient and no optimizer state, so sharding them
+    would save nothing and cost a gather each step. Parameters are gathered in fp32 and
+    autocast casts them, as under DDP: the same numbers, and the same dtypes the compiled
+    islands and the Triton loss were written for."""
+    mesh = init_device_mesh(device.type, (world,))
+    frozen = {p for p in model.parameters() if not p.requires_grad}
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, ignored_params=frozen)
+    fully_shard(model, mesh=mesh, ignored_params=frozen)
+    return model
+
+
+# Whole tensors, on the CPU of rank 0 alone (the others get none): what a checkpoint holds.
+_GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+
+
+def gather_state(drafter: nn.Module, optimizer: torch.optim.Optimizer
+                 ) -> tuple[dict[str, torch.Tensor], dict]:
+    """The drafter's weights (not the verifier's embedding; a frozen head, which an export
+    needs, too) and its optimizer state keyed by parameter name. Every rank calls it: FSDP
+    gathers the shards; rank 0 gets the result."""
+    weights = get_model_state_dict(drafter, options=_GATHERED)
+    weights.update({n: p for n, p in drafter.named_parameters()
+                    if not p.requires_grad and n != "embed_tokens.weight"})
+    return weights, get_optimizer_state_dict(drafter, optimizer, options=_GATHERED)
+
+
+def restore_state(drafter: nn.Module, optimizer: torch.optim.Optimizer,
+                  weights: dict[str, torch.Tensor], optimizer_state: dict) -> None:
+    """Whole tensors, as gather_state made them, into this run's parameters and optimizer,
+    each rank taking its shard under FSDP: a checkpoint resumes at any world size."""
+    whole = StateDictOptions(full_state_dict=True, strict=False)
+    set_model_state_dict(drafter, weights, options=whole)
+    set_optimizer_state_dict(drafter, optimizer, optimizer_state, options=whole)
 
 
 def record_oom(metrics: MetricsWriter, cfg: TrainConfig, device: torch.device,
@@ -231,10 +289,12 @@ def record_oom(metrics: MetricsWriter, cfg: TrainConfig, device: torch.device,
     return EXIT_OOM
 
 
-def join_processes(device_type: str) -> tuple[torch.device, int, int]:
+def join_processes(device_type: str, sharding: str = "ddp") -> tuple[torch.device, int, int]:
     """This process's device, rank and world size; under torchrun (WORLD_SIZE > 1) the
     process group joined, once: the CLI joins before it decides whether --out is free,
-    train() finds it joined."""
+    train() finds it joined. FSDP's device mesh needs a group even for one process, which
+    then makes one of its own (FSDP alone shards nothing, but it runs, so a run relaunched
+    on one GPU keeps its argv and the sharded path can be tried on a single card)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if device_type == "cuda":
@@ -243,8 +303,11 @@ def join_processes(device_type: str) -> tuple[torch.device, int, int]:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    backend = "nccl" if device.type == "cuda" else "gloo"
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend)
+    elif sharding == "fsdp" and not dist.is_initialized():
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return device, rank, world
 
 
@@ -256,7 +319,7 @@ def leave_processes() -> None:
 
 def train(cfg: TrainConfig) -> int:
     # --- processes and device ---
-    device, rank, world = join_processes(cfg.device)
+    device, rank, world = join_processes(cfg.device, cfg.sharding)
     if device.type == "cuda" and cfg.gpu_mem_gib:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(
@@ -296,16 +359,20 @@ def train(cfg: TrainConfig) -> int:
 
             drafter, unroll = dflash.build(cfg.drafter, cfg.dflash, dataset, device,
                                            (rank, world))
+        if cfg.sharding == "fsdp":
+            # EAGLE-3's one layer is the root group's: it runs once per TTT step and
+            # model.py reads its down_proj weight before its forward (once per unroll),
+            # where a group of its own would not yet be gathered; and one layer is most of
+            # the drafter, gathered whole either way. DFlash's layers run once each.
+            shard(unroll, () if cfg.dflash is None else drafter.layers, device, world)
+        elif world > 1:
+            unroll = DistributedDataParallel(unroll, device_ids=[device.index]
+                                             if device.type == "cuda" else None)
+        # After sharding: fully_shard puts sharded parameters in the modules' place.
         trainable = {n: p for n, p in drafter.named_parameters() if p.requires_grad}
-        # A checkpoint holds the drafter's own weights, trained or frozen (an export needs
-        # its head either way), not the verifier's embedding.
-        weights = {n: p for n, p in drafter.named_parameters() if n != "embed_tokens.weight"}
         optimizer = make_optimizer(trainable.values(), cfg.lr, device, cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
                                                       warmup_cosine(warmup, total_steps))
-        if world > 1:
-            unroll = DistributedDataParallel(unroll, device_ids=[device.index]
-                                             if device.type == "cuda" else None)
 
         # --- resume ---
         ckpt_root = cfg.run_dir / "checkpoints"
@@ -320,19 +387,21 @@ def train(cfg: TrainConfig) -> int:
                 raise ResumeError(f"checkpoint {found} was trained with"
                                   f"{'' if saved.get('freeze_lm_head') else 'out'} "
                                   "--freeze-lm-head: resume it the same way")
-            try:
-                drafter.load_state_dict({n: tensors[n] for n in trainable}, strict=False)
-            except RuntimeError as e:  # another drafter shape
-                raise ResumeError(f"checkpoint {found} does not fit this drafter: "
-                                  f"{str(e).splitlines()[-1].strip()}") from None
-            optimizer.load_state_dict(state["optimizer"])
+            # A sharded parameter's shape is its whole tensor's, as saved.
+            for n, p in trainable.items():
+                if tensors[n].shape != p.shape:
+                    raise ResumeError(f"checkpoint {found} does not fit this drafter: {n} "
+                                      f"is {tuple(tensors[n].shape)} there, "
+                                      f"{tuple(p.shape)} here")
+            restore_state(drafter, optimizer, {n: tensors[n] for n in trainable},
+                          checkpoint.optimizer_by_name(state["optimizer"], list(trainable)))
             scheduler.load_state_dict(state["scheduler"])
             step, position = state["step"], Position(**state["data"])
             _set_rng_state(state["rng"])
 
         config = {**cfg.to_dict(), "total_steps": total_steps, "warmup_steps": warmup,
                   "global_batch_rows": cfg.batch_rows * world, "resumed_from_step": step,
-                  "precision": precision(device), "sharding": "ddp",
+                  "precision": precision(device),
                   "data_layers": dataset.info["layers"]}
         metrics.write("start", config=config, steps_per_epoch=loader.steps_per_epoch,
                       world_size=world)
@@ -344,19 +413,19 @@ def train(cfg: TrainConfig) -> int:
 
         def save() -> None:
             nonlocal last_saved
-            if rank == 0 and last_saved != step:
-                tensors = dict(weights) if cfg.dflash is not None else {
-                    **weights, "d2t": drafter.d2t, "t2d": drafter.t2d}
-                state = {"step": step, "data": position.state_dict(), "rng": _rng_state(),
-                         "optimizer": optimizer.state_dict(),
-                         "scheduler": scheduler.state_dict()}
-                path = checkpoint.save(ckpt_root, step, tensors, state, {
-                    "drafter": cfg.drafter.to_dict(), "layers": dataset.info["layers"],
-                    "num_layers": dataset.info["num_layers"],
-                    "max_seq_len": cfg.max_seq_len, "ttt_steps": cfg.ttt_steps,
-                    "freeze_lm_head": cfg.freeze_lm_head,
-                    **({} if cfg.dflash is None else {"dflash": cfg.to_dict()["dflash"]})})
-                metrics.write("checkpoint", step=step, path=str(path))
+            if last_saved != step:
+                tensors, optimizer_state = gather_state(drafter, optimizer)  # every rank
+                if rank == 0:
+                    state = {"step": step, "data": position.state_dict(),
+                             "rng": _rng_state(), "optimizer": optimizer_state,
+                             "scheduler": scheduler.state_dict()}
+                    path = checkpoint.save(ckpt_root, step, tensors, state, {
+                        "drafter": cfg.drafter.to_dict(), "layers": dataset.info["layers"],
+                        "num_layers": dataset.info["num_layers"],
+                        "max_seq_len": cfg.max_seq_len, "ttt_steps": cfg.ttt_steps,
+                        "freeze_lm_head": cfg.freeze_lm_head,
+                        **({} if cfg.dflash is None else {"dflash": cfg.to_dict()["dflash"]})})
+                    metrics.write("checkpoint", step=step, path=str(path))
             last_saved = step
             if world > 1:
                 dist.barrier()

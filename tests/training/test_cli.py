@@ -36,6 +36,7 @@ def run_main(argv, capsys) -> tuple[int, str]:
     (["--draft-vocab-size", "-3"], "--draft-vocab-size"),
     (["--preset", "gpt5"], "--preset"),
     (["--device", "tpu"], "--device"),
+    (["--sharding", "zero3"], "--sharding"),
     (["--loss-chunk", "0"], "--loss-chunk"),
     (["--gpu-mem-gib", "-2"], "--gpu-mem-gib"),
     (["--save-every", "-1"], "--save-every"),

@@ -185,12 +185,14 @@ def test_padded_rows_and_sharding():
     one = constant(StepShape(256, 3))
     ddp = constant(StepShape(256, 3, world_size=4))
     fsdp = constant(StepShape(256, 3, world_size=4, sharding="fsdp"))
-    # DDP's buckets hold a gradient of every fp32 weight; FSDP shards the optimizer state
-    # over the ranks and gathers a layer's bf16 weights whole
+    # DDP's buckets hold a gradient of every fp32 weight; FSDP shards the weights and
+    # optimizer state over the ranks and gathers every fp32 weight whole (EAGLE-3's one
+    # layer is in its root group)
     assert ddp["ddp_buckets"] == one["weights"]
     assert fsdp["adamw_state"] == one["adamw_state"] // 4
+    assert fsdp["weights"] == one["weights"] // 4 and "ddp_buckets" not in fsdp
     trainable = sum(p.numel() for p in Eagle3Drafter(TINY).parameters() if p.requires_grad)
-    assert fsdp["fsdp_gathered"] == trainable * 2
+    assert fsdp["fsdp_gathered"] == trainable * 4
 
 
 @pytest.mark.parametrize("field,value", [("max_seq_len", 0), ("ttt_steps", -1),

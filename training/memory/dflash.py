@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from training.config import FLEX_BLOCK, DFlashConfig
 from training.memory.peak import DEFAULT_HEADROOM_GIB, Prediction, fits
-from training.memory.terms import BF16, FP32, INDEX, PRECISIONS
+from training.memory.terms import BF16, FP32, INDEX, PRECISIONS, SHARDINGS, trained_state
 
 # float32 chunk × vocabulary tensors the loss holds at once: the drafter's log-
 # probabilities, the verifier's logits, and a log-sum-exp temporary or (soft KL) the
@@ -49,6 +49,7 @@ class DFlashShape:
     loss_chunk: int = 2048
     precision: str = "bf16"
     world_size: int = 1
+    sharding: str = "ddp"
 
     def __post_init__(self) -> None:
         for name in ("max_seq_len", "max_anchors", "batch_rows", "loss_chunk", "world_size"):
@@ -60,6 +61,9 @@ class DFlashShape:
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, "
                              f"got {self.precision!r}")
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"sharding must be one of {', '.join(SHARDINGS)}, "
+                             f"got {self.sharding!r}")
 
 
 def parameter_counts(cfg: DFlashConfig) -> dict[str, int]:
@@ -72,6 +76,16 @@ def parameter_counts(cfg: DFlashConfig) -> dict[str, int]:
     norms = 2 * H + cfg.num_layers * (2 * H + 2 * d)
     return {"trainable": matmuls + norms, "matmuls": matmuls,
             "layer": layer + 2 * H + 2 * d, "frozen": 2 * cfg.vocab_size * H}
+
+
+def gathered_parameters(cfg: DFlashConfig) -> int:
+    """Under FSDP (training/loop.shard), the parameters whole at once: FSDP's root group
+    (fc and the norms around the layers) for the whole step, and two layers — the one
+    running and the next, whose gather FSDP2 issues early to overlap it, in forward and
+    in backward."""
+    counts = parameter_counts(cfg)
+    layers = cfg.num_layers * counts["layer"]
+    return counts["trainable"] - layers + min(2, cfg.num_layers) * counts["layer"]
 
 
 def per_block_position(cfg: DFlashConfig, precision: str) -> dict[str, int]:
@@ -109,12 +123,10 @@ def phases(cfg: DFlashConfig, shape: DFlashShape) -> dict[str, dict[str, dict[st
     Q, P = A * bs, A * (bs - 1)
     counts = parameter_counts(cfg)
     p = counts["trainable"]
-    state = {"weights": p * FP32, "adamw_state": 2 * p * FP32,
+    state = {**trained_state(p, gathered_parameters(cfg), shape.world_size, shape.sharding),
              "frozen": counts["frozen"] * BF16}
     if shape.precision == "bf16":
         state["autocast_weights"] = counts["matmuls"] * BF16
-    if shape.world_size > 1:
-        state["ddp_buckets"] = p * FP32
 
     d = cfg.head_dim
     padded = (Q % FLEX_BLOCK or (L + Q) % FLEX_BLOCK) and shape.precision == "bf16"
@@ -162,13 +174,15 @@ def loss_chunk_bytes(vocab_size: int, chunk: int, precision: str) -> int:
 
 
 def optimizer_phase(cfg: DFlashConfig, shape: DFlashShape) -> int:
-    """Weights, gradients, AdamW state (fused: in place), the frozen tensors and the
-    batch, which the loop still holds."""
+    """Weights, gradients, AdamW state (fused: in place; under FSDP each a shard, the
+    gathered weights freed after backward), the frozen tensors and the batch, which the
+    loop still holds."""
     a = PRECISIONS[shape.precision]
     p = parameter_counts(cfg)["trainable"]
     batch = shape.batch_rows * shape.max_seq_len * (
         3 * INDEX + 1 + (cfg.num_target_layers + 1) * cfg.hidden_size * a)
-    return 4 * p * FP32 + parameter_counts(cfg)["frozen"] * BF16 + batch
+    shard = shape.world_size if shape.sharding == "fsdp" else 1
+    return 4 * p * FP32 // shard + parameter_counts(cfg)["frozen"] * BF16 + batch
 
 
 def predict(cfg: DFlashConfig, shape: DFlashShape, scale: float = 1.0) -> Prediction:

@@ -97,7 +97,8 @@ def _dflash_shape(start: dict, config: dict) -> tuple[DFlashConfig, DFlashShape]
                                 batch_rows=int(config.get("batch_rows", 1)),
                                 loss_chunk=int(config.get("loss_chunk", 2048)),
                                 precision=config.get("precision", "bf16"),
-                                world_size=int(start.get("world_size", 1)))
+                                world_size=int(start.get("world_size", 1)),
+                                sharding=config.get("sharding", "ddp"))
     except KeyError as e:
         raise ValueError(f"the start event's config lacks {e.args[0]}") from e
     except (TypeError, ValueError) as e:

@@ -57,6 +57,25 @@ class StepShape:
         return self.batch_rows * self.max_seq_len
 
 
+def trained_state(trainable: int, gathered: int, world_size: int, sharding: str
+                  ) -> dict[str, int]:
+    """What one rank holds of the trained parameters through a step, either drafter.
+
+    DDP: the fp32 weights and AdamW's two fp32 moments whole, and at a world size above
+    one its gradient buckets beside .grad. FSDP (training/loop.shard): a 1/world_size
+    shard of the weights and moments, and `gathered` parameters whole at once, in fp32
+    (autocast casts them, as under DDP), from their group's forward to its backward —
+    at a world size of one too: FSDP2 gathers into buffers of its own even then."""
+    if sharding == "fsdp":
+        return {"weights": trainable * FP32 // world_size,
+                "adamw_state": 2 * trainable * FP32 // world_size,
+                "fsdp_gathered": gathered * FP32}
+    state = {"weights": trainable * FP32, "adamw_state": 2 * trainable * FP32}
+    if world_size > 1:
+        state["ddp_buckets"] = trainable * FP32
+    return state
+
+
 def parameter_counts(cfg: DrafterConfig, freeze_lm_head: bool = False) -> dict[str, int]:
     """Parameters of model.py's Eagle3Drafter: trainable, frozen, and the autocast-cached
     (a frozen draft head is the verifier's target head itself: no parameter of its own)."""
@@ -236,21 +255,12 @@ def analytic_phases(cfg: DrafterConfig, shape: StepShape
     """Each forward+backward phase's terms in bytes, grouped by how they grow."""
     counts = parameter_counts(cfg, shape.freeze_lm_head)
     p = counts["trainable"]
-    a = PRECISIONS[shape.precision]
-    # FSDP shards parameters, gradients and optimizer state; one full set of (compute
-    # dtype) parameters is gathered while the single decoder layer runs.
-    shard = shape.world_size if shape.sharding == "fsdp" else 1
-    state = {
-        "weights": p * FP32 // shard,
-        "frozen": frozen_bytes(cfg),
-        "adamw_state": 2 * p * FP32 // shard,
-    }
+    # EAGLE-3's one layer is in FSDP's root group (training/loop.py): every trained
+    # parameter is gathered for the whole step.
+    state = {**trained_state(p, p, shape.world_size, shape.sharding),
+             "frozen": frozen_bytes(cfg)}
     if shape.precision == "bf16":
         state["autocast_weights"] = counts["autocast_cached"] * BF16
-    if shape.sharding == "fsdp" and shard > 1:
-        state["fsdp_gathered"] = p * a
-    elif shape.world_size > 1:
-        state["ddp_buckets"] = p * FP32  # DDP's gradient buckets beside .grad
     T, K = shape.tokens, shape.ttt_steps
     per_token = {k: v * T for k, v in saved_per_token(cfg, shape.precision).items()}
     padded = shape.max_seq_len % FLEX_BLOCK != 0
@@ -340,7 +350,8 @@ def frozen_bytes(cfg: DrafterConfig) -> int:
 
 def optimizer_phase(cfg: DrafterConfig, shape: StepShape) -> int:
     """Peak of the optimizer step: weights, gradients, AdamW state (fused AdamW works in
-    place), the frozen tensors and the batch, which is still referenced."""
+    place; under FSDP each a shard, the gathered weights freed after backward), the
+    frozen tensors and the batch, which is still referenced."""
     p = parameter_counts(cfg, shape.freeze_lm_head)["trainable"]
     shard = shape.world_size if shape.sharding == "fsdp" else 1
     batch = saved_per_token(cfg, shape.precision)["batch"] * shape.tokens
