@@ -97,12 +97,18 @@ def doc_causal_block_mask(doc_ids: Tensor) -> BlockMask:
         (n_partial_before + 1)[:, None].to(i32), kv_indices[:, None].to(i32),
         full_num[:, None].to(i32), full_indices[:, None].to(i32),
         BLOCK_SIZE=BLOCK, mask_mod=doc_causal_mask_mod(doc_ids), seq_lengths=(L, L))
-    # Left static, the block counts would key the compiled flex graphs to this row
-    # length: a launch at a new max_seq_len would compile flex again instead of finding
-    # it in inductor's disk cache. A view is guarded on its base's strides too, so each
-    # tensor marked must own its storage.
+    return with_dynamic_block_counts(mask)
+
+
+def with_dynamic_block_counts(mask: BlockMask) -> BlockMask:
+    """mask with its block counts marked dynamic. Left static, they would key the compiled
+    flex graphs to this row length: a launch at a new max_seq_len would compile flex again
+    instead of finding it in inductor's disk cache. A view is guarded on its base's
+    strides too, so each tensor marked must own its storage."""
     for name in _BLOCK_TENSORS:
         t = getattr(mask, name)
+        if t is None:
+            continue
         t = t.clone() if t._base is not None else t
         for dim in range(2, t.dim()):
             torch._dynamo.maybe_mark_dynamic(t, dim)
@@ -166,9 +172,10 @@ def _fold_backward(grad: Tensor, q: Tensor, out: Tensor, p: Tensor, keys: Tensor
             d_lse.view(B, Hkv * G, L), d_keys.to(keys.dtype), d_values.to(values.dtype))
 
 
-def _flex_kernel_options(q: Tensor) -> dict | None:
-    """What flex_attention cannot see for itself on CUDA: the row is padded to whole blocks
-    (its length is symbolic, so inductor would otherwise mask every load at the edges).
+def flex_kernel_options(q: Tensor, divisible: bool = True) -> dict | None:
+    """What flex_attention cannot see for itself on CUDA: whether the rows are whole blocks
+    (divisible: their length is symbolic, so inductor would otherwise mask every load at
+    the edges).
     Not ROWS_GUARANTEED_SAFE, though every query sees itself: with it the H200 gave NaN
     (likely because a query whose sample starts inside its kv block has no key in the
     first block the kernel visits). On Hopper (sm90), for head_dim up to 128, the backward
@@ -176,7 +183,7 @@ def _flex_kernel_options(q: Tensor) -> dict | None:
     rounds 6 and 8."""
     if not q.is_cuda:
         return None
-    options = {"IS_DIVISIBLE": True}
+    options = {"IS_DIVISIBLE": True} if divisible else {}
     if q.shape[-1] <= 128 and torch.cuda.get_device_capability(q.device)[0] == 9:
         options |= {"bwd_BLOCK_M1": 64, "bwd_BLOCK_N1": 128, "bwd_BLOCK_M2": 128,
                     "bwd_BLOCK_N2": 64, "bwd_num_stages": 2, "bwd_num_warps": 8}
@@ -265,7 +272,7 @@ def ttt_attention(q: Tensor, keys: list[Tensor], values: list[Tensor],
         q0, k0, v0 = (torch.nn.functional.pad(t, (0, 0, 0, layout.pad)) for t in (q, k0, v0))
     out, aux = _compiled_flex()(q0, k0, v0, block_mask=layout.mask(1), enable_gqa=True,
                                 return_aux=AuxRequest(lse=True),
-                                kernel_options=_flex_kernel_options(q))
+                                kernel_options=flex_kernel_options(q))
     out, lse = out[:, :, :L], aux.lse[:, :, :L]
     if len(keys) == 1:
         return out

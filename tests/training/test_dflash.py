@@ -19,7 +19,7 @@ from training.attention import dense_attention
 from training.cli import main
 from training.config import DFLASH_PRESETS
 from training.dflash.anchors import sample_anchors, valid_anchors
-from training.dflash.loss import block_loss
+from training.dflash.loss import block_loss, verifier_tokens
 from training.dflash.mask import BlockLayout, block_attention
 from training.dflash.model import DFlashDrafter
 from training.dflash.run import DFlashTraining, step_fields
@@ -89,6 +89,44 @@ def test_flex_with_the_block_mask_matches_the_dense_mask_on_cpu():
     torch.testing.assert_close(flex, dense, rtol=1e-5, atol=1e-5)
 
 
+def expand_block_mask(mask, rule, B, Q, KV):
+    """Element by element what flex computes with a BlockMask: every pair in a full block,
+    the rule's pairs in a partial block, nothing elsewhere."""
+    n = mask.BLOCK_SIZE[0]
+    seen = torch.zeros(B, Q, KV, dtype=torch.bool)
+    b, q, kv = (torch.arange(B)[:, None, None], torch.arange(Q)[None, :, None],
+                torch.arange(KV)[None, None])
+    allowed = rule(b, None, q, kv)
+    for counts, indices, full in ((mask.kv_num_blocks, mask.kv_indices, False),
+                                  (mask.full_kv_num_blocks, mask.full_kv_indices, True)):
+        for row in range(B):
+            for qb in range(counts.shape[-1]):
+                for kb in indices[row, 0, qb, :counts[row, 0, qb]].tolist():
+                    rows, cols = slice(qb * n, (qb + 1) * n), slice(kb * n, (kb + 1) * n)
+                    seen[row, rows, cols] |= True if full else allowed[row, rows, cols]
+    return seen
+
+
+@pytest.mark.parametrize("block_size, max_anchors, lengths, L",
+                         [(16, 24, [[200, 150, 162], [300, 90]], 512),
+                          (24, 12, [[150, 140, 110], [390]], 400),
+                          (5, 40, [[13, 9, 20], [30, 11]], 48)])
+def test_the_block_mask_built_from_ranges_covers_exactly_the_rule(block_size, max_anchors,
+                                                                   lengths, L):
+    """The CUDA path's BlockMask, built from the slots' context ranges: its full blocks
+    hold only allowed pairs and its blocks (full and partial) every allowed pair, on rows
+    whose length and block size are not whole flex blocks."""
+    from training.dflash.mask import block_mask, block_mask_mod
+    torch.manual_seed(block_size)
+    batch = packed_rows(lengths, L)
+    anchors, used = sample_anchors(batch.loss_mask, batch.doc_ids, block_size, max_anchors)
+    Q = anchors.shape[1] * block_size
+    mask = block_mask(batch.doc_ids, anchors, block_size)
+    seen = expand_block_mask(mask, block_mask_mod(batch.doc_ids, anchors, block_size),
+                             len(lengths), Q, L + Q)
+    assert torch.equal(seen, reference_mask(batch.doc_ids, anchors, block_size))
+
+
 def test_anchors_are_distinct_valid_positions_drawn_at_random():
     batch = packed_rows([[20, 3, 25], [40, 8]], 64)
     valid = valid_anchors(batch.loss_mask, batch.doc_ids, 6)
@@ -152,6 +190,29 @@ def test_chunked_ce_and_kl_equal_the_unchunked_loss_and_gradients(soft_kl, chunk
     torch.testing.assert_close(grad, ref_grad)
     expect = (hidden @ head.T).argmax(-1) == (target_hidden @ head.T).argmax(-1)
     assert torch.equal(agree, expect)
+
+
+def test_the_verifier_tokens_score_as_its_hidden_states_do_without_the_kl():
+    """Without the soft KL the drafter hands block_loss the verifier's tokens, each
+    distinct row's made once (rows repeat: blocks overlap): the same loss, gradient and
+    agreement as from the hidden states, whose argmax the chunks take."""
+    g = torch.Generator().manual_seed(5)
+    N, H, V, P = 40, 16, 300, 90
+    final = torch.randn(N, H, generator=g, dtype=torch.float64)
+    rows = torch.randint(0, N, (P,), generator=g)
+    head = torch.randn(V, H, generator=g, dtype=torch.float64)
+    hidden = torch.randn(P, H, generator=g, dtype=torch.float64, requires_grad=True)
+    weights = torch.rand(P, generator=g, dtype=torch.float64)
+    tokens = verifier_tokens(final, rows, head, torch.float64, chunk=7)
+    assert torch.equal(tokens, (final[rows] @ head.T).argmax(-1))
+    by_tokens = block_loss(hidden, head, tokens, weights, 0.0, 16)
+    by_states = block_loss(hidden, head, final[rows], weights, 0.0, 16)
+    for a, b in zip(by_tokens, by_states):
+        torch.testing.assert_close(a, b)
+    grads = [torch.autograd.grad(out[0], hidden)[0] for out in (by_tokens, by_states)]
+    torch.testing.assert_close(*grads)
+    with pytest.raises(ValueError, match="soft KL"):
+        block_loss(hidden, head, tokens, weights, 0.15, 16)
 
 
 @pytest.mark.parametrize("soft_kl", [0.0, 0.15])
@@ -405,3 +466,37 @@ def test_flex_path_matches_the_dense_path_on_cuda():
     for a, b in zip(torch.autograd.grad((outs[0] * upstream).sum(), (q, k, v)),
                     torch.autograd.grad((outs[1] * upstream).sum(), (q, k, v))):
         torch.testing.assert_close(a, b, rtol=5e-3, atol=5e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("soft_kl", [0.0, 0.15])
+@pytest.mark.parametrize("V", [300, 151_936])
+def test_the_triton_chunk_pass_matches_the_reference_on_cuda(dtype, soft_kl, V):
+    """training/dflash/loss_triton.py (what CUDA runs) against a float64 reference on the
+    same logits (made in dtype, as the trainer makes them: bf16 rounding moves near-tied
+    argmaxes, so the reference must see the same numbers): loss, gradient and agreement,
+    on vocabularies below and far above one Triton block."""
+    g = torch.Generator(device="cuda").manual_seed(4)
+    P, H, chunk = 300, 64, 128
+    hidden = torch.randn(P, H, generator=g, device="cuda").to(dtype).requires_grad_()
+    head = (torch.randn(V, H, generator=g, device="cuda") * 0.5).to(dtype)
+    target_hidden = torch.randn(P, H, generator=g, device="cuda").to(dtype)
+    weights = torch.rand(P, generator=g, device="cuda")
+    # without the KL the drafter passes the verifier's tokens (the kernel's other mode)
+    target = target_hidden if soft_kl else verifier_tokens(
+        target_hidden, torch.arange(P, device="cuda"), head, dtype)
+    total, losses, agree = block_loss(hidden, head, target, weights, soft_kl, chunk)
+    (grad,) = torch.autograd.grad(total, hidden)
+    z = (hidden.detach() @ head.T).double()
+    t = (target_hidden @ head.T).double()
+    theirs = t.argmax(-1)
+    log_p, log_q = z.log_softmax(-1), t.log_softmax(-1)
+    ref_losses = -(1 - soft_kl) * log_p.gather(-1, theirs[:, None]).squeeze(-1) \
+        + soft_kl * (log_q.exp() * (log_q - log_p)).sum(-1)
+    d_z = log_p.exp() - (1 - soft_kl) * F.one_hot(theirs, V) - soft_kl * log_q.exp()
+    ref_grad = (weights.double()[:, None] * d_z) @ head.double()
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-4  # the gradient's matmul runs in dtype
+    torch.testing.assert_close(losses.double(), ref_losses, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grad.double(), ref_grad, rtol=tol, atol=tol)
+    assert torch.equal(agree, z.argmax(-1) == theirs)

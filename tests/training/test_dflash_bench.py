@@ -39,9 +39,14 @@ def test_compare_mode_steps_each_trainer_and_a_new_shape(tmp_path):
 
 
 def test_story_mode_runs_chunked_and_unchunked_with_the_prediction(tmp_path):
-    chunked, unchunked = bench(tmp_path, "--story")["results"]
+    chunked, unchunked, eager = bench(tmp_path, "--story")["results"]
     assert chunked["soft_kl"] == 0.15 and chunked["predicted_gib"] > 0
-    assert unchunked["loss_chunk"] == unchunked["max_anchors"] * (unchunked["block_size"] - 1)
-    # the unchunked loss holds every scored position's logits: predicted larger
-    assert unchunked["predicted_gib"] > chunked["predicted_gib"]
-    assert "tokens_per_s" in chunked and "tokens_per_s" in unchunked  # the CPU has room
+    for whole in (unchunked, eager):
+        assert whole["loss_chunk"] == whole["max_anchors"] * (whole["block_size"] - 1)
+    # the story's unfused softmaxes, beside the loss pass trackside runs
+    assert eager["loss_pass"] == "eager" and "loss_pass" not in unchunked
+    # the unchunked loss holds every scored position's logits: predicted no smaller (the
+    # tiny drafter's peak is in its backward, where the loss's chunks are gone)
+    assert unchunked["predicted_gib"] >= chunked["predicted_gib"]
+    for r in (chunked, unchunked, eager):  # the CPU has room
+        assert "tokens_per_s" in r, r

@@ -11,6 +11,7 @@ embedding and head are shared and frozen; the drafter owns no vocabulary-sized w
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ from torch import Tensor, nn
 from training.attention import at_least_float32
 from training.config import DFlashConfig
 from training.dflash.anchors import sample_anchors
-from training.dflash.loss import block_loss
+from training.dflash.loss import block_loss, verifier_tokens
 from training.dflash.mask import BlockLayout, block_attention
 from training.model import MLP, RMSNorm, rope, rotary_tables
 from training.packing import PackedBatch
@@ -81,6 +82,7 @@ class BlockLosses:
     losses: Tensor  # [P] float32, not differentiable
     agree: Tensor  # [P] bool: the drafter's argmax is the verifier's
     offset: Tensor  # [P] long: each position's offset in its block, 1..block_size - 1
+    counts: list[int]  # positions scored at each offset 1..block_size - 1
 
 
 class DFlashDrafter(nn.Module):
@@ -128,6 +130,29 @@ class DFlashDrafter(nn.Module):
         offsets = torch.arange(bs, device=ids.device)
         at = anchors[..., None] + offsets  # [B, A, bs] row positions of the blocks' tokens
 
+        # Offset k of a used block is scored where its token bears loss; the verifier's
+        # token there is its argmax at the position before (valid anchors keep the whole
+        # block inside the sample). All of it follows from the anchors, so it is read
+        # back here, before the layers are queued: read after them, it would stop the
+        # GPU mid-step while the CPU queues the loss.
+        last = at.clamp(max=L - 1)
+        scored = used[..., None] & batch.loss_mask.gather(1, last.flatten(1)).view_as(at)
+        scored[..., 0] = False
+        where = scored.nonzero()  # [P, 3] (row, slot, offset)
+        rows, offset = where[:, 0], where[:, 2]
+        counts = torch.bincount(offset, minlength=bs)[1:].tolist()
+        draft_rows = (rows * anchors.shape[1] + where[:, 1]) * bs + offset
+        verifier_rows = rows * L + at[scored] - 1
+        weights = _position_weights(bs, gamma, ids.device)[offset - 1]
+        final_hidden = batch.final_hidden.flatten(0, 1)
+        if soft_kl:
+            target = final_hidden.index_select(0, verifier_rows)
+        else:
+            dtype = (torch.get_autocast_dtype(ids.device.type)
+                     if torch.is_autocast_enabled(ids.device.type) else self.fc.weight.dtype)
+            target = verifier_tokens(final_hidden, verifier_rows, self.lm_head, dtype,
+                                     loss_chunk)
+
         tokens = torch.full_like(at, cfg.mask_token_id)
         tokens[..., 0] = ids.gather(1, anchors)
         x = self.embed_tokens[tokens.flatten(1)]
@@ -144,19 +169,13 @@ class DFlashDrafter(nn.Module):
         for layer in self.layers:
             x = layer(x, context, rotary, layout)
 
-        # Offset k of a used block is scored where its token bears loss; the verifier's
-        # token there is its argmax at the position before (valid anchors keep the whole
-        # block inside the sample).
-        last = at.clamp(max=L - 1)
-        scored = used[..., None] & batch.loss_mask.gather(1, last.flatten(1)).view_as(at)
-        scored[..., 0] = False
-        where = scored.nonzero()  # [P, 3] (row, slot, offset)
-        rows, offset = where[:, 0], where[:, 2]
-        draft_rows = (rows * anchors.shape[1] + where[:, 1]) * bs + offset
-        verifier_rows = rows * L + at[scored] - 1
-        weights = torch.tensor(position_weights(bs, gamma), device=ids.device)[offset - 1]
         total, losses, agree = block_loss(
-            self.norm(x.flatten(0, 1).index_select(0, draft_rows)), self.lm_head,
-            batch.final_hidden.flatten(0, 1).index_select(0, verifier_rows), weights,
-            soft_kl, loss_chunk)
-        return BlockLosses(total, losses, agree, offset)
+            self.norm(x.flatten(0, 1).index_select(0, draft_rows)), self.lm_head, target,
+            weights, soft_kl, loss_chunk)
+        return BlockLosses(total, losses, agree, offset, counts)
+
+
+@functools.cache
+def _position_weights(block_size: int, gamma: float, device: torch.device) -> Tensor:
+    # made once per device: a tensor made from a list each step is a copy the CPU waits on
+    return torch.tensor(position_weights(block_size, gamma), device=device)

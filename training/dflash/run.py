@@ -79,7 +79,7 @@ def forward_backward(model: nn.Module, batch: PackedBatch, cfg: DFlashConfig,
     device = batch.input_ids.device
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision(device) == "bf16"):
         out = model(batch, loss_chunk)
-    local = torch.bincount(out.offset, minlength=cfg.block_size)[1:].tolist()
+    local = out.counts
     counts = _all_reduce([float(n) for n in local], device, world)
     norm = _weighted_count(counts, cfg, training)
     # Each rank's share of the global mean; DDP averages gradients over ranks.

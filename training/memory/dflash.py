@@ -7,9 +7,8 @@ activations until backward), then scores P = max_anchors × (block_size - 1) pos
 with the verifier's frozen head, a loss chunk of positions at a time. Its peak comes in
 one of three phases:
 - ``loss_forward``: every layer's activations are held and the loss works on a chunk
-  (loss_chunk_bytes: three chunk × vocabulary float32 tensors and the previous chunk's
-  gradient) beside the scored positions' hidden states, targets and their gradient
-  (taken in forward). Unchunked (a chunk as
+  (loss_chunk_bytes: both sides' chunk × vocabulary logits) beside the scored positions'
+  hidden states, targets and their gradient (taken in forward). Unchunked (a chunk as
   large as P) this is the story's OOM: the whole [positions × vocabulary] tensors at once.
 - ``layer_backward``: backward's first moments: the activations still held, the gradient
   scattered back to every block position, the last layer's MLP gradients and its weight
@@ -29,13 +28,6 @@ from dataclasses import dataclass
 from training.config import FLEX_BLOCK, DFlashConfig
 from training.memory.peak import DEFAULT_HEADROOM_GIB, Prediction, fits
 from training.memory.terms import BF16, FP32, INDEX, PRECISIONS, SHARDINGS, trained_state
-
-# float32 chunk × vocabulary tensors the loss holds at once: the drafter's log-
-# probabilities, the verifier's logits, and a log-sum-exp temporary or (soft KL) the
-# verifier's probabilities; beside them the previous chunk's logit gradient, in the
-# activations' dtype, until the next chunk's replaces it.
-LOSS_CHUNK_TENSORS = 3
-
 
 @dataclass(frozen=True)
 class DFlashShape:
@@ -148,9 +140,10 @@ def phases(cfg: DFlashConfig, shape: DFlashShape) -> dict[str, dict[str, dict[st
     held["scored"] = B * P * (2 * H * a + FP32 + 6 * INDEX + 2 * FP32 + 1)
     chunk = min(shape.loss_chunk, B * P)
     loss = {
-        "scored_hidden": B * P * H * a,  # normed drafter rows and the verifier's, gathered
-        "verifier_rows": B * P * H * a,
-        "loss_chunk": loss_chunk_bytes(V, chunk, shape.precision),
+        "scored_hidden": B * P * H * a,  # normed drafter rows
+        # the verifier's, gathered: its hidden states for the soft KL, else its tokens
+        "verifier_rows": B * P * (H * a if shape.soft_kl else INDEX),
+        "loss_chunk": loss_chunk_bytes(V, chunk, shape.precision, shape.soft_kl),
     }
     I = cfg.intermediate_size
     backward = {
@@ -167,10 +160,20 @@ def phases(cfg: DFlashConfig, shape: DFlashShape) -> dict[str, dict[str, dict[st
     }
 
 
-def loss_chunk_bytes(vocab_size: int, chunk: int, precision: str) -> int:
+def loss_chunk_bytes(vocab_size: int, chunk: int, precision: str, soft_kl: float,
+                     fused: bool = True) -> int:
     """What the chunked loss (training/dflash/loss.py) holds at once beyond its inputs
-    and their gradient; with a chunk as large as the positions, the unchunked loss."""
-    return chunk * vocab_size * (LOSS_CHUNK_TENSORS * FP32 + PRECISIONS[precision])
+    and their gradient; with a chunk as large as the positions, the unchunked loss.
+    fused (CUDA's Triton pass): the drafter's logits in the activations' dtype (the
+    gradient is written over them) and, for the soft KL, the verifier's. Eager (CPU), as
+    measured there (tests/training/test_dflash_memory.py): float32, the drafter's
+    log-probabilities and a log-sum-exp temporary, or for the soft KL the drafter's and
+    the verifier's log-probabilities and the verifier's probabilities."""
+    if fused:
+        per_entry = (2 if soft_kl else 1) * PRECISIONS[precision]
+    else:
+        per_entry = (3 if soft_kl else 2) * FP32
+    return chunk * vocab_size * per_entry
 
 
 def optimizer_phase(cfg: DFlashConfig, shape: DFlashShape) -> int:
