@@ -45,7 +45,8 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from bench.random_data import prompt_len  # noqa: E402
-from bench.train_step import sample_lengths, speculators_loss_implementation  # noqa: E402
+from bench.train_step import (profile_steps, sample_lengths,  # noqa: E402
+                              speculators_loss_implementation)
 from training.config import DFLASH_PRESETS, DFLASH_TRAINING_PRESETS  # noqa: E402
 
 GAMMA = 7.0
@@ -96,6 +97,9 @@ def trackside_step(spec: dict, row: dict, device: torch.device):
     from training.dflash.model import DFlashDrafter
     from training.packing import PackedBatch
 
+    if spec.get("loss_pass") == "eager":  # the A/B against the Triton pass, and the story's
+        from training.dflash import loss  # unfused softmaxes
+        loss._chunk_pass = lambda hidden: loss._chunk
     cfg = drafter_config(spec)
     layers = list(range(cfg.num_target_layers))
     training = run.DFlashTraining(target_layers=tuple(layers), max_anchors=spec["max_anchors"],
@@ -216,6 +220,8 @@ def child(spec: dict) -> dict:
             t0 = time.perf_counter()
             losses.append(step())  # float(): waits for the step
             times.append(time.perf_counter() - t0)
+        if spec.get("profile"):
+            profile_steps(step, spec["profile"])
     except torch.OutOfMemoryError as e:
         result.update(oom=True, error=str(e).splitlines()[0],
                       peak_gib=(torch.cuda.max_memory_allocated() / 2**30
@@ -247,6 +253,8 @@ def run_child(spec: dict, timeout: float) -> dict:
             proc.kill()
             _, stderr = proc.communicate()
         return {**spec, "error": f"timeout {timeout:g} s", "stack": stderr[-6000:]}
+    if spec.get("profile") and os.environ.get("OUT"):
+        Path(os.environ["OUT"], f"profile-{label(spec)}.txt").write_text(stderr)
     for line in reversed(stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
@@ -254,10 +262,17 @@ def run_child(spec: dict, timeout: float) -> dict:
     return {**spec, "error": f"exit {proc.returncode}: {tail}"}
 
 
+def label(spec: dict) -> str:
+    loss_pass = "-eager" if spec.get("loss_pass") == "eager" else ""
+    return (f"{spec['trainer']}{loss_pass}-{spec['preset']}-{spec['max_seq_len']}-"
+            f"{spec['max_anchors']}-{spec['loss_chunk']}")
+
+
 def describe(r: dict) -> str:
+    loss_pass = " eager loss" if r.get("loss_pass") == "eager" else ""
     head = (f"{r['trainer']:11s} {r['preset']} L {r['max_seq_len']} anchors "
             f"{r['max_anchors']} block {r['block_size']} soft KL {r['soft_kl']:g} chunk "
-            f"{r['loss_chunk']}" + (f" cap {r['cap_gib']:g} GiB" if r.get("cap_gib") else ""))
+            f"{r['loss_chunk']}{loss_pass}" + (f" cap {r['cap_gib']:g} GiB" if r.get("cap_gib") else ""))
     predicted = (f", predicted {r['predicted_gib']:.2f} GiB" if "predicted_gib" in r else "")
     if r.get("oom"):
         peak = f" (peak {r['peak_gib']:.2f} GiB)" if r.get("peak_gib") else ""
@@ -377,6 +392,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="cap each child's CUDA allocations (the story's card: 95)")
     p.add_argument("--export-check", type=Path, metavar="DIR")
     p.add_argument("--data", type=Path, help="with --export-check: the run's data")
+    p.add_argument("--eager-loss", action="store_true",
+                   help="also trackside with the eager loss pass (CUDA runs Triton's)")
+    p.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                   help="profile two steps of each child: $OUT/profile-*.txt")
     p.add_argument("--smoke", action="store_true", help="CPU: tiny shapes, every mode")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -394,13 +413,18 @@ def main(argv: list[str] | None = None) -> int:
     base = STORY if args.story else QWEN3
     if args.smoke:
         base = {**TINY, "soft_kl": base["soft_kl"]}
-    common = {"steps": args.steps, "warmup": args.warmup, "cap_gib": args.gpu_mem_gib}
+    common = {"steps": args.steps, "warmup": args.warmup, "cap_gib": args.gpu_mem_gib,
+              "profile": args.profile}
     specs = [{**base, **common, "trainer": t} for t in args.trainers]
+    if args.eager_loss and not args.story:
+        specs.insert(1, {**base, **common, "trainer": "trackside", "loss_pass": "eager"})
     if args.story:
         positions = base["max_anchors"] * (base["block_size"] - 1)
-        specs = [{**base, **common, "trainer": "trackside"},
-                 {**base, **common, "trainer": "trackside", "loss_chunk": positions,
-                  "steps": 1, "warmup": 0}]
+        whole = {**base, **common, "trainer": "trackside", "loss_chunk": positions,
+                 "steps": 1, "warmup": 0}
+        # unchunked: fused (what trackside runs), then eager (the story's whole softmaxes)
+        specs = [{**base, **common, "trainer": "trackside"}, whole,
+                 {**whole, "loss_pass": "eager"}]
     if args.new_shape:
         shape = {**TINY, "max_seq_len": 192, "max_anchors": 12} if args.smoke else NEW_SHAPE
         specs.append({**shape, **common, "trainer": "trackside"})
@@ -415,7 +439,11 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("OUT"):  # after every child: a run cut short keeps what it did
             Path(os.environ["OUT"], "dflash_step.json").write_text(json.dumps(report, indent=1))
         print(describe(result), flush=True)
-    done = {r["trainer"]: r for r in results[:2] if "tokens_per_s" in r}
+    done: dict[str, dict] = {}  # each trainer's first measurement at the base shape
+    for r in results:
+        if "tokens_per_s" in r and not r.get("loss_pass") and r["max_seq_len"] == \
+                base["max_seq_len"]:
+            done.setdefault(r["trainer"], r)
     if not args.story and {"trackside", "speculators"} <= set(done):
         t, s = done["trackside"], done["speculators"]
         peaks = (f", peak {t['peak_gib'] / s['peak_gib']:.2f}× speculators'"

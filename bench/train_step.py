@@ -359,7 +359,7 @@ def kernel_kind(name: str) -> str:
         return "matmul"
     if low.startswith("_fold_"):  # training/fold_triton.py's kernels
         return "diagonal-key fold (triton)"
-    if low.startswith("_chunk_losses"):  # training/loss_triton.py's
+    if low.startswith(("_chunk_losses", "_block_loss")):  # the loss_triton.py kernels
         return "loss chunk (triton)"
     if low.startswith("triton"):
         return "compiled (triton)"

@@ -16,7 +16,7 @@ python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_devic
 
 step=${1:-all}
 if [ "$step" = all ] || [ "$step" = tests ]; then
-  python3 -m pytest -m gpu -p no:cacheprovider -o addopts= -s -q tests 2>&1 | tee "$out/gpu-tests.log"
+  python3 -m pytest -m gpu -p no:cacheprovider -o addopts= -s -q tests/training tests/backends 2>&1 | tee "$out/gpu-tests.log"
 fi
 if [ "$step" = all ] || [ "$step" = train ]; then
   python3 bench/random_data.py --preset llama3-8b --out /tmp/data-llama3-8b --samples 40 --length 2048

@@ -25,6 +25,9 @@ TOLERANCE = 0.10
 # The EAGLE-3 trainer as it is now: every point of this record is of the current trainer
 # (older records describe earlier trainers, whose peaks have since fallen).
 EAGLE3 = json.loads((RESULTS / "h200-peaks-session11.json").read_text())
+# kimi-k2 at 65,536 × TTT 5, every TTT step recomputed (bench/train_step.py's
+# trackside+ckpt): the largest EAGLE-3 step measured on the current trainer.
+KIMI_64K = json.loads((RESULTS / "h200-kimi64k-session14.json").read_text())
 # DFlash, qwen3-8b at its block size: bench/dflash_step.py's JSON record.
 DFLASH_QWEN = RESULTS / "h200-dflash-session13-compare.json"
 # DFlash, the story's preset chunked and unchunked: bench/dflash_step.py's log lines.
@@ -65,6 +68,15 @@ def test_eagle3_reserved_never_below_what_the_allocator_held(point):
     predicted = memory.predict(PRESETS[point["preset"]], _shape(point))
     error = predicted.reserved / GiB / point["reserved_gib"] - 1
     assert 0 <= error < 0.05, f"{error:+.1%}"
+
+
+def test_kimi_k2_65536_all_recomputed_uncalibrated_within_10_percent():
+    (result,) = KIMI_64K["results"]
+    assert result["trainer"] == "trackside+ckpt"  # head trained, every step recomputed
+    preset, length, ttt = result["cell"].split(":")
+    shape = StepShape(int(length), int(ttt), checkpoint_ttt=int(ttt))
+    error = memory.predict(PRESETS[preset], shape).total / GiB / result["peak_gib"] - 1
+    assert abs(error) < TOLERANCE, f"{error:+.1%}"
 
 
 def _points(freeze_lm_head: bool) -> list[dict]:
