@@ -95,15 +95,25 @@ class ResumeError(ValueError):
 
 
 class Unroll(nn.Module):
-    """The drafter's per-step losses as a forward(), so DDP sees the call it syncs."""
+    """The drafter's per-step losses as a forward(), so DDP and FSDP see the call they
+    sync; `step_losses` reads them back. Plain tensors: FSDP finds the outputs it hooks
+    its gradient reduction on by pytree, which does not look inside a StepLoss, and
+    without that hook the gradients never reached the sharded parameters (H200, torch
+    2.11: every one None after backward)."""
 
     def __init__(self, drafter: Eagle3Drafter):
         super().__init__()
         self.drafter = drafter
 
     def forward(self, batch: PackedBatch, ttt_steps: int, loss_chunk: int,
-                checkpoint: int = 0) -> list[StepLoss]:
-        return self.drafter.step_losses(batch, ttt_steps, loss_chunk, checkpoint)
+                checkpoint: int = 0) -> tuple[torch.Tensor, ...]:
+        return tuple(t for s in self.drafter.step_losses(batch, ttt_steps, loss_chunk,
+                                                         checkpoint)
+                     for t in (s.total, s.losses, s.agree, s.index))
+
+    @staticmethod
+    def step_losses(outputs: tuple[torch.Tensor, ...]) -> list[StepLoss]:
+        return [StepLoss(*outputs[i:i + 4]) for i in range(0, len(outputs), 4)]
 
 
 class _StopRequest:
@@ -213,7 +223,7 @@ def forward_backward(model: nn.Module, batch: PackedBatch, ttt_steps: int, ttt_d
     Returns each TTT step's losses and its scored positions over all ranks."""
     device = batch.input_ids.device
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision(device) == "bf16"):
-        per_step = model(batch, ttt_steps, loss_chunk, checkpoint)
+        per_step = Unroll.step_losses(model(batch, ttt_steps, loss_chunk, checkpoint))
     counts = _all_reduce([float(s.losses.shape[0]) for s in per_step], device, world)
     # Each rank's share of the global mean; DDP averages gradients over ranks.
     loss = sum(ttt_decay ** k * s.total * (world / max(n, 1))
