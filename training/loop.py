@@ -96,10 +96,10 @@ class ResumeError(ValueError):
 
 class Unroll(nn.Module):
     """The drafter's per-step losses as a forward(), so DDP and FSDP see the call they
-    sync; `step_losses` reads them back. Plain tensors: FSDP finds the outputs it hooks
-    its gradient reduction on by pytree, which does not look inside a StepLoss, and
-    without that hook the gradients never reached the sharded parameters (H200, torch
-    2.11: every one None after backward)."""
+    sync; `step_losses` reads them back. Plain tensors: FSDP hooks its gradient
+    reduction on the outputs it finds, and torch 2.11's looks for them by pytree, which
+    does not look inside a StepLoss (2.13's does): the reduction never ran and every
+    sharded parameter's gradient was None after backward (H200, one process)."""
 
     def __init__(self, drafter: Eagle3Drafter):
         super().__init__()

@@ -156,3 +156,18 @@ def test_fit_predicts_a_sharded_dflash_step(capsys):
     ddp, fsdp = fit(), fit("--sharding", "fsdp")
     assert fsdp["shape"]["sharding"] == "fsdp" and ddp["shape"]["sharding"] == "ddp"
     assert "fsdp_gathered" in fsdp["breakdown_bytes"] and fsdp["peak_gib"] < ddp["peak_gib"]
+
+
+def test_fsdp_finds_the_eagle3_step_outputs_as_torch_2_11_looks_for_them(cache, tmp_path,
+                                                                         monkeypatch):
+    # torch 2.11's FSDP hooks its gradient reduction on the outputs pytree finds, blind to a
+    # dataclass: given StepLoss objects, no gradient reached a sharded parameter (an H200,
+    # grad_norm 0). 2.13 looks inside dataclasses; the trainer must not depend on it.
+    from torch.distributed.fsdp._fully_shard import _fsdp_state
+    from torch.utils._pytree import tree_flatten
+
+    monkeypatch.setattr(_fsdp_state, "collect_grad_tensors", lambda out: tuple(
+        t for t in tree_flatten(out)[0] if torch.is_tensor(t) and t.requires_grad))
+    assert main(["train", "--synthetic", "--steps", "1", "--max-seq-len", "128",
+                 "--save-every", "0", "--sharding", "fsdp", "--out", str(tmp_path)]) == 0
+    assert events(tmp_path, "step")[0]["grad_norm"] > 0
