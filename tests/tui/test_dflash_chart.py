@@ -58,7 +58,7 @@ def test_a_dflash_run_draws_a_curve_per_shown_position_and_its_tau():
     assert all(dots[STEP_COLORS[k]] > 30 for k in range(3))  # each position's curve on screen
     # τ: the latest logged, as the stats show it, and its course rising as the drafter learns
     assert any(s.style == TAU and text.plain[s.start : s.end] == "τ " for s in text.spans)
-    _, latest, course = legend[legend.index("τ ") :].split()
+    _, latest, course = legend[legend.index("τ ") :].split()[:3]
     assert latest == f"{run.tau:.3g}"
     assert len(course) == 16 and course[0] == "▁" and course[-1] == "█"
 

@@ -92,6 +92,28 @@ async def test_the_log_follows_new_lines_again_after_a_filter_is_cleared():
         assert log.is_vertical_scroll_end and log.lines[-1] == "the newest line loss=0.5"
 
 
+async def test_the_log_keeps_following_when_the_layout_shrinks_it():
+    """The stats above the log gain a line as a run goes on (or the terminal shrinks): the
+    log, shorter, was left a line short of its end and Textual's Log stopped following."""
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await on_run(pilot)
+        app.post_message(ConsoleBatch("h200-box", RUN_KEY, [f"line {i} loss=1.0" for i in range(200)]))
+        await pilot.pause(0.3)
+        log = app.screen.query_one(Log)
+        assert log.is_vertical_scroll_end
+        await pilot.resize_terminal(160, 44)
+        await pilot.pause(0.3)
+        app.post_message(ConsoleBatch("h200-box", RUN_KEY, ["the newest line loss=0.5"]))
+        await pilot.pause(0.3)
+        assert log.is_vertical_scroll_end and log.lines[-1] == "the newest line loss=0.5"
+        # one who scrolled up to read is left there
+        log.scroll_to(y=10, animate=False, immediate=True)
+        app.post_message(ConsoleBatch("h200-box", RUN_KEY, ["later still loss=0.4"]))
+        await pilot.pause(0.3)
+        assert log.scroll_y == 10
+
+
 async def test_attach_inside_tmux_that_cannot_switch_says_so(monkeypatch, tmp_path):
     # TMUX names a server with no client: tmux refuses to switch, the app says what to run.
     monkeypatch.setenv("TMUX", f"{tmp_path}/no-such-server,1,0")

@@ -99,6 +99,9 @@ class RunScreen(Guarded, Screen):
     stats_shown: Text | None = None
     stats_height = 0  # lines the stats took at their last layout
     top_cap: int | None = None  # the GPUs' band's height, where the run's GPUs outgrow the stylesheet's
+    # The log's offset when a write last left it at its end: still there at the next
+    # write, nobody scrolled, and the log follows even if a layout change shrank it.
+    log_end_y: float | None = None
 
     BINDINGS = [
         Binding("y", "log_scale", "Log/lin y", id="trackside.run.log_scale"),
@@ -232,7 +235,13 @@ class RunScreen(Guarded, Screen):
             log.clear()
             shown = kept[-LOG_LINES // 2 :]
         if shown:
-            log.write_lines(shown)
+            # Textual's Log follows only while scrolled to its end; shrunk by a layout
+            # change (the stats gaining a line, a smaller terminal) it is left short of it.
+            follow = log.is_vertical_scroll_end or log.scroll_y == self.log_end_y
+            log.write_lines(shown, scroll_end=False)
+            if follow:
+                log.scroll_end(animate=False, immediate=True, x_axis=False)
+        self.log_end_y = log.scroll_y if log.is_vertical_scroll_end else None
 
     def action_log_focus(self) -> None:
         self._toggle_log_focus()

@@ -1,5 +1,5 @@
 """The loss chart widget and its braille drawing: the curves of `tui.curves` (a run's
-total, its TTT steps or DFlash block positions with τ beside the legend), linear or log y,
+total, its TTT steps or DFlash block positions, τ ahead of them in the legend), linear or log y,
 by step or by tokens seen, other runs' losses drawn dim behind.
 
 Braille rather than plotext, whose full rebuild per replot the dashboard could not afford
@@ -190,13 +190,14 @@ def draw(
     styles += [OVERLAY_COLORS[j % len(OVERLAY_COLORS)] for j in range(len(behind))]
     text.append(" " * (margin + 2))
     text.append(title, TITLE)
-    for k, name in enumerate(curves.labels[: len(points)] if points else ()):
-        text.append("  ")
-        text.append("━━ " + name, styles[k + 1])
+    # τ before the legend: the line is cut at the chart's width, and τ is DFlash's headline
     tau = tau_legend(curves) if curves is not None else None
     if tau:
         text.append("  ")
         text.append(tau)
+    for k, name in enumerate(curves.labels[: len(points)] if points else ()):
+        text.append("  ")
+        text.append("━━ " + name, styles[k + 1])
     if overlaid:
         text.append("\n" + " " * (margin + 2))
         for j, o in enumerate(overlaid):
