@@ -62,9 +62,17 @@ def _schedule(basis: Basis, params: dict) -> tuple[int | None, float | None]:
     rate, tokens = last.get("tokens_per_s"), last.get("tokens")
     if not rate or not tokens:
         return new_spe, None
-    # Each TTT step is another forward and backward of the drafter: time grows with depth.
-    depth = params.get("ttt_steps", 1) / (old.get("ttt_steps") or params.get("ttt_steps", 1))
-    return new_spe, spe * tokens / rate * depth
+    return new_spe, spe * tokens / rate * _work(params) / (_work(old) or _work(params))
+
+
+def _work(params: dict) -> float:
+    """A row's drafter work, up to a constant: each EAGLE-3 TTT step is another forward
+    and backward of the drafter; each DFlash block position goes through every draft
+    layer (the context's share, which does not grow with the blocks, is left out: an
+    upper bound on the change)."""
+    if "max_anchors" in params:
+        return params["max_anchors"] * params.get("block_size", 1)
+    return params.get("ttt_steps", 1)
 
 
 def _memory(basis: Basis, params: dict, gpu_mem_gib: float | None

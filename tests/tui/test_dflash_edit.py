@@ -144,6 +144,10 @@ async def test_the_form_predicts_the_memory_of_an_edit_of_max_anchors():
         fewer = await predicted_in(form, pilot, max_anchors="256")
         peak = lambda text: float(re.search(r"≈(\d+\.\d) GiB", text)[1])  # noqa: E731
         assert peak(fewer) < peak(more) and largest > 2048
+        # the epoch's time grows with the block positions a row drafts
+        epoch = lambda text: re.search(r"epoch time       (.*) → ≈(.*)\n", text).groups()  # noqa: E731
+        now, more_s = epoch(more)
+        assert epoch(fewer)[0] == now and epoch(fewer)[1] != more_s and more_s != now
 
 
 async def test_a_run_with_no_drafter_shape_to_model_predicts_no_memory():
