@@ -14,7 +14,7 @@ from pathlib import Path
 from training import contract
 from training.contract import EXIT_OK, EXIT_USAGE, UsageError
 from training.memory.terms import SHARDINGS
-from training.params import PARAMS
+from training.params import add_param_flag
 
 
 def _typed(kind, check, what: str):
@@ -49,19 +49,6 @@ def runs_root() -> Path:
     return Path(root) if root else Path(contract.RUNS_ROOT).expanduser()
 
 
-def _param(group, name: str, **kwargs) -> None:
-    """A flag of training/params.py's table, with its range; a bool is a bare flag, and
-    a param that may be bare takes its bare value when given without one."""
-    param = PARAMS[name]
-    if param.kind is bool:
-        group.add_argument(param.flag, action="store_true", **kwargs)
-    elif param.bare is not None:
-        group.add_argument(param.flag, type=param.argument_type, nargs="?", const=param.bare,
-                           **kwargs)
-    else:
-        group.add_argument(param.flag, type=param.argument_type, **kwargs)
-
-
 def train_parser() -> argparse.ArgumentParser:
     from training.config import DFLASH_PRESETS, PRESETS
 
@@ -75,15 +62,15 @@ def train_parser() -> argparse.ArgumentParser:
     source.add_argument("--data", type=Path, help="a data directory from trackside extract")
     p.add_argument("--out", type=Path, help="run directory (default: a new one under "
                    "$TRACKSIDE_RUNS_ROOT or ~/.trackside/runs)")
-    _param(p, "max_seq_len", help="tokens per packed row (default 2048; 512 with --synthetic)")
-    _param(p, "ttt_steps", help=f"default {DEFAULT_TTT_STEPS}")
-    _param(p, "ttt_decay", help=f"default {DEFAULT_TTT_DECAY}")
+    add_param_flag(p, "max_seq_len", help="tokens per packed row (default 2048; 512 with --synthetic)")
+    add_param_flag(p, "ttt_steps", help=f"default {DEFAULT_TTT_STEPS}")
+    add_param_flag(p, "ttt_decay", help=f"default {DEFAULT_TTT_DECAY}")
     length = p.add_mutually_exclusive_group()
-    _param(length, "steps")
-    _param(length, "epochs", help="default 1 when --steps is absent")
-    _param(p, "lr", help="peak learning rate (default 1e-4; 3e-3 with --synthetic)")
-    _param(p, "batch_rows", default=1, help="packed rows per process per step")
-    _param(p, "draft_vocab_size")
+    add_param_flag(length, "steps")
+    add_param_flag(length, "epochs", help="default 1 when --steps is absent")
+    add_param_flag(p, "lr", help="peak learning rate (default 1e-4; 3e-3 with --synthetic)")
+    add_param_flag(p, "batch_rows", default=1, help="packed rows per process per step")
+    add_param_flag(p, "draft_vocab_size")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--model-config", type=Path, help="drafter shape as JSON")
     shape.add_argument("--preset", choices=sorted(set(PRESETS) | set(DFLASH_PRESETS)),
@@ -96,32 +83,32 @@ def train_parser() -> argparse.ArgumentParser:
                         "processes, for a drafter whose optimizer state crowds a card")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in --out")
-    _param(p, "loss_chunk", default=2048)
-    _param(p, "checkpoint_ttt", default=0, metavar="N",
+    add_param_flag(p, "loss_chunk", default=2048)
+    add_param_flag(p, "checkpoint_ttt", default=0, metavar="N",
            help="recompute the first N TTT steps in backward (bare: every step): each saves "
                 "its activations' share of the peak for about a third more of its compute")
-    _param(p, "freeze_lm_head",
+    add_param_flag(p, "freeze_lm_head",
            help="keep the draft head at the verifier's instead of training it (as "
                 "speculators does): less compute and memory per step")
     p.add_argument("--gpu-mem-gib", type=POSITIVE_FLOAT,
                    help="cap this process's GPU memory (a smaller card, for tests)")
-    _param(p, "save_every", default=1000,
+    add_param_flag(p, "save_every", default=1000,
            help="checkpoint every N steps (0: only at the end or when stopped)")
-    _param(p, "seed", default=0)
+    add_param_flag(p, "seed", default=0)
     p.add_argument("--export", type=Path, help="export the final drafter here")
     dflash = p.add_argument_group("DFlash (--drafter dflash)")
-    _param(dflash, "block_size",
+    add_param_flag(dflash, "block_size",
            help="an anchor and block_size - 1 tokens drafted at once (default the preset's)")
-    _param(dflash, "max_anchors",
+    add_param_flag(dflash, "max_anchors",
            help=f"blocks drawn per packed row (default the preset's, else "
                 f"{DEFAULT_MAX_ANCHORS}, at most max_seq_len)")
-    _param(dflash, "dflash_gamma",
+    add_param_flag(dflash, "dflash_gamma",
            help="block offset k weighs exp(-(k-1)/gamma) (default the preset's, else "
                 f"{DEFAULT_GAMMA})")
-    _param(dflash, "soft_kl",
+    add_param_flag(dflash, "soft_kl",
            help="share of KL to the verifier's distribution blended into the cross-entropy "
                 "(default the preset's, else 0)")
-    _param(dflash, "num_layers", help="draft layers")
+    add_param_flag(dflash, "num_layers", help="draft layers")
     dflash.add_argument("--target-layers", type=_layer_list,
                         help="verifier layers read as context, a,b,… (default the data's)")
     return p

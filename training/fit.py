@@ -16,6 +16,7 @@ from training import memory
 from training.config import DFLASH_PRESETS, PRESETS, DFlashConfig, DrafterConfig
 from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError
 from training.memory import Calibration, GiB, Measurement, StepShape
+from training.params import add_param_flag
 
 TABLE_LENGTHS = (4096, 8192, 16384, 24576, 32768, 65536)
 TABLE_TTT = (1, 3, 5, 7)
@@ -39,11 +40,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                      f"DFlash: {', '.join(DFLASH_PRESETS)}")
     p.add_argument("--gpu-mem-gib", type=float, default=96.0,
                    help="memory of one GPU (default 96)")
-    p.add_argument("--max-seq-len", type=int, help="tokens per packed row (default: the "
-                   "run's with --from-run, else 16384)")
-    p.add_argument("--ttt-steps", type=int, help="TTT depth (default: the run's, else 5)")
-    p.add_argument("--batch-rows", type=int, help="rows per step and GPU (default 1)")
-    p.add_argument("--loss-chunk", type=int, help="positions per loss chunk (default 2048)")
+    # the trainer's flags take the trainer's ranges (training/params.py)
+    add_param_flag(p, "max_seq_len", help="tokens per packed row (default: the run's with "
+                   "--from-run, else 16384)")
+    add_param_flag(p, "ttt_steps", help="TTT depth (default: the run's, else 5)")
+    add_param_flag(p, "batch_rows", help="rows per step and GPU (default 1)")
+    add_param_flag(p, "loss_chunk", help="positions per loss chunk (default 2048)")
     p.add_argument("--precision", choices=tuple(memory.PRECISIONS), default=None,
                    help="bf16 autocast (GPU default) or fp32")
     p.add_argument("--world-size", type=int, help="GPUs in the run (default 1)")
@@ -51,10 +53,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="as train --sharding: ddp (every GPU holds the whole drafter and "
                         "its AdamW state) or fsdp (each holds a shard of them and gathers "
                         "the weights it runs whole); default: the run's, else ddp")
-    p.add_argument("--checkpoint-ttt", type=int, nargs="?", const=sys.maxsize, default=None,
-                   metavar="N", help="as train --checkpoint-ttt: the first N TTT steps "
-                   "recomputed in backward (bare: every step)")
-    p.add_argument("--freeze-lm-head", action="store_true", default=None,
+    add_param_flag(p, "checkpoint_ttt", metavar="N", help="as train --checkpoint-ttt: the "
+                   "first N TTT steps recomputed in backward (bare: every step)")
+    add_param_flag(p, "freeze_lm_head", default=None,
                    help="as train --freeze-lm-head: the draft head takes no gradient")
     p.add_argument("--multiple", type=int, default=1024,
                    help="round the largest max_seq_len down to a multiple of this")
@@ -69,33 +70,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="calibrate with a few real steps on this machine's GPU")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     dflash = p.add_argument_group("DFlash (--drafter dflash)")
-    dflash.add_argument("--max-anchors", type=int, help="blocks per packed row (default: "
-                        "the run's, the preset's, else 512)")
-    dflash.add_argument("--block-size", type=int, help="default: the run's or the preset's")
-    dflash.add_argument("--soft-kl", type=float, help="default: the run's, the preset's, "
-                        "else 0")
+    add_param_flag(dflash, "max_anchors", help="blocks per packed row (default: the run's, "
+                   "the preset's, else 512)")
+    add_param_flag(dflash, "block_size", help="default: the run's or the preset's")
+    add_param_flag(dflash, "soft_kl", help="default: the run's, the preset's, else 0")
     try:
         args = p.parse_args(argv)
     except SystemExit as e:  # argparse already printed the message (or the help)
         if e.code == 0:
             raise
         raise UsageError("") from e
-    for flag in ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk", "world_size",
-                 "multiple", "max_anchors"):
+    for flag in ("world_size", "multiple"):  # fit's own
         _positive_int("--" + flag.replace("_", "-"), getattr(args, flag))
-    if args.checkpoint_ttt is not None and args.checkpoint_ttt < 0:
-        raise UsageError(f"--checkpoint-ttt counts TTT steps (0 or more), got {args.checkpoint_ttt}")
     if not args.gpu_mem_gib > 0 or not math.isfinite(args.gpu_mem_gib):
         raise UsageError(f"--gpu-mem-gib must be positive, got {args.gpu_mem_gib}")
     if not 0 <= args.headroom_gib < args.gpu_mem_gib:
         raise UsageError(f"--headroom-gib must be in [0, --gpu-mem-gib), got {args.headroom_gib}")
     if args.probe and args.from_run:
         raise UsageError("--probe and --from-run both calibrate: give one")
-    if args.block_size is not None and args.block_size < 2:
-        raise UsageError(f"--block-size is the anchor and at least one drafted token (2 or "
-                         f"more), got {args.block_size}")
-    if args.soft_kl is not None and not 0 <= args.soft_kl <= 1:
-        raise UsageError(f"--soft-kl must be in [0, 1], got {args.soft_kl}")
     one = _EAGLE3_ONLY if args.drafter == "dflash" else _DFLASH_ONLY
     given = ["--" + d.replace("_", "-") for d in one if getattr(args, d) not in (None, False)]
     if given:

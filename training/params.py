@@ -149,3 +149,17 @@ PARAMS: dict[str, Param] = {
         Param("num_layers", int, 1),
     ]
 }
+
+
+def add_param_flag(parser, name: str, **kwargs) -> None:
+    """The flag of PARAMS[name] on an argparse parser or group, with its grammar and range
+    (what `trackside train` and `trackside fit` take): a bool is a bare flag, and a param
+    that may be bare takes its bare value when given without one."""
+    param = PARAMS[name]
+    if param.kind is bool:
+        parser.add_argument(param.flag, action="store_true", **kwargs)
+    elif param.bare is not None:
+        parser.add_argument(param.flag, type=param.argument_type, nargs="?", const=param.bare,
+                            **kwargs)
+    else:
+        parser.add_argument(param.flag, type=param.argument_type, **kwargs)

@@ -162,6 +162,23 @@ def test_bad_values_exit_2_naming_the_flag(capsys, args, flag):
     assert flag in err
 
 
+@pytest.mark.parametrize("flag, value", [("--ttt-steps", "17"), ("--max-seq-len", "64"),
+                                         ("--checkpoint-ttt", "17"), ("--batch-rows", "0")])
+def test_fit_takes_the_trainers_ranges_and_says_what_train_says(capsys, flag, value):
+    """One table of ranges (training/params.py) for `train` and `fit`: what one refuses the
+    other refuses, in the same words."""
+    from training.cli import main as trackside_training
+
+    rc, _, fit_err = run_fit(capsys, "--preset", "tiny", flag, value)
+    assert rc == 2
+    with pytest.raises(SystemExit) as train_exit:
+        trackside_training(["train", "--synthetic", flag, value])
+    train_err = capsys.readouterr().err
+    assert train_exit.value.code == 2
+    said = [line for line in fit_err.splitlines() if flag in line]
+    assert said and said[-1].split("error: ")[-1] in train_err
+
+
 def test_bad_config_contents_name_the_flag(tmp_path, capsys):
     bad = tmp_path / "drafter.json"
     bad.write_text(json.dumps({**PRESETS["tiny"].to_dict(), "num_kv_heads": 3}))
