@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 
 from textual.app import App, ScreenStackError, SystemCommand
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.worker import Worker, WorkerFailed, WorkerState
 
@@ -39,6 +41,11 @@ REPORT_EVERY_S = 30.0
 # changes a run, and attach, whose tmux session takes keystrokes into the run.
 READ_ONLY_HIDDEN = {"kill", "kill_relaunch", "edit", "relaunch", "attach"}
 
+
+def _raised_in(error: BaseException, path_end: str) -> bool:
+    """Whether a frame of error's traceback is in a file whose path ends with path_end."""
+    return any(frame.filename.replace("\\", "/").endswith(path_end)
+               for frame in traceback.extract_tb(error.__traceback__))
 
 @dataclass
 class Watched:
@@ -139,6 +146,13 @@ class TracksideApp(RunActions, App):
         if isinstance(error, WorkerFailed):
             self.textual_errors += 1
             write_error(self.error_log, "a worker of Textual's (survived)", error.error)
+            return
+        if isinstance(error, NoMatches) and _raised_in(error, "textual/command.py"):
+            # The palette looking up its own list after the list is gone (its "no matches"
+            # countdown ending as it closes): only that callback is dropped, its screen's
+            # message pump goes on. Logged, survived.
+            self.textual_errors += 1
+            write_error(self.error_log, "Textual's command palette (survived)", error)
             return
         if isinstance(error, ScreenStackError) and not self.screen_stack:
             # A key still queued as the app closes meets no screen in Textual's handler:

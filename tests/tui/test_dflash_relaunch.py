@@ -26,8 +26,9 @@ async def test_a_real_dflash_run_charted_edited_in_max_anchors_and_relaunched(lo
         key = f"local/{parent.run_id}"
         await wait_for(pilot, lambda: key in app.runs, timeout=10, what="the parent listed")
         app.open_run(key)
-        # block 4: three positions, each drawn, and τ by the legend and in the stats
-        await wait_for(pilot, lambda: "━━ pos 1  ━━ pos 2  ━━ pos 3  τ " in screen_text(app), timeout=15, what="the positions' legend")
+        # block 4: three positions, each drawn, τ ahead of them in the legend and in the stats
+        legend = lambda: [line for line in screen_text(app).splitlines() if "━━ pos 1  ━━ pos 2  ━━ pos 3" in line]  # noqa: E731
+        await wait_for(pilot, lambda: legend() and "τ " in legend()[0].split("━━")[0], timeout=15, what="the positions' legend")
         assert "max_anchors 8" in screen_text(app) and "τ " in str(app.screen.query_one("#stats").render())
         assert app.screen.query_one(LossChart).curves.labels == ["total", "pos 1", "pos 2", "pos 3"]
 

@@ -174,6 +174,42 @@ async def test_ctrl_p_while_the_last_palette_is_still_being_removed_is_dropped()
         assert isinstance(app.screen, CommandPalette) and app.screen is not palette and app.errors == 0
 
 
+async def test_the_palettes_no_matches_countdown_ending_after_its_list_is_gone_is_survived():
+    """Textual's palette shows "No matches found" 0.5 s after a search found nothing, from a
+    countdown that looks its list up again; closing as the countdown ended, it found no list
+    (NoMatches) and Textual ended the app: found by the Pilot monkey ('sy?' typed, then R).
+    Here the list is taken away once the search is done, so the countdown meets the same
+    lookup (a trial whose countdown ended first, on a slow machine, is tried again)."""
+    from textual.command import CommandList
+
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        for trial in range(5):
+            app.action_command_palette()
+            await pilot.pause()
+            palette = app.screen
+            assert isinstance(palette, CommandPalette)
+            await pilot.press(*"zq?")
+            await wait_for(pilot, lambda: not [w for w in palette.workers if w.is_running], 5, "the search")
+            listed = palette.query_one(CommandList)
+            if listed.option_count:  # "No matches found" is up already: too late
+                await pilot.press("escape")
+                continue
+            await listed.remove()
+            await wait_for(pilot, lambda: app.textual_errors, 5, "the countdown's lookup")
+            break
+        else:
+            raise AssertionError("every search's countdown ended before its list could be removed")
+        assert app.is_running and not app.return_code
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, CommandPalette)
+        await pilot.press("question_mark")  # keys still work
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+
+
 def test_the_charts_smoothing_reads_in_words():
     from tui.widgets.loss_chart import SMOOTHING, smoothing_words
 
