@@ -33,16 +33,6 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from training import checkpoint
@@ -239,7 +229,7 @@ def optimizer_step(optimizer: torch.optim.Optimizer, params, grad_clip: float) -
     optimizer.zero_grad(set_to_none=True)
     # Sharded gradients give a DTensor norm, already reduced over the ranks: its value is
     # the whole drafter's norm, as DDP's is.
-    return grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm
+    return grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
 
 
 def shard(model: nn.Module, layers, device: torch.device, world: int) -> nn.Module:
@@ -250,6 +240,11 @@ def shard(model: nn.Module, layers, device: torch.device, world: int) -> nn.Modu
     would save nothing and cost a gather each step. Parameters are gathered in fp32 and
     autocast casts them, as under DDP: the same numbers, and the same dtypes the compiled
     islands and the Triton loss were written for."""
+    # FSDP, DTensor and torch.distributed.checkpoint (gather_state, restore_state) are
+    # imported where used: at module level they added ~1.2 s to every trainer's start.
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
     mesh = init_device_mesh(device.type, (world,))
     frozen = {p for p in model.parameters() if not p.requires_grad}
     for layer in layers:
@@ -258,25 +253,38 @@ def shard(model: nn.Module, layers, device: torch.device, world: int) -> nn.Modu
     return model
 
 
-# Whole tensors, on the CPU of rank 0 alone (the others get none): what a checkpoint holds.
-_GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-
-
-def gather_state(drafter: nn.Module, optimizer: torch.optim.Optimizer
+def gather_state(drafter: nn.Module, optimizer: torch.optim.Optimizer, sharded: bool
                  ) -> tuple[dict[str, torch.Tensor], dict]:
     """The drafter's weights (not the verifier's embedding; a frozen head, which an export
-    needs, too) and its optimizer state keyed by parameter name. Every rank calls it: FSDP
-    gathers the shards; rank 0 gets the result."""
-    weights = get_model_state_dict(drafter, options=_GATHERED)
+    needs, too) and its optimizer state keyed by parameter name, whole, on the CPU. Every
+    rank calls it: sharded, FSDP gathers the shards and rank 0 gets the result; else each
+    rank holds it all already."""
+    frozen = {n for n, p in drafter.named_parameters() if not p.requires_grad}
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions, get_model_state_dict, get_optimizer_state_dict)
+        whole = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+        weights = get_model_state_dict(drafter, options=whole)
+        optimizer_state = get_optimizer_state_dict(drafter, optimizer, options=whole)
+    else:
+        weights = {n: t.detach().cpu() for n, t in drafter.state_dict().items()
+                   if n not in frozen}
+        saved = optimizer.state_dict()
+        saved["state"] = {i: {k: v.detach().cpu() if torch.is_tensor(v) else v
+                              for k, v in s.items()} for i, s in saved["state"].items()}
+        names = [n for n, p in drafter.named_parameters() if p.requires_grad]  # its order
+        optimizer_state = checkpoint.optimizer_by_name(saved, names)
     weights.update({n: p for n, p in drafter.named_parameters()
-                    if not p.requires_grad and n != "embed_tokens.weight"})
-    return weights, get_optimizer_state_dict(drafter, optimizer, options=_GATHERED)
+                    if n in frozen and n != "embed_tokens.weight"})
+    return weights, optimizer_state
 
 
 def restore_state(drafter: nn.Module, optimizer: torch.optim.Optimizer,
                   weights: dict[str, torch.Tensor], optimizer_state: dict) -> None:
     """Whole tensors, as gather_state made them, into this run's parameters and optimizer,
     each rank taking its shard under FSDP: a checkpoint resumes at any world size."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions, set_model_state_dict, set_optimizer_state_dict)
     whole = StateDictOptions(full_state_dict=True, strict=False)
     set_model_state_dict(drafter, weights, options=whole)
     set_optimizer_state_dict(drafter, optimizer, optimizer_state, options=whole)
@@ -424,7 +432,8 @@ def train(cfg: TrainConfig) -> int:
         def save() -> None:
             nonlocal last_saved
             if last_saved != step:
-                tensors, optimizer_state = gather_state(drafter, optimizer)  # every rank
+                tensors, optimizer_state = gather_state(drafter, optimizer,  # every rank
+                                                         cfg.sharding == "fsdp")
                 if rank == 0:
                     state = {"step": step, "data": position.state_dict(),
                              "rng": _rng_state(), "optimizer": optimizer_state,
