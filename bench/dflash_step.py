@@ -422,9 +422,11 @@ def main(argv: list[str] | None = None) -> int:
         positions = base["max_anchors"] * (base["block_size"] - 1)
         whole = {**base, **common, "trainer": "trackside", "loss_chunk": positions,
                  "steps": 1, "warmup": 0}
-        # unchunked: fused (what trackside runs), then eager (the story's whole softmaxes)
-        specs = [{**base, **common, "trainer": "trackside"}, whole,
-                 {**whole, "loss_pass": "eager"}]
+        # unchunked: fused (what trackside runs), then eager (the story's whole softmaxes;
+        # on the CPU the pass is the eager one already)
+        specs = [{**base, **common, "trainer": "trackside"}, whole]
+        if torch.cuda.is_available():
+            specs.append({**whole, "loss_pass": "eager"})
     if args.new_shape:
         shape = {**TINY, "max_seq_len": 192, "max_anchors": 12} if args.smoke else NEW_SHAPE
         specs.append({**shape, **common, "trainer": "trackside"})

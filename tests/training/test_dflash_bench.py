@@ -39,14 +39,13 @@ def test_compare_mode_steps_each_trainer_and_a_new_shape(tmp_path):
 
 
 def test_story_mode_runs_chunked_and_unchunked_with_the_prediction(tmp_path):
-    chunked, unchunked, eager = bench(tmp_path, "--story")["results"]
+    # on the CPU, unchunked once: its loss pass is the eager one (a GPU adds the eager
+    # pass unchunked, the story's whole softmaxes, beside the Triton one)
+    chunked, unchunked = bench(tmp_path, "--story")["results"]
     assert chunked["soft_kl"] == 0.15 and chunked["predicted_gib"] > 0
-    for whole in (unchunked, eager):
-        assert whole["loss_chunk"] == whole["max_anchors"] * (whole["block_size"] - 1)
-    # the story's unfused softmaxes, beside the loss pass trackside runs
-    assert eager["loss_pass"] == "eager" and "loss_pass" not in unchunked
+    assert unchunked["loss_chunk"] == unchunked["max_anchors"] * (unchunked["block_size"] - 1)
     # the unchunked loss holds every scored position's logits: predicted no smaller (the
     # tiny drafter's peak is in its backward, where the loss's chunks are gone)
     assert unchunked["predicted_gib"] >= chunked["predicted_gib"]
-    for r in (chunked, unchunked, eager):  # the CPU has room
+    for r in (chunked, unchunked):  # the CPU has room
         assert "tokens_per_s" in r, r
