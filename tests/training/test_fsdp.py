@@ -156,6 +156,10 @@ def test_fit_predicts_a_sharded_dflash_step(capsys):
     ddp, fsdp = fit(), fit("--sharding", "fsdp")
     assert fsdp["shape"]["sharding"] == "fsdp" and ddp["shape"]["sharding"] == "ddp"
     assert "fsdp_gathered" in fsdp["breakdown_bytes"] and fsdp["peak_gib"] < ddp["peak_gib"]
+    # and the text says which it predicted
+    assert main(["fit", "--drafter", "dflash", "--preset", "story", "--world-size", "8",
+                 "--sharding", "fsdp"]) == 0
+    assert "8 GPU(s) fsdp" in capsys.readouterr().out
 
 
 def test_fsdp_finds_the_eagle3_step_outputs_as_torch_2_11_looks_for_them(cache, tmp_path,

@@ -63,7 +63,7 @@ def format_report(r: dict) -> str:
         f"{r['largest_block_size'] or 'none'}",
         f"  batch rows {s['batch_rows']}, loss chunk "
         f"{'none (the whole loss at once)' if unchunked else s['loss_chunk']}, soft KL "
-        f"{s['soft_kl']:g}, {s['precision']}, {s['world_size']} GPU(s), "
+        f"{s['soft_kl']:g}, {s['precision']}, {s['world_size']} GPU(s) {s['sharding']}, "
         f"{r['headroom_gib']:g} GiB outside the allocator; "
         + (f"scaled ×{r['scale']:.3f} to a measured peak" if r["calibrated_on"]
            else "analytic model"),
