@@ -438,6 +438,16 @@ class TracksideApp(RunActions, App):
         if self.use_command_palette and not CommandPalette.is_open(self):
             self.push_screen(CommandPalette())
 
+    def search_themes(self) -> None:
+        # The palette's "Theme" command: Textual's opens Textual's own palette, whose page
+        # keys end the app before its list is laid out (tui/screens/palette.py). Ours, with
+        # Textual's theme list.
+        from textual.theme import ThemeProvider
+
+        from tui.screens.palette import CommandPalette
+
+        self.push_screen(CommandPalette(providers=[ThemeProvider], placeholder="Search for themes…"))
+
     def action_help(self) -> None:
         from tui.screens.help import HelpScreen
 

@@ -77,19 +77,29 @@ async def test_foreign_sessions_cannot_be_edited_or_relaunched():
         assert isinstance(app.screen, RunScreen)
 
 
+async def full_log_at_its_end(pilot) -> Log:
+    """The run screen's log, 200 lines in and following them."""
+    await on_run(pilot)
+    pilot.app.post_message(ConsoleBatch("h200-box", RUN_KEY, [f"line {i} loss=1.0" for i in range(200)]))
+    await pilot.pause(0.3)
+    log = pilot.app.screen.query_one(Log)
+    assert log.is_vertical_scroll_end
+    return log
+
+
+async def follows_a_new_line(pilot, log: Log, line: str) -> bool:
+    pilot.app.post_message(ConsoleBatch("h200-box", RUN_KEY, [line]))
+    await pilot.pause(0.3)
+    return log.is_vertical_scroll_end and log.lines[-1] == line
+
+
 async def test_the_log_follows_new_lines_again_after_a_filter_is_cleared():
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        await on_run(pilot)
-        app.post_message(ConsoleBatch("h200-box", RUN_KEY, [f"line {i} loss=1.0" for i in range(200)]))
-        await pilot.pause(0.3)
-        log = app.screen.query_one(Log)
-        assert log.is_vertical_scroll_end
+        log = await full_log_at_its_end(pilot)
         await pilot.press("slash", *"line 1", "escape")
         await pilot.pause(0.3)
-        app.post_message(ConsoleBatch("h200-box", RUN_KEY, ["the newest line loss=0.5"]))
-        await pilot.pause(0.3)
-        assert log.is_vertical_scroll_end and log.lines[-1] == "the newest line loss=0.5"
+        assert await follows_a_new_line(pilot, log, "the newest line loss=0.5")
 
 
 async def test_the_log_keeps_following_when_the_layout_shrinks_it():
@@ -97,16 +107,10 @@ async def test_the_log_keeps_following_when_the_layout_shrinks_it():
     log, shorter, was left a line short of its end and Textual's Log stopped following."""
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        await on_run(pilot)
-        app.post_message(ConsoleBatch("h200-box", RUN_KEY, [f"line {i} loss=1.0" for i in range(200)]))
-        await pilot.pause(0.3)
-        log = app.screen.query_one(Log)
-        assert log.is_vertical_scroll_end
+        log = await full_log_at_its_end(pilot)
         await pilot.resize_terminal(160, 44)
         await pilot.pause(0.3)
-        app.post_message(ConsoleBatch("h200-box", RUN_KEY, ["the newest line loss=0.5"]))
-        await pilot.pause(0.3)
-        assert log.is_vertical_scroll_end and log.lines[-1] == "the newest line loss=0.5"
+        assert await follows_a_new_line(pilot, log, "the newest line loss=0.5")
         # one who scrolled up to read is left there
         log.scroll_to(y=10, animate=False, immediate=True)
         app.post_message(ConsoleBatch("h200-box", RUN_KEY, ["later still loss=0.4"]))
@@ -156,6 +160,25 @@ async def test_page_keys_in_the_same_breath_as_the_palette_do_not_end_the_app():
             await pilot.pause(0.2)
             assert app.is_running and not app.return_code, f"trial {trial}"
             assert isinstance(app.screen, CommandPalette)
+
+
+async def test_the_theme_palette_is_ours_and_its_page_keys_do_not_end_the_app():
+    """The palette's "Theme" command opened Textual's own palette, whose page keys ended the
+    app as ctrl+p's did (above): found by the tmux monkey on a fresh-clone run."""
+    from textual import events
+
+    from tui.screens.palette import CommandPalette as OurPalette
+
+    for trial in range(10):
+        app = make_app()
+        async with app.run_test(size=(160, 48)) as pilot:
+            await feed(pilot)
+            app.action_change_theme()
+            for key in ("pagedown", "pageup", "pagedown"):
+                app.post_message(events.Key(key, None))
+            await pilot.pause(0.2)
+            assert app.is_running and not app.return_code, f"trial {trial}"
+            assert isinstance(app.screen, OurPalette)
 
 
 async def test_ctrl_p_while_the_last_palette_is_still_being_removed_is_dropped():
