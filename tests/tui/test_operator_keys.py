@@ -11,6 +11,7 @@ from tests.tui.conftest import screen_text, wait_for
 from tests.tui.sample import NOW, RUN_KEY, feed, make_app, on_run
 from tui.messages import ConsoleBatch, RunsListed
 from tui.screens.confirm import Confirm
+from tui.screens.fleet import FleetScreen
 from tui.screens.help import HelpScreen
 from tui.screens.run import RunScreen
 
@@ -179,6 +180,27 @@ async def test_the_theme_palette_is_ours_and_its_page_keys_do_not_end_the_app():
             await pilot.pause(0.2)
             assert app.is_running and not app.return_code, f"trial {trial}"
             assert isinstance(app.screen, OurPalette)
+
+
+async def test_a_selection_queued_behind_the_palettes_close_selects_nothing():
+    """Textual's palette dismisses itself by popping whatever screen is on top: Enter twice
+    in one breath on a command popped the palette, then the screen under it, then found no
+    screen to pop and Textual ended the app (ScreenStackError): found by the Pilot monkey."""
+    from textual import events
+
+    for trial in range(5):
+        app = make_app()
+        async with app.run_test(size=(160, 48)) as pilot:
+            await feed(pilot)
+            app.action_command_palette()
+            await pilot.pause()
+            await pilot.press(*"filter")
+            await wait_for(pilot, lambda: not [w for w in app.screen.workers if w.is_running], 5, "the search")
+            for _ in range(3):
+                app.post_message(events.Key("enter", "\r"))
+            await pilot.pause(0.5)
+            assert app.is_running and not app.return_code, f"trial {trial}"
+            assert isinstance(app.screen, FleetScreen), app.screen_stack
 
 
 async def test_ctrl_p_while_the_last_palette_is_still_being_removed_is_dropped():
