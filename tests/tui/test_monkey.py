@@ -197,6 +197,7 @@ def test_random_keys_in_a_tmux_pane_never_stop_trackside_demo(tmp_path, tmux_soc
     deadline = time.monotonic() + 60
     while alive() and time.monotonic() < deadline:
         time.sleep(0.2)
+    assert not alive(), f"the dashboard did not end within 60 s of Escape x3, q:\n{screen()}"
     assert done.read_text().strip() == "0", screen()
     assert "stopping the demo run" in screen() and "stopped in" in screen(), screen()
     left = _tmux(tmux_socket, "list-sessions", "-F", "#{session_name}").split()
