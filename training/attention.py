@@ -129,7 +129,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
 
 
 @functools.cache
-def _compiled_flex():
+def compiled_flex():
     # Dynamic shapes: one kernel for every row length, found in inductor's on-disk cache
     # by a relaunch with a new max_seq_len, whose first step then skips the compile
     # (docs/benchmarks.md, "Launch to the first step at a new max_seq_len", rounds 4-8).
@@ -270,7 +270,7 @@ def ttt_attention(q: Tensor, keys: list[Tensor], values: list[Tensor],
     q0, k0, v0 = q, keys[0], values[0]
     if layout.pad:
         q0, k0, v0 = (torch.nn.functional.pad(t, (0, 0, 0, layout.pad)) for t in (q, k0, v0))
-    out, aux = _compiled_flex()(q0, k0, v0, block_mask=layout.mask(1), enable_gqa=True,
+    out, aux = compiled_flex()(q0, k0, v0, block_mask=layout.mask(1), enable_gqa=True,
                                 return_aux=AuxRequest(lse=True),
                                 kernel_options=flex_kernel_options(q))
     out, lse = out[:, :, :L], aux.lse[:, :, :L]

@@ -85,29 +85,29 @@ def train_parser() -> argparse.ArgumentParser:
                    help="continue from the newest checkpoint in --out")
     add_param_flag(p, "loss_chunk", default=2048)
     add_param_flag(p, "checkpoint_ttt", default=0, metavar="N",
-           help="recompute the first N TTT steps in backward (bare: every step): each saves "
-                "its activations' share of the peak for about a third more of its compute")
+                   help="recompute the first N TTT steps in backward (bare: every step): each saves "
+                   "its activations' share of the peak for about a third more of its compute")
     add_param_flag(p, "freeze_lm_head",
-           help="keep the draft head at the verifier's instead of training it (as "
-                "speculators does): less compute and memory per step")
+                   help="keep the draft head at the verifier's instead of training it (as "
+                   "speculators does): less compute and memory per step")
     p.add_argument("--gpu-mem-gib", type=POSITIVE_FLOAT,
                    help="cap this process's GPU memory (a smaller card, for tests)")
     add_param_flag(p, "save_every", default=1000,
-           help="checkpoint every N steps (0: only at the end or when stopped)")
+                   help="checkpoint every N steps (0: only at the end or when stopped)")
     add_param_flag(p, "seed", default=0)
     p.add_argument("--export", type=Path, help="export the final drafter here")
     dflash = p.add_argument_group("DFlash (--drafter dflash)")
     add_param_flag(dflash, "block_size",
-           help="an anchor and block_size - 1 tokens drafted at once (default the preset's)")
+                   help="an anchor and block_size - 1 tokens drafted at once (default the preset's)")
     add_param_flag(dflash, "max_anchors",
-           help=f"blocks drawn per packed row (default the preset's, else "
-                f"{DEFAULT_MAX_ANCHORS}, at most max_seq_len)")
+                   help=f"blocks drawn per packed row (default the preset's, else "
+                   f"{DEFAULT_MAX_ANCHORS}, at most max_seq_len)")
     add_param_flag(dflash, "dflash_gamma",
-           help="block offset k weighs exp(-(k-1)/gamma) (default the preset's, else "
-                f"{DEFAULT_GAMMA})")
+                   help="block offset k weighs exp(-(k-1)/gamma) (default the preset's, else "
+                   f"{DEFAULT_GAMMA})")
     add_param_flag(dflash, "soft_kl",
-           help="share of KL to the verifier's distribution blended into the cross-entropy "
-                "(default the preset's, else 0)")
+                   help="share of KL to the verifier's distribution blended into the cross-entropy "
+                   "(default the preset's, else 0)")
     add_param_flag(dflash, "num_layers", help="draft layers")
     dflash.add_argument("--target-layers", type=_layer_list,
                         help="verifier layers read as context, a,b,… (default the data's)")

@@ -256,9 +256,9 @@ def shard(model: nn.Module, layers, device: torch.device, world: int) -> nn.Modu
 def gather_state(drafter: nn.Module, optimizer: torch.optim.Optimizer, sharded: bool
                  ) -> tuple[dict[str, torch.Tensor], dict]:
     """The drafter's weights (not the verifier's embedding; a frozen head, which an export
-    needs, too) and its optimizer state keyed by parameter name, whole, on the CPU. Every
-    rank calls it: sharded, FSDP gathers the shards and rank 0 gets the result; else each
-    rank holds it all already."""
+    needs, too) and its optimizer state keyed by parameter name, whole, on the CPU.
+    Sharded, every rank calls it (FSDP gathers the shards) and rank 0 gets the result;
+    else any rank holds it all already."""
     frozen = {n for n, p in drafter.named_parameters() if not p.requires_grad}
     if sharded:
         from torch.distributed.checkpoint.state_dict import (
@@ -431,9 +431,11 @@ def train(cfg: TrainConfig) -> int:
 
         def save() -> None:
             nonlocal last_saved
-            if last_saved != step:
-                tensors, optimizer_state = gather_state(drafter, optimizer,  # every rank
-                                                         cfg.sharding == "fsdp")
+            sharded = cfg.sharding == "fsdp"
+            # FSDP gathers on every rank; unsharded, rank 0 holds it all and the others
+            # would copy the whole state to the CPU for nothing.
+            if last_saved != step and (sharded or rank == 0):
+                tensors, optimizer_state = gather_state(drafter, optimizer, sharded)
                 if rank == 0:
                     state = {"step": step, "data": position.state_dict(),
                              "rng": _rng_state(), "optimizer": optimizer_state,

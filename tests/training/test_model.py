@@ -246,7 +246,7 @@ def run_compiled_flex_at_two_lengths(device: str, backward: bool) -> None:
     and three; inductor's CPU flex has no log-sum-exp output, so on CPU flex alone."""
     from torch._dynamo.utils import counters
 
-    from training.attention import _compiled_flex
+    from training.attention import compiled_flex
     g = torch.Generator().manual_seed(1)
     B, Hq, Hkv, D = 1, 4, 2, 16
     graphs = []
@@ -260,7 +260,7 @@ def run_compiled_flex_at_two_lengths(device: str, backward: bool) -> None:
             if backward:
                 out = ttt_attention(q, keys, values, layout)
             else:
-                out = _compiled_flex()(q, keys[0], values[0], block_mask=layout.mask(1),
+                out = compiled_flex()(q, keys[0], values[0], block_mask=layout.mask(1),
                                        enable_gqa=True)
             want = reference_ttt_attention(q, keys, values, doc_ids)
             torch.testing.assert_close(out, want, rtol=5e-3, atol=5e-3)

@@ -16,14 +16,12 @@ Q × (L + Q) grid) and whose partial blocks run the same mask_mod.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from training.attention import (dense_attention, doc_starts, flex_kernel_options,
-                                with_dynamic_block_counts)
+from training.attention import (compiled_flex, dense_attention, doc_starts,
+                                flex_kernel_options, with_dynamic_block_counts)
 from training.config import FLEX_BLOCK as BLOCK
 
 
@@ -91,11 +89,6 @@ def block_mask(doc_ids: Tensor, anchors: Tensor, block_size: int) -> BlockMask:
     return with_dynamic_block_counts(mask)
 
 
-@functools.cache
-def _compiled_flex():
-    return torch.compile(flex_attention, dynamic=True)
-
-
 class BlockLayout:
     """One batch's anchors and sample boundaries, prepared once for every draft layer."""
 
@@ -118,6 +111,6 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, layout: BlockLayout) -> Ten
     """q [B, Hq, Q, D] over k, v [B, Hkv, L + Q, D] -> [B, Hq, Q, D]."""
     if not layout.use_flex:
         return dense_attention(q, k, v, layout.mask)
-    attend = _compiled_flex() if q.is_cuda else flex_attention
+    attend = compiled_flex() if q.is_cuda else flex_attention
     return attend(q, k, v, block_mask=layout.mask, enable_gqa=True,
                   kernel_options=flex_kernel_options(q, layout.divisible))

@@ -7,9 +7,9 @@ activations until backward), then scores P = max_anchors × (block_size - 1) pos
 with the verifier's frozen head, a loss chunk of positions at a time. Its peak comes in
 one of three phases:
 - ``loss_forward``: every layer's activations are held and the loss works on a chunk
-  (loss_chunk_bytes: both sides' chunk × vocabulary logits) beside the scored positions'
-  hidden states, targets and their gradient (taken in forward). Unchunked (a chunk as
-  large as P) this is the story's OOM: the whole [positions × vocabulary] tensors at once.
+  (loss_chunk_bytes: the chunk's logits, the verifier's too for the soft KL) beside the
+  scored positions' hidden states, targets and their gradient (taken in forward).
+  Unchunked (a chunk as large as P): the whole [positions × vocabulary] tensors at once.
 - ``layer_backward``: backward's first moments: the activations still held, the gradient
   scattered back to every block position, the last layer's MLP gradients and its weight
   gradients.
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from training.config import FLEX_BLOCK, DFlashConfig
 from training.memory.peak import DEFAULT_HEADROOM_GIB, Prediction, fits
 from training.memory.terms import BF16, FP32, INDEX, PRECISIONS, SHARDINGS, trained_state
+
 
 @dataclass(frozen=True)
 class DFlashShape:
