@@ -5,8 +5,12 @@ Each measurement runs in a child process of its own (a clean allocator and compi
 state), on identical inputs: one packed row of max_seq_len tokens holding samples of
 1,536-2,560 tokens (the first eighth of each without loss, as a prompt), random hidden
 states of the verifier's five context layers and its final layer, random frozen
-embedding and head. A child reports its first step's wall time (compilation included),
-the median of its timed steps, tokens/s (row tokens per second) and
+embedding and head; trackside's row also carries the verifier's argmax at each position,
+made once before the steps as `trackside extract` keeps it from the verifier's forward
+(`--tokens-in-step` adds a child that makes them in each step from the final hidden
+states, as speculators does and as trackside does for data extracted without them). A
+child reports the wall time of its set-up (random inputs, the model) and of its first
+step (compilation included), the median of its timed steps, tokens/s (row tokens per second) and
 torch.cuda.max_memory_allocated over the timed steps; trackside's children also the
 memory model's prediction for the step (training/memory/dflash.py).
 
@@ -94,6 +98,7 @@ def verifier_weights(spec: dict, device: torch.device) -> tuple[torch.Tensor, to
 def trackside_step(spec: dict, row: dict, device: torch.device):
     from training import loop
     from training.dflash import run
+    from training.dflash.loss import verifier_tokens
     from training.dflash.model import DFlashDrafter
     from training.packing import PackedBatch
 
@@ -113,6 +118,12 @@ def trackside_step(spec: dict, row: dict, device: torch.device):
     batch = PackedBatch(row["input_ids"], row["position_ids"], row["doc_ids"], row["loss_mask"],
                         row["aux_hidden"], row["final_hidden"], num_samples=row["num_samples"],
                         num_truncated=0, pad_tokens=0)
+    if not spec.get("tokens_in_step"):  # the verifier's argmax, as `trackside extract` keeps it
+        L = spec["max_seq_len"]
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        batch.verifier_ids = verifier_tokens(
+            row["final_hidden"].flatten(0, 1), torch.arange(L, device=device), drafter.lm_head,
+            dtype, spec["loss_chunk"]).view(1, L)
 
     def step() -> float:
         per_offset, counts = run.forward_backward(model, batch, cfg, training,
@@ -207,9 +218,12 @@ def child(spec: dict) -> dict:
         row = packed_row(spec, device, dtype)
         make = trackside_step if trainer == "trackside" else speculators_step
         step = make(spec, row, device)
+        sync()
+        stepping = time.perf_counter()
+        result["setup_s"] = stepping - started
         first = step()
         sync()
-        result["first_step_s"] = time.perf_counter() - started
+        result["first_step_s"] = time.perf_counter() - stepping
         for _ in range(spec["warmup"]):
             step()
         sync()
@@ -270,6 +284,7 @@ def label(spec: dict) -> str:
 
 def describe(r: dict) -> str:
     loss_pass = " eager loss" if r.get("loss_pass") == "eager" else ""
+    loss_pass += " tokens in step" if r.get("tokens_in_step") else ""
     head = (f"{r['trainer']:11s} {r['preset']} L {r['max_seq_len']} anchors "
             f"{r['max_anchors']} block {r['block_size']} soft KL {r['soft_kl']:g} chunk "
             f"{r['loss_chunk']}{loss_pass}" + (f" cap {r['cap_gib']:g} GiB" if r.get("cap_gib") else ""))
@@ -283,7 +298,8 @@ def describe(r: dict) -> str:
     if r.get("peak_gib") and "predicted_gib" in r:
         predicted += f" ({r['predicted_gib'] / r['peak_gib'] - 1:+.1%})"
     return (f"{head}: {r['tokens_per_s']:,.0f} tokens/s (median step {r['step_s'] * 1e3:.0f} "
-            f"ms), first step {r['first_step_s']:.1f} s{peak}{predicted}, loss "
+            f"ms), first step {r['first_step_s']:.1f} s (set-up {r['setup_s']:.1f} s)"
+            f"{peak}{predicted}, loss "
             f"{r['loss_first']:.3f} -> {r['loss_last']:.3f}")
 
 
@@ -394,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, help="with --export-check: the run's data")
     p.add_argument("--eager-loss", action="store_true",
                    help="also trackside with the eager loss pass (CUDA runs Triton's)")
+    p.add_argument("--tokens-in-step", action="store_true",
+                   help="also trackside making the verifier's tokens in each step")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="profile two steps of each child: $OUT/profile-*.txt")
     p.add_argument("--smoke", action="store_true", help="CPU: tiny shapes, every mode")
@@ -418,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     specs = [{**base, **common, "trainer": t} for t in args.trainers]
     if args.eager_loss and not args.story:
         specs.insert(1, {**base, **common, "trainer": "trackside", "loss_pass": "eager"})
+    if args.tokens_in_step and not args.story:
+        specs.insert(1, {**base, **common, "trainer": "trackside", "tokens_in_step": True})
     if args.story:
         positions = base["max_anchors"] * (base["block_size"] - 1)
         whole = {**base, **common, "trainer": "trackside", "loss_chunk": positions,
@@ -443,8 +463,8 @@ def main(argv: list[str] | None = None) -> int:
         print(describe(result), flush=True)
     done: dict[str, dict] = {}  # each trainer's first measurement at the base shape
     for r in results:
-        if "tokens_per_s" in r and not r.get("loss_pass") and r["max_seq_len"] == \
-                base["max_seq_len"]:
+        if "tokens_per_s" in r and not r.get("loss_pass") and not r.get("tokens_in_step") \
+                and r["max_seq_len"] == base["max_seq_len"]:
             done.setdefault(r["trainer"], r)
     if not args.story and {"trackside", "speculators"} <= set(done):
         t, s = done["trackside"], done["speculators"]

@@ -6,7 +6,9 @@ A data directory, as `trackside extract` writes it:
                                dtype, num_samples, lengths (per sample), total_tokens, model
     samples/<i>.safetensors    input_ids [n] long, loss_mask [n] bool,
                                aux_hidden [n, 3H] (the captured layers, concatenated),
-                               final_hidden [n, H] (after the verifier's final norm)
+                               final_hidden [n, H] (after the verifier's final norm),
+                               verifier_ids [n] long (the verifier's argmax there; data
+                               extracted before it was kept lacks it)
     verifier.safetensors       embed_tokens [vocab, H], lm_head [vocab, H]
     token_counts.safetensors   counts [vocab]: loss-bearing token frequencies, for the
                                draft vocabulary

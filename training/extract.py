@@ -7,7 +7,9 @@ is the residual stream entering decoder layer l — HF's hidden_states[l], what 
 SGLang's EAGLE-3 capture at serving time — and the default layers are EAGLE-3's
 (2, n // 2, n - 3), or DFlash's five spread over the depth (--drafter dflash); --layers
 captures any others, as many as wanted. The final hidden state is HF's last
-hidden_states entry, after the final norm.
+hidden_states entry, after the final norm. The verifier's argmax at each position, a
+by-product of the same forward, is kept too: a DFlash run trained against the verifier's
+token (no soft KL) then never remakes the verifier's logits.
 
 Prompts are batched by a token budget (padded length × rows), never by a sample count, so
 one long prompt cannot OOM a batch sized for short ones. Each sample file is written
@@ -24,6 +26,7 @@ import torch
 
 from training.data import (DATASET_JSON, TOKEN_COUNTS_FILE, VERIFIER_FILE, sample_path,
                            write_json_atomic, write_tensors_atomic)
+from training.packing import VERIFIER_IDS
 
 
 class ExtractError(Exception):
@@ -166,8 +169,9 @@ def extract(model, samples: list[tuple[list[int], list[bool]]], out: Path,
         for row, i in enumerate(indices):
             input_ids[row, :lengths[i]] = torch.tensor(samples[i][0])
             attention[row, :lengths[i]] = 1
-        states = model(input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                       output_hidden_states=True, use_cache=False).hidden_states
+        forward = model(input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                        output_hidden_states=True, use_cache=False)
+        states, verifier_ids = forward.hidden_states, forward.logits.argmax(-1).cpu()
         for row, i in enumerate(indices):
             n = lengths[i]
             write_tensors_atomic(sample_path(out, i), {
@@ -175,7 +179,8 @@ def extract(model, samples: list[tuple[list[int], list[bool]]], out: Path,
                 "loss_mask": torch.tensor(samples[i][1], dtype=torch.bool),
                 "aux_hidden": torch.cat([states[layer][row, :n].cpu() for layer in layers],
                                         dim=-1),
-                "final_hidden": states[-1][row, :n].cpu().clone()})
+                "final_hidden": states[-1][row, :n].cpu().clone(),
+                VERIFIER_IDS: verifier_ids[row, :n].clone()})
         done, fresh = done + len(indices), fresh + len(indices)
         tokens += sum(lengths[i] for i in indices)
         elapsed = max(time.monotonic() - started, 1e-9)

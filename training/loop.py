@@ -198,6 +198,13 @@ def use_cuda_allocator_settings() -> None:
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 
+def _folds_clip(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether optimizer takes GradScaler's grad_scale (torch's fused Adam and AdamW; a
+    private attribute, so its absence means the plain clip, never no clip)."""
+    return (getattr(optimizer, "_step_supports_amp_scaling", False)
+            and hasattr(torch.nn.utils, "get_total_norm"))  # torch >= 2.6
+
+
 def make_optimizer(params, lr: float, device: torch.device,
                    weight_decay: float = 0.0) -> torch.optim.AdamW:
     return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay,
@@ -224,8 +231,22 @@ def forward_backward(model: nn.Module, batch: PackedBatch, ttt_steps: int, ttt_d
 
 def optimizer_step(optimizer: torch.optim.Optimizer, params, grad_clip: float) -> torch.Tensor:
     """Clip, step, drop the gradients; returns the norm before clipping."""
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-    optimizer.step()
+    params = list(params)
+    grads = [p.grad for p in params if p.grad is not None]
+    # sharded gradients (DTensors) take clip_grad_norm_, which reduces the norm over ranks
+    if _folds_clip(optimizer) and not any(hasattr(g, "full_tensor") for g in grads):
+        grad_norm = torch.nn.utils.get_total_norm(grads)
+        # Fused AdamW divides every gradient by grad_scale as it reads them (the protocol
+        # torch.amp.GradScaler drives), so the clip costs no pass of its own over the
+        # gradients. clip_grad_norm_ scales by grad_clip / (norm + 1e-6) when below 1.
+        optimizer.grad_scale = ((grad_norm + 1e-6) / grad_clip).clamp(min=1.0)
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.grad_scale
+    else:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     # Sharded gradients give a DTensor norm, already reduced over the ranks: its value is
     # the whole drafter's norm, as DDP's is.

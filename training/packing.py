@@ -13,6 +13,8 @@ from torch import Tensor
 
 Sample = dict[str, Tensor]  # input_ids [n], loss_mask [n], aux_hidden [n,3H], final_hidden [n,H]
 SAMPLE_KEYS = ("input_ids", "loss_mask", "aux_hidden", "final_hidden")
+# the verifier's argmax at each position; data extracted before it was stored lacks it
+VERIFIER_IDS = "verifier_ids"
 
 
 def plan_rows(lengths: list[int], max_seq_len: int) -> list[list[int]]:
@@ -54,6 +56,9 @@ class PackedBatch:
     num_samples: int
     num_truncated: int
     pad_tokens: int
+    # [B, L] long: the verifier's argmax at each position (its next token), when every
+    # sample of the batch carries it; a DFlash step without the soft KL needs no more
+    verifier_ids: Tensor | None = None
 
     @property
     def samples_per_row(self) -> float:
@@ -92,7 +97,9 @@ def collate(rows: list[list[Sample]], max_seq_len: int, pin_memory: bool = False
         aux_hidden=torch.zeros(B, L, first["aux_hidden"].shape[-1],
                                dtype=first["aux_hidden"].dtype, **pinned),
         final_hidden=torch.zeros(B, L, hidden, dtype=first["final_hidden"].dtype, **pinned),
-        num_samples=0, num_truncated=0, pad_tokens=0)
+        num_samples=0, num_truncated=0, pad_tokens=0,
+        verifier_ids=(torch.zeros(B, L, dtype=torch.long, **pinned)
+                      if all(VERIFIER_IDS in s for row in rows for s in row) else None))
     for b, row in enumerate(rows):
         at = 0
         for d, sample in enumerate(row):
@@ -110,6 +117,8 @@ def collate(rows: list[list[Sample]], max_seq_len: int, pin_memory: bool = False
             out.loss_mask[b, span] = sample["loss_mask"][:n]
             out.aux_hidden[b, span] = sample["aux_hidden"][:n]
             out.final_hidden[b, span] = sample["final_hidden"][:n]
+            if out.verifier_ids is not None:
+                out.verifier_ids[b, span] = sample[VERIFIER_IDS][:n]
             out.position_ids[b, span] = torch.arange(n)
             out.doc_ids[b, span] = d
             out.num_samples += 1

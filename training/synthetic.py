@@ -22,7 +22,7 @@ from training.config import PRESETS
 from training.data import DATASET_JSON
 from training.extract import extract
 
-VERSION = 1  # bump when the generated data changes, so stale caches are not reused
+VERSION = 2  # bump when the generated data changes, so stale caches are not reused
 NUM_LAYERS = 8
 NUM_SAMPLES = 256
 ACTIVE_TOKENS = 200  # fits the tiny preset's 256-token draft vocabulary

@@ -18,6 +18,7 @@ from training import checkpoint
 from training.attention import dense_attention
 from training.cli import main
 from training.config import DFLASH_PRESETS
+from training.data import Dataset
 from training.dflash.anchors import sample_anchors, valid_anchors
 from training.dflash.loss import block_loss, verifier_tokens
 from training.dflash.mask import BlockLayout, block_attention
@@ -267,6 +268,46 @@ def test_the_drafter_scores_each_block_offset_against_the_verifier_token(monkeyp
     assert not drafter.embed_tokens.requires_grad and not drafter.lm_head.requires_grad
 
 
+def test_the_drafter_takes_the_extracted_verifier_tokens_without_the_kl(monkeypatch):
+    """Data that carries the verifier's argmax (extract keeps it) is scored against those
+    tokens, gathered at the position before each drafted token; data that lacks it gets
+    the same tokens made from the final hidden states: the same losses either way."""
+    import training.dflash.model as model_module
+
+    seen = []
+
+    def spy(hidden, head, target, *args):
+        seen.append(target)
+        return block_loss(hidden, head, target, *args)
+    monkeypatch.setattr(model_module, "block_loss", spy)
+    cfg = DFLASH_PRESETS["tiny"]
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(cfg).double()
+    g = torch.Generator().manual_seed(4)
+    V, H = cfg.vocab_size, cfg.hidden_size
+    drafter.load_verifier(torch.randn(V, H, generator=g, dtype=torch.float64),
+                          torch.randn(V, H, generator=g, dtype=torch.float64))
+    batch = packed_rows([[40, 50], [90]], 96, hidden=H, vocab=V - 1)
+    assert batch.verifier_ids is None  # samples without them pack without them
+    outs = []
+    for ids in (None, (batch.final_hidden @ drafter.lm_head.T).argmax(-1)):
+        batch.verifier_ids = ids
+        torch.manual_seed(5)
+        outs.append(drafter(batch, batch.aux_hidden, 12, gamma=2.0, loss_chunk=16))
+    assert torch.equal(seen[0], seen[1]) and seen[1].dtype == torch.long
+    torch.testing.assert_close(outs[0].losses, outs[1].losses)
+    # the stored tokens are what is scored, not a recomputation
+    batch.verifier_ids = torch.randint(0, V, batch.input_ids.shape, generator=g)
+    torch.manual_seed(5)
+    out = drafter(batch, batch.aux_hidden, 12, gamma=2.0, loss_chunk=16)
+    torch.manual_seed(5)
+    anchors, used = sample_anchors(batch.loss_mask, batch.doc_ids, cfg.block_size, 12)
+    expect = [(b, int(a), k) for b in range(2) for a, u in zip(anchors[b], used[b]) if u
+              for k in range(1, cfg.block_size) if batch.loss_mask[b, a + k]]
+    assert out.offset.tolist() == [k for _, _, k in expect]
+    assert seen[2].tolist() == [int(batch.verifier_ids[b, a + k - 1]) for b, a, k in expect]
+
+
 def test_tau_is_the_expected_accepted_length():
     cfg = DFLASH_PRESETS["tiny"]
     training = DFlashTraining((2, 4, 5), 8, gamma=1.0, soft_kl=0.0)
@@ -348,6 +389,11 @@ def test_extract_captures_five_layers_that_dflash_reads_and_eagle3_refuses(
                for n in (40, 60, 30, 50)]
     data = tmp_path / "data"
     extract(verifier, samples, data, layers=[1, 3, 5, 7, 8], log=lambda line: None)
+    head = verifier.get_output_embeddings().weight
+    for i, (ids, _) in enumerate(samples):  # the verifier's argmax, kept beside its states
+        sample = Dataset(data)[i]
+        assert sample["verifier_ids"].tolist() == \
+            (sample["final_hidden"] @ head.T).argmax(-1).tolist()
     common = ["train", "--data", str(data), "--steps", "2", "--max-seq-len", "128"]
     assert main([*common, "--drafter", "dflash", "--max-anchors", "8",
                  "--out", str(tmp_path / "five")]) == 0

@@ -28,14 +28,20 @@ def bench(tmp_path: Path, *args: str) -> dict:
 @pytest.mark.slow
 def test_compare_mode_steps_each_trainer_and_a_new_shape(tmp_path):
     trainers = ["trackside", "speculators"] if HAS_SPECULATORS else ["trackside"]
-    report = bench(tmp_path, "--new-shape", "--trainers", *trainers)
+    report = bench(tmp_path, "--new-shape", "--tokens-in-step", "--trainers", *trainers)
     results = report["results"]
-    assert [r["trainer"] for r in results] == [*trainers, "trackside"]
+    assert [r["trainer"] for r in results] == [trainers[0], "trackside", *trainers[1:],
+                                               "trackside"]
+    assert results[1]["tokens_in_step"] and not results[0].get("tokens_in_step")
     assert results[-1]["max_seq_len"] != results[0]["max_seq_len"]  # the new shape
     for r in results:
         assert "error" not in r, r
-        assert r["tokens_per_s"] > 0 and r["first_step_s"] > 0
+        assert r["tokens_per_s"] > 0 and r["first_step_s"] > 0 and r["setup_s"] > 0
         assert r["loss_first"] > 0
+    # the same row, anchors and weights: the verifier's tokens made before the steps or in
+    # them give the same losses
+    assert results[0]["loss_first"] == pytest.approx(results[1]["loss_first"], rel=1e-5)
+    assert results[0]["loss_last"] == pytest.approx(results[1]["loss_last"], rel=1e-5)
 
 
 def test_story_mode_runs_chunked_and_unchunked_with_the_prediction(tmp_path):

@@ -17,7 +17,8 @@ from training.checkpoint import latest
 from training.config import PRESETS
 from training.data import Dataset, Loader, Position
 from training.export import export_drafter
-from training.loop import EXIT_OOM, TrainConfig, _tried_gib, record_oom, train
+from training.loop import (EXIT_OOM, TrainConfig, _tried_gib, optimizer_step, record_oom,
+                           train)
 from training.metrics import EVENT_FIELDS, MetricsWriter
 from training.synthetic import synthetic_dataset
 
@@ -67,6 +68,32 @@ def read_events(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("scale", [0.01, 50.0])  # below the clip, and clipped
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_step_clips_as_clip_grad_norm_does_fused_or_not(scale, fused):
+    """Fused AdamW takes the clip as its grad_scale (no pass of its own over the
+    gradients); the result is torch's clip_grad_norm_ then step, whichever path ran."""
+    g = torch.Generator().manual_seed(0)
+    shapes = [(64, 32), (32,), (7, 5, 3)]
+    weights = [torch.randn(s, generator=g) for s in shapes]
+    grads = [scale * torch.randn(s, generator=g) for s in shapes]
+    ours = [torch.nn.Parameter(w.clone()) for w in weights]
+    theirs = [torch.nn.Parameter(w.clone()) for w in weights]
+    opt = torch.optim.AdamW(ours, lr=1e-2, betas=(0.9, 0.95), fused=fused)
+    ref = torch.optim.AdamW(theirs, lr=1e-2, betas=(0.9, 0.95))
+    for step in range(3):
+        for p, q, gr in zip(ours, theirs, grads):
+            p.grad, q.grad = gr * (step + 1), gr.clone() * (step + 1)
+        norm = optimizer_step(opt, ours, 1.0)
+        ref_norm = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+        ref.step()
+        ref.zero_grad(set_to_none=True)
+        assert norm.item() == pytest.approx(ref_norm.item(), rel=1e-6)
+        assert all(p.grad is None for p in ours) and not hasattr(opt, "grad_scale")
+        for p, q in zip(ours, theirs):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
 def test_synthetic_200_steps_meet_the_contract_and_learn(tmp_path, cache):
     run_dir = tmp_path / "run"
     result = subprocess.run(

@@ -147,6 +147,8 @@ class DFlashDrafter(nn.Module):
         final_hidden = batch.final_hidden.flatten(0, 1)
         if soft_kl:
             target = final_hidden.index_select(0, verifier_rows)
+        elif batch.verifier_ids is not None:  # kept by the extraction's forward
+            target = batch.verifier_ids.flatten().index_select(0, verifier_rows)
         else:
             dtype = (torch.get_autocast_dtype(ids.device.type)
                      if torch.is_autocast_enabled(ids.device.type) else self.fc.weight.dtype)
