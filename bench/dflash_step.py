@@ -278,6 +278,7 @@ def run_child(spec: dict, timeout: float) -> dict:
 
 def label(spec: dict) -> str:
     loss_pass = "-eager" if spec.get("loss_pass") == "eager" else ""
+    loss_pass += "-tokens-in-step" if spec.get("tokens_in_step") else ""
     return (f"{spec['trainer']}{loss_pass}-{spec['preset']}-{spec['max_seq_len']}-"
             f"{spec['max_anchors']}-{spec['loss_chunk']}")
 
