@@ -3,6 +3,7 @@ session, the log after a filter, `a` inside tmux."""
 
 from __future__ import annotations
 
+import pytest
 from textual.command import CommandPalette
 from textual.widgets import Log
 
@@ -14,6 +15,7 @@ from tui.screens.confirm import Confirm
 from tui.screens.fleet import FleetScreen
 from tui.screens.help import HelpScreen
 from tui.screens.run import RunScreen
+from tui.widgets.footer import Footer
 
 FOREIGN = RunInfo(None, "someone-elses", "h200-box", RunPhase.RUNNING, pids=[777])
 
@@ -285,3 +287,30 @@ async def test_a_key_before_the_run_screen_has_composed_does_nothing():
             assert action() is None
         await pilot.pause()
         assert app.errors == 0 and screen.is_mounted
+
+
+@pytest.mark.parametrize("width", [160, 240])
+async def test_the_footer_shows_every_key_beside_the_palette_key(width):
+    """Textual's footer scrolls its keys under the palette key docked at its right: at
+    160 columns the run screen's last key, `q Quit`, was cut to `q Qu`. The footer goes
+    compact when its keys would not fit in full (the run screen's at 160), and only then."""
+    app = make_app()
+    async with app.run_test(size=(width, 48)) as pilot:
+        await feed(pilot)
+        for screen, opened in (("fleet", lambda: None), ("run", lambda: app.open_run(RUN_KEY))):
+            opened()
+            await pilot.pause()
+            footer = app.screen.query_one(Footer)
+            if screen == "run" or width == 240:
+                compact = screen == "run" and width == 160
+                await wait_for(pilot, lambda: footer.compact is compact, 5,
+                               f"the {screen} screen's footer compact={compact}")
+            await pilot.pause()
+            keys = [k for k in footer.children if hasattr(k, "key_display")]
+            palette = [k for k in keys if k.has_class("-command-palette")]
+            assert len(palette) == 1 and len(keys) > 8
+            edge = palette[0].region.x
+            assert all(k.region.right <= edge for k in keys if k is not palette[0]), [
+                (k.key_display, k.region) for k in keys]
+            last_line = screen_text(app).splitlines()[-1]
+            assert last_line.split("^p")[0].rstrip(" ▏").endswith("Quit"), last_line

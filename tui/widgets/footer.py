@@ -1,16 +1,25 @@
-"""Textual's Footer, rebuilt only when the keys it shows change.
+"""Textual's Footer, rebuilt only when the keys it shows change, compact when the keys
+would not fit otherwise.
 
 Textual's Footer recomposes on every `refresh_bindings`, and the dashboard refreshes
 bindings on every poll (a listing may enable or disable `k`). Each recompose replaced
 ~12 key widgets, and the replaced ones stayed alive through their `data_bind` watcher on
 the footer (Textualize/textual#6666): 25 widgets a second, the app's largest memory leak.
 
-Both workarounds read Textual internals (`_bindings_ready`, the `__watchers` store);
-each is written so that a Textual without them loses the workaround, not the footer.
+Textual's footer scrolls its keys under the palette key docked at its right: at 160
+columns the run screen's fourteen keys lost `q Quit` under `^p palette`. When the keys in
+the full style would not fit, the footer takes Textual's compact style (one cell less per
+key), which holds them at 160.
+
+The workarounds read Textual internals (`_bindings_ready`, the `__watchers` store, the
+keys' `key_display` and `description`); each is written so that a Textual without them
+loses the workaround, not the footer.
 """
 
 from __future__ import annotations
 
+from rich.cells import cell_len
+from textual import events
 from textual.app import ComposeResult
 from textual.dom import NoScreen
 from textual.widgets import Footer as TextualFooter
@@ -67,6 +76,25 @@ class Footer(Guarded, TextualFooter):
         self._shown = keys
         await super().recompose()
         self._drop_replaced_watchers()
+        self._fit()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._fit()
+
+    def _fit(self) -> None:
+        width = self.size.width
+        if not width:
+            return
+        needed = 0
+        for child in self.children:
+            key, description = (getattr(child, "key_display", None),
+                                getattr(child, "description", None))
+            if isinstance(key, str) and isinstance(description, str):
+                # the full style pads the key a cell each side, the description one after
+                needed += cell_len(key) + cell_len(description) + 3
+            else:
+                needed += child.outer_size.width
+        self.compact = needed > width
 
     def _drop_replaced_watchers(self) -> None:
         """The replaced keys' data_bind watchers stay on this footer until `compact`
