@@ -233,45 +233,9 @@ def test_the_loss_holds_a_few_chunks_of_logits_never_all_positions(peak_allocate
     assert peak_allocated_bytes(run) < 6 * chunk * V * 4
 
 
-def test_the_drafter_scores_each_block_offset_against_the_verifier_token(monkeypatch):
-    import training.dflash.model as model_module
-
-    seen = {}
-
-    def spy(hidden, head, target_hidden, *args):
-        seen["target_hidden"] = target_hidden
-        return block_loss(hidden, head, target_hidden, *args)
-    monkeypatch.setattr(model_module, "block_loss", spy)
-    cfg = DFLASH_PRESETS["tiny"]
-    torch.manual_seed(0)
-    drafter = DFlashDrafter(cfg).double()
-    g = torch.Generator().manual_seed(4)
-    V, H = cfg.vocab_size, cfg.hidden_size
-    drafter.load_verifier(torch.randn(V, H, generator=g, dtype=torch.float64),
-                          torch.randn(V, H, generator=g, dtype=torch.float64))
-    batch = packed_rows([[40, 50], [90]], 96, hidden=H, vocab=V - 1)
-    torch.manual_seed(5)
-    out = drafter(batch, batch.aux_hidden, 12, gamma=2.0, soft_kl=0.15, loss_chunk=16)
-    torch.manual_seed(5)
-    anchors, used = sample_anchors(batch.loss_mask, batch.doc_ids, cfg.block_size, 12)
-    # Offsets 1..7 of every used block whose token bears loss, block by block, each scored
-    # against the verifier's state at the position before its token (which predicts it).
-    expect = [(b, int(a), k) for b in range(2) for a, u in zip(anchors[b], used[b]) if u
-              for k in range(1, cfg.block_size) if batch.loss_mask[b, a + k]]
-    assert out.offset.tolist() == [k for _, _, k in expect]
-    assert torch.equal(seen["target_hidden"],
-                       torch.stack([batch.final_hidden[b, a + k - 1] for b, a, k in expect]))
-    weights = torch.exp(-(out.offset - 1) / 2.0).double()
-    assert out.total.item() == pytest.approx((weights * out.losses).sum().item())
-    grads = torch.autograd.grad(out.total, [p for p in drafter.parameters()])
-    assert all(gr.abs().sum() > 0 for gr in grads)  # every weight of the drafter learns
-    assert not drafter.embed_tokens.requires_grad and not drafter.lm_head.requires_grad
-
-
-def test_the_drafter_takes_the_extracted_verifier_tokens_without_the_kl(monkeypatch):
-    """Data that carries the verifier's argmax (extract keeps it) is scored against those
-    tokens, gathered at the position before each drafted token; data that lacks it gets
-    the same tokens made from the final hidden states: the same losses either way."""
+def spied_drafter(monkeypatch):
+    """The tiny drafter (float64, a random verifier's embedding and head), two packed rows
+    of three samples, and the list that records each target block_loss is handed."""
     import training.dflash.model as model_module
 
     seen = []
@@ -287,7 +251,41 @@ def test_the_drafter_takes_the_extracted_verifier_tokens_without_the_kl(monkeypa
     V, H = cfg.vocab_size, cfg.hidden_size
     drafter.load_verifier(torch.randn(V, H, generator=g, dtype=torch.float64),
                           torch.randn(V, H, generator=g, dtype=torch.float64))
-    batch = packed_rows([[40, 50], [90]], 96, hidden=H, vocab=V - 1)
+    return drafter, packed_rows([[40, 50], [90]], 96, hidden=H, vocab=V - 1), seen
+
+
+def scored_positions(batch, block_size: int, max_anchors: int, seed: int):
+    """(row, anchor, offset) of every position a pass seeded with `seed` scores: offsets
+    1..block_size - 1 of every used block whose token bears loss, block by block."""
+    torch.manual_seed(seed)
+    anchors, used = sample_anchors(batch.loss_mask, batch.doc_ids, block_size, max_anchors)
+    return [(b, int(a), k) for b in range(anchors.shape[0])
+            for a, u in zip(anchors[b], used[b]) if u
+            for k in range(1, block_size) if batch.loss_mask[b, a + k]]
+
+
+def test_the_drafter_scores_each_block_offset_against_the_verifier_token(monkeypatch):
+    drafter, batch, seen = spied_drafter(monkeypatch)
+    torch.manual_seed(5)
+    out = drafter(batch, batch.aux_hidden, 12, gamma=2.0, soft_kl=0.15, loss_chunk=16)
+    # each scored against the verifier's state at the position before its token (which
+    # predicts it)
+    expect = scored_positions(batch, drafter.cfg.block_size, 12, seed=5)
+    assert out.offset.tolist() == [k for _, _, k in expect]
+    assert torch.equal(seen[0],
+                       torch.stack([batch.final_hidden[b, a + k - 1] for b, a, k in expect]))
+    weights = torch.exp(-(out.offset - 1) / 2.0).double()
+    assert out.total.item() == pytest.approx((weights * out.losses).sum().item())
+    grads = torch.autograd.grad(out.total, [p for p in drafter.parameters()])
+    assert all(gr.abs().sum() > 0 for gr in grads)  # every weight of the drafter learns
+    assert not drafter.embed_tokens.requires_grad and not drafter.lm_head.requires_grad
+
+
+def test_the_drafter_takes_the_extracted_verifier_tokens_without_the_kl(monkeypatch):
+    """Data that carries the verifier's argmax (extract keeps it) is scored against those
+    tokens, gathered at the position before each drafted token; data that lacks it gets
+    the same tokens made from the final hidden states: the same losses either way."""
+    drafter, batch, seen = spied_drafter(monkeypatch)
     assert batch.verifier_ids is None  # samples without them pack without them
     outs = []
     for ids in (None, (batch.final_hidden @ drafter.lm_head.T).argmax(-1)):
@@ -297,13 +295,12 @@ def test_the_drafter_takes_the_extracted_verifier_tokens_without_the_kl(monkeypa
     assert torch.equal(seen[0], seen[1]) and seen[1].dtype == torch.long
     torch.testing.assert_close(outs[0].losses, outs[1].losses)
     # the stored tokens are what is scored, not a recomputation
-    batch.verifier_ids = torch.randint(0, V, batch.input_ids.shape, generator=g)
+    g = torch.Generator().manual_seed(6)
+    batch.verifier_ids = torch.randint(0, drafter.cfg.vocab_size, batch.input_ids.shape,
+                                       generator=g)
     torch.manual_seed(5)
     out = drafter(batch, batch.aux_hidden, 12, gamma=2.0, loss_chunk=16)
-    torch.manual_seed(5)
-    anchors, used = sample_anchors(batch.loss_mask, batch.doc_ids, cfg.block_size, 12)
-    expect = [(b, int(a), k) for b in range(2) for a, u in zip(anchors[b], used[b]) if u
-              for k in range(1, cfg.block_size) if batch.loss_mask[b, a + k]]
+    expect = scored_positions(batch, drafter.cfg.block_size, 12, seed=5)
     assert out.offset.tolist() == [k for _, _, k in expect]
     assert seen[2].tolist() == [int(batch.verifier_ids[b, a + k - 1]) for b, a, k in expect]
 
