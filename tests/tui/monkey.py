@@ -65,6 +65,18 @@ def in_palette(rng: random.Random, keys: list[str]) -> str:
     return "escape" if rng.random() < 0.3 else rng.choice([k for k in keys if k != "enter"])
 
 
+# Terminal sizes the monkeys resize to now and then, as an operator splits a tmux pane or
+# drags a window: under Pilot down to a few cells; in tmux no smaller than a dialog's text
+# (the tmux monkey reads dialogs off the pane to answer them No).
+PILOT_SIZES = [(12, 4), (40, 12), (80, 24), (120, 40), (160, 48), (220, 60)]
+TMUX_SIZES = [(80, 24), (120, 40), (160, 48), (200, 60)]
+
+
+def resize_to(rng: random.Random, sizes: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """A size to resize to before the next key, about one key in fifty."""
+    return rng.choice(sizes) if rng.random() < 0.02 else None
+
+
 def seed_from_env() -> int:
     return int(os.environ.get("TRACKSIDE_MONKEY_SEED") or time.time_ns() % 2**32)
 
@@ -84,6 +96,7 @@ class Tally:
     seed: int
     keys: int = 0
     dialogs_answered_no: int = 0
+    resizes: int = 0
     screens: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
 
@@ -91,5 +104,6 @@ class Tally:
         seen = ", ".join(f"{name} {n}" for name, n in sorted(self.screens.items()))
         return (
             f"{what}: seed={self.seed} keys={self.keys} duration={time.monotonic() - self.started:.1f}s "
-            f"dialogs answered No={self.dialogs_answered_no}" + (f"; screens seen: {seen}" if seen else "")
+            f"dialogs answered No={self.dialogs_answered_no} resizes={self.resizes}"
+            + (f"; screens seen: {seen}" if seen else "")
         )

@@ -1,5 +1,6 @@
-"""Monkey tests: thousands of random keys at random pauses against the real dashboard over a
-live CPU training run, under Pilot and in a real tmux pane. The app must stay alive and
+"""Monkey tests: thousands of random keys at random pauses, and now and then a new terminal
+size, against the real dashboard over a live CPU training run, under Pilot and in a real
+tmux pane. The app must stay alive and
 drawing after every key, report no internal error, and never stop the run (every kill or
 relaunch dialog is answered No).
 
@@ -93,6 +94,10 @@ async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monk
                         await pilot.pause()  # settled: no key of ours still queued
                         if dialog_up() or busy():
                             continue
+                size = monkey.resize_to(rng, monkey.PILOT_SIZES)
+                if size:
+                    await pilot.resize_terminal(*size)
+                    tally.resizes += 1
                 # As a terminal delivers it: the app may still be busy with the last key.
                 app.post_message(events.Key(key, monkey.character(key)))
                 tally.keys += 1
@@ -167,6 +172,10 @@ def test_random_keys_in_a_tmux_pane_never_stop_trackside_demo(tmp_path, tmux_soc
                 # one that may open a dialog, nothing that moves focus onto its Yes button.
                 while key in monkey.ANSWERS_YES or (cautious and key in monkey.MOVES_FOCUS):
                     key = rng.choice(keys)
+            size = monkey.resize_to(rng, monkey.TMUX_SIZES)
+            if size:
+                _tmux(tmux_socket, "resize-window", "-t", "=dash:", "-x", str(size[0]), "-y", str(size[1]))
+                tally.resizes += 1
             name = TMUX_NAMES.get(key, key)
             args = ["send-keys", "-t", "=dash:", *(["-l", name] if len(name) == 1 else [name])]
             _tmux(tmux_socket, *args)
