@@ -89,9 +89,13 @@ class RunFacts:
 
 
 def format_duration(seconds: float | None) -> str:
+    """To the nearest second (an epoch of 0.9 s reads 1s, not 0s); under half a second
+    that is not nothing, <1s."""
     if seconds is None:
         return "—"
-    seconds = int(seconds)
+    if 0 < seconds < 0.5:
+        return "<1s"
+    seconds = round(seconds)
     if seconds >= 3600:
         return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
     if seconds >= 60:

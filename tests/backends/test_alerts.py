@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from backends import alerts
-from backends.alerts import AlertBook, HostFacts, RunFacts, Rules
+from backends.alerts import AlertBook, HostFacts, RunFacts, Rules, format_duration
 from backends.config import ConfigError, load_config
 from backends.gpu import GpuProcess, GpuReading
 from backends.kill import GpuDelta, KillReport
@@ -255,3 +255,11 @@ def test_the_readmes_example_shows_every_alerts_setting():
     alerts_table = example.split("\n[alerts]", 1)[1]
     for key in module._ALERTS:
         assert f"\n{key} = " in alerts_table, key
+
+
+@pytest.mark.parametrize("seconds, shown", [
+    (None, "—"), (0, "0s"), (0.3, "<1s"), (0.95, "1s"), (1.9, "2s"), (59.4, "59s"),
+    (59.6, "1m00s"), (90, "1m30s"), (3600 * 7 + 32 * 60 + 10, "7h32m")])
+def test_durations_read_to_the_nearest_second(seconds, shown):
+    # the edit form showed an epoch of 0.95 s as "0s" beside the edit's "≈1s"
+    assert format_duration(seconds) == shown
