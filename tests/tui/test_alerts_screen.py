@@ -5,6 +5,7 @@ and told in one line while the keys still work."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shlex
@@ -76,7 +77,9 @@ async def test_an_alert_command_that_hangs_is_killed_and_told_while_the_keys_wor
     told: list[str] = []
     notify = app.notify
     app.notify = lambda message, **kwargs: (told.append(message), notify(message, **kwargs))[1]
-    async with app.run_test(size=(160, 48)) as pilot:
+    # Once in six fresh-clone runs this test waited until pytest-timeout's 300 s, cause
+    # unknown: a hang now ends here, its traceback naming the await it was stuck in.
+    async with asyncio.timeout(120), app.run_test(size=(160, 48)) as pilot:
         started = time.monotonic()
         await failed_run(local_host)
         await wait_for(pilot, lambda: app.alerts, what="the alert")
