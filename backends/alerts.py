@@ -245,6 +245,10 @@ class AlertBook:
         """The operator stopped this run from here: how it ends is not news to them."""
         self._stopped.add(key)
 
+    def stop_failed(self, key: str) -> None:
+        """The stop did not reach the run (its host went away): how it ends is news again."""
+        self._stopped.discard(key)
+
     def update(self, alerts: Iterable[Alert], now: float) -> list[Alert]:
         """Record the alerts up now: new causes are raised (and returned), gone ones cleared."""
         active, raised = {}, []

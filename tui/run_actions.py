@@ -75,6 +75,10 @@ class RunActions(Guarded):
         try:
             report = await kill.kill_run(watched.host, plan, grace_s=self.grace_s, smi=watched.smi)
         except Exception as error:
+            # Marked before the kill so that the end it causes raises nothing; a kill that
+            # failed answers for nothing: the run's own end must still be told.
+            self.alert_book.stop_failed(run.key)
+            self.stopped_runs.discard(run.key)
             self.notify(f"could not kill {run.key}: {error}", severity="error", timeout=10)
             return
         # Memory still held is said per host: a multi-node run's other nodes report their own.

@@ -23,7 +23,7 @@ from tests.conftest import end_tmux_server
 # A stand-in trainer: launched as the host's train command, it is given `--out RUN_DIR`
 # and writes step events to the run dir's metrics.jsonl as the real one does.
 FAKE_TRAINER = """
-import json, sys, time
+import json, os, sys, time
 mode, out = sys.argv[1], sys.argv[sys.argv.index("--out") + 1]
 with open(out + "/metrics.jsonl", "a") as metrics:
     def write(event):
@@ -40,6 +40,8 @@ with open(out + "/metrics.jsonl", "a") as metrics:
             sys.exit(3)
         if n == 5 and mode == "stall":
             time.sleep(600)
+        if mode == "fail-when" and os.path.exists(out + "/fail-now"):
+            sys.exit(1)
 """
 TRAIN_COMMAND = [sys.executable, "-c", FAKE_TRAINER]
 RULES = Rules(stall_floor_s=1.0)

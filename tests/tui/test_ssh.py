@@ -5,14 +5,16 @@ read through one long-lived nvidia-smi channel per host."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 from backends import params as run_params
-from backends import tmux
+from backends import runs, tmux
 from backends.gpu import GpuProcess
+from tests.backends.test_watch import TRAIN_COMMAND
 from tests.tui.conftest import screen_text, wait_for
 from tui.app import Demo, TracksideApp, Watched
 from tui.screens.edit import EditScreen
@@ -79,6 +81,45 @@ async def test_host_lost_and_back(fresh_sshd):
             await pilot.pause()
             assert "lost:flaky" not in app.alerts
             assert any("flaky is back" in str(n.message) for n in app._notifications)
+    finally:
+        await host.close()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_a_kill_the_lost_host_never_got_leaves_the_runs_end_news(fresh_sshd, runs_root, tmux_socket):
+    """y pressed after the host went away: the dashboard says the kill failed, the run
+    lives on and, when it fails later by itself, that is alerted: a kill that did not
+    happen answers for nothing (it had silenced the run's end for good)."""
+    host = fresh_sshd.host("flaky", runs_root=runs_root, backoff_cap=1.0)
+    host.tmux_socket = tmux_socket
+    app = TracksideApp([Watched(host, smi="nvidia-smi-absent")], poll_interval=0.2)
+    told: list[str] = []
+    notify = app.notify
+    app.notify = lambda message, **kwargs: (told.append(str(message)), notify(message, **kwargs))[1]
+    try:
+        info = await runs.launch(host, [*TRAIN_COMMAND, "fail-when"], train_command=TRAIN_COMMAND, startup_s=0)
+        key = f"flaky/{info.run_id}"
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: key in app.runs and app.runs[key].steps, 30, "the run's steps")
+            app.open_run(key)
+            await pilot.pause()
+            await pilot.press("k")
+            confirm = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen, 15, "the kill dialog")
+            fresh_sshd.stop()
+            await pilot.press("y")
+            await wait_for(pilot, lambda: any(t.startswith(f"could not kill {key}") for t in told), 30, "the failed kill told")
+            assert all(alive(pid) for pid in confirm.plan.pids)  # sshd is on loopback: the run's processes are ours to see
+            fresh_sshd.start()
+            await wait_for(pilot, lambda: app.hosts["flaky"].status == "ok", 30, "the host back")
+            Path(info.run_dir, "fail-now").touch()
+            await wait_for(pilot, lambda: f"failed:{key}" in app.alerts, 30, "the run's failure alerted")
     finally:
         await host.close()
 
