@@ -39,7 +39,16 @@ class RunActions(Guarded):
                 severity="warning", timeout=8,
             )  # fmt: skip
             return
-        self.run_worker(self._plan_kill(run, relaunch), group="actions", exit_on_error=False)
+        # One dialog at a time: keys that come while the plan is still being read (a double
+        # press, a key's repeat) stacked a dialog each, for the same run.
+        if any(worker.name == "plan-kill" and worker.is_running for worker in self.workers):
+            return
+        # A run being stopped (a trainer checkpoints on SIGTERM: tens of seconds) is not
+        # offered again: a second R while the first stopped it relaunched it twice.
+        if any(worker.name == f"kill {run.key}" and worker.is_running for worker in self.workers):
+            self.notify(f"{run.key} is being stopped", timeout=4)
+            return
+        self.run_worker(self._plan_kill(run, relaunch), name="plan-kill", group="actions", exit_on_error=False)
 
     async def _plan_kill(self, run: RunState, relaunch: bool) -> None:
         from tui.screens.kill import KillConfirm
@@ -61,7 +70,7 @@ class RunActions(Guarded):
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.run_worker(self._kill(run, plan, relaunch), group="actions", exit_on_error=False)
+                self.run_worker(self._kill(run, plan, relaunch), name=f"kill {run.key}", group="actions", exit_on_error=False)
 
         self.push_screen(KillConfirm(run.key, plan, self.pending.get(run.key, {}) if relaunch else None), answered)
 
@@ -102,8 +111,12 @@ class RunActions(Guarded):
         run = self.selected_run()
         if run is None:
             return
+        # One relaunch of a run at a time: a double press on an ended run launched two copies.
+        relaunching = f"relaunch {run.key}"
+        if any(worker.name == relaunching and worker.is_running for worker in self.workers):
+            return
         if run.info.state != runs.RunPhase.RUNNING:
-            self.run_worker(self._relaunch(run), group="actions", exit_on_error=False)
+            self.run_worker(self._relaunch(run), name=relaunching, group="actions", exit_on_error=False)
             return
         # A second copy beside a live original doubles its GPU memory: say so, default No.
         question = Text()
@@ -117,7 +130,7 @@ class RunActions(Guarded):
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.run_worker(self._relaunch(run), group="actions", exit_on_error=False)
+                self.run_worker(self._relaunch(run), name=relaunching, group="actions", exit_on_error=False)
 
         self.push_screen(Confirm(question, "Yes, run both", text_id="relaunch-question"), answered)
 

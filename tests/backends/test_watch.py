@@ -25,6 +25,9 @@ from tests.conftest import end_tmux_server
 FAKE_TRAINER = """
 import json, os, sys, time
 mode, out = sys.argv[1], sys.argv[sys.argv.index("--out") + 1]
+if mode == "slow-stop":  # as the trainer saves a checkpoint on SIGTERM before it ends
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: (time.sleep(3), sys.exit(0)))
 with open(out + "/metrics.jsonl", "a") as metrics:
     def write(event):
         metrics.write(json.dumps(event) + "\\n")

@@ -4,16 +4,21 @@ session, the log after a filter, `a` inside tmux."""
 from __future__ import annotations
 
 import pytest
+from textual import events
 from textual.command import CommandPalette
 from textual.widgets import Log
 
+from backends import runs
 from backends.runs import RunInfo, RunPhase
+from tests.backends.test_watch import TRAIN_COMMAND
 from tests.tui.conftest import screen_text, wait_for
 from tests.tui.sample import NOW, RUN_KEY, feed, make_app, on_run
+from tui.app import TracksideApp, Watched
 from tui.messages import ConsoleBatch, RunsListed
 from tui.screens.confirm import Confirm
 from tui.screens.fleet import FleetScreen
 from tui.screens.help import HelpScreen
+from tui.screens.kill import KillConfirm
 from tui.screens.run import RunScreen
 from tui.widgets.footer import Footer
 
@@ -314,3 +319,71 @@ async def test_the_footer_shows_every_key_beside_the_palette_key(width):
                 (k.key_display, k.region) for k in keys]
             last_line = screen_text(app).splitlines()[-1]
             assert last_line.split("^p")[0].rstrip(" ▏").endswith("Quit"), last_line
+
+
+@pytest.mark.parametrize("keys", [["k", "k", "k"], ["R", "R"], ["k", "R"]])
+async def test_kill_keys_in_quick_succession_open_one_dialog(local_host, keys):
+    """As a terminal delivers a double press (the app still reading the run's processes
+    for the first): two or three kill dialogs stacked for the same run, each answerable."""
+    info = await runs.launch(local_host, [*TRAIN_COMMAND, "stall"], train_command=TRAIN_COMMAND, startup_s=0)
+    key = f"local/{info.run_id}"
+    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent")], poll_interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: key in app.runs and app.runs[key].steps, 30, "the run's steps")
+        app.open_run(key)
+        await pilot.pause()
+        for k in keys:
+            app.post_message(events.Key(k, k))
+        await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm), 15, "the kill dialog")
+        await pilot.pause(1.0)  # time for a second plan, had one been started
+        assert [type(s) for s in app.screen_stack].count(KillConfirm) == 1, app.screen_stack
+        assert (app.screen.relaunch is not None) is (keys[0] == "R")  # the first key's dialog
+        await pilot.press("escape")
+        assert isinstance(app.screen, RunScreen)
+
+
+async def test_r_twice_on_an_ended_run_relaunches_it_once(local_host):
+    """r on an ended run relaunches at once, no question: a double press launched two
+    copies of it (two children of one parent, each taking the GPU)."""
+    info = await runs.launch(local_host, [*TRAIN_COMMAND, "fail"], train_command=TRAIN_COMMAND, startup_s=0)
+    key = f"local/{info.run_id}"
+    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent", train_command=TRAIN_COMMAND)], poll_interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: key in app.runs and app.runs[key].info.state is not RunPhase.RUNNING, 30, "the run's end")
+        app.open_run(key)
+        await pilot.pause()
+        for k in ("r", "r"):
+            app.post_message(events.Key(k, k))
+
+        def children() -> list[str]:
+            return [k for k, r in app.runs.items() if r.info.parent == info.run_id]
+        await wait_for(pilot, children, 30, "the relaunched run")
+        await pilot.pause(2.0)  # a second relaunch, had one started, is listed by now
+        assert len(children()) == 1, sorted(app.runs)
+
+
+async def test_R_again_while_the_run_is_being_stopped_relaunches_it_once(local_host):
+    """R, y; then R again while the trainer is still saving on SIGTERM: no second dialog
+    (answered Yes it relaunched the run twice); the run is relaunched once."""
+    info = await runs.launch(local_host, [*TRAIN_COMMAND, "slow-stop"], train_command=TRAIN_COMMAND, startup_s=0)
+    key = f"local/{info.run_id}"
+    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent", train_command=TRAIN_COMMAND)],
+                       poll_interval=0.2, grace_s=20)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: key in app.runs and app.runs[key].steps, 30, "the run's steps")
+        app.open_run(key)
+        await pilot.pause()
+        await pilot.press("R")
+        await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm), 15, "the kill dialog")
+        await pilot.press("y")
+        await pilot.pause(0.5)  # the trainer is saving: 3 s before it ends
+        assert isinstance(app.screen, RunScreen) and app.screen.run_key == key
+        await pilot.press("R")
+        await pilot.pause(1.5)
+        assert KillConfirm not in [type(s) for s in app.screen_stack], app.screen_stack
+
+        def children() -> list[str]:
+            return [k for k, r in app.runs.items() if r.info.parent == info.run_id]
+        await wait_for(pilot, children, 30, "the relaunched run")
+        await pilot.pause(2.0)
+        assert len(children()) == 1, sorted(app.runs)
