@@ -77,6 +77,12 @@ def resize_to(rng: random.Random, sizes: list[tuple[int, int]]) -> tuple[int, in
     return rng.choice(sizes) if rng.random() < 0.02 else None
 
 
+def presses(rng: random.Random, key: str) -> int:
+    """How many times the key goes out back to back: now and then twice, as a double press
+    or a key's repeat arrives (keys that answer dialogs or type text, once)."""
+    return 2 if key not in ANSWERS_YES and rng.random() < 0.05 else 1
+
+
 def seed_from_env() -> int:
     return int(os.environ.get("TRACKSIDE_MONKEY_SEED") or time.time_ns() % 2**32)
 
@@ -97,6 +103,7 @@ class Tally:
     keys: int = 0
     dialogs_answered_no: int = 0
     resizes: int = 0
+    doubles: int = 0  # keys sent twice back to back
     screens: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
 
@@ -104,6 +111,6 @@ class Tally:
         seen = ", ".join(f"{name} {n}" for name, n in sorted(self.screens.items()))
         return (
             f"{what}: seed={self.seed} keys={self.keys} duration={time.monotonic() - self.started:.1f}s "
-            f"dialogs answered No={self.dialogs_answered_no} resizes={self.resizes}"
+            f"dialogs answered No={self.dialogs_answered_no} resizes={self.resizes} doubles={self.doubles}"
             + (f"; screens seen: {seen}" if seen else "")
         )

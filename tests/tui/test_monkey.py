@@ -1,5 +1,5 @@
-"""Monkey tests: thousands of random keys at random pauses, and now and then a new terminal
-size, against the real dashboard over a live CPU training run, under Pilot and in a real
+"""Monkey tests: thousands of random keys at random pauses, now and then one pressed twice
+back to back or a new terminal size, against the real dashboard over a live CPU training run, under Pilot and in a real
 tmux pane. The app must stay alive and
 drawing after every key, report no internal error, and never stop the run (every kill or
 relaunch dialog is answered No).
@@ -99,8 +99,11 @@ async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monk
                     await pilot.resize_terminal(*size)
                     tally.resizes += 1
                 # As a terminal delivers it: the app may still be busy with the last key.
-                app.post_message(events.Key(key, monkey.character(key)))
-                tally.keys += 1
+                times = monkey.presses(rng, key) if not dialog_up() else 1
+                tally.doubles += times - 1
+                for _ in range(times):
+                    app.post_message(events.Key(key, monkey.character(key)))
+                    tally.keys += 1
                 if key in monkey.OPENS_DIALOG:
                     await pilot.pause()
                     await wait_for(pilot, lambda: dialog_up() or not busy(), 30, f"{key!r}'s dialog or its end")
@@ -178,8 +181,11 @@ def test_random_keys_in_a_tmux_pane_never_stop_trackside_demo(tmp_path, tmux_soc
                 tally.resizes += 1
             name = TMUX_NAMES.get(key, key)
             args = ["send-keys", "-t", "=dash:", *(["-l", name] if len(name) == 1 else [name])]
-            _tmux(tmux_socket, *args)
-            tally.keys += 1
+            times = monkey.presses(rng, key) if key not in ("n", "escape") else 1
+            tally.doubles += times - 1
+            for _ in range(times):
+                _tmux(tmux_socket, *args)
+                tally.keys += 1
             cautious = max(0, cautious - 1)
             if key in monkey.OPENS_DIALOG:  # see whether a dialog came before the next key
                 cautious = 3
