@@ -15,6 +15,7 @@ import re
 import sys
 
 from backends import kill, nodes, params, runs, tmux
+from backends.alerts import format_duration
 from backends.config import Config, ConfigError, load_config
 from backends.hosts import Host, HostError
 from backends.logparse import Progress
@@ -173,7 +174,8 @@ def _show_nodes(r: runs.RunInfo) -> list[tuple[str, ...]]:
 def _show_runs(infos: list[runs.RunInfo]) -> str:
     if not infos:
         return "no runs and no tmux sessions"
-    rows = [("RUN", "SESSION", "STATE", "STEP", "LOSS", "PARAMS", "PIDS")]
+    # What the dashboard's fleet shows of a run (tokens/s, a DFlash run's τ, ETA), and more.
+    rows = [("RUN", "SESSION", "STATE", "STEP", "LOSS", "TOK/S", "τ", "ETA", "PARAMS", "PIDS")]
     for r in infos:
         if runs.launcher_code(r.end_status, r.exit_status):
             state = f"{r.state.value} ({r.end_status}; launcher exit {r.exit_status})"
@@ -181,8 +183,11 @@ def _show_runs(infos: list[runs.RunInfo]) -> str:
             state = r.state.value + (f" ({r.exit_status})" if r.exit_status is not None else "")
         loss = f"{r.last_loss:.4g}" if isinstance(r.last_loss, (int, float)) else "-"
         step = str(r.last_step if r.last_step is not None else "-") + (f" ({_show_progress(r.progress)})" if r.progress else "")
+        rate = f"{r.tokens_per_s:,.0f}" if isinstance(r.tokens_per_s, (int, float)) else "-"
+        tau = f"{r.tau:.2f}" if isinstance(r.tau, (int, float)) else "-"
+        eta = format_duration(r.eta_s) if r.eta_s is not None and r.state is runs.RunPhase.RUNNING else "-"
         rows.append((
-            r.run_id or "-", r.session, state, step, loss,
+            r.run_id or "-", r.session, state, step, loss, rate, tau, eta,
             " ".join(f"{k}={v}" for k, v in r.params.items()) or "-", " ".join(map(str, r.pids)) or "-",
         ))  # fmt: skip
         rows += _show_nodes(r)

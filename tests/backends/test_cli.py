@@ -74,7 +74,7 @@ def test_human_output(capsys, config):
     code, out, _ = cli(capsys, "launch", "--config", config, "--session", "hello", "--", "sleep", "60")
     assert code == 0 and "in tmux session hello" in out
     code, out, _ = cli(capsys, "runs", "--config", config)
-    assert code == 0 and out.splitlines()[0].split() == ["RUN", "SESSION", "STATE", "STEP", "LOSS", "PARAMS", "PIDS"]
+    assert code == 0 and out.splitlines()[0].split() == ["RUN", "SESSION", "STATE", "STEP", "LOSS", "TOK/S", "τ", "ETA", "PARAMS", "PIDS"]
     assert "hello" in out and "running" in out
     code, out, _ = cli(capsys, "kill", "hello", "--config", config)
     assert code == 0 and "SIGTERM to 2 process(es)" in out and "released: the run holds no GPU memory" in out
@@ -190,3 +190,16 @@ def test_a_clean_stop_whose_launcher_exits_1_reads_as_a_clean_stop():
     failed = runs.RunInfo("r2", "s2", "local", runs.RunPhase.EXITED, 1, end_status="failed")
     shown = _show_runs([stopped, failed])
     assert "exited (stopped; launcher exit 1)" in shown and "exited (1)" in shown
+
+
+def test_runs_shows_what_the_fleet_shows_of_a_run():
+    """tokens/s, a DFlash run's τ and the ETA are in the dashboard's fleet: `trackside runs`
+    said none of them."""
+    dflash = runs.RunInfo("r1", "s1", "local", runs.RunPhase.RUNNING, last_step=240, last_loss=2.807,
+                          tokens_per_s=37449.2, tau=2.5714, eta_s=27130.0, params={"max_anchors": 1024})
+    eagle = runs.RunInfo("r2", "s2", "local", runs.RunPhase.EXITED, 0, last_step=9, tokens_per_s=812.0, eta_s=5.0)
+    header, first, second = _show_runs([dflash, eagle]).splitlines()
+    at = header.index("TOK/S")  # the columns are aligned: read each row from there
+    assert header[at:].split()[:3] == ["TOK/S", "τ", "ETA"]
+    assert first[at:].split()[:3] == ["37,449", "2.57", "7h32m"]
+    assert second[at:].split()[:3] == ["812", "-", "-"]  # no τ for EAGLE-3; an ended run has no ETA
