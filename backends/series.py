@@ -10,6 +10,7 @@ against steps and nothing else. Files are read with `cat` and the path as an arg
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -22,6 +23,16 @@ X_AXES = ("step", "tokens", "time")
 # (EAGLE-3's TTT step 0, a DFlash block's first position), as the trainer prints acc_0.
 ALIASES = {"acc": ("acc_ttt", "acc_pos")}
 ANCESTORS = 2  # parent and grandparent: further back, the tweak being judged is lost
+# One part of a run's loss, as the run screen's chart names its curves: a DFlash block
+# position's (`pos 8`: loss_pos, counted from 1, the anchor's next token, as the trainer's
+# weights count) or an EAGLE-3 TTT step's (`ttt 2`: loss_ttt, from 0).
+PART = re.compile(r"(pos|ttt) ?(\d+)")
+PART_LISTS = {"pos": ("loss_pos", 1), "ttt": ("loss_ttt", 0)}  # the list, its first number
+
+
+def part_name(kind: str, index: int) -> str:
+    """The name of item `index` of a step's loss_pos ("pos") or loss_ttt ("ttt")."""
+    return f"{kind} {index + PART_LISTS[kind][1]}"
 
 
 class SeriesError(Exception):
@@ -85,7 +96,12 @@ def number(value) -> float | None:
 
 
 def value(event: dict, metric: str) -> float | None:
-    """A step record's `metric`: a number it carries, or the first item of an alias's list."""
+    """A step record's `metric`: a number it carries, the first item of an alias's list, or
+    one part of its loss (`pos 8`, `ttt 2`)."""
+    if part := PART.fullmatch(metric):
+        name, first = PART_LISTS[part.group(1)]
+        items, at = event.get(name), int(part.group(2)) - first
+        return number(items[at]) if isinstance(items, (list, tuple)) and 0 <= at < len(items) else None
     for name in ALIASES.get(metric, ()):
         items = event.get(name)
         if isinstance(items, (list, tuple)) and items:

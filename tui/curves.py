@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections import deque
 
-from backends.series import Overlay, SeriesError, number
+from backends.series import Overlay, SeriesError, number, part_name
 from tui.state import STEP_HISTORY, RunState
 
 X_AXES = ("step", "tokens")  # what `x` toggles between
@@ -38,8 +38,7 @@ def step_entry(event: dict) -> tuple[float | None, list]:
 
 @functools.cache
 def _names(kind: str, items: tuple[int, ...]) -> tuple[str, ...]:
-    # A block position counts from 1, the anchor's next token, as the trainer's weights do.
-    return tuple(f"pos {i + 1}" if kind == "pos" else f"ttt {i}" for i in items)
+    return tuple(part_name(kind, i) for i in items)  # what `trackside plot --metric` takes
 
 
 def step_names(event: dict) -> tuple[str, ...]:

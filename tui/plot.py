@@ -37,7 +37,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("runs", nargs="+", metavar="RUN", help="a run id, or the tmux session of a run trackside did not launch")
     parser.add_argument("--host", help="a host of the config file (default: its first host; without one, this machine)")
     parser.add_argument("--config", metavar="PATH", help="config file (default ~/.config/trackside/config.toml)")
-    parser.add_argument("--metric", default="loss", help="a step event's number: loss, acc (first TTT step's), tokens_per_s, lr, … (default loss)")
+    parser.add_argument("--metric", default="loss", help="a step event's number: loss, acc (first TTT step's), tokens_per_s, lr, tau, …, or one curve of the run screen's chart: 'pos K' (a DFlash block position's loss), 'ttt K' (a TTT step's) (default loss)")
     parser.add_argument("--x", default="step", choices=series.X_AXES, help="step, tokens seen, or seconds since the start (default step)")
     parser.add_argument("--width", type=_size, help="cells (default: the terminal's width)")
     parser.add_argument("--height", type=_size, help="lines (default: 25, or the terminal's height if less)")

@@ -41,6 +41,19 @@ def test_acc_is_the_first_drafted_tokens_accuracy_for_eagle_and_dflash():
     assert dflash.curve("tau") == [(1.0, 1.8)]
 
 
+def test_the_charts_curves_by_their_legend_names():
+    """`pos K` and `ttt K`, as the run screen's legend names its curves: `trackside plot`
+    could not draw a block position's loss, which the screen draws."""
+    dflash = series.from_metrics("d", "box", jsonl(step(1, 3.0, loss_pos=[1.5, 2.5, 4.0]), step(2, 2.0, loss_pos=[1.0, 2.0, 3.0])))
+    eagle = series.from_metrics("e", "box", jsonl(step(1, 3.0, loss_ttt=[2.0, 2.6])))
+    assert dflash.curve("pos 1") == [(1.0, 1.5), (2.0, 1.0)] and dflash.curve("pos3") == [(1.0, 4.0), (2.0, 3.0)]
+    assert eagle.curve("ttt 0") == [(1.0, 2.0)] and eagle.curve("ttt 1") == [(1.0, 2.6)]
+    assert [series.part_name("pos", 0), series.part_name("ttt", 0)] == ["pos 1", "ttt 0"]
+    for missing, run in (("pos 0", dflash), ("pos 4", dflash), ("ttt 2", eagle), ("ttt 0", dflash)):
+        with pytest.raises(series.SeriesError, match=f"never logged {missing}"):
+            run.curve(missing)
+
+
 def test_a_metric_never_logged_names_the_run_and_what_it_did_log():
     run = series.from_metrics("20261201-1100-aaaa", "box", jsonl(step(1, 3.0, lr=0.1)))
     with pytest.raises(series.SeriesError) as missing:
