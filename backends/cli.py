@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import re
 import sys
 
-from backends import kill, nodes, params, runs, tmux
+from backends import gpu, kill, nodes, params, runs, tmux
 from backends.alerts import format_duration
 from backends.config import Config, ConfigError, load_config
 from backends.hosts import Host, HostError
@@ -59,7 +60,7 @@ def _address(text: str) -> str:
 
 
 def _parser() -> _Parser:
-    parser = _Parser(prog="trackside", description="Start, list, stop and relaunch runs in tmux on a host.")
+    parser = _Parser(prog="trackside", description="Start, list, stop and relaunch runs in tmux on a host; read its GPUs.")
     commands = parser.add_subparsers(dest="subcommand", required=True)
 
     def command(name: str, help: str) -> _Parser:
@@ -77,6 +78,8 @@ def _parser() -> _Parser:
     launch.add_argument("--rdzv-host", type=_address, metavar="ADDR",
                         help="with --hosts: the address the other hosts reach the first by (default: its configured address)")
     command("runs", "List runs and every other tmux session on the host.")
+    command("gpus", "Read the host's GPUs once: power against its limit, memory, utilisation, "
+                    "temperature, and the processes holding memory (what the dashboard's GPU panel shows).")
     stop = command("kill", "Stop a run's own process tree, then verify its GPU memory is released.")
     stop.add_argument("target", metavar="RUN_OR_SESSION")
     stop.add_argument("--grace", type=_grace, help="seconds between SIGTERM and SIGKILL (default from config, 30)")
@@ -195,6 +198,32 @@ def _show_runs(infos: list[runs.RunInfo]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in rows)
 
 
+def _gpus_json(snapshot: gpu.GpuSnapshot) -> dict:
+    return {"status": snapshot.status.value, "message": snapshot.message, "source": snapshot.source,
+            "gpus": [dataclasses.asdict(g) for g in snapshot.gpus],
+            "processes": [dataclasses.asdict(p) for p in snapshot.processes]}
+
+
+def _show_gpus(host: str, snapshot: gpu.GpuSnapshot) -> str:
+    if not snapshot.ok:
+        return f"{host}: {snapshot.message or snapshot.status.value}"
+
+    def of(value, limit, unit: str, scale: float = 1.0, digits: int = 0) -> str:
+        shown = [f"{v / scale:.{digits}f}" if v is not None else "?" for v in (value, limit)]
+        return f"{shown[0]}/{shown[1]} {unit}"
+    rows = [("GPU", "NAME", "POWER", "MEMORY", "UTIL", "TEMP")]
+    for g in snapshot.gpus:
+        rows.append((str(g.index), g.name or "-", of(g.power_w, g.power_limit_w, "W"),
+                     of(g.mem_used_mib, g.mem_total_mib, "GiB", 1024, 1),
+                     f"{g.util_pct}%" if g.util_pct is not None else "-",
+                     f"{g.temp_c}°C" if g.temp_c is not None else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines += [f"PID {p.pid} ({p.name or '?'}) holds {p.used_mib if p.used_mib is not None else '?'} MiB"
+              + (f" on GPU {p.gpu_index}" if p.gpu_index is not None else "") for p in snapshot.processes]
+    return "\n".join(lines + [f"read by {snapshot.source}"] if snapshot.source else lines)
+
+
 def _show_kill(report: kill.KillReport) -> str:
     lines = [
         f"{report.target}: SIGTERM to {len(report.signalled)} process(es)"
@@ -234,6 +263,11 @@ async def _run(args) -> tuple[object, str]:
         if args.subcommand == "runs":
             infos = await nodes.list_spanning(host, hosts)
             return [r.to_json() for r in infos], _show_runs(infos)
+        if args.subcommand == "gpus":
+            snapshot = await gpu.read_gpus(host, entry.nvidia_smi)
+            if snapshot.status in (gpu.GpuStatus.ERROR, gpu.GpuStatus.DRIVER_ERROR):
+                raise HostError(entry.name, snapshot.message or snapshot.status.value)
+            return _gpus_json(snapshot), _show_gpus(entry.name, snapshot)
         if args.subcommand == "kill":
             grace = args.grace if args.grace is not None else config.defaults.get("grace_s", 30.0)
             smis = {e.name: e.nvidia_smi for e in config.hosts}

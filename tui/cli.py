@@ -12,7 +12,7 @@ import sys
 from training.contract import EXIT_FAILURE
 
 TRAINING_COMMANDS = {"train", "extract", "fit"}
-BACKEND_COMMANDS = {"launch", "runs", "kill", "relaunch"}
+BACKEND_COMMANDS = {"launch", "runs", "gpus", "kill", "relaunch"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -203,3 +203,28 @@ def test_runs_shows_what_the_fleet_shows_of_a_run():
     assert header[at:].split()[:3] == ["TOK/S", "τ", "ETA"]
     assert first[at:].split()[:3] == ["37,449", "2.57", "7h32m"]
     assert second[at:].split()[:3] == ["812", "-", "-"]  # no τ for EAGLE-3; an ended run has no ETA
+
+
+def test_gpus_reads_what_the_gpu_panel_shows(capsys, config, tmp_path, monkeypatch):
+    """The dashboard's GPU panel (power against its limit, memory, the processes holding
+    it) had no headless command. Here through the fake nvidia-smi (this machine has no GPU;
+    the real one is read by the GPU tests)."""
+    procs = tmp_path / "procs.json"
+    procs.write_text(json.dumps([{"pid": os.getpid(), "gpu": 1, "used_mib": 5000, "name": "python3"}]))
+    monkeypatch.setenv("FAKE_NVIDIA_SMI_PROCS", str(procs))
+    monkeypatch.setenv("FAKE_NVIDIA_SMI_GPUS", "2")
+    code, out, _ = cli(capsys, "gpus", "--config", config)
+    header, *rows = out.splitlines()
+    assert code == 0 and header.split() == ["GPU", "NAME", "POWER", "MEMORY", "UTIL", "TEMP"]
+    assert rows[0].split()[:6] == ["0", "NVIDIA", "H200", "78/700", "W", "0.0/140.4"]
+    assert rows[1].split()[:6] == ["1", "NVIDIA", "H200", "78/700", "W", "4.9/140.4"]  # idle + the process's
+    assert rows[2:] == [f"PID {os.getpid()} (python3) holds 5000 MiB on GPU 1", "read by nvidia-smi"]
+    doc = cli_json(capsys, "gpus", "--config", config)
+    assert doc["status"] == "ok" and [g["index"] for g in doc["gpus"]] == [0, 1]
+    assert doc["gpus"][0]["power_limit_w"] == 700.0 and doc["gpus"][0]["mem_total_mib"] == 143771
+
+    monkeypatch.setenv("FAKE_NVIDIA_SMI_FAIL", "driver")
+    code, out, err = cli(capsys, "gpus", "--config", config)
+    assert code == 1 and out == "" and err.startswith("trackside: box: driver error:") and len(err.splitlines()) == 1
+    monkeypatch.setenv("FAKE_NVIDIA_SMI_FAIL", "no-devices")
+    assert cli(capsys, "gpus", "--config", config)[:2] == (0, "box: no GPU: nvidia-smi found no devices\n")
