@@ -45,10 +45,16 @@ class RunActions(Guarded):
             return
         # A run being stopped (a trainer checkpoints on SIGTERM: tens of seconds) is not
         # offered again: a second R while the first stopped it relaunched it twice.
-        if any(worker.name == f"kill {run.key}" and worker.is_running for worker in self.workers):
-            self.notify(f"{run.key} is being stopped", timeout=4)
+        if self._being_stopped(run):
             return
         self.run_worker(self._plan_kill(run, relaunch), name="plan-kill", group="actions", exit_on_error=False)
+
+    def _being_stopped(self, run: RunState) -> bool:
+        """Whether a kill of this run is under way (and say so)."""
+        if any(worker.name == f"kill {run.key}" and worker.is_running for worker in self.workers):
+            self.notify(f"{run.key} is being stopped", timeout=4)
+            return True
+        return False
 
     async def _plan_kill(self, run: RunState, relaunch: bool) -> None:
         from tui.screens.kill import KillConfirm
@@ -114,6 +120,8 @@ class RunActions(Guarded):
         # One relaunch of a run at a time: a double press on an ended run launched two copies.
         relaunching = f"relaunch {run.key}"
         if any(worker.name == relaunching and worker.is_running for worker in self.workers):
+            return
+        if self._being_stopped(run):  # R's relaunch may follow; r again once it has ended
             return
         if run.info.state != runs.RunPhase.RUNNING:
             self.run_worker(self._relaunch(run), name=relaunching, group="actions", exit_on_error=False)

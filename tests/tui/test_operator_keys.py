@@ -363,8 +363,8 @@ async def test_r_twice_on_an_ended_run_relaunches_it_once(local_host):
 
 
 async def test_R_again_while_the_run_is_being_stopped_relaunches_it_once(local_host):
-    """R, y; then R again while the trainer is still saving on SIGTERM: no second dialog
-    (answered Yes it relaunched the run twice); the run is relaunched once."""
+    """R, y; then R or r again while the trainer is still saving on SIGTERM: no second
+    dialog (answered Yes it relaunched the run twice); the run is relaunched once."""
     info = await runs.launch(local_host, [*TRAIN_COMMAND, "slow-stop"], train_command=TRAIN_COMMAND, startup_s=0)
     key = f"local/{info.run_id}"
     app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent", train_command=TRAIN_COMMAND)],
@@ -379,8 +379,9 @@ async def test_R_again_while_the_run_is_being_stopped_relaunches_it_once(local_h
         await pilot.pause(0.5)  # the trainer is saving: 3 s before it ends
         assert isinstance(app.screen, RunScreen) and app.screen.run_key == key
         await pilot.press("R")
+        await pilot.press("r")  # nor a relaunch beside the one R will make
         await pilot.pause(1.5)
-        assert KillConfirm not in [type(s) for s in app.screen_stack], app.screen_stack
+        assert not any(isinstance(s, (KillConfirm, Confirm)) for s in app.screen_stack), app.screen_stack
 
         def children() -> list[str]:
             return [k for k, r in app.runs.items() if r.info.parent == info.run_id]
