@@ -165,11 +165,16 @@ def _show_progress(p: Progress) -> str:
     return f"{p.label or p.phase} {p.done}/{p.total}{eta}"
 
 
+# What the dashboard's fleet shows of a run (tokens/s, a DFlash run's τ, ETA), and more.
+RUN_COLUMNS = ("RUN", "SESSION", "STATE", "STEP", "LOSS", "TOK/S", "τ", "ETA", "PARAMS", "PIDS")
+
+
 def _show_nodes(r: runs.RunInfo) -> list[tuple[str, ...]]:
-    """A multi-node run's nodes, each a row under its run."""
+    """A multi-node run's nodes, each a row under its run: its host, state and PIDs."""
+    blank = ("",) * (len(RUN_COLUMNS) - 4)
     return [
         ("", f"  node {n.node} on {n.host}", n.state + (f" ({n.exit_status})" if n.exit_status is not None else ""),
-         "", "", "", " ".join(map(str, n.pids)) or "-")
+         *blank, " ".join(map(str, n.pids)) or "-")
         for n in r.nodes
     ]  # fmt: skip
 
@@ -177,8 +182,7 @@ def _show_nodes(r: runs.RunInfo) -> list[tuple[str, ...]]:
 def _show_runs(infos: list[runs.RunInfo]) -> str:
     if not infos:
         return "no runs and no tmux sessions"
-    # What the dashboard's fleet shows of a run (tokens/s, a DFlash run's τ, ETA), and more.
-    rows = [("RUN", "SESSION", "STATE", "STEP", "LOSS", "TOK/S", "τ", "ETA", "PARAMS", "PIDS")]
+    rows = [RUN_COLUMNS]
     for r in infos:
         if runs.launcher_code(r.end_status, r.exit_status):
             state = f"{r.state.value} ({r.end_status}; launcher exit {r.exit_status})"
