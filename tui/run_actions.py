@@ -8,6 +8,7 @@ as a screen or a notification, so a key never waits on the network.
 from __future__ import annotations
 
 import shlex
+import time
 
 from rich.text import Text
 from textual.app import SuspendNotSupported
@@ -18,10 +19,26 @@ from backends.hosts import Host, HostError
 from tui.guard import Guarded
 from tui.state import RunState, run_key
 
+QUIT_AGAIN_S = 5.0  # a second q within this quits while a kill is under way
+
 
 class RunActions(Guarded):
     """Mixed into TracksideApp, whose state (watched hosts, runs, pending edits, alert
     book, monitors) these actions read and change."""
+
+    _quit_asked = float("-inf")  # when q last met a kill under way
+
+    async def action_quit(self) -> None:
+        # Quitting ends the kill under way between its SIGTERM and its SIGKILL: a run that
+        # ignores SIGTERM would live on, its release never checked. Said first; q again
+        # within 5 s quits anyway.
+        stopping = [w.name.removeprefix("kill ") for w in self.workers if w.name.startswith("kill ") and w.is_running]
+        if stopping and time.monotonic() - self._quit_asked > QUIT_AGAIN_S:
+            self._quit_asked = time.monotonic()
+            self.notify(f"stopping {', '.join(stopping)} is under way (its SIGKILL and release check would not happen): "
+                        "q again to quit anyway", severity="warning", timeout=QUIT_AGAIN_S)  # fmt: skip
+            return
+        self.exit()
 
     def action_kill(self) -> None:
         self._confirm_kill(relaunch=False)

@@ -388,3 +388,27 @@ async def test_R_again_while_the_run_is_being_stopped_relaunches_it_once(local_h
         await wait_for(pilot, children, 30, "the relaunched run")
         await pilot.pause(2.0)
         assert len(children()) == 1, sorted(app.runs)
+
+
+async def test_q_during_a_kill_says_so_and_q_again_quits(local_host):
+    """q while a kill waits out the trainer's SIGTERM would end the kill before its
+    SIGKILL and release check: the first q says so, a second quits."""
+    info = await runs.launch(local_host, [*TRAIN_COMMAND, "slow-stop"], train_command=TRAIN_COMMAND, startup_s=0)
+    key = f"local/{info.run_id}"
+    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent")], poll_interval=0.2, grace_s=20)
+    told: list[str] = []
+    notify = app.notify
+    app.notify = lambda message, **kwargs: (told.append(str(message)), notify(message, **kwargs))[1]
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: key in app.runs and app.runs[key].steps, 30, "the run's steps")
+        app.open_run(key)
+        await pilot.pause()
+        await pilot.press("k")
+        await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm), 15, "the kill dialog")
+        await pilot.press("y")
+        await pilot.pause(0.5)  # the trainer is saving: 3 s before it ends
+        await pilot.press("q")
+        await pilot.pause()
+        assert app.is_running and any(f"stopping {key} is under way" in t for t in told), told
+        await pilot.press("q")
+        await wait_for(pilot, lambda: not app.is_running, 10, "the app to quit")
