@@ -228,3 +228,19 @@ def test_gpus_reads_what_the_gpu_panel_shows(capsys, config, tmp_path, monkeypat
     assert code == 1 and out == "" and err.startswith("trackside: box: driver error:") and len(err.splitlines()) == 1
     monkeypatch.setenv("FAKE_NVIDIA_SMI_FAIL", "no-devices")
     assert cli(capsys, "gpus", "--config", config)[:2] == (0, "box: no GPU: nvidia-smi found no devices\n")
+
+
+@pytest.mark.gpu
+def test_gpus_on_a_real_gpu_reads_nvml_as_nvidia_smi_does(capsys, tmp_path, tmux_dir):
+    """`trackside gpus` on this machine's GPUs (NVML in process) against nvidia-smi's own
+    CSV: the same cards, limits and totals."""
+    config = tmp_path / "config.toml"
+    config.write_text(f"[hosts.here]\nruns_root = {json.dumps(str(tmp_path / 'runs'))}\n")
+    doc = cli_json(capsys, "gpus", "--config", str(config))
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=index,power.limit,memory.total", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True).stdout
+    expected = [(int(i), float(p), int(m)) for i, p, m in (line.split(", ") for line in smi.splitlines())]
+    assert doc["status"] == "ok" and doc["source"] == "nvml"
+    assert [(g["index"], g["power_limit_w"], g["mem_total_mib"]) for g in doc["gpus"]] == expected
+    code, out, _ = cli(capsys, "gpus", "--config", str(config))
+    assert code == 0 and out.splitlines()[0].split()[0] == "GPU" and out.splitlines()[-1] == "read by nvml"
