@@ -321,17 +321,40 @@ async def test_the_footer_shows_every_key_beside_the_palette_key(width):
             assert last_line.split("^p")[0].rstrip(" ▏").endswith("Quit"), last_line
 
 
+async def fake_run(local_host, mode: str, **app_kwargs):
+    """A stand-in trainer's run launched in `mode` (tests/backends/test_watch.py) and a
+    dashboard over its host: (its info, its key, the app)."""
+    info = await runs.launch(local_host, [*TRAIN_COMMAND, mode], train_command=TRAIN_COMMAND, startup_s=0)
+    watched = Watched(local_host, smi="nvidia-smi-absent", train_command=TRAIN_COMMAND)
+    return info, f"local/{info.run_id}", TracksideApp([watched], poll_interval=0.2, **app_kwargs)
+
+
+async def open_run_when(pilot, key: str, ready, what: str) -> None:
+    """Once the listed run is `ready`, its run screen."""
+    await wait_for(pilot, lambda: key in pilot.app.runs and ready(pilot.app.runs[key]), 30, what)
+    pilot.app.open_run(key)
+    await pilot.pause()
+
+
+async def kill_confirmed(pilot, letter: str) -> None:
+    """`letter` (k or R), its dialog, y: then a moment into the trainer's 3 s of saving."""
+    await pilot.press(letter)
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, KillConfirm), 15, "the kill dialog")
+    await pilot.press("y")
+    await pilot.pause(0.5)
+
+
+def children(app, info) -> list[str]:
+    return [k for k, r in app.runs.items() if r.info.parent == info.run_id]
+
+
 @pytest.mark.parametrize("keys", [["k", "k", "k"], ["R", "R"], ["k", "R"]])
 async def test_kill_keys_in_quick_succession_open_one_dialog(local_host, keys):
     """As a terminal delivers a double press (the app still reading the run's processes
     for the first): two or three kill dialogs stacked for the same run, each answerable."""
-    info = await runs.launch(local_host, [*TRAIN_COMMAND, "stall"], train_command=TRAIN_COMMAND, startup_s=0)
-    key = f"local/{info.run_id}"
-    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent")], poll_interval=0.2)
+    _, key, app = await fake_run(local_host, "stall")
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_for(pilot, lambda: key in app.runs and app.runs[key].steps, 30, "the run's steps")
-        app.open_run(key)
-        await pilot.pause()
+        await open_run_when(pilot, key, lambda run: run.steps, "the run's steps")
         for k in keys:
             app.post_message(events.Key(k, k))
         await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm), 15, "the kill dialog")
@@ -345,68 +368,43 @@ async def test_kill_keys_in_quick_succession_open_one_dialog(local_host, keys):
 async def test_r_twice_on_an_ended_run_relaunches_it_once(local_host):
     """r on an ended run relaunches at once, no question: a double press launched two
     copies of it (two children of one parent, each taking the GPU)."""
-    info = await runs.launch(local_host, [*TRAIN_COMMAND, "fail"], train_command=TRAIN_COMMAND, startup_s=0)
-    key = f"local/{info.run_id}"
-    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent", train_command=TRAIN_COMMAND)], poll_interval=0.2)
+    info, key, app = await fake_run(local_host, "fail")
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_for(pilot, lambda: key in app.runs and app.runs[key].info.state is not RunPhase.RUNNING, 30, "the run's end")
-        app.open_run(key)
-        await pilot.pause()
+        await open_run_when(pilot, key, lambda run: run.info.state is not RunPhase.RUNNING, "the run's end")
         for k in ("r", "r"):
             app.post_message(events.Key(k, k))
-
-        def children() -> list[str]:
-            return [k for k, r in app.runs.items() if r.info.parent == info.run_id]
-        await wait_for(pilot, children, 30, "the relaunched run")
+        await wait_for(pilot, lambda: children(app, info), 30, "the relaunched run")
         await pilot.pause(2.0)  # a second relaunch, had one started, is listed by now
-        assert len(children()) == 1, sorted(app.runs)
+        assert len(children(app, info)) == 1, sorted(app.runs)
 
 
 async def test_R_again_while_the_run_is_being_stopped_relaunches_it_once(local_host):
     """R, y; then R or r again while the trainer is still saving on SIGTERM: no second
     dialog (answered Yes it relaunched the run twice); the run is relaunched once."""
-    info = await runs.launch(local_host, [*TRAIN_COMMAND, "slow-stop"], train_command=TRAIN_COMMAND, startup_s=0)
-    key = f"local/{info.run_id}"
-    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent", train_command=TRAIN_COMMAND)],
-                       poll_interval=0.2, grace_s=20)
+    info, key, app = await fake_run(local_host, "slow-stop", grace_s=20)
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_for(pilot, lambda: key in app.runs and app.runs[key].steps, 30, "the run's steps")
-        app.open_run(key)
-        await pilot.pause()
-        await pilot.press("R")
-        await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm), 15, "the kill dialog")
-        await pilot.press("y")
-        await pilot.pause(0.5)  # the trainer is saving: 3 s before it ends
+        await open_run_when(pilot, key, lambda run: run.steps, "the run's steps")
+        await kill_confirmed(pilot, "R")
         assert isinstance(app.screen, RunScreen) and app.screen.run_key == key
         await pilot.press("R")
         await pilot.press("r")  # nor a relaunch beside the one R will make
         await pilot.pause(1.5)
         assert not any(isinstance(s, (KillConfirm, Confirm)) for s in app.screen_stack), app.screen_stack
-
-        def children() -> list[str]:
-            return [k for k, r in app.runs.items() if r.info.parent == info.run_id]
-        await wait_for(pilot, children, 30, "the relaunched run")
+        await wait_for(pilot, lambda: children(app, info), 30, "the relaunched run")
         await pilot.pause(2.0)
-        assert len(children()) == 1, sorted(app.runs)
+        assert len(children(app, info)) == 1, sorted(app.runs)
 
 
 async def test_q_during_a_kill_says_so_and_q_again_quits(local_host):
     """q while a kill waits out the trainer's SIGTERM would end the kill before its
     SIGKILL and release check: the first q says so, a second quits."""
-    info = await runs.launch(local_host, [*TRAIN_COMMAND, "slow-stop"], train_command=TRAIN_COMMAND, startup_s=0)
-    key = f"local/{info.run_id}"
-    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent")], poll_interval=0.2, grace_s=20)
+    _, key, app = await fake_run(local_host, "slow-stop", grace_s=20)
     told: list[str] = []
     notify = app.notify
     app.notify = lambda message, **kwargs: (told.append(str(message)), notify(message, **kwargs))[1]
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_for(pilot, lambda: key in app.runs and app.runs[key].steps, 30, "the run's steps")
-        app.open_run(key)
-        await pilot.pause()
-        await pilot.press("k")
-        await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm), 15, "the kill dialog")
-        await pilot.press("y")
-        await pilot.pause(0.5)  # the trainer is saving: 3 s before it ends
+        await open_run_when(pilot, key, lambda run: run.steps, "the run's steps")
+        await kill_confirmed(pilot, "k")
         await pilot.press("q")
         await pilot.pause()
         assert app.is_running and any(f"stopping {key} is under way" in t for t in told), told

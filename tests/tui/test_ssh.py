@@ -5,7 +5,6 @@ read through one long-lived nvidia-smi channel per host."""
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from backends import params as run_params
 from backends import runs, tmux
 from backends.gpu import GpuProcess
+from tests.backends.test_ssh import pid_alive
 from tests.backends.test_watch import TRAIN_COMMAND
 from tests.tui.conftest import screen_text, wait_for
 from tui.app import Demo, TracksideApp, Watched
@@ -85,14 +85,6 @@ async def test_host_lost_and_back(fresh_sshd):
         await host.close()
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 async def test_a_kill_the_lost_host_never_got_leaves_the_runs_end_news(fresh_sshd, runs_root, tmux_socket):
     """y pressed after the host went away: the dashboard says the kill failed, the run
     lives on and, when it fails later by itself, that is alerted: a kill that did not
@@ -115,7 +107,7 @@ async def test_a_kill_the_lost_host_never_got_leaves_the_runs_end_news(fresh_ssh
             fresh_sshd.stop()
             await pilot.press("y")
             await wait_for(pilot, lambda: any(t.startswith(f"could not kill {key}") for t in told), 30, "the failed kill told")
-            assert all(alive(pid) for pid in confirm.plan.pids)  # sshd is on loopback: the run's processes are ours to see
+            assert all(pid_alive(pid) for pid in confirm.plan.pids)  # sshd is on loopback: the run's processes are ours to see
             fresh_sshd.start()
             await wait_for(pilot, lambda: app.hosts["flaky"].status == "ok", 30, "the host back")
             Path(info.run_dir, "fail-now").touch()
