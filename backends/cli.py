@@ -198,8 +198,13 @@ def _show_runs(infos: list[runs.RunInfo]) -> str:
             " ".join(f"{k}={v}" for k, v in r.params.items()) or "-", " ".join(map(str, r.pids)) or "-",
         ))  # fmt: skip
         rows += _show_nodes(r)
+    return _table(rows)
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    """Rows in aligned columns, two spaces apart; the last column as it is (it may be long)."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in rows)
+    return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(row, widths)), row[-1]]).rstrip() for row in rows)
 
 
 def _gpus_json(snapshot: gpu.GpuSnapshot) -> dict:
@@ -221,8 +226,7 @@ def _show_gpus(host: str, snapshot: gpu.GpuSnapshot) -> str:
                      of(g.mem_used_mib, g.mem_total_mib, "GiB", 1024, 1),
                      f"{g.util_pct}%" if g.util_pct is not None else "-",
                      f"{g.temp_c}°C" if g.temp_c is not None else "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines = _table(rows).splitlines()
     lines += [f"PID {p.pid} ({p.name or '?'}) holds {p.used_mib if p.used_mib is not None else '?'} MiB"
               + (f" on GPU {p.gpu_index}" if p.gpu_index is not None else "") for p in snapshot.processes]
     return "\n".join(lines + [f"read by {snapshot.source}"] if snapshot.source else lines)

@@ -58,7 +58,7 @@ class RunActions(Guarded):
             return
         # One dialog at a time: keys that come while the plan is still being read (a double
         # press, a key's repeat) stacked a dialog each, for the same run.
-        if any(worker.name == "plan-kill" and worker.is_running for worker in self.workers):
+        if self._worker_under_way("plan-kill"):
             return
         # A run being stopped (a trainer checkpoints on SIGTERM: tens of seconds) is not
         # offered again: a second R while the first stopped it relaunched it twice.
@@ -66,9 +66,13 @@ class RunActions(Guarded):
             return
         self.run_worker(self._plan_kill(run, relaunch), name="plan-kill", group="actions", exit_on_error=False)
 
+    def _worker_under_way(self, name: str) -> bool:
+        """Whether a worker of that name is under way: the guard of an action done once."""
+        return any(worker.name == name and worker.is_running for worker in self.workers)
+
     def _being_stopped(self, run: RunState) -> bool:
         """Whether a kill of this run is under way (and say so)."""
-        if any(worker.name == f"kill {run.key}" and worker.is_running for worker in self.workers):
+        if self._worker_under_way(f"kill {run.key}"):
             self.notify(f"{run.key} is being stopped", timeout=4)
             return True
         return False
@@ -136,7 +140,7 @@ class RunActions(Guarded):
             return
         # One relaunch of a run at a time: a double press on an ended run launched two copies.
         relaunching = f"relaunch {run.key}"
-        if any(worker.name == relaunching and worker.is_running for worker in self.workers):
+        if self._worker_under_way(relaunching):
             return
         if self._being_stopped(run):  # R's relaunch may follow; r again once it has ended
             return
