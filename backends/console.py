@@ -19,7 +19,7 @@ import re
 from collections import deque
 from collections.abc import Iterable
 
-from backends.logparse import Progress, parse_console_line, parse_progress, step_of, visible_text
+from backends.logparse import Progress, parse_console_line, parse_progress, redraws, step_of, visible_text
 
 CURVE_POINTS = 5000  # (step, loss) points kept: a run that logs for days stays bounded
 # Bars that count something other than training steps, whatever their phase says.
@@ -40,9 +40,17 @@ class ConsoleSummary:
         self._unplaced: list[float] = []  # losses whose step the next bar will tell
 
     def add(self, lines: Iterable[str]) -> None:
+        """Lines as a screen shows them (a pane's capture, a log's lines)."""
         for line in lines:
             self._read(visible_text(line))
         # Not held across calls: a batch's losses are shown with it, up to the last bar's count.
+        self._place(self.step)
+
+    def add_recorded(self, text: str) -> None:
+        """What a pane printed, as recorded: every redraw of a bar is read, not only its last."""
+        for line in text.split("\n"):
+            for state in redraws(line):
+                self._read(state)
         self._place(self.step)
 
     def _read(self, text: str) -> None:

@@ -24,6 +24,18 @@ def visible_text(line: str) -> str:
     return segments[-1].rstrip("\n") if segments else ""
 
 
+# Where a terminal starts drawing over what it drew: a carriage return, or a cursor moved
+# up (Rich's live bars redraw their lines from the top).
+_REDRAW = re.compile(r"\r|\x1b\[[0-9]*[AF]")
+
+
+def redraws(line: str) -> list[str]:
+    """Every state a recorded line was drawn in, oldest first, as visible text: a tqdm or
+    Rich bar redrawn in place a hundred times is a hundred states, each a step shown."""
+    states = (_ANSI.sub("", part).rstrip() for part in _REDRAW.split(line))
+    return [state for state in states if state.strip()]
+
+
 def parse_metrics_line(line: str) -> dict | None:
     """One metrics.jsonl line → its event object, or None if it is not one."""
     try:

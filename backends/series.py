@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from backends import console, runs, tmux
+from backends import console, panes, runs, tmux
 from backends.hosts import Host
 from backends.logparse import parse_metrics_line
 
@@ -163,12 +163,12 @@ async def of_run(host: Host, run_id: str) -> Series:
 
 
 async def of_session(host: Host, session: str) -> Series:
-    """A tmux session trackside did not launch, from its pane's scrollback; RunError when
-    the host has no such session."""
-    captured = await tmux.capture_panes(host, [tmux.check_session_name(session)])
-    if session not in captured:
+    """A tmux session trackside did not launch, from its panes' recorded output; RunError
+    when the host has no such session."""
+    read = await panes.read_session(host, tmux.check_session_name(session))
+    if read is None:
         raise runs.RunError(f"no run or tmux session {session!r} on {host.name}")
-    return from_console(session, host.name, captured[session])
+    return Series(session, host.name, events=tuple({"step": s, "loss": loss} for s, loss in read.summary.curve))
 
 
 async def of_target(host: Host, target: str, listed: list[runs.RunInfo]) -> Series:

@@ -20,28 +20,34 @@ SESSION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 
 # ':' separates the fields: tmux never allows it in a session name, and prints control
 # characters such as tab as '_' unless the client's locale is UTF-8 (ssh often is not).
-_PANE_FORMAT = ":".join(
-    [
-        "#{pane_pid}",
-        "#{pane_dead}",
-        "#{pane_dead_status}",
-        "#{pane_dead_signal}",
-        "#{pane_current_command}",
-        "#{session_name}",
-    ]
+_PANE_FIELDS = (
+    "#{pane_pid}",
+    "#{pane_dead}",
+    "#{pane_dead_status}",
+    "#{pane_dead_signal}",
+    "#{pane_id}",
+    "#{pane_pipe}",
+    "#{session_created}",
+    "#{window_index}",
+    "#{pane_index}",
+    "#{window_active}#{pane_active}",
+    "#{pane_current_command}",
+    "#{session_name}",
 )
+_PANE_FORMAT = ":".join(_PANE_FIELDS)
 
 
 HISTORY_LINES = 2000  # tmux's default history-limit: all the scrollback a pane usually has
 
-# For each session "$3"...: a record-separator line naming it, then its pane's last "$1"
-# lines; "$2" is the host's tmux socket, or empty for the default server. Pane text holds
-# no control characters (tmux keeps only what a terminal would show).
+# For each target "$3"... (`=session:`, or a pane id): a record-separator line naming it,
+# then its pane's last "$1" lines; "$2" is the host's tmux socket, or empty for the
+# default server. Pane text holds no control characters (tmux keeps only what a terminal
+# would show).
 _CAPTURE_PANES = r"""
 lines=$1; socket=$2; shift 2
-for s in "$@"; do
-  text=$(tmux ${socket:+-L "$socket"} capture-pane -p -J -S "-$lines" -t "=$s:" 2>/dev/null) || continue
-  printf '\036%s\n%s\n' "$s" "$text"
+for t in "$@"; do
+  text=$(tmux ${socket:+-L "$socket"} capture-pane -p -J -S "-$lines" -t "$t" 2>/dev/null) || continue
+  printf '\036%s\n%s\n' "$t" "$text"
 done
 """
 
@@ -59,6 +65,21 @@ class Pane:
     # sometimes never fills it in (a dead pane with no status), so runs record their own.
     exit_status: int | None
     command: str
+    pane_id: str = ""  # "%12": unique while the server lives
+    piped: bool = False  # its output already goes to a pipe (ours, or one the user set)
+    created: int = 0  # the session's creation time: with its name, one session ever
+    window: int = 0
+    index: int = 0
+    active: bool = True  # the pane a user attaching to the session sees
+
+    @property
+    def target(self) -> str:
+        return self.pane_id or f"={self.session}:"
+
+    @property
+    def where(self) -> str:
+        """`window.pane`, as tmux numbers them for a user (`0.1`)."""
+        return f"{self.window}.{self.index}"
 
 
 def check_session_name(name: str) -> str:
@@ -108,11 +129,12 @@ async def new_session(host: Host, session: str, command: Sequence[str], console_
 
 
 def _parse_pane(line: str) -> Pane | None:
-    # Four numeric fields, the command (may hold ':'), then the session (never does).
-    fields = line.split(":", 4)
-    if len(fields) != 5 or not fields[0].isdigit() or ":" not in fields[4]:
+    # Fixed fields, the command (may hold ':'), then the session (never does).
+    fixed = len(_PANE_FIELDS) - 2
+    fields = line.split(":", fixed)
+    if len(fields) != fixed + 1 or not fields[0].isdigit() or ":" not in fields[-1]:
         return None
-    pid, dead, status, signal, rest = fields
+    pid, dead, status, signal, pane_id, pipe, created, window, index, active, rest = fields
     command, _, session = rest.rpartition(":")
     exit_status = None
     if dead == "1":
@@ -120,7 +142,11 @@ def _parse_pane(line: str) -> Pane | None:
             exit_status = -int(signal)
         elif status.lstrip("-").isdigit():
             exit_status = int(status)
-    return Pane(session, int(pid), dead == "1", exit_status, command)
+    number = lambda text: int(text) if text.isdigit() else 0  # noqa: E731
+    return Pane(
+        session, int(pid), dead == "1", exit_status, command, pane_id, pipe == "1", number(created),
+        number(window), number(index), active == "11",
+    )  # fmt: skip
 
 
 def _no_server(stderr: str) -> bool:
@@ -157,17 +183,17 @@ async def capture_pane(host: Host, session: str, lines: int = 200) -> str:
     return result.stdout
 
 
-async def capture_panes(host: Host, sessions: Sequence[str], lines: int = HISTORY_LINES) -> dict[str, str]:
-    """capture_pane for many sessions in one host command; a session that is gone by then
-    is left out."""
-    if not sessions:
+async def capture_panes(host: Host, targets: Sequence[str], lines: int = HISTORY_LINES) -> dict[str, str]:
+    """What each target (`=session:` for a session's active pane, or a pane id) shows, with
+    its scrollback, in one host command; a target that is gone by then is left out."""
+    if not targets:
         return {}
-    result = await host.run(["sh", "-c", _CAPTURE_PANES, "sh", str(lines), _socket(host) or "", *sessions])
+    result = await host.run(["sh", "-c", _CAPTURE_PANES, "sh", str(lines), _socket(host) or "", *targets])
     captured = {}
     for record in result.stdout.split("\036")[1:]:
-        session, _, text = record.partition("\n")
-        if session in sessions:
-            captured[session] = text
+        target, _, text = record.partition("\n")
+        if target in targets:
+            captured[target] = text
     return captured
 
 

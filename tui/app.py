@@ -261,9 +261,10 @@ class TracksideApp(RunActions, App):
         lines = [logparse.visible_text(line) for line in message.lines]
         run.log.extend(lines)
         # What the console says (loss, step, progress, the curve) is read until step events
-        # arrive: then metrics.jsonl says it, and the console's lines are only shown.
-        if not run.steps:
-            run.console.add(lines)
+        # arrive: then metrics.jsonl says it, and the console's lines are only shown. A
+        # foreign session's lines are only shown: its listing reads its recorded output.
+        if not run.steps and run.info.console is None:
+            run.own_console.add(lines)
         self._changed(run=run.key, lines=lines)
 
     def read_overlays(self, key: str, picked: str | None = None) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from textual.app import App
 from textual.worker import Worker
 
-from backends import gpu, logparse, runs, streams, tmux
+from backends import gpu, logparse, panes, runs, streams, tmux
 from backends.hosts import AuthFailed, Host, HostError, HostKeyRejected, HostUnreachable
 from backends.retry import Backoff
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
@@ -98,6 +98,7 @@ class HostMonitor:
         self._gpu_watcher: Worker | None = None
         self._lister: Worker | None = None
         self._list_now = asyncio.Event()
+        self._recordings = panes.Recordings()  # foreign panes' recorded output, read on each listing
         self._latest: gpu.GpuSnapshot | None = None  # the last snapshot the stream gave
         self._processes: tuple[tuple[gpu.GpuProcess, ...], str] = ((), "")  # the newest read of them
 
@@ -160,7 +161,7 @@ class HostMonitor:
             started = time.monotonic()
             self._list_now.clear()
             try:
-                listed = await asyncio.wait_for(runs.list_runs(self.host), POLL_TIMEOUT_S)
+                listed = await asyncio.wait_for(runs.list_runs(self.host, self._recordings), POLL_TIMEOUT_S)
                 self.app.post_message(RunsListed(self.host.name, listed, self.clock()))
                 if self._latest is not None and self._latest.streamed:
                     self._processes = await asyncio.wait_for(

@@ -127,7 +127,9 @@ class RunState:
     steps: deque = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
     oom: dict | None = None
     end: dict | None = None
-    console: ConsoleSummary = field(default_factory=ConsoleSummary)  # what its printed lines said
+    # What its followed console.log said (a run without metrics.jsonl); a session trackside
+    # did not launch has its listing's instead (`console`), read whether or not it is followed.
+    own_console: ConsoleSummary = field(default_factory=ConsoleSummary)
     log: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     garbled: int = 0
     gone: bool = False  # the run no longer appears in the host's listing
@@ -150,6 +152,12 @@ class RunState:
     @property
     def last(self) -> dict | None:
         return self.steps[-1] if self.steps else None
+
+    @property
+    def console(self) -> ConsoleSummary:
+        """What the run printed said: a foreign session's from its recorded panes, as every
+        listing reads them, so its row moves whether or not its screen was ever open."""
+        return self.info.console if self.info.console is not None else self.own_console
 
     @property
     def progress(self) -> Progress | None:
@@ -273,7 +281,7 @@ class RunState:
     def reset_streams(self) -> None:
         """Forget what was read from the run's files, before reading them again."""
         self.steps.clear()
-        self.console = ConsoleSummary()
+        self.own_console = ConsoleSummary()
         self.log.clear()
         self.start = self.oom = self.end = None
         self.garbled = 0

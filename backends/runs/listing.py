@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
-from backends import console, pace, tmux
+from backends import pace, tmux
+from backends.console import ConsoleSummary
+from backends.panes import Recordings, run_pane
 from backends.hosts import Host, HostError
 from backends.logparse import Progress
 from backends.own_session import own_sessions
@@ -78,9 +80,18 @@ class RunInfo:
     tokens_per_s: float | None = None  # the latest step's
     tau: float | None = None  # a DFlash run's latest expected accepted length
     eta_s: float | None = None  # to the last step at the recent rate (backends/pace.py)
+    # A session trackside did not launch: what its run pane printed (backends.panes), the
+    # pane (`window.pane`), and since when its curve holds every step printed (epoch s;
+    # None: only what its screen showed).
+    console: ConsoleSummary | None = None
+    pane: str | None = None
+    recorded_since: float | None = None
 
     def to_json(self) -> dict:
-        return {**asdict(self), "state": self.state.value}
+        shown = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "console"}
+        doc = asdict(RunInfo(**shown))
+        del doc["console"]
+        return {**doc, "state": self.state.value}
 
 
 def _metrics_summary(lines: list[str], params: dict) -> dict:
@@ -148,8 +159,10 @@ def _state(exit_status: int | None, oom: bool, trainer: bool) -> RunPhase:
     return RunPhase.UNKNOWN if exit_status is None else RunPhase.EXITED
 
 
-async def list_runs(host: Host) -> list[RunInfo]:
-    """Our runs (newest first), then every tmux session we did not launch."""
+async def list_runs(host: Host, recordings: Recordings | None = None) -> list[RunInfo]:
+    """Our runs (newest first), then every tmux session we did not launch, read from its
+    panes' recordings: `recordings`, a dashboard's, read on from its last listing; without
+    it, every recording is read whole."""
     panes = await tmux.list_panes(host)
     dashboard = await own_sessions(host, panes)
     by_session: dict[str, list[tmux.Pane]] = {}
@@ -190,17 +203,23 @@ async def list_runs(host: Host) -> list[RunInfo]:
     foreign = [session for session in by_session if session not in claimed]
     # Foreign sessions are known by what their panes print; the dashboard's own pane
     # prints the dashboard, whose numbers are other runs'.
-    consoles = await tmux.capture_panes(host, [session for session in foreign if session not in dashboard])
+    reads = await (recordings or Recordings()).read(
+        host, [p for s in foreign if s not in dashboard for p in by_session[s]], drain=recordings is None
+    )
     for session in foreign:
         session_panes = by_session[session]
         alive = [p.pid for p in session_panes if not p.dead]
         status = None if alive else session_panes[0].exit_status
-        said = console.summarize(consoles.get(session, "").split("\n"))
+        read = run_pane([reads[p.pane_id] for p in session_panes if p.pane_id in reads])
+        said = read.summary if read is not None else ConsoleSummary()
+        progress = said.progress
         infos.append(
             RunInfo(
                 None, session, host.name, RunPhase.RUNNING if alive else _state(status, False, False), status,
                 last_step=said.step, last_loss=said.loss, pids=alive, this_dashboard=session in dashboard,
-                progress=said.progress,
+                progress=progress, eta_s=progress.eta_s if alive and progress is not None else None,
+                console=said if read is not None else None, pane=read.pane.where if read is not None else None,
+                recorded_since=read.since if read is not None else None,
             )  # fmt: skip
         )
     return infos

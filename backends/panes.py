@@ -1,0 +1,116 @@
+"""A tmux session trackside did not launch, read from its panes' recorded output: what
+each pane said (backends.console's fold), and which pane holds the run.
+
+`Recordings` keeps each pane's fold and how far its recording was read, so a dashboard's
+listings read only what is new; a one-off reading (`trackside runs`, `plot`) starts a
+fresh one and reads everything. A pane whose output goes to a pipe the user set has no
+recording of ours: its scrollback is read each time instead, the most it can show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from backends import recording, tmux
+from backends.console import ConsoleSummary
+from backends.hosts import Host
+from backends.runs.rundir import runs_root
+
+
+@dataclass
+class _Tape:
+    """One pane's recording as read so far."""
+
+    summary: ConsoleSummary
+    offset: int = 0
+    pending: bytes = b""  # a redraw or line not yet ended: folded once it is
+    started: bool = False  # its scrollback (what the pane held before) was read
+    recorded: bool = True  # False: a pipe the user set, so no recording of ours
+
+
+@dataclass(frozen=True)
+class PaneRead:
+    """What one pane said, and since when that is complete."""
+
+    pane: tmux.Pane
+    summary: ConsoleSummary
+    since: float | None  # when its recording started (epoch s); None: not recorded, screen only
+
+
+@dataclass
+class Recordings:
+    """A host's pane recordings, read on from where the last reading stopped."""
+
+    _tapes: dict[str, _Tape] = field(default_factory=dict)
+    _since: dict[str, float] = field(default_factory=dict)
+
+    async def read(self, host: Host, panes: list[tmux.Pane], *, drain: bool = False) -> dict[str, PaneRead]:
+        """Each pane's fold (by pane id), recording the panes not yet recorded. `drain`
+        reads every recording to its end; else at most recording.READ_BYTES of each."""
+        panes = [p for p in panes if p.pane_id]
+        if not panes:
+            return {}
+        root = await runs_root(host)
+        await recording.start(host, root, panes)
+        socket = getattr(host, "tmux_socket", None)
+        recs = {p.pane_id: recording.recording_of(root, socket, p) for p in panes}
+        tapes = {pid: self._tapes.get(rec.log) or _Tape(ConsoleSummary()) for pid, rec in recs.items()}
+        self._tapes = {recs[pid].log: tape for pid, tape in tapes.items()}  # panes gone are forgotten
+        fresh = [pid for pid, tape in tapes.items() if not tape.started]
+        for got in await recording.read(host, [(pid, recs[pid].scrollback, 0) for pid in fresh], max_bytes=1 << 26):
+            tape = tapes[got.key]
+            tape.started, tape.recorded = True, got.size >= 0
+            tape.summary.add(got.data.decode(errors="replace").split("\n"))
+            if tape.recorded:  # the scrollback was written as the recording started
+                self._since[recs[got.key].log] = got.mtime
+        while True:
+            full = False
+            wanted = [(pid, recs[pid].log, tape.offset) for pid, tape in tapes.items() if tape.recorded]
+            for got in await recording.read(host, wanted):
+                pid, old = got.key.removesuffix(".1"), got.key.endswith(".1")
+                tape = tapes.get(pid)
+                if tape is None or got.size < 0:
+                    continue
+                full |= len(got.data) >= recording.READ_BYTES
+                if not old:
+                    tape.offset = got.start + len(got.data)
+                self._fold(tape, got.data)
+            if not (drain and full):
+                break
+        unrecorded = [pid for pid, tape in tapes.items() if not tape.recorded]
+        screens = await tmux.capture_panes(host, unrecorded) if unrecorded else {}
+        for pid in unrecorded:
+            tapes[pid].summary = ConsoleSummary()
+            tapes[pid].summary.add(screens.get(pid, "").split("\n"))
+        return {
+            pane.pane_id: PaneRead(pane, tapes[pane.pane_id].summary, self._since.get(recs[pane.pane_id].log) if tapes[pane.pane_id].recorded else None)
+            for pane in panes
+        }
+
+    @staticmethod
+    def _fold(tape: _Tape, data: bytes) -> None:
+        data = tape.pending + data
+        end = max(data.rfind(b"\n"), data.rfind(b"\r"))
+        tape.pending = data[end + 1 :]
+        if end >= 0:
+            tape.summary.add_recorded(data[: end + 1].decode(errors="replace"))
+
+
+def run_pane(reads: list[PaneRead]) -> PaneRead | None:
+    """The pane of a session that holds its run: the one whose text gave steps or a loss
+    (the most recent), else a bar or counter, else the pane a user attaching sees."""
+    if not reads:
+        return None
+
+    def rank(read: PaneRead) -> tuple:
+        s = read.summary
+        return (s.step is not None or s.loss is not None, s.progress is not None, not read.pane.dead, read.pane.active)
+
+    return max(reads, key=rank)
+
+
+async def read_session(host: Host, session: str) -> PaneRead | None:
+    """One session's run pane, its recordings read whole; None when there is no such session."""
+    its = await tmux.list_panes(host, session)
+    reads = await Recordings().read(host, its, drain=True)
+    return run_pane(list(reads.values()))

@@ -1,0 +1,152 @@
+"""Every tmux pane's output, recorded on its host from the moment trackside first sees it.
+
+A pane's screen holds only its last lines, and a progress bar redrawn in place keeps
+only its newest state: a curve read from captures would hold only what happened to be on
+screen when it was read. So the first listing that sees a pane starts `tmux pipe-pane`
+into a file under the runs root, after writing what its scrollback held then (read once):
+
+    <runs_root>/panes/<tmux socket>/<session>-<created>/<pane number>.scrollback
+    <runs_root>/panes/<tmux socket>/<session>-<created>/<pane number>.log[.1]
+
+The live file rotates at SEGMENT_BYTES, one older segment kept, so a pane that prints
+for weeks holds at most two segments on disk; the recorder is a `sh` and a `head` per
+pane, reading what the pane prints and nothing more (docs/design.md states the cost). The
+pipe ends with its pane. A pane whose output already goes to a pipe (a run trackside
+launched, which pipes into its run dir, or a pipe the user set) is never piped again:
+`pipe-pane` would replace the user's pipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+from dataclasses import dataclass
+
+from backends import tmux
+from backends.hosts import Host, HostError
+
+SEGMENT_BYTES = 4 << 20
+READ_BYTES = 1 << 20  # read at most this much of one pane a listing: a flood waits its turn
+PANES_DIR = "panes"
+
+# Appends stdin to file "$1", moving it to "$1.1" at each "$2" bytes. dd writes each read
+# as it comes (head -c buffers it) and never reads past its count, so no byte is lost at a turn.
+_ROTATOR = r"""f=$1 cap=$2
+while :; do
+  dd bs=65536 count="$cap" iflag=count_bytes oflag=append conv=notrunc status=none of="$f" || exit 0
+  [ "$(wc -c < "$f")" -ge "$cap" ] || exit 0
+  mv -f "$f" "$f.1"
+done
+"""
+
+# For each (target, dir, number, pipe command) after "$1" (the socket, or empty) and "$2"
+# (the rotator script's text): still unpiped, write the scrollback, then start the pipe,
+# in one tmux command so no line falls between the two.
+_START = r"""socket=$1 rotator=$2; shift 2
+while [ $# -ge 4 ]; do
+  t=$1 d=$2 n=$3 cmd=$4; shift 4
+  [ "$(tmux ${socket:+-L "$socket"} display-message -p -t "$t" '#{pane_pipe}' 2>/dev/null)" = 0 ] || continue
+  mkdir -p "$d" && { [ -f "$d/../record.sh" ] || printf '%s' "$rotator" > "$d/../record.sh"; } || continue
+  tmux ${socket:+-L "$socket"} capture-pane -p -J -S - -t "$t" \; pipe-pane -t "$t" "$cmd" > "$d/$n.scrollback" 2>/dev/null
+done
+"""
+
+# For each (key, file, offset) after "$1" (bytes at most): a header `key size start count
+# mtime` then count bytes of the file from start. A live file smaller than the offset has turned:
+# the rest of its older segment comes first, under the key with ".1" added.
+_READ = r"""max=$1; shift
+emit() {
+  s=$(wc -c < "$2" 2>/dev/null) || s=-1
+  o=$3; [ "$s" -ge 0 ] && [ "$s" -lt "$o" ] && o=0
+  n=$(( s - o )); [ "$n" -gt "$max" ] && n=$max; [ "$n" -lt 0 ] && n=0
+  m=$(stat -c %Y "$2" 2>/dev/null) || m=0
+  printf '\n\036%s %s %s %s %s\n' "$1" "$s" "$o" "$n" "$m"
+  [ "$n" -gt 0 ] && tail -c +$((o + 1)) "$2" | head -c "$n"
+}
+while [ $# -ge 3 ]; do
+  k=$1 f=$2 o=$3; shift 3
+  s=$(wc -c < "$f" 2>/dev/null) || s=0
+  if [ "$s" -lt "$o" ] && [ -f "$f.1" ]; then emit "$k.1" "$f.1" "$o"; o=0; fi
+  emit "$k" "$f" "$o"
+done
+"""
+
+
+@dataclass(frozen=True)
+class Recording:
+    """Where one pane's output is recorded on its host."""
+
+    directory: str
+    number: str  # the pane id without its '%'
+
+    @property
+    def log(self) -> str:
+        return f"{self.directory}/{self.number}.log"
+
+    @property
+    def scrollback(self) -> str:
+        return f"{self.directory}/{self.number}.scrollback"
+
+
+def recording_of(root: str, socket: str | None, pane: tmux.Pane) -> Recording:
+    """The recording of `pane`, on a host whose (expanded) runs root is `root`."""
+    session_dir = f"{root}/{PANES_DIR}/{socket or 'default'}/{pane.session}-{pane.created}"
+    return Recording(session_dir, pane.pane_id.lstrip("%"))
+
+
+async def start(host: Host, root: str, panes: list[tmux.Pane]) -> None:
+    """Record every live, unpiped pane of `panes` from now on (a pane another listing just
+    piped, or the user did, is left as it is)."""
+    socket = getattr(host, "tmux_socket", None)
+    args: list[str] = []
+    for pane in panes:
+        if pane.dead or pane.piped or not pane.pane_id:
+            continue
+        rec = recording_of(root, socket, pane)
+        # tmux runs the pipe command with sh -c: quoted here, once.
+        command = f"exec sh {shlex.quote(rec.directory + '/../record.sh')} {shlex.quote(rec.log)} {SEGMENT_BYTES}"
+        args += [pane.pane_id, rec.directory, rec.number, command]
+    if args:
+        result = await host.run(["sh", "-c", _START, "sh", socket or "", _ROTATOR, *args])
+        if not result.ok:
+            raise HostError(host.name, f"cannot record tmux panes: {result.stderr.strip()}")
+
+
+@dataclass(frozen=True)
+class Read:
+    """Bytes of one recording from `start`; `size` is the file's, -1 when it is missing."""
+
+    key: str
+    size: int
+    start: int
+    data: bytes
+    mtime: int  # the file's last change (epoch s), 0 when unknown
+
+
+async def read(host: Host, files: list[tuple[str, str, int]], max_bytes: int = READ_BYTES) -> list[Read]:
+    """The bytes of each (key, path, offset) since its offset, at most `max_bytes` each, in
+    one host command; a recording that turned over gives the rest of its older segment
+    first (key + ".1")."""
+    if not files:
+        return []
+    argv = ["sh", "-c", _READ, "sh", str(max_bytes), *(str(part) for entry in files for part in entry)]
+    out = bytearray()
+    async with contextlib.aclosing(host.chunks(argv)) as chunks:
+        async for chunk in chunks:
+            out += chunk
+    reads, at = [], 0
+    while (head := out.find(b"\n\036", at)) >= 0:
+        end = out.find(b"\n", head + 2)
+        if end < 0:
+            break
+        try:
+            key, size, start_at, count, mtime = out[head + 2 : end].decode().rsplit(" ", 4)
+            size, start_at, count, mtime = int(size), int(start_at), int(count), int(mtime)
+        except ValueError:
+            break
+        data = bytes(out[end + 1 : end + 1 + count])
+        if len(data) < count:  # cut short (the file shrank as it was read): read again next time
+            data = b""
+        reads.append(Read(key, size, start_at, data, mtime))
+        at = end + 1 + len(data)
+    return reads
