@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+from backends import runs
 from tests.tui.conftest import screen_text, wait_for
 from tui.app import TracksideApp, Watched
 from tui.widgets.loss_chart import LossChart
@@ -70,3 +71,39 @@ def test_a_pane_capture_passes_on_each_line_once_and_a_redrawn_bar_once_per_redr
     assert pane_news(["a", "b"], ["a", "b", "c", "d"]) == ["c", "d"]  # plain scrolling
     assert pane_news(["x", "x", "x"], ["x", "x", "x", "x", "x"]) == ["x", "x"]  # repeats still counted
     assert pane_news(["a", "b"], ["a", "b"]) == []
+
+
+# nanoGPT's training lines, one every 50 ms, for ever.
+NANOGPT = r"""
+import time
+i = 0
+while True:
+    print(f"iter {i}: loss {3 - i / 10000:.4f}, time 50.00ms, mfu 1.00%", flush=True)
+    i += 1
+    time.sleep(0.05)
+"""
+
+
+async def test_a_foreign_row_keeps_moving_after_its_run_screen_was_opened_and_closed(local_host, tmux_socket, tmp_path):
+    script = tmp_path / "nanogpt.py"
+    script.write_text(NANOGPT)
+    for name in ("gpt-a", "gpt-b"):
+        subprocess.run(["tmux", "-L", tmux_socket, "new-session", "-d", "-s", name, "-x", "80", "-y", "24", sys.executable, str(script)], check=True)
+    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent")], poll_interval=0.5)
+    async with app.run_test(size=(120, 36)) as pilot:
+        run = await wait_for(pilot, lambda: app.runs.get("local/gpt-a"), 15, "the session in the fleet")
+        await wait_for(pilot, lambda: run.step, 15, "its first step")
+        app.open_run("local/gpt-a")
+        await wait_for(pilot, lambda: len(run.console_loss) > 20, 15, "its curve on its screen")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: len(app.screen_stack) == 2, 5, "the fleet again")
+        closed_at = run.step
+        await wait_for(pilot, lambda: run.step > closed_at + 40, 15, "its row to move on after its screen closed")
+        # The row on screen says the step the run is at, not the one it was at when closed.
+        await wait_for(pilot, lambda: str(run.step // 10) in screen_text(app), 5, "the step on its row")
+        steps = [step for step, _ in run.console_loss]
+        assert steps == sorted(set(steps)) and steps[-1] >= closed_at + 40  # its curve went on too, each step once
+    # `trackside runs` reads the same record: every step printed since it was first seen.
+    listed = {r.session: r for r in await runs.list_runs(local_host)}
+    assert listed["gpt-a"].last_step > closed_at + 40 and listed["gpt-a"].pane == "0.0"
+    assert listed["gpt-a"].console.curve[0][0] == 0  # from its first line (in the scrollback then)
