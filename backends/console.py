@@ -1,15 +1,28 @@
-"""What a console said: its last loss and step, its progress, and its loss curve.
+"""What a console said: its training and evaluation losses by step, its progress, its ETA.
 
 A trainer that writes no metrics.jsonl (a session trackside did not launch, or another
-program launched with it) is known only by what it prints. The dashboard folds the lines
-it follows into a ConsoleSummary, and `trackside runs` folds a capture of the pane's
-scrollback, here, so the command line shows what the screen shows.
+program launched with it) is known only by what it prints. The dashboard's listings fold
+each pane's recorded output here (backends.panes), every redraw of a bar included, and a
+followed console.log or a pane's capture the same way, so the command line and the screen
+say the same.
 
-Where steps come from: the step a line names (`step=12`, `iter 100:`, `"step": 3`);
-failing that, the training bar's count (tqdm, `Step N/M`), with the bars before it added
-when one bar is drawn per epoch; failing that, one step per loss line. HF Trainer's loss
-dicts name no step and sit above the bar that counts them, so the losses printed since the
-last point are spread evenly up to the bar's count: trainers log every so many steps.
+Where a step comes from, first that applies:
+- the step a line names (`step=12`, `iter 100:`, `"step": 3`, `iteration 10/ 100`);
+- a training bar's count: the run's own when the bar counts the run (HF Trainer's), else
+  the epoch's, made global with the bar's epoch: Lightning's `Epoch E:` tqdm bar and
+  `Epoch E/M ━━` Rich bar count epochs from 0, Keras' `Epoch E/M` line above its bars from
+  1, another `Epoch E` bar from 0 once an epoch 0 was seen (from 1 once E reached M);
+  until then its steps are not known, and none is shown;
+- a loss printed above the bar that counts it (HF Trainer's dicts, written as tqdm.write
+  does, the bar drawn again below with its count) takes that next count: several are
+  spread evenly from the last point up to it. A Rich bar's metrics line, below the bar,
+  takes the bar's count.
+A loss with no step anywhere (no bar, no counter) is kept in order (`counted`): the curve's
+x then counts losses, and the step shown stays unknown.
+
+Evaluation losses (`eval_loss`, `val_loss`, a validation line) are their own series, at
+the step they were printed at; a bar's postfix repeats the last one, so only a new value
+is a new point. Bars that count something else (an evaluation, loading) are progress only.
 """
 
 from __future__ import annotations
@@ -21,99 +34,259 @@ from collections.abc import Iterable
 
 from backends.logparse import Progress, parse_console_line, parse_progress, redraws, step_of, visible_text
 
-CURVE_POINTS = 5000  # (step, loss) points kept: a run that logs for days stays bounded
+CURVE_POINTS = 5000  # (step, loss) points kept per series: a run that logs for days stays bounded
 # Bars that count something other than training steps, whatever their phase says.
-_NOT_TRAINING = re.compile(r"eval|valid|test|predict|generat", re.IGNORECASE)
+_NOT_TRAINING = re.compile(r"eval|valid|test|predict|generat|sanity", re.IGNORECASE)
+_EVALUATING = re.compile(r"eval|valid|test", re.IGNORECASE)
+# Keras' epoch header, a line of its own above the epoch's bars.
+_KERAS_EPOCH = re.compile(r"\s*Epoch (\d{1,9})/(\d{1,9})\s*")
 
 
 class ConsoleSummary:
-    """Lines folded in so far, in order; `add` more as they come."""
+    """Lines folded in so far, in order; `add` or `add_recorded` more as they come."""
 
     def __init__(self) -> None:
-        self.loss: float | None = None
+        self.loss: float | None = None  # the latest training loss
+        self.eval_loss: float | None = None
         self.step: int | None = None
         self.progress: Progress | None = None  # of the latest bar or N/M counter, any phase
+        self.total_steps: int | None = None  # the run's, where its bars tell it
         self.curve: deque[tuple[int, float]] = deque(maxlen=CURVE_POINTS)
+        self.eval_curve: deque[tuple[int, float]] = deque(maxlen=CURVE_POINTS)
+        self.counted = False  # the curve's x counts losses: nothing printed a step
         self._named = False  # a line named its step: from then on bars never set it
         self._bar: Progress | None = None  # the latest training bar
-        self._before_bar = 0  # steps counted by the training bars before that one
-        self._unplaced: list[float] = []  # losses whose step the next bar will tell
+        self._before_bar = 0  # steps of the bare bars before that one (a bar per epoch, no label)
+        self._unplaced: list[float] = []  # training losses whose step the next bar tells
+        self._eval_unplaced: float | None = None  # an evaluation's loss, likewise
+        self._keras_epoch: tuple[int, int] | None = None
+        self._epoch_base: int | None = None  # 0 or 1: how an `Epoch E` label counts, once known
+        self._rich_step: int | None = None  # the Rich bar just drawn: its metrics line follows
+        # A tqdm postfix's loss drawn before the bar counts its step (`for batch in
+        # tqdm(loader)`: the loop sets the loss, the count moves when the next batch is
+        # taken): known when the first training bar shows a loss at count 0.
+        self._postfix_leads = False
+        self._postfix_at: tuple[int, int] = (-1, 0)  # the count its postfix is drawn at, new losses there
+        self._evaluated_at: int | None = None  # the step an evaluation's bar was drawn at
+
+    # --- input ----------------------------------------------------------------------
 
     def add(self, lines: Iterable[str]) -> None:
         """Lines as a screen shows them (a pane's capture, a log's lines)."""
         for line in lines:
             self._read(visible_text(line))
-        # Not held across calls: a batch's losses are shown with it, up to the last bar's count.
-        self._place(self.step)
 
     def add_recorded(self, text: str) -> None:
         """What a pane printed, as recorded: every redraw of a bar is read, not only its last."""
         for line in text.split("\n"):
             for state in redraws(line):
                 self._read(state)
+
+    def settle(self) -> None:
+        """Nothing more is coming (a whole capture read, a pane that died): the losses still
+        waiting for a bar take the last step known."""
         self._place(self.step)
+        if self._eval_unplaced is not None and self.step is not None:
+            _point(self.eval_curve, self.step, self._eval_unplaced)
+        self._eval_unplaced = None
+
+    # --- what it says ---------------------------------------------------------------
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds to the run's last step at the training bar's pace: the bar's own ETA when
+        it counts the whole run, else its seconds a step times the steps left in the run."""
+        bar = self._bar
+        if bar is None or bar.eta_s is None:
+            return None
+        if self.total_steps is None:
+            return bar.eta_s if bar.epoch is None and bar.kind != "keras" else None
+        if self.step is None or bar.done >= bar.total:
+            return None
+        return bar.eta_s / (bar.total - bar.done) * max(0, self.total_steps - self.step)
+
+    # --- folding --------------------------------------------------------------------
 
     def _read(self, text: str) -> None:
+        if (epoch := _KERAS_EPOCH.fullmatch(text)) is not None:
+            self._keras_epoch = int(epoch[1]), int(epoch[2])
+            return
         bar_step = None
-        if "/" in text and (progress := parse_progress(text)) is not None:
-            if progress.phase == "working" and self.curve:
+        progress = parse_progress(text) if "/" in text else None
+        if progress is not None:
+            if progress.phase == "working" and (self.curve or self._unplaced):
                 # A bare bar between loss lines is the training loop's.
                 progress = dataclasses.replace(progress, phase="training")
             self.progress = progress
+            if _EVALUATING.search(progress.label) and self.step:
+                self._evaluated_at = self.step
+            if progress.kind == "tqdm" and "v_num=" in text:
+                self._epoch_base = 0  # Lightning's bar (its logger's version in the postfix)
             bar_step = self._bar_step(progress)
-            if bar_step is not None and not self._named:
-                self._place(bar_step)
-                self.step = bar_step
+            self._rich_step = bar_step if progress.kind == "rich" else None
+            if bar_step is not None:
+                self._placed_by_bar(bar_step)
         fields = parse_console_line(text)
-        # HF Trainer's evaluation and end-of-training dicts carry `*_runtime`: their
-        # losses are averages over a run or a data set, not a step's.
-        if fields is None or "loss" not in fields or any(k.endswith("runtime") for k in fields):
+        # HF Trainer's end-of-training dict carries `train_runtime`: its loss is the run's
+        # average, not a step's (an evaluation's dict carries `eval_runtime` and its loss).
+        if fields is None or (any(k.endswith("runtime") for k in fields) and "eval_loss" not in fields):
             return
-        loss = fields["loss"]
-        self.loss = loss
         named = step_of(fields)
-        if named is not None:
-            self._named = True
-            self._place(named)
-            self.curve.append((named, loss))
-            self.step = named
-        elif bar_step is not None:  # a tqdm postfix: the loss of the bar's own step
-            self.curve.append((bar_step, loss))
-        else:
-            self._unplaced.append(loss)
+        self._named |= named is not None
+        step, postfix = named, False
+        if step is None and progress is not None:
+            step, postfix = bar_step, progress.kind != "keras"  # Keras draws each step's count and loss
+        elif step is None and self._rich_step is not None:
+            step, postfix = self._rich_step, True  # a Rich bar's metrics, wrapped below it
+        if (value := fields.get("eval_loss")) is not None:
+            self._evaluated(value, step, postfix=postfix)
+        if postfix and "loss" in fields:
+            step = None if step is None else self._postfix_step(step, progress, fields["loss"])
+        if (value := fields.get("loss")) is not None:
+            if step is not None and (step > 0 or not postfix):
+                _point(self.curve, step, value, restart=named is not None)
+                self._advance(step)
+            elif progress is None and not postfix:
+                self._unplaced.append(value)
+                self._eval_unplaced = None  # an evaluation between losses no bar counted: its step is not known
+            self.loss = value
+            if self._unplaced and self._bar is None and not self._named:
+                self._place(None)  # nothing here counts steps: keep them in order
+
+    def _postfix_step(self, count: int, bar: Progress | None, loss: float) -> int | None:
+        """The step whose loss a bar's postfix (or Rich's metrics) shows, or None. Bars draw
+        their count only every so often (tqdm's `miniters`, Rich's refresh rate), the
+        postfix at each change: only the first new loss drawn at a count is known to be
+        that count's step (or the next one's, when the postfix leads); the ones after it at
+        the same count are steps whose numbers the bar never said, and a loss drawn again
+        is no step."""
+        if count == 0 and self.loss is None and bar is not None and bar.kind == "tqdm":
+            self._postfix_leads = True
+        at, new = self._postfix_at
+        if count != at:
+            at, new = count, 0
+        fresh = loss != self.loss
+        new += fresh
+        self._postfix_at = at, new
+        if not fresh or new != 1:
+            return None
+        # At the bar's end there is no next step for the postfix to lead to.
+        return count + (self._postfix_leads and bar is not None and bar.done < bar.total)
+
+    def _evaluated(self, value: float, step: int | None, *, postfix: bool) -> None:
+        if postfix:
+            # A postfix repeats the last evaluation's loss, a new one first drawn wherever
+            # the bar was next drawn whole: it is the evaluation's whose bar was seen last.
+            if value == self.eval_loss:
+                return
+            self.eval_loss, step, self._evaluated_at = value, self._evaluated_at, None
+            if step is not None:
+                _point(self.eval_curve, step, value)
+            return
+        self.eval_loss = value
+        if step is not None:
+            _point(self.eval_curve, step, value, restart=not postfix)
+        elif not self._unplaced:
+            self._eval_unplaced = value  # the next bar's count, unless losses come first
 
     def _bar_step(self, bar: Progress) -> int | None:
-        """The training step a bar shows, or None if it counts something else."""
+        """The training step a bar shows, or None if it counts something else or its epoch's
+        place in the run is not known."""
         if bar.phase not in ("training", "working") or _NOT_TRAINING.search(bar.label):
             return None
+        epoch, epochs, base = bar.epoch, bar.epochs, None
+        if bar.kind == "keras":
+            if self._keras_epoch is None:
+                return None
+            (epoch, epochs), base = self._keras_epoch, 1
+        elif bar.kind == "rich" and epoch is not None:
+            base, epochs = 0, None if epochs is None else epochs + 1  # Lightning's `Epoch E/max-1`
+        elif epoch is not None:
+            if self._bar is None and bar.done == 0 and epoch in (0, 1):
+                self._epoch_base = epoch  # the run's first bar, from its start: its first epoch
+            elif epoch == 0:
+                self._epoch_base = 0
+            elif epochs is not None and epoch == epochs and self._epoch_base is None:
+                self._epoch_base = 1
+            base = self._epoch_base
+        if epoch is not None:
+            self._bar = bar
+            if base is None or epoch < base:
+                return None
+            if epochs is not None:
+                self.total_steps = epochs * bar.total
+            return (epoch - base) * bar.total + bar.done
         last = self._bar
-        if last is not None:
+        if last is not None and last.epoch is None:
             if bar.total < last.total:
                 return None  # a shorter bar in between (an evaluation): not the training's
-            # A bar that starts again, or follows a finished one, is the next epoch's.
-            if bar.done < last.done or (last.done == last.total and bar != last):
+            # A bar that starts again is the next epoch's.
+            if bar.done < last.done:
                 self._before_bar += last.total
         self._bar = bar
+        if self._before_bar == 0:
+            self.total_steps = bar.total  # one bar for the run, as far as it has shown
         return self._before_bar + bar.done
 
+    def _placed_by_bar(self, step: int) -> None:
+        if self.counted:
+            # Losses kept in order before any bar counted them (a capture's scrollback of
+            # HF Trainer's dicts above its bar): that bar says where they were.
+            self._unplaced = [loss for _, loss in self.curve] + self._unplaced
+            self.curve.clear()
+            self.counted = False
+        self._place(step)
+        if self._eval_unplaced is not None:
+            _point(self.eval_curve, step, self._eval_unplaced)
+            self._eval_unplaced = None
+        if not self._named:
+            self._advance(step)
+
+    def _advance(self, step: int) -> None:
+        if self._named or self.step is None or step >= self.step:
+            self.step = step
+
     def _place(self, end: int | None) -> None:
-        """Give the unplaced losses steps: evenly up to `end` when there is room, else one
-        step each after the last point."""
+        """Give the waiting losses steps: every so many up to `end`, when they divide the
+        steps since the last point evenly (a trainer logs every N steps; HF Trainer's last
+        log may fall off that pace, and then nothing is guessed); with no bar or step ever,
+        one each after the last point (`counted`)."""
         if not self._unplaced:
             return
         start = self.curve[-1][0] if self.curve else 0
         count = len(self._unplaced)
-        if end is not None and end - start >= count:
-            steps = [start + round((i + 1) * (end - start) / count) for i in range(count)]
-        else:
+        if end is None:
+            if self._bar is not None or self._named:
+                return  # the next bar tells
+            self.counted = True
             steps = list(range(start + 1, start + count + 1))
-        self.curve.extend(zip(steps, self._unplaced))
+        elif end > start and (end - start) % count == 0:
+            steps = [start + (i + 1) * (end - start) // count for i in range(count)]
+        else:
+            self._unplaced.clear()  # their steps are not known: the latest loss is still shown
+            return
+        for step, loss in zip(steps, self._unplaced):
+            _point(self.curve, step, loss)
         self._unplaced.clear()
-        if self.step is None or steps[-1] > self.step:
-            self.step = steps[-1]
+        if not self.counted:
+            self._advance(steps[-1])
+
+
+def _point(curve: deque, step: int, value: float, *, restart: bool = False) -> None:
+    """Add a point; a step shown again is drawn over (a bar redrawn with its loss updated).
+    A step before the last one is a bar set back (Lightning's, before its next epoch's
+    label): ignored, unless the line named it (`restart`: a resumed run counts again from
+    its checkpoint, and the series with it)."""
+    if curve and step < curve[-1][0] and not restart:
+        return
+    while curve and curve[-1][0] >= step:
+        curve.pop()
+    curve.append((step, value))
 
 
 def summarize(lines: Iterable[str]) -> ConsoleSummary:
+    """A whole capture, folded."""
     summary = ConsoleSummary()
     summary.add(lines)
+    summary.settle()
     return summary

@@ -24,9 +24,10 @@ def visible_text(line: str) -> str:
     return segments[-1].rstrip("\n") if segments else ""
 
 
-# Where a terminal starts drawing over what it drew: a carriage return, or a cursor moved
-# up (Rich's live bars redraw their lines from the top).
-_REDRAW = re.compile(r"\r|\x1b\[[0-9]*[AF]")
+# Where a terminal starts drawing over what it drew: a carriage return, backspaces (Keras
+# moves back over its whole bar), or a cursor moved up (Rich's live bars redraw their lines
+# from the top).
+_REDRAW = re.compile(r"\r|\x08+|\x1b\[[0-9]*[AF]")
 
 
 def redraws(line: str) -> list[str]:
@@ -48,12 +49,16 @@ def parse_metrics_line(line: str) -> dict | None:
 
 
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf(?:inity)?)"
-# `key=value`, `key: value`, `'key': value` (Python dicts), `key value`; a value must end
-# where a field ends, so `4.98it/s`, `1/3` and `12:30` are not read as numbers, but may be
-# followed by a colon that ends a field (nanoGPT's `iter 100: loss 2.3`).
+# `key=value`, `key: value`, `'key': value` or `'key': 'value'` (Python dicts; transformers
+# 5 quotes its values), `key value`; a value must end where a field ends, so `4.98it/s`,
+# `1/3` and `12:30` are not read as numbers, but may be followed by a colon that ends a
+# field (nanoGPT's `iter 100: loss 2.3`). A loss key may carry its qualifier before a space
+# (nanoGPT's `val loss`, Megatron's `lm loss`) and `value` after it (Megatron's `lm loss
+# value: 2.3`): read as `val_loss`, `lm_loss`.
 _PAIR = re.compile(
-    rf"""(?<![\w./-])['"]?(?P<key>[A-Za-z_][\w./-]{{0,63}})['"]?"""
-    rf"""(?P<sep>[ \t]*[=:][ \t]*|[ \t]+)(?P<value>{_NUMBER})(?=$|[\s,;}})\]|]|:(?:\s|$))""",
+    rf"""(?<![\w./-])(?:(?P<qual>train|training|val|valid|validation|eval|test|lm)[ \t]+(?=loss))?"""
+    rf"""['"]?(?P<key>[A-Za-z_][\w./-]{{0,63}})['"]?(?:[ \t]+value(?=[ \t]*:))?"""
+    rf"""(?P<sep>[ \t]*[=:][ \t]*|[ \t]+)(?P<quote>['"]?)(?P<value>{_NUMBER})(?P=quote)(?=$|[\s,;}})\]|]|:(?:\s|$))""",
     re.IGNORECASE,
 )
 # Keys believed when only a space separates them from their value (`loss 1.23`, `step 12`):
@@ -65,40 +70,73 @@ _INTEGER = re.compile(r"[-+]?\d{1,18}")
 # A loss key: `loss`, `train_loss`, `eval/loss`, or one per TTT step (speculators'
 # `train/loss_0`, `train/loss_1`, ...).
 _LOSS_KEY = re.compile(r".*loss(?:_\d+)?")
-_EVAL_KEY = re.compile(r"eval|val|test")
+# An evaluation's loss: by its key (`eval_loss`, `val/loss`, `test_loss`), or every loss of
+# a line that says it is a validation (torchtitan's `validate step:`, Megatron's
+# `validation loss at iteration`, `Validation:`).
+_EVAL_KEY = re.compile(r"(?:^|[_/.\-])(?:eval|val|valid|validation|test)(?:$|[_/.\-])", re.IGNORECASE)
+_EVAL_LINE = re.compile(r"^\W*(?:validat|evaluat|eval\b|test\b)", re.IGNORECASE)
+# A training loss named as such, beside which an evaluation's report also gives its own
+# (nanoGPT's `step N: train loss X, val loss Y`: both are estimates made at evaluation).
+_TRAIN_KEY = re.compile(r"train(?:ing)?_")
 # A line's own step counter; never `epoch`, which HF Trainer prints as a float.
 STEP_KEYS = frozenset({"step", "global_step", "iter", "iteration"})
+# A tqdm bar's postfix cut at the terminal's width (`…, val_loss=0.27` of 0.2734): its last
+# value has no `,` or `]` after it, so it is left unread.
+_CUT_POSTFIX = re.compile(r"(%\|[^|\n]*\|[^\[\n]*\[[^\]\n]*),[^,\]\n]*$")
 
 
 def _numeric(text: str) -> int | float:
     return int(text) if _INTEGER.fullmatch(text) else float(text)
 
 
+def is_eval_key(key: str) -> bool:
+    return bool(_EVAL_KEY.search(key))
+
+
+def _is_bar(text: str) -> bool:
+    return bool(_TQDM.search(text) or _KERAS.search(text) or _RICH.search(text))
+
+
 def parse_console_line(line: str) -> dict[str, int | float] | None:
     """Numeric fields of a console line that reports a loss, or None.
 
     Reads `step=12 loss=1.23 lr=3e-4`, `{'loss': 1.2, 'grad_norm': 0.3, 'epoch': 0.5}`,
-    `loss: 1.23`, `loss 1.23`, `Loss=1.2e-1`, tqdm postfixes (`…, loss=2.31, lr=1e-4]`),
-    `iter 100: loss 2.3456` and JSON lines. Keys are lower-cased; a line without a loss key
-    (`…loss`, or `…loss_<k>` per TTT step) is not a metrics line. When there is no plain
-    `loss` the first training-side loss key (e.g. `train/loss`, `train/loss_0`) is also
-    given as `loss`.
+    `{'loss': '1.2'}`, `loss: 1.23`, `loss 1.23`, `Loss=1.2e-1`, tqdm postfixes (`…,
+    loss=2.31, lr=1e-4]`), `iter 100: loss 2.3456`, `lm loss: 2.3` and JSON lines. Keys are
+    lower-cased; a line without a loss key (`…loss`, or `…loss_<k>` per TTT step) is not a
+    metrics line. The line's training loss is also given as `loss` (a plain `loss`, else
+    the first loss key that is not an evaluation's: `train/loss`, `train/loss_0`,
+    `lm_loss`), its evaluation loss as `eval_loss`; a line that says it is a validation
+    gives only `eval_loss`, and so does an evaluation's report of both (`train loss X,
+    val loss Y`).
     """
     text = visible_text(line)
     if "loss" not in text.lower():  # most lines: skip the pairs' scan
         return None
+    text = _CUT_POSTFIX.sub(r"\1", text)
     fields: dict[str, int | float] = {}
+    spaced = set()  # `train loss`, `val loss`: a report's words, not a logger's keys
     for m in _PAIR.finditer(text):
         key = m["key"].lower()
+        if m["qual"]:
+            key = f"{m['qual'].lower()}_{key}"
+            spaced.add(key)
         if m["sep"].strip() or _SPACED_KEYS.fullmatch(key):
             fields.setdefault(key, _numeric(m["value"]))
     losses = [k for k in fields if _LOSS_KEY.fullmatch(k)]
     if not losses:
         return None
-    if "loss" not in fields:
-        train = [k for k in losses if not _EVAL_KEY.search(k)]
-        if train:
-            fields["loss"] = fields[train[0]]
+    validation = bool(_EVAL_LINE.match(text))
+    evals = [k for k in losses if validation or is_eval_key(k)]
+    train = [k for k in losses if k not in evals]
+    if evals:
+        fields["eval_loss"] = fields[evals[0]]
+        if not validation and train and all(k in spaced and _TRAIN_KEY.match(k) for k in train) and not _is_bar(text):
+            train = []  # an evaluation's report: its training loss is an estimate, not a step's
+    if train:
+        fields["loss"] = fields["loss"] if "loss" in train else fields[train[0]]
+    else:
+        fields.pop("loss", None)
     return fields
 
 
@@ -118,6 +156,11 @@ class Progress:
     total: int
     eta_s: float | None
     label: str = ""  # the bar's own description, e.g. "Loading checkpoint shards"
+    # The bar's drawing: "tqdm", "rich" (Lightning's RichProgressBar), "keras", or "counter"
+    # (`Step 12/500`, Megatron's `iteration 12/ 500`).
+    kind: str = "tqdm"
+    epoch: int | None = None  # `Epoch E` or `Epoch E/M` in its label, as printed
+    epochs: int | None = None  # the M of `Epoch E/M`
 
     @property
     def fraction(self) -> float:
@@ -141,11 +184,18 @@ def phase_of(line: str) -> str | None:
 # Counts are bounded to 18 digits (see _INTEGER), clocks to 12 characters.
 # tqdm: `desc: 50%|█████     | 32/64 [01:02<01:02, 1.95s/it, loss=2.31]`
 _TQDM = re.compile(r"(\d{1,3})%\|[^|\n]{0,200}\|\s*(\d{1,18})/(\d{1,18})(?!\d)(?:\s*\[([\d:]{1,12})<([\d:]{1,12}|\?))?")
-# Bar-less counters: `Loading safetensors checkpoint shards: 12/64`, `Step 120/5000 | loss …`
+# Rich (Lightning's RichProgressBar): `Epoch 0/2  ━━━━━━╺━━━━ 17/32 0:00:00 • 0:00:01 39.85it/s`
+_RICH = re.compile(r"(\S[^━╸╺\n]{0,120}?)\s+[━╸╺╾╼]+\s+(\d{1,18})/(\d{1,18})(?!\d)(?:\s+[\d:]{1,12}\s+•\s+([\d:]{1,12}|-:--:--))?")
+# Keras 3: ` 64/100 ━━━━━━━━━━━━ 7s 212ms/step - loss: 0.2080`
+_KERAS = re.compile(r"^\s*(\d{1,18})/(\d{1,18})\s+[━╸╺]+")
+# Bar-less counters: `Loading safetensors checkpoint shards: 12/64`, `Step 120/5000 | loss …`,
+# Megatron's ` iteration       10/     100 |`
 _COUNTER = re.compile(
-    r"([A-Za-z][^:\n]{0,120}):\s*(\d{1,18})/(\d{1,18})(?![\d/])|\b(step|iter(?:ation)?)\s+(\d{1,18})/(\d{1,18})(?![\d/])",
+    r"([A-Za-z][^:\n]{0,120}):\s*(\d{1,18})/(\d{1,18})(?![\d/])|\b(step|iter(?:ation)?)\s+(\d{1,18})/\s*(\d{1,18})(?![\d/])",
     re.IGNORECASE,
 )
+# An epoch in a bar's label: Lightning's `Epoch 3` (tqdm) and `Epoch 3/9` (Rich).
+_EPOCH_LABEL = re.compile(r"\bepoch\s+(\d{1,9})(?:\s*/\s*(\d{1,9}))?\b", re.IGNORECASE)
 
 
 def _seconds(clock: str | None) -> float | None:
@@ -160,16 +210,24 @@ def _seconds(clock: str | None) -> float | None:
 
 
 def parse_progress(line: str) -> Progress | None:
-    """A tqdm bar or an `N/M` counter line → Progress, or None."""
+    """A tqdm, Rich or Keras bar, or an `N/M` counter line → Progress, or None."""
     text = visible_text(line)
     if m := _TQDM.search(text):
         label = text[: m.start()].strip().rstrip(":").strip()
-        done, total, eta = int(m[2]), int(m[3]), _seconds(m[5])
+        done, total, eta, kind = int(m[2]), int(m[3]), _seconds(m[5]), "tqdm"
+    elif m := _KERAS.search(text):
+        label, done, total, eta, kind = "", int(m[1]), int(m[2]), None, "keras"
+    elif m := _RICH.search(text):
+        label, done, total, eta, kind = m[1].strip(), int(m[2]), int(m[3]), _seconds(m[4]), "rich"
     elif m := _COUNTER.search(text):
         label, done, total = (m[1], m[2], m[3]) if m[1] else (m[4], m[5], m[6])
-        label, done, total, eta = label.strip(), int(done), int(total), None
+        label, done, total, eta, kind = label.strip(), int(done), int(total), None, "counter"
     else:
         return None
     if total <= 0 or done > total:
         return None
-    return Progress(phase_of(text) or "working", done, total, eta, label)
+    epoch = _EPOCH_LABEL.search(label)
+    return Progress(
+        phase_of(text) or "working", done, total, eta, label, kind,
+        int(epoch[1]) if epoch else None, int(epoch[2]) if epoch and epoch[2] else None,
+    )  # fmt: skip

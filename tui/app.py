@@ -264,7 +264,7 @@ class TracksideApp(RunActions, App):
         # arrive: then metrics.jsonl says it, and the console's lines are only shown. A
         # foreign session's lines are only shown: its listing reads its recorded output.
         if not run.steps and run.info.console is None:
-            run.own_console.add(lines)
+            run.own_console.add_recorded("\n".join(message.lines))  # console.log is the pane's bytes
         self._changed(run=run.key, lines=lines)
 
     def read_overlays(self, key: str, picked: str | None = None) -> None:

@@ -24,14 +24,15 @@ HF_BAR = " 20%|██        | 2000/10000 [10:00<40:00,  3.33it/s]"
 def test_hf_trainer_losses_are_spread_up_to_the_bar_that_counts_them():
     said = summarize([hf_dict(i) for i in range(1, 201)] + [HF_BAR])
     assert said.step == 2000 and said.loss == 1.0
-    assert said.progress == Progress("working", 2000, 10000, 2400.0, "")
+    assert said.progress == Progress("training", 2000, 10000, 2400.0, "")
     # logged every 10 steps: 200 losses by step 2000
     assert list(said.curve)[:2] == [(10, 2.99), (20, 2.98)] and said.curve[-1] == (2000, 1.0)
 
 
-def test_hf_trainer_without_a_bar_counts_its_loss_lines():
+def test_hf_trainer_without_a_bar_keeps_its_losses_in_order_and_names_no_step():
     said = summarize([hf_dict(i) for i in range(1, 201)])
-    assert said.step == 200 and [s for s, _ in said.curve] == list(range(1, 201))
+    assert [s for s, _ in said.curve] == list(range(1, 201)) and said.counted
+    assert said.step is None and said.loss == 1.0  # a count of lines is no step
 
 
 def test_hf_evaluation_and_summary_dicts_are_not_steps():
@@ -66,7 +67,7 @@ def test_lightning_draws_one_bar_per_epoch():
     ]
     said = summarize(lines)
     assert list(said.curve) == [(1000, 2.31), (2000, 2.0), (2450, 1.9)]
-    assert said.step == 2450 and said.progress == Progress("training", 450, 1000, 36.0, "Epoch 2")
+    assert said.step == 2450 and said.progress == Progress("training", 450, 1000, 36.0, "Epoch 2", "tqdm", 2)
 
 
 def test_a_bar_that_starts_again_is_the_next_epochs():
@@ -80,14 +81,19 @@ def test_a_bar_that_starts_again_is_the_next_epochs():
         ([f"iter {i}: loss {3 - i / 1000:.4f}, time 12.3ms, mfu 3.21%" for i in range(0, 2000, 10)], 1990, 1.01),
         ([f"step: {i}  loss: {7 - i / 100:7.4f}  memory: 12.34GiB(15.6%)  tps: 1,234" for i in range(1, 101)], 100, 6.0),
         ([f'{{"step": {i}, "loss": {1 / i}}}' for i in range(1, 51)], 50, 0.02),
-        # speculators prints no step: one per loss line
-        ([f"train/loss_0={2 - i / 100:.3f}, train/full_acc_0=0.5, epoch=0, lr=1.00e-04" for i in range(30)], 30, 1.71),
     ],
 )
 def test_formats_that_name_their_step(lines, step, loss):
     said = summarize(lines)
     assert (said.step, said.loss) == (step, pytest.approx(loss))
     assert len(said.curve) == len(lines) and said.curve[-1] == (step, said.loss)
+
+
+def test_losses_with_no_step_anywhere_are_counted_and_name_no_step():
+    """speculators' lines name no step: its curve counts them, and no step is shown."""
+    said = summarize([f"train/loss_0={2 - i / 100:.3f}, train/full_acc_0=0.5, epoch=0, lr=1.00e-04" for i in range(30)])
+    assert said.step is None and said.counted and said.loss == pytest.approx(1.71)
+    assert [s for s, _ in said.curve] == list(range(1, 31))
 
 
 def test_a_named_step_wins_over_bars():

@@ -29,13 +29,20 @@ relaxed = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
         ("  5%|▌ | 50/1000 [00:10<03:10, 4.98it/s, loss=2.31, lr=1e-4]", {"loss": 2.31, "lr": 1e-4}),
         ("2026-11-29 09:00:01 INFO step 5 | loss 2.5 | lr 1e-4", {"step": 5, "loss": 2.5, "lr": 1e-4}),
         ("\x1b[32mINFO\x1b[0m loss=\x1b[1m0.5\x1b[0m", {"loss": 0.5}),
-        ("train/loss=0.5 eval/loss=0.7", {"train/loss": 0.5, "eval/loss": 0.7, "loss": 0.5}),
+        ("train/loss=0.5 eval/loss=0.7", {"train/loss": 0.5, "eval/loss": 0.7, "loss": 0.5, "eval_loss": 0.7}),
         ("epoch 1/3 step=7 loss=-0.25", {"step": 7, "loss": -0.25}),
         # tqdm redraws in place: the newest value is after the last carriage return
         ("1%| | 1/99 [00:01<01:30, loss=9.9]\r2%| | 2/99 [00:02<01:29, loss=8.8]", {"loss": 8.8}),
         # nanoGPT: a colon ends the iteration's field; `12.3ms` and `3.21%` are not numbers
         ("iter 100: loss 2.3456, time 12.3ms, mfu 3.21%", {"iter": 100, "loss": 2.3456}),
-        ("step 250: train loss 1.9123, val loss 2.0123", {"step": 250, "loss": 1.9123}),
+        # nanoGPT's evaluation: both losses are its estimates, neither a training step's
+        ("step 250: train loss 1.9123, val loss 2.0123", {"step": 250, "train_loss": 1.9123, "val_loss": 2.0123, "eval_loss": 2.0123}),
+        # torchtitan's validation, Megatron's, transformers 5's quoted values
+        ("validate step: 300  loss:  3.5005", {"step": 300, "eval_loss": 3.5005}),
+        ("validation loss at iteration 100 | lm loss value: 2.3 | lm loss PPL: 10.0 |", {"iteration": 100, "lm_loss": 2.3, "ppl": 10.0, "eval_loss": 2.3}),
+        ("{'loss': '4.575', 'grad_norm': '1.039', 'epoch': '0.1562'}", {"loss": 4.575, "grad_norm": 1.039, "epoch": 0.1562}),
+        # a tqdm postfix cut at the terminal's width: its last value is not read
+        ("Epoch 1:  3%| | 1/32 [00:00<00:00, 9it/s, v_num=0, train_loss=0.424, val_loss=0.27", {"epoch": 1, "v_num": 0, "train_loss": 0.424, "loss": 0.424}),
         # torchtitan, coloured
         ("\x1b[31mstep:  10  \x1b[32mloss:  7.1234  \x1b[33mmemory: 12.34GiB(15.6%)", {"step": 10, "loss": 7.1234}),
         # speculators: one loss per TTT step, the first standing for the run
@@ -100,7 +107,7 @@ def test_console_lines_without_loss(line):
 @pytest.mark.parametrize(
     "line, expected",
     [
-        ("Loading safetensors checkpoint shards: 12/64", Progress("loading", 12, 64, None, "Loading safetensors checkpoint shards")),
+        ("Loading safetensors checkpoint shards: 12/64", Progress("loading", 12, 64, None, "Loading safetensors checkpoint shards", "counter")),
         (
             "Loading checkpoint shards:  50%|█████     | 32/64 [01:02<01:02,  1.95s/it]",
             Progress("loading", 32, 64, 62.0, "Loading checkpoint shards"),
@@ -110,11 +117,16 @@ def test_console_lines_without_loss(line):
             Progress("training", 50, 1000, 190.0, ""),
         ),
         ("Extracting hidden states:   0%|          | 0/1000 [00:00<?, ?it/s]", Progress("extracting", 0, 1000, None, "Extracting hidden states")),
-        ("Epoch 2:  10%|█         | 100/1000 [1:02:03<9:18:27, 37.2s/it]", Progress("training", 100, 1000, 33507.0, "Epoch 2")),
-        ("Compiling kernels: 3/10", Progress("compiling", 3, 10, None, "Compiling kernels")),
+        ("Epoch 2:  10%|█         | 100/1000 [1:02:03<9:18:27, 37.2s/it]", Progress("training", 100, 1000, 33507.0, "Epoch 2", "tqdm", 2)),
+        ("Compiling kernels: 3/10", Progress("compiling", 3, 10, None, "Compiling kernels", "counter")),
         ("100%|██████████| 8/8 [00:03<00:00,  2.40it/s]", Progress("working", 8, 8, 0.0, "")),
-        ("Step 120/5000 | loss 2.31", Progress("training", 120, 5000, None, "Step")),
-        ("iter 7/10: loss 1.0", Progress("training", 7, 10, None, "iter")),
+        ("Step 120/5000 | loss 2.31", Progress("training", 120, 5000, None, "Step", "counter")),
+        ("iter 7/10: loss 1.0", Progress("training", 7, 10, None, "iter", "counter")),
+        # Megatron-LM pads its counts
+        (" iteration       10/     100 | consumed samples: 80 | lm loss: 1.05E+01 |", Progress("training", 10, 100, None, "iteration", "counter")),
+        # Lightning's Rich bar (epochs from 0, to max_epochs - 1) and Keras 3's
+        ("Epoch 1/2  ━━━━━━━━━╺━━━━━━━ 17/32 0:00:00 • 0:00:01 39.85it/s v_num: 0.000", Progress("training", 17, 32, 1.0, "Epoch 1/2", "rich", 1, 2)),
+        ("17/32 ━━━━━━━━━━━━━━━━━━━━ 1s 76ms/step - loss: 1.2430", Progress("training", 17, 32, None, "", "keras")),
     ],
 )
 def test_progress_formats(line, expected):

@@ -1,0 +1,101 @@
+"""Other people's trainers, read from what they really printed.
+
+Each fixture in tests/fixtures/consoles/ is a real run of a real library (its name and
+version in the fixture's JSON; how each was made in capture/README-*.md): `.raw`, the bytes
+its tmux pane received, recorded by `tmux pipe-pane` as trackside records a pane; `.pane.txt`,
+the pane's scrollback as `capture-pane` gives it; `.json`, the truth, from the library's
+own records (log history, callbacks), never from its console.
+
+The rule is the dashboard's: read right or not at all. Every point read must be the
+library's loss at that step (to the digits the console shows), every evaluation loss an
+evaluation's, never a training one; the final step must be the run's. Where a console does
+not say which step a loss is (a bar drawn less often than its postfix changes, a postfix
+cut at the terminal's width), fewer points are read: MINIMUM holds how many are read today,
+so reading less is a regression.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from backends.console import ConsoleSummary, summarize
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "consoles"
+NAMES = sorted(p.stem for p in FIXTURES.glob("*.json"))
+
+# fixture: (training points, evaluation points) read at least from its recorded bytes
+MINIMUM = {
+    "accelerate-tqdm-postfix": (36, 2),  # the bar's count lags its postfix: the first new loss at each count only
+    "deepspeed-engine-cpu": (40, 0),
+    "deepspeed-pipe-cpu": (20, 0),
+    "jsonl-mlp": (60, 3),
+    "keras-3.15.1": (91, 3),  # Keras skips redraws closer than 50 ms: those steps are never shown
+    "lightning-2.6.6-rich": (91, 2),
+    "lightning-2.6.6-rich-wide": (91, 3),
+    "lightning-2.6.6-tqdm": (95, 0),  # at 80 columns its postfix cuts val_loss short: never read
+    "lightning-2.6.6-tqdm-wide": (95, 3),
+    "nanogpt-char-cpu": (101, 6),
+    "transformers-4.57-trainer": (14, 3),
+    "transformers-5-trainer": (14, 4),
+    "transformers-5-trainer-epochs": (19, 5),
+}
+
+
+def truth(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+def shown_as(read: float, true: float) -> bool:
+    """Whether `read` is `true` as a console prints it: tqdm's 3 significant digits (and
+    Lightning's padding of them), Keras' 4 decimals, nanoGPT's 4."""
+    return abs(read - true) <= max(5.1e-4, abs(true) * 6e-3)
+
+
+def assert_read_right(points, true_points, counted: bool = False) -> None:
+    """Every point read is the library's at that step; counted points (no step printed
+    anywhere) are its losses in order."""
+    if counted:
+        values = iter(v for _, v in true_points)
+        for _, read in points:
+            assert any(shown_as(read, v) for v in values), f"{read} is not one of the losses, in order"
+        return
+    true = dict(true_points)
+    wrong = [(step, read, true.get(step)) for step, read in points if step not in true or not shown_as(read, true[step])]
+    assert not wrong, f"(step, read, true): {wrong[:5]}"
+
+
+def test_every_fixture_names_its_library_and_version_and_is_a_real_run():
+    assert set(NAMES) == set(MINIMUM), "a fixture without its minimum, or a minimum without its fixture"
+    for name in NAMES:
+        doc = truth(name)
+        assert doc["library"] and doc["version"] and doc["train"], name
+        assert (FIXTURES / f"{name}.raw").stat().st_size > 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_recorded_output_is_read_right(name):
+    doc = truth(name)
+    said = ConsoleSummary()
+    said.add_recorded((FIXTURES / f"{name}.raw").read_bytes().decode(errors="replace"))
+    said.settle()
+    assert_read_right(said.curve, doc["train"], said.counted)
+    assert_read_right(said.eval_curve, doc["eval"])
+    train, evals = MINIMUM[name]
+    assert len(said.curve) >= train and len(said.eval_curve) >= evals
+    assert said.step in (None, doc["last_step"]) if said.counted else said.step == doc["last_step"]
+    assert said.total_steps in (None, doc["total_steps"])
+    last_train = doc["train"][-1][1]
+    assert said.loss is None or shown_as(said.loss, last_train) or said.counted
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if (FIXTURES / f"{n}.pane.txt").exists()])
+def test_a_panes_scrollback_is_read_right_or_not_at_all(name):
+    """What `capture-pane` kept: bars in their last state only, so less is known."""
+    doc = truth(name)
+    said = summarize((FIXTURES / f"{name}.pane.txt").read_text().split("\n"))
+    assert_read_right(said.curve, doc["train"], said.counted)
+    assert_read_right(said.eval_curve, doc["eval"])
+    assert said.step in (None, doc["last_step"])
