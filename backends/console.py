@@ -40,6 +40,8 @@ _NOT_TRAINING = re.compile(r"eval|valid|test|predict|generat|sanity", re.IGNOREC
 _EVALUATING = re.compile(r"eval|valid|test", re.IGNORECASE)
 # Keras' epoch header, a line of its own above the epoch's bars.
 _KERAS_EPOCH = re.compile(r"\s*Epoch (\d{1,9})/(\d{1,9})\s*")
+_INDENT = " " * 16  # a wrapped record's later lines: Rich's log handler indents them 20
+_SOURCE = re.compile(r"\s+[\w.-]+\.py:\d+\s*$")  # the source location Rich's log handler puts at a record's right
 
 
 class ConsoleSummary:
@@ -68,13 +70,18 @@ class ConsoleSummary:
         self._postfix_leads = False
         self._postfix_at: tuple[int, int] = (-1, 0)  # the count its postfix is drawn at, new losses there
         self._evaluated_at: int | None = None  # the step an evaluation's bar was drawn at
+        self._held: str | None = None  # a wrapped record's lines so far
+        self._screen = False  # folding a screen's lines, not a recording
 
     # --- input ----------------------------------------------------------------------
 
     def add(self, lines: Iterable[str]) -> None:
-        """Lines as a screen shows them (a pane's capture, a log's lines)."""
+        """Lines as a screen shows them (a pane's capture): each bar in its last state only,
+        so no bar is the next one drawn after an evaluation, and none dates it."""
+        self._screen = True
         for line in lines:
             self._read(visible_text(line))
+        self._screen = False
 
     def add_recorded(self, text: str) -> None:
         """What a pane printed, as recorded: every redraw of a bar is read, not only its last."""
@@ -83,12 +90,14 @@ class ConsoleSummary:
                 self._read(state)
 
     def settle(self) -> None:
-        """Nothing more is coming (a whole capture read, a pane that died): the losses still
-        waiting for a bar take the last step known."""
+        """Nothing more is coming (a whole capture read, a pane that died): a record still
+        held is folded, the losses still waiting for a bar take the last step known (an
+        evaluation's does not: some trainers date it at the next step)."""
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._fold(held)
         self._place(self.step)
-        if self._eval_unplaced is not None and self.step is not None:
-            _point(self.eval_curve, self.step, self._eval_unplaced)
-        self._eval_unplaced = None
+        self._eval_unplaced = None  # no bar told its step: trainers date evaluations differently
 
     # --- what it says ---------------------------------------------------------------
 
@@ -108,11 +117,33 @@ class ConsoleSummary:
     # --- folding --------------------------------------------------------------------
 
     def _read(self, text: str) -> None:
+        """A line, or the start of a record a logger wrapped over several (Rich's log
+        handler: `key=value,` lines, the rest indented below): folded once whole."""
+        if self._held is not None:
+            if text.startswith(_INDENT) and text.strip():
+                self._held += " " + _SOURCE.sub("", text).strip()
+                if self._held.endswith(","):
+                    return
+                text = ""
+            held, self._held = self._held, None
+            self._fold(held)
+            if not text:
+                return
+        if _SOURCE.sub("", text).endswith(","):
+            self._held = _SOURCE.sub("", text)
+            return
+        if text.startswith(_INDENT) and self._rich_step is None:
+            return  # the wrapped rest of a line that was no metrics record: not read alone
+        self._fold(text)
+
+    def _fold(self, text: str) -> None:
         if (epoch := _KERAS_EPOCH.fullmatch(text)) is not None:
             self._keras_epoch = int(epoch[1]), int(epoch[2])
             return
         bar_step = None
         progress = parse_progress(text) if "/" in text else None
+        if progress is None and not text.startswith(_INDENT):
+            self._rich_step = None  # a line of its own: what follows is not the bar's
         if progress is not None:
             if progress.phase == "working" and (self.curve or self._unplaced):
                 # A bare bar between loss lines is the training loop's.
@@ -136,7 +167,7 @@ class ConsoleSummary:
         step, postfix = named, False
         if step is None and progress is not None:
             step, postfix = bar_step, progress.kind != "keras"  # Keras draws each step's count and loss
-        elif step is None and self._rich_step is not None:
+        elif step is None and self._rich_step is not None and text.startswith(_INDENT):
             step, postfix = self._rich_step, True  # a Rich bar's metrics, wrapped below it
         if (value := fields.get("eval_loss")) is not None:
             self._evaluated(value, step, postfix=postfix)
@@ -146,6 +177,8 @@ class ConsoleSummary:
             if step is not None and (step > 0 or not postfix):
                 _point(self.curve, step, value, restart=named is not None)
                 self._advance(step)
+                if named is not None:
+                    self._eval_unplaced = None  # steps went on without a bar: its step is not known
             elif progress is None and not postfix:
                 self._unplaced.append(value)
                 self._eval_unplaced = None  # an evaluation between losses no bar counted: its step is not known
@@ -184,9 +217,11 @@ class ConsoleSummary:
                 _point(self.eval_curve, step, value)
             return
         self.eval_loss = value
-        if step is not None:
-            _point(self.eval_curve, step, value, restart=not postfix)
-        elif not self._unplaced:
+        if step is not None and not (self.eval_curve and self.eval_curve[-1][0] == step):
+            # The first evaluation at a step is the run's (Megatron follows its validation
+            # with the test set's, at the same iteration).
+            _point(self.eval_curve, step, value, restart=True)
+        elif step is None and not self._unplaced:
             self._eval_unplaced = value  # the next bar's count, unless losses come first
 
     def _bar_step(self, bar: Progress) -> int | None:
@@ -236,9 +271,9 @@ class ConsoleSummary:
             self.curve.clear()
             self.counted = False
         self._place(step)
-        if self._eval_unplaced is not None:
+        if self._eval_unplaced is not None and not self._screen:
             _point(self.eval_curve, step, self._eval_unplaced)
-            self._eval_unplaced = None
+        self._eval_unplaced = None
         if not self._named:
             self._advance(step)
 
@@ -268,7 +303,7 @@ class ConsoleSummary:
         for step, loss in zip(steps, self._unplaced):
             _point(self.curve, step, loss)
         self._unplaced.clear()
-        if not self.counted:
+        if not self.counted and not self._named:
             self._advance(steps[-1])
 
 

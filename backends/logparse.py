@@ -11,7 +11,9 @@ import re
 from dataclasses import dataclass
 
 # Terminal escapes tqdm and colour loggers write (cursor moves, colours).
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
+# Terminal escapes tqdm, Rich and colour loggers write: cursor moves, colours, and OSC 8
+# hyperlinks (Rich's log handler links each record to its source file).
+_ANSI = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
 
 
 def visible_text(line: str) -> str:
@@ -69,12 +71,15 @@ _SPACED_KEYS = re.compile(r".*loss|step|epoch|iter|iteration|lr|grad_norm", re.I
 _INTEGER = re.compile(r"[-+]?\d{1,18}")
 # A loss key: `loss`, `train_loss`, `eval/loss`, or one per TTT step (speculators'
 # `train/loss_0`, `train/loss_1`, ...).
-_LOSS_KEY = re.compile(r".*loss(?:_\d+)?")
+_LOSS_KEY = re.compile(r".*loss(?:_\d+)?(?:_(?:epoch|step))?")
+# One of several (a TTT step's `loss_1`, speculators' `val/loss_0_epoch`): the plain one
+# beside them is the run's.
+_PART_KEY = re.compile(r".*loss_\d+(?:_(?:epoch|step))?")
 # An evaluation's loss: by its key (`eval_loss`, `val/loss`, `test_loss`), or every loss of
 # a line that says it is a validation (torchtitan's `validate step:`, Megatron's
 # `validation loss at iteration`, `Validation:`).
 _EVAL_KEY = re.compile(r"(?:^|[_/.\-])(?:eval|val|valid|validation|test)(?:$|[_/.\-])", re.IGNORECASE)
-_EVAL_LINE = re.compile(r"^\W*(?:validat|evaluat|eval\b|test\b)", re.IGNORECASE)
+_EVAL_LINE = re.compile(r"\b(?:validat\w*|evaluat\w*|eval)\b(?=.*loss)", re.IGNORECASE)
 # A training loss named as such, beside which an evaluation's report also gives its own
 # (nanoGPT's `step N: train loss X, val loss Y`: both are estimates made at evaluation).
 _TRAIN_KEY = re.compile(r"train(?:ing)?_")
@@ -126,9 +131,11 @@ def parse_console_line(line: str) -> dict[str, int | float] | None:
     losses = [k for k in fields if _LOSS_KEY.fullmatch(k)]
     if not losses:
         return None
-    validation = bool(_EVAL_LINE.match(text))
-    evals = [k for k in losses if validation or is_eval_key(k)]
-    train = [k for k in losses if k not in evals]
+    # A validation word before the first loss (`… INFO - validate step: 10  loss: …`).
+    validation = bool((m := _EVAL_LINE.search(text)) and m.start() < text.lower().find("loss") + 1)
+    whole = sorted(losses, key=lambda k: bool(_PART_KEY.fullmatch(k)))  # plain losses first
+    evals = [k for k in whole if validation or is_eval_key(k)]
+    train = [k for k in whole if k not in evals]
     if evals:
         fields["eval_loss"] = fields[evals[0]]
         if not validation and train and all(k in spaced and _TRAIN_KEY.match(k) for k in train) and not _is_bar(text):

@@ -82,6 +82,9 @@ class Recordings:
         for pid in unrecorded:
             tapes[pid].summary = ConsoleSummary()
             tapes[pid].summary.add(screens.get(pid, "").split("\n"))
+        for pane in panes:
+            if drain or pane.dead:  # read to its end: what waits for a next line gets none
+                tapes[pane.pane_id].summary.settle()
         return {
             pane.pane_id: PaneRead(pane, tapes[pane.pane_id].summary, self._since.get(recs[pane.pane_id].log) if tapes[pane.pane_id].recorded else None)
             for pane in panes

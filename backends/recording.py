@@ -19,6 +19,7 @@ launched, which pipes into its run dir, or a pipe the user set) is never piped a
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import shlex
 from dataclasses import dataclass
 
@@ -29,24 +30,30 @@ SEGMENT_BYTES = 4 << 20
 READ_BYTES = 1 << 20  # read at most this much of one pane a listing: a flood waits its turn
 PANES_DIR = "panes"
 
-# Appends stdin to file "$1", moving it to "$1.1" at each "$2" bytes. dd writes each read
-# as it comes (head -c buffers it) and never reads past its count, so no byte is lost at a turn.
+# Appends stdin to file "$1", moving it to "$1.1" at each "$2" bytes. head -c never reads
+# past its count, so no byte is lost at a turn, and unbuffered (stdbuf) it writes each read
+# as it comes. (dd cannot: with a byte count it still stops after count/bs reads, however
+# short.) A host without stdbuf records the pane whole, unrotated.
 _ROTATOR = r"""f=$1 cap=$2
+stdbuf -o0 true 2>/dev/null || exec cat >> "$f"
 while :; do
-  dd bs=65536 count="$cap" iflag=count_bytes oflag=append conv=notrunc status=none of="$f" || exit 0
+  stdbuf -o0 head -c "$cap" >> "$f" || exit 0
   [ "$(wc -c < "$f")" -ge "$cap" ] || exit 0
   mv -f "$f" "$f.1"
 done
 """
+# Named by its text, so a host keeps the one its recordings were started with and a new
+# trackside writes its own beside it.
+_ROTATOR_NAME = f"record-{hashlib.sha256(_ROTATOR.encode()).hexdigest()[:8]}.sh"
 
-# For each (target, dir, number, pipe command) after "$1" (the socket, or empty) and "$2"
-# (the rotator script's text): still unpiped, write the scrollback, then start the pipe,
-# in one tmux command so no line falls between the two.
-_START = r"""socket=$1 rotator=$2; shift 2
+# For each (target, dir, number, pipe command) after "$1" (the socket, or empty), "$2" (the
+# rotator's path) and "$3" (its text): still unpiped, write the scrollback, then start the
+# pipe, in one tmux command so no line falls between the two.
+_START = r"""socket=$1 script=$2 rotator=$3; shift 3
 while [ $# -ge 4 ]; do
   t=$1 d=$2 n=$3 cmd=$4; shift 4
   [ "$(tmux ${socket:+-L "$socket"} display-message -p -t "$t" '#{pane_pipe}' 2>/dev/null)" = 0 ] || continue
-  mkdir -p "$d" && { [ -f "$d/../record.sh" ] || printf '%s' "$rotator" > "$d/../record.sh"; } || continue
+  mkdir -p "$d" && { [ -f "$script" ] || printf '%s' "$rotator" > "$script"; } || continue
   tmux ${socket:+-L "$socket"} capture-pane -p -J -S - -t "$t" \; pipe-pane -t "$t" "$cmd" > "$d/$n.scrollback" 2>/dev/null
 done
 """
@@ -98,16 +105,17 @@ async def start(host: Host, root: str, panes: list[tmux.Pane]) -> None:
     """Record every live, unpiped pane of `panes` from now on (a pane another listing just
     piped, or the user did, is left as it is)."""
     socket = getattr(host, "tmux_socket", None)
+    script = f"{root}/{PANES_DIR}/{_ROTATOR_NAME}"
     args: list[str] = []
     for pane in panes:
         if pane.dead or pane.piped or not pane.pane_id:
             continue
         rec = recording_of(root, socket, pane)
         # tmux runs the pipe command with sh -c: quoted here, once.
-        command = f"exec sh {shlex.quote(rec.directory + '/../record.sh')} {shlex.quote(rec.log)} {SEGMENT_BYTES}"
+        command = f"exec sh {shlex.quote(script)} {shlex.quote(rec.log)} {SEGMENT_BYTES}"
         args += [pane.pane_id, rec.directory, rec.number, command]
     if args:
-        result = await host.run(["sh", "-c", _START, "sh", socket or "", _ROTATOR, *args])
+        result = await host.run(["sh", "-c", _START, "sh", socket or "", script, _ROTATOR, *args])
         if not result.ok:
             raise HostError(host.name, f"cannot record tmux panes: {result.stderr.strip()}")
 

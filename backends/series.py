@@ -140,10 +140,19 @@ def from_metrics(name: str, host: str, text: str, *, params: dict | None = None,
     return Series(name, host, dict(params or {}), parent, tuple(events), start_time)
 
 
+def console_events(said: console.ConsoleSummary) -> tuple[dict, ...]:
+    """A console's fold as step records: its training loss (`loss`) and its evaluations'
+    (`eval_loss`), a series each, in step order."""
+    points = [(s, 0, {"step": s, "loss": v}) for s, v in said.curve] + [(s, 1, {"step": s, "eval_loss": v}) for s, v in said.eval_curve]
+    return tuple(event for *_, event in sorted(points, key=lambda p: p[:2]))
+
+
 def from_console(name: str, host: str, text: str, *, params: dict | None = None, parent: str | None = None) -> Series:
-    """A series from what a program printed: the loss against the step the console fold gives it."""
-    curve = console.summarize(text.split("\n")).curve
-    return Series(name, host, dict(params or {}), parent, tuple({"step": s, "loss": loss} for s, loss in curve))
+    """A series from what a program printed (its console.log: the pane's bytes)."""
+    said = console.ConsoleSummary()
+    said.add_recorded(text)
+    said.settle()
+    return Series(name, host, dict(params or {}), parent, console_events(said))
 
 
 async def _cat(host: Host, path: str) -> str | None:
@@ -168,7 +177,7 @@ async def of_session(host: Host, session: str) -> Series:
     read = await panes.read_session(host, tmux.check_session_name(session))
     if read is None:
         raise runs.RunError(f"no run or tmux session {session!r} on {host.name}")
-    return Series(session, host.name, events=tuple({"step": s, "loss": loss} for s, loss in read.summary.curve))
+    return Series(session, host.name, events=console_events(read.summary))
 
 
 async def of_target(host: Host, target: str, listed: list[runs.RunInfo]) -> Series:

@@ -7,6 +7,7 @@ trainer's lines and then idling, as a run would between log lines.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from backends import panes, recording, tmux
+from backends.hosts import LocalHost
 from tests.backends.test_runs import PY, fake_trackside, tmux_dir  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,12 +27,12 @@ RED, GREEN, PLAIN = "\x1b[31m", "\x1b[32m", "\x1b[39m"
 FORMATS = {
     "speculators": (
         [f"train/loss_0={2 - i / 100:.3f}, train/full_acc_0=0.512, train/loss_1=2.5, epoch=0, lr=1.00e-04" for i in range(1, 31)],
-        30, 1.7, None,
+        None, 1.7, None,  # it prints no step: none is shown
     ),
     "hf": (
         [f"{{'loss': {3 - i / 100:.4f}, 'grad_norm': 0.51, 'learning_rate': 1e-05, 'epoch': {i / 100:.2f}}}" for i in range(1, 201)]
         + [" 20%|██        | 2000/10000 [10:00<40:00,  3.33it/s]"],
-        2000, 1.0, ("working", 2000, 10000),
+        2000, 1.0, ("training", 2000, 10000),  # a bare bar below loss lines counts the training
     ),
     "lightning": (
         [
@@ -85,7 +88,7 @@ def test_runs_json_reads_every_trainers_console(config, tmp_path):
     table = trackside("runs", "--config", config).stdout
     row = {line.split()[1]: line for line in table.splitlines()[1:]}
     assert "2450 (Epoch 2 450/1000, ETA 0:00:36)" in row["lightning"] and "1.9" in row["lightning"]
-    assert "2000 (working 2000/10000, ETA 0:40:00)" in row["hf"]
+    assert "2000 (training 2000/10000, ETA 0:40:00)" in row["hf"]
 
 
 def test_a_session_printing_nothing_of_the_kind_has_no_numbers(config, tmp_path):
@@ -122,3 +125,48 @@ def test_a_launch_whose_pane_dies_at_once_exits_1_with_its_last_lines(config):
     assert "exited with status 5 within 2s of its launch" in done.stderr and "| no such file: data/" in done.stderr
     missing = trackside("launch", "--config", config, "--", "no-such-trainer", "--steps", "3")
     assert missing.returncode == 1 and "exited with status 127" in missing.stderr and "not found" in missing.stderr
+
+
+def test_the_runs_root_variable_is_one_rule_for_every_command(tmp_path, tmux_dir, monkeypatch):  # noqa: F811
+    """$TRACKSIDE_RUNS_ROOT moves this machine's runs root for the trainer, `launch`,
+    `runs`, `plot`, `kill` and the dashboard alike, where no config names one."""
+    root = tmp_path / "elsewhere"
+    env = {**os.environ, "TRACKSIDE_RUNS_ROOT": str(root), "HOME": str(tmp_path / "home")}
+    launched = trackside("launch", "--json", "--", "sh", "-c", "echo step=1 loss=2.5; sleep 60", env=env)
+    assert launched.returncode == 0, launched.stderr
+    run = json.loads(launched.stdout)
+    assert run["run_dir"].startswith(str(root))
+    listed = json.loads(trackside("runs", "--json", env=env).stdout)
+    assert [r["run_id"] for r in listed if r["run_id"]] == [run["run_id"]]
+    plotted = trackside("plot", run["run_id"], "--json", env=env)
+    assert plotted.returncode == 0 and json.loads(plotted.stdout)[0]["points"] == [[1, 2.5]], plotted.stderr
+    stopped = trackside("kill", run["run_id"], "--json", env=env)
+    assert stopped.returncode == 0, stopped.stderr
+    from backends.config import parse_config
+
+    monkeypatch.setenv("TRACKSIDE_RUNS_ROOT", str(root))
+    assert parse_config({}).hosts[0].runs_root == str(root)  # the dashboard's, with no config
+    assert parse_config({"hosts": {"box": {}}}).hosts[0].runs_root == str(root)  # a local host that names none
+    assert parse_config({"hosts": {"box": {"runs_root": "/data/runs"}}}).hosts[0].runs_root == "/data/runs"
+
+
+async def test_a_recording_turns_over_and_every_line_is_read_once_in_order(tmux_dir, runs_root, monkeypatch):  # noqa: F811
+    """A pane printing past a segment's size: its recording moves to `.1` and starts again;
+    a reader following it across the turn reads every line once, in order."""
+    monkeypatch.setattr(recording, "SEGMENT_BYTES", 4096)
+    host = LocalHost(runs_root=runs_root)
+    subprocess.run(["tmux", "new-session", "-d", "-s", "chatty", "sh", "-c",
+                    'sleep 1; i=0; while [ $i -lt 400 ]; do i=$((i+1)); echo "step=$i loss=1.5 padding-to-forty"; sleep 0.01; done; sleep 600'],
+                   check=True)  # fmt: skip
+    reader = panes.Recordings()
+    for _ in range(100):
+        read = await reader.read(host, await tmux.list_panes(host))
+        summary = next(iter(read.values())).summary
+        if summary.step == 400:
+            break
+        await asyncio.sleep(0.1)
+    assert [s for s, _ in summary.curve] == list(range(1, 401))
+    logs = sorted(p.name for p in Path(runs_root, "panes").rglob("*.log*"))
+    assert logs == ["0.log", "0.log.1"]  # 400 lines of 42 bytes: more than four segments of 4 KiB, two kept
+    assert all(p.stat().st_size <= 4096 for p in Path(runs_root, "panes").rglob("*.log*"))
+
