@@ -20,6 +20,7 @@ from backends.alerts import format_duration
 from backends.config import Config, ConfigError, load_config
 from backends.hosts import Host, HostError
 from backends.logparse import Progress
+from backends.runs.status import describe
 from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, RUN_ID_EXAMPLE, UsageError
 
 
@@ -184,10 +185,9 @@ def _show_runs(infos: list[runs.RunInfo]) -> str:
         return "no runs and no tmux sessions"
     rows = [RUN_COLUMNS]
     for r in infos:
+        state = describe(r)
         if runs.launcher_code(r.end_status, r.exit_status):
-            state = f"{r.state.value} ({r.end_status}; launcher exit {r.exit_status})"
-        else:
-            state = r.state.value + (f" ({r.exit_status})" if r.exit_status is not None else "")
+            state += f" (launcher exit {r.exit_status})"
         loss = f"{r.last_loss:.4g}" if isinstance(r.last_loss, (int, float)) else "-"
         step = str(r.last_step if r.last_step is not None else "-") + (f" ({_show_progress(r.progress)})" if r.progress else "")
         rate = f"{r.tokens_per_s:,.0f}" if isinstance(r.tokens_per_s, (int, float)) else "-"
@@ -270,7 +270,7 @@ async def _run(args) -> tuple[object, str]:
             return doc, _show_launched(doc)
         if args.subcommand == "runs":
             infos = await nodes.list_spanning(host, hosts)
-            return [r.to_json() for r in infos], _show_runs(infos)
+            return [{**r.to_json(), "status": describe(r)} for r in infos], _show_runs(infos)
         if args.subcommand == "gpus":
             snapshot = await gpu.read_gpus(host, entry.nvidia_smi)
             if snapshot.status in (gpu.GpuStatus.ERROR, gpu.GpuStatus.DRIVER_ERROR):

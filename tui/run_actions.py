@@ -117,6 +117,7 @@ class RunActions(Guarded):
             self.stopped_runs.discard(run.key)
             self.notify(f"could not kill {run.key}: {error}", severity="error", timeout=10)
             return
+        run.stopped_here = True
         # Memory still held is said per host: a multi-node run's other nodes report their own.
         for part in (report, *report.nodes):
             where = run.key if part is report else f"{run.key} on {part.host}"

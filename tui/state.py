@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import enum
 import math
-import signal
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -17,6 +16,7 @@ from backends import pace, runs
 from backends.console import ConsoleSummary
 from backends.gpu import GpuSnapshot
 from backends.logparse import Progress
+from backends.runs.status import RunStatus, node_words, status_of, status_words
 
 HISTORY = 120  # GPU samples kept per card (two minutes at 1 Hz)
 STEP_HISTORY = 5000  # step events kept per run for the loss chart
@@ -38,19 +38,9 @@ def run_key(host: str, run: runs.RunInfo) -> str:
 
 def node_label(node: runs.NodeInfo, end_status: str | None) -> tuple[str, str]:
     """One node of a multi-node run in a few words, with its colour: red only for a node
-    that died (torchrun's exit 1 after the trainer's own clean end is no death)."""
-    code = node.exit_status
-    if node.state == runs.RunPhase.RUNNING.value:
-        return RunStatus.RUNNING.label, RunStatus.RUNNING.style
-    if node.state == runs.RunPhase.OOM.value:
-        return RunStatus.OOM.label, RunStatus.OOM.style
-    if node.state == runs.RunPhase.UNKNOWN.value or code is None:
-        return RunStatus.UNKNOWN.label, RunStatus.UNKNOWN.style
-    if code == 0 or runs.launcher_code(end_status, code):
-        return f"exited ({code})", RunStatus.STOPPED.style
-    if code < 0:
-        return f"killed ({_signal_name(-code)})", RunStatus.KILLED.style
-    return f"failed ({code})", RunStatus.FAILED.style
+    that died."""
+    words, status = node_words(node.state, node.exit_status, end_status)
+    return words, STYLES[status]
 
 
 class HostStatus(enum.StrEnum):
@@ -71,24 +61,17 @@ class HostStatus(enum.StrEnum):
         return "bold red" if self.lost else "green" if self is HostStatus.OK else "dim"
 
 
-class RunStatus(enum.Enum):
-    """What a run is doing as every screen and alert shows it: its word and its colour.
-
-    Failures (a nonzero exit, a signal, OOM) are red everywhere; a clean end is not.
-    """
-
-    RUNNING = "running", "green"
-    FINISHED = "finished", "dim green"  # the trainer completed, or the command exited 0
-    STOPPED = "stopped", "dim"  # the trainer saved and stopped when asked (SIGTERM)
-    FAILED = "failed", "bold red"  # a nonzero exit of its own
-    KILLED = "killed", "bold red"  # ended by a signal it did not handle
-    OOM = "OOM", "bold red"
-    UNKNOWN = "unknown", "yellow"  # not running, and how it ended was not recorded
-    GONE = "gone", "dim strike"  # no longer in the host's listing
-
-    def __init__(self, label: str, style: str) -> None:
-        self.label = label
-        self.style = style
+# Each status's colour on every screen: failures red, a clean end not.
+STYLES = {
+    RunStatus.RUNNING: "green",
+    RunStatus.FINISHED: "dim green",
+    RunStatus.STOPPED: "dim",
+    RunStatus.FAILED: "bold red",
+    RunStatus.KILLED: "bold red",
+    RunStatus.OOM: "bold red",
+    RunStatus.UNKNOWN: "yellow",
+    RunStatus.GONE: "dim strike",
+}
 
 
 @dataclass
@@ -136,6 +119,7 @@ class RunState:
     # Run key → backends.series.Overlay: other runs drawn dim behind this one's loss (its
     # ancestors, runs picked from the fleet); replaced whole, never changed in place.
     overlays: dict = field(default_factory=dict)
+    stopped_here: bool = False  # stopped by a kill from this dashboard
     # The host whose fleet row lists it, named by its key. `host` is where its metrics
     # are read: for a multi-node run the node holding rank 0, which the rendezvous picks
     # and the listing finds only once rank 0 has written; `home` stays its first node's.
@@ -227,9 +211,12 @@ class RunState:
         return self.last.get("tokens_per_s") if self.last else None
 
     def eta_s(self) -> float | None:
-        """From the step events' rate; without them, what the run's own bar says."""
+        """From the step events' rate; without them, what its console's bars say; none
+        once it is not running."""
+        if self.status is not RunStatus.RUNNING:
+            return None
         if not self.steps:
-            return self.progress.eta_s if self.progress is not None else None
+            return self.console.eta_s
         return pace.eta_s(self.steps, self.total_steps)
 
     @property
@@ -243,37 +230,19 @@ class RunState:
 
     @property
     def status(self) -> RunStatus:
-        if self.gone:
-            return RunStatus.GONE
-        if self.oom or self.info.state is runs.RunPhase.OOM:
-            return RunStatus.OOM
-        if self.info.state is runs.RunPhase.RUNNING:
-            return RunStatus.RUNNING
-        # The trainer's own end first: after it, a nonzero code is the launcher's
-        # (runs.launcher_code), not the run's failure.
-        end = (self.end or {}).get("status") or self.info.end_status
-        code = self.info.exit_status
-        if end == "completed":
-            return RunStatus.FINISHED
-        if end == "stopped":
-            return RunStatus.STOPPED
-        if code is None:
-            return RunStatus.FAILED if end == "failed" else RunStatus.UNKNOWN
-        if code < 0:
-            return RunStatus.KILLED
-        return RunStatus.FAILED if code or end == "failed" else RunStatus.FINISHED
+        return status_of(
+            self.info, end=(self.end or {}).get("status"), oom=self.oom is not None, gone=self.gone,
+            stopped_here=self.stopped_here,
+        )  # fmt: skip
+
+    @property
+    def style(self) -> str:
+        return STYLES[self.status]
 
     @property
     def state_label(self) -> str:
         """The status in a few words: its label, what ended it, or a loading phase."""
-        status, code = self.status, self.info.exit_status
-        if status is RunStatus.RUNNING and not self.steps and self.progress is not None:
-            return self.progress.phase
-        if status is RunStatus.KILLED:
-            return f"killed ({_signal_name(-code)})"
-        if status is RunStatus.FAILED and code:
-            return f"failed ({code})"
-        return status.label
+        return status_words(self.status, self.info.exit_status, None if self.steps else self.progress)
 
     def last_step_time(self) -> float | None:
         return self.last.get("time") if self.last else None
@@ -309,18 +278,15 @@ class RunState:
             self.end = event
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def format_number(value: float | None, digits: int = 4) -> str:
+def format_number(value: float | None, digits: int = 4, width: int | None = None) -> str:
+    """A number as the screens show it; within `width` characters by giving up digits,
+    never by cutting (a column's 7 made 2.43e-12 read 2.43e-1)."""
     if value is None:
         return "—"
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
-    if abs(value) >= 1e4:
-        return f"{value:,.0f}"
-    return f"{value:.{digits}g}"
+    text = f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.{digits}g}"
+    while width is not None and len(text) > width and digits > 1:
+        digits -= 1
+        text = f"{value:.{digits}g}".replace("e+0", "e+").replace("e-0", "e-")
+    return text

@@ -84,6 +84,7 @@ class RunInfo:
     # pane (`window.pane`), and since when its curve holds every step printed (epoch s;
     # None: only what its screen showed).
     console: ConsoleSummary | None = None
+    eval_loss: float | None = None  # its latest evaluation's, apart from the training loss
     pane: str | None = None
     recorded_since: float | None = None
 
@@ -212,12 +213,11 @@ async def list_runs(host: Host, recordings: Recordings | None = None) -> list[Ru
         status = None if alive else session_panes[0].exit_status
         read = run_pane([reads[p.pane_id] for p in session_panes if p.pane_id in reads])
         said = read.summary if read is not None else ConsoleSummary()
-        progress = said.progress
         infos.append(
             RunInfo(
                 None, session, host.name, RunPhase.RUNNING if alive else _state(status, False, False), status,
                 last_step=said.step, last_loss=said.loss, pids=alive, this_dashboard=session in dashboard,
-                progress=progress, eta_s=progress.eta_s if alive and progress is not None else None,
+                progress=said.progress, eta_s=said.eta_s if alive else None, eval_loss=said.eval_loss,
                 console=said if read is not None else None, pane=read.pane.where if read is not None else None,
                 recorded_since=read.since if read is not None else None,
             )  # fmt: skip

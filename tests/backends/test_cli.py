@@ -189,7 +189,8 @@ def test_a_clean_stop_whose_launcher_exits_1_reads_as_a_clean_stop():
     stopped = runs.RunInfo("r1", "s1", "local", runs.RunPhase.EXITED, 1, end_status="stopped")
     failed = runs.RunInfo("r2", "s2", "local", runs.RunPhase.EXITED, 1, end_status="failed")
     shown = _show_runs([stopped, failed])
-    assert "exited (stopped; launcher exit 1)" in shown and "exited (1)" in shown
+    # The fleet's words: the trainer's own clean stop, the launcher's code a footnote.
+    assert "stopped (launcher exit 1)" in shown and "failed (1)" in shown
 
 
 def test_runs_shows_what_the_fleet_shows_of_a_run():

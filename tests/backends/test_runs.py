@@ -390,7 +390,9 @@ async def test_foreign_sessions_carry_what_their_panes_printed(host, tmp_path):
     listed = await eventually(printed)
     hf = listed["hf"]
     assert (hf.last_step, hf.last_loss) == (2000, 1.0)
-    assert json.loads(json.dumps(hf.to_json()))["progress"] == {"phase": "working", "done": 2000, "total": 10000, "eta_s": 2400.0, "label": ""}
+    assert json.loads(json.dumps(hf.to_json()))["progress"] == {
+        "phase": "training", "done": 2000, "total": 10000, "eta_s": 2400.0, "label": "", "kind": "tqdm", "epoch": None, "epochs": None,
+    }  # fmt: skip
     assert (listed["quiet"].last_step, listed["quiet"].last_loss, listed["quiet"].progress) == (None, None, None)
     assert listed[mine.session].last_loss is None  # a run of ours is read from its metrics, not its pane
 

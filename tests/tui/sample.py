@@ -143,7 +143,7 @@ def foreign_info() -> RunInfo:
     said = summarize(FOREIGN_LINES)
     return RunInfo(
         None, FOREIGN_SESSION, "h200-box", RunPhase.RUNNING, last_step=said.step, last_loss=said.loss,
-        pids=[5100], progress=said.progress,
+        pids=[5100], progress=said.progress, eta_s=said.eta_s, console=said, pane="0.0", recorded_since=1796164000.0,
     )  # fmt: skip
 
 

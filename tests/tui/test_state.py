@@ -10,7 +10,8 @@ from backends.runs import RunPhase as Listed
 from tests.tui.sample import NOW, gpus, metrics_events, run_info
 from tui.screens.fleet import host_cells, run_cells
 from tui.screens.run import stats_text
-from tui.state import HostState, HostStatus, RunState, RunStatus
+from backends.runs.status import describe
+from tui.state import STYLES, HostState, HostStatus, RunState, RunStatus
 
 
 def ended(listed: Listed = Listed.EXITED, code: int | None = None, end: str | None = None) -> RunState:
@@ -32,14 +33,15 @@ def ended(listed: Listed = Listed.EXITED, code: int | None = None, end: str | No
 def test_how_a_run_ended_reads_the_same_on_every_screen(run, status, label):
     assert (run.status, run.state_label) == (status, label)
     cell = run_cells(run, HostState("h200-box"))["state"]
-    assert (cell.plain, str(cell.style)) == (label, status.style)
+    assert (cell.plain, str(cell.style)) == (label, STYLES[status])
     state_line = stats_text(run, NOW).plain.splitlines()[1]
     assert state_line.startswith(f"state {status.label}")
+    assert describe(run.info) == label  # `trackside runs` says what the screens say
 
 
 def test_failures_stand_out_and_a_clean_end_does_not():
     failures = {RunStatus.FAILED, RunStatus.KILLED, RunStatus.OOM}
-    assert {s for s in RunStatus if "red" in s.style} == failures
+    assert {s for s in RunStatus if "red" in STYLES[s]} == failures == {s for s in RunStatus if s.failed}
 
 
 def test_an_oom_event_and_the_oom_exit_code_read_alike():

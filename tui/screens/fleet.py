@@ -8,6 +8,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Header, Input
 
 from backends.gpu import GpuSnapshot, GpuStatus
+from backends.runs.status import RunStatus
 from tui.state import HostState, HostStatus, RunState, format_duration, format_number, node_label
 from tui.widgets.alert_bar import AlertBar
 from tui.widgets.footer import Footer
@@ -85,8 +86,8 @@ def host_cells(host: HostState, now: float, interval: float) -> dict[str, object
 
 def run_cells(run: RunState, host: HostState) -> dict[str, object]:
     params = run.params
-    label = Text(run.state_label, style=run.status.style)
-    if run.progress is not None and not run.steps:
+    label = Text(run.state_label, style=run.style)
+    if run.progress is not None and not run.steps and run.status is RunStatus.RUNNING:
         label.append(f" {run.progress.done}/{run.progress.total}")
     if run.info.this_dashboard:
         label = Text("this dashboard", style="bold blue")
@@ -96,7 +97,7 @@ def run_cells(run: RunState, host: HostState) -> dict[str, object]:
         "msl": format_number(params.get("max_seq_len")),
         "ttt": f"τ{format_number(run.tau, 2)}" if run.is_dflash else format_number(params.get("ttt_steps")),
         "step": run.step_text,
-        "loss": format_number(run.loss),
+        "loss": format_number(run.loss, width=7),
         "tps": format_number(run.tokens_per_s),
         "eta": format_duration(run.eta_s()),
         "power": "",

@@ -16,7 +16,7 @@ from tui.state import RunState
 def choice(run: RunState, shown: bool) -> Text:
     params = "  ".join(f"{k}={v}" for k, v in run.info.params.items())
     text = Text(run.key, style="bold" if shown else "")
-    text.append(f"  {run.state_label}", style=run.status.style)
+    text.append(f"  {run.state_label}", style=run.style)
     text.append(f"  {params}" if params else "", style="cyan")
     text.append("  (drawn: Enter takes it away)" if shown else "", style="dim")
     return text

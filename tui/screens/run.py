@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -10,6 +12,7 @@ from textual.screen import Screen
 from textual.widgets import Header, Input, Log, Static
 
 from backends.runs import launcher_code
+from backends.runs.status import RunStatus
 from tui.curves import positions_shown
 from tui.guard import Guarded
 from tui.state import RunState, format_duration, format_number, node_label
@@ -41,7 +44,7 @@ def stats_text(run: RunState, now: float) -> Text:
     text.append(f"{run.key}", style="bold")
     text.append(f"  tmux {info.session}\n", style="dim")
     text.append("state ")
-    text.append(run.status.label, style=run.status.style)  # the exit code follows
+    text.append(run.status.label, style=run.style)  # the exit code follows
     status = run.end.get("status") if run.end else None
     if run.end:
         text.append(f" ({status or ''})")
@@ -59,6 +62,15 @@ def stats_text(run: RunState, now: float) -> Text:
     last = run.last or {}
     text.append(f"step {run.step_text}\n")
     text.append(f"loss {format_number(run.loss)}   tokens/s {format_number(run.tokens_per_s)}   ETA {format_duration(run.eta_s())}\n")
+    if run.console.eval_loss is not None and not run.steps:
+        at = run.console.eval_curve[-1][0] if run.console.eval_curve else None
+        text.append(f"eval loss {format_number(run.console.eval_loss)}" + (f" at step {at}" if at is not None else "") + "\n")
+    if info.run_id is None and not info.this_dashboard:
+        if info.recorded_since:
+            since = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.recorded_since))
+            text.append(f"pane {info.pane}: every line since {since} read (recorded)\n", style="dim")
+        elif info.pane is not None:
+            text.append(f"pane {info.pane}: only its screen is read (its output goes to a pipe of its own)\n", style="yellow")
     if run.tau is not None:  # the tokens a block is expected to have accepted
         text.append(f"τ {format_number(run.tau, 3)}", style="bold")
         text.append(f"   {acceptance(last.get('acc_pos'))}\n")
@@ -71,15 +83,17 @@ def stats_text(run: RunState, now: float) -> Text:
         if isinstance(ranks, (list, tuple)) and len(ranks) > 1:  # torchrun: every rank's own GPU
             text.append("peak GiB by rank  ")
             text.append("  ".join(f"{rank}:{format_number(gib, 3)}" for rank, gib in enumerate(ranks)) + "\n")
-    elif run.progress is not None:  # no step events: the console's bar is the clock (foreign runs, loading)
+    elif run.progress is not None and run.status is RunStatus.RUNNING:  # the console's bar is the clock (foreign runs, loading)
         p = run.progress
         eta = f", ETA {format_duration(p.eta_s)}" if p.eta_s is not None else ""
         label = f"  {p.label}" if p.label else ""
         text.append(f"{p.phase}: {p.done}/{p.total} {p.fraction:.0%}{eta}{label}\n", style="yellow")
     if run.garbled:
         text.append(f"{run.garbled} unreadable metrics lines skipped\n", style="yellow")
-    if run.gone:
+    if run.gone and info.run_id is not None:
         text.append("run directory is gone (deleted or unreadable)\n", style="red")
+    elif run.gone:
+        text.append(f"tmux session {info.session} is gone\n", style="dim")
     return text
 
 
