@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from backends import gpu, runs, tmux
 from backends.hosts import Host
 from backends.own_session import own_sessions
-from backends.procs import Proc, descendants, process_table, process_tree
+from backends.procs import Proc, descendants, process_table, process_tree, shell_jobs
 
 # Arguments: the signal, then "PID STARTED" items. Each pid is signalled only if ps still
 # shows the start time we listed (words compared, so ps's padding does not matter); the
@@ -86,6 +86,7 @@ class KillPlan:
     nodes: tuple[KillPlan, ...] = ()
     via: Host | None = field(default=None, repr=False, compare=False)
     smi: str | None = None  # the nvidia-smi of this plan's host (nodes' hosts may differ)
+    shells: tuple[int, ...] = ()  # panes' interactive shells whose jobs these are: left alone
 
     @property
     def pids(self) -> list[int]:
@@ -228,19 +229,32 @@ async def _plan_node(host, target, session, manifest, panes, session_panes, smi,
     if session in await own_sessions(host, session_panes):
         raise SelfKill(f"refusing to stop {target}: this trackside runs in its tmux session {session}")
     table = await process_table(host)
-    tree = {pid: table[pid].started for pid in process_tree(table, panes)}
+    pids, shells = set(), []
+    for pane in panes:
+        jobs = shell_jobs(table, pane)
+        if jobs is None:
+            pids |= process_tree(table, [pane])
+        else:  # typed at an interactive shell: the job stops, the shell and its scrollback stay
+            pids |= jobs
+            shells.append(pane.pid)
+    tree = {pid: table[pid].started for pid in pids if pid in table}
     if not tree:
         raise await _ended(host, target, session, manifest, panes)
     snapshot = await gpu.read_gpus(host, smi, nvml=nvml)
     holdings = tuple(p for p in snapshot.processes if p.pid in tree)
     held_on = {p.gpu_index for p in holdings}
     bystanders = tuple(p for p in _holders(snapshot, set(tree)) if p.gpu_index in held_on)
-    closes = {p.pid for p in session_panes} <= {p.pid for p in panes}
-    notes = () if closes else (f"tmux session {session} has other panes: they are left running and the session stays open",)
+    closes = not shells and {p.pid for p in session_panes} <= {p.pid for p in panes}
+    if shells:
+        notes = (f"it runs as a job of the shell {', '.join(map(str, shells))}: that shell and tmux session {session} stay open",)
+    elif not closes:
+        notes = (f"tmux session {session} has other panes: they are left running and the session stays open",)
+    else:
+        notes = ()
     return KillPlan(
         host.name, target, session, manifest["run_id"] if manifest else None, tuple(p.pid for p in panes), tree,
         holdings, bystanders, snapshot.status.name, snapshot.message, closes, notes, manifest,
-        first=await _torchrun_workers(host, table, set(tree)), via=host, smi=smi,
+        first=await _torchrun_workers(host, table, set(tree)), via=host, smi=smi, shells=tuple(shells),
     )  # fmt: skip
 
 
@@ -318,7 +332,7 @@ async def _end_session(host: Host, plan: KillPlan, killed: list[int], poll_s: fl
         exit_status = await runs.read_exit_status(host, plan.manifest["run_dir"])
         if exit_status is None and plan.manifest.get("pane_pid") in killed:
             exit_status = -9
-    if exit_status is None and plan.pane_pids:
+    if exit_status is None and plan.pane_pids and plan.pane_pids[0] not in plan.shells:
         exit_status = await _pane_exit_status(host, plan.session, plan.pane_pids[0], poll_s)
     if plan.pane_pids and plan.closes_session:
         await tmux.kill_session(host, plan.session)

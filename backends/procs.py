@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from backends import tmux
 from backends.hosts import Host, HostError
 
-# pid ppid pgid sid stat lstart (lstart is 5 words, fixed for a process's life)
-_PS = ["ps", "-eo", "pid=,ppid=,pgid=,sid=,stat=,lstart="]
+# pid ppid pgid sid stat lstart comm (lstart is 5 words, fixed for a process's life)
+_PS = ["ps", "-eo", "pid=,ppid=,pgid=,sid=,stat=,lstart=,comm="]
+# Interactive shells, by their process name (a login shell's is `-bash`).
+_SHELLS = frozenset({"sh", "bash", "zsh", "fish", "dash", "ksh", "mksh", "tcsh", "csh", "ash", "busybox"})
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class Proc:
     sid: int
     zombie: bool
     started: str  # lstart's words joined by single spaces
+    command: str = ""  # its process name (comm)
 
 
 async def process_table(host: Host) -> dict[int, Proc]:
@@ -33,10 +36,11 @@ async def process_table(host: Host) -> dict[int, Proc]:
         raise HostError(host.name, f"ps failed: {result.stderr.strip()}")
     table = {}
     for line in result.stdout.splitlines():
-        fields = line.split(None, 5)
-        if len(fields) == 6 and all(f.isdigit() for f in fields[:4]):
+        fields = line.split(None, 10)
+        if len(fields) >= 10 and all(f.isdigit() for f in fields[:4]):
             pid, ppid, pgid, sid = map(int, fields[:4])
-            table[pid] = Proc(pid, ppid, pgid, sid, fields[4].startswith("Z"), " ".join(fields[5].split()))
+            command = fields[10] if len(fields) == 11 else ""
+            table[pid] = Proc(pid, ppid, pgid, sid, fields[4].startswith("Z"), " ".join(fields[5:10]), command)
     return table
 
 
@@ -71,3 +75,19 @@ def process_tree(table: dict[int, Proc], panes: list[tmux.Pane]) -> set[int]:
             continue  # the pane's process is gone and its pid belongs to someone else now
         roots.add(pane.pid)
     return descendants(table, {p.pid for p in table.values() if p.pid in roots or p.sid in roots or p.pgid in roots})
+
+
+def shell_jobs(table: dict[int, Proc], pane: tmux.Pane) -> set[int] | None:
+    """What a pane's interactive shell runs, if it runs anything as a job: every process of
+    its children's own process groups (job control gives each job a group of its own in
+    the shell's session), and their descendants; the shell itself is not among them. None
+    when the pane's process is no such shell: trackside's `sh -c` wrapper keeps its child
+    in its own group, and a program's workers that left with setsid are in a session of
+    their own."""
+    root = table.get(pane.pid)
+    if root is None or pane.dead or root.command.lstrip("-") not in _SHELLS:
+        return None
+    groups = {p.pgid for p in table.values() if p.ppid == root.pid and p.pgid != root.pgid and p.sid == root.sid}
+    if not groups:
+        return None
+    return descendants(table, {p.pid for p in table.values() if p.pgid in groups}) - {root.pid}

@@ -208,3 +208,25 @@ def test_process_tree_takes_session_group_and_descendants_only():
     dead = tmux.Pane("s", 200, True, 0, "python")
     assert procs.process_tree(table, [dead]) == set()
     assert procs.ancestry(table, 103) == {103, 102, 101, 100}
+
+
+async def test_a_job_typed_at_an_interactive_shell_stops_and_the_shell_and_its_session_stay(host, tmux_dir):
+    subprocess.run(["tmux", "new-session", "-d", "-s", "typed", "-x", "80", "-y", "24", "bash", "--norc", "--noprofile", "-i"], check=True)
+    job = f"{PY} -c 'import time; print(\"training\", flush=True); time.sleep(600)'"
+    subprocess.run(["tmux", "send-keys", "-t", "=typed:", job, "Enter"], check=True)
+    panes = subprocess.run(["tmux", "list-panes", "-t", "=typed:", "-F", "#{pane_pid}"], capture_output=True, text=True)
+    shell = int(panes.stdout.split()[0])
+
+    def the_job() -> list[int]:
+        return [int(p) for p in Path(f"/proc/{shell}/task/{shell}/children").read_text().split()]
+
+    [child] = await eventually(the_job)
+    started = time.monotonic()
+    report = await kill.kill_run(host, "typed", grace_s=20, smi=FAKE_SMI, nvml=False)
+    # The job took its SIGTERM: nothing waited out the grace for the shell, which ignores it.
+    assert time.monotonic() - started < 10 and report.killed == []
+    assert child in report.signalled and shell not in report.signalled
+    assert not alive(child) and alive(shell)
+    screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", "=typed:"], capture_output=True, text=True).stdout
+    assert "training" in screen  # the session, and its scrollback with the run's output, stay
+    assert any("shell" in note and "stay open" in note for note in report.notes)
