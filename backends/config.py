@@ -46,6 +46,7 @@ from typing import Any
 from backends import alerts
 from backends.gpu import DEFAULT_SMI
 from backends.hosts import DEFAULT_RUNS_ROOT, Host, LocalHost, SSHHost
+from training.contract import local_runs_root
 
 
 class ConfigError(Exception):
@@ -250,9 +251,13 @@ def parse_config(data: dict[str, Any]) -> Config:
             for remote_only in ("port", "jump", "user", "known_hosts", "identity_file"):
                 if remote_only in given:
                     raise ConfigError(f"hosts.{name}.{remote_only}", "only for remote hosts: set address too")
+        if settings["address"] is None and "runs_root" not in given and "runs_root" not in given_defaults:
+            settings["runs_root"] = local_runs_root()
         hosts.append(HostConfig(name=name, **settings))
     if not hosts:
         hosts = [HostConfig("local", **{key: defaults[key] for key in ("runs_root", "train_command", "nvidia_smi")})]
+        if "runs_root" not in given_defaults:
+            hosts[0].runs_root = local_runs_root()
 
     by_name = {host.name: host for host in hosts}
     for host in hosts:

@@ -45,8 +45,7 @@ def _layer_list(text: str) -> tuple[int, ...]:
 
 
 def runs_root() -> Path:
-    root = os.environ.get(contract.RUNS_ROOT_ENV)
-    return Path(root) if root else Path(contract.RUNS_ROOT).expanduser()
+    return Path(contract.local_runs_root()).expanduser()
 
 
 def train_parser() -> argparse.ArgumentParser:

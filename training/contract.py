@@ -9,6 +9,7 @@ import it and nothing else of `training` that loads torch).
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import time
@@ -33,9 +34,17 @@ RUN_ID = re.compile(r"[0-9]{8}-[0-9]{4}-[0-9a-f]{4}")
 RUN_ID_EXAMPLE = "20261129-0930-ab12"
 
 # Where run directories live on a host unless its config says otherwise; the variable
-# moves them (the trainer's `--out` default, a demo kept apart from real runs).
+# moves them on the machine it is set on (the trainer's `--out` default, a demo kept apart
+# from real runs, and every command and dashboard reading this machine).
 RUNS_ROOT = "~/.trackside/runs"
 RUNS_ROOT_ENV = "TRACKSIDE_RUNS_ROOT"
+
+
+def local_runs_root(environ: dict | None = None) -> str:
+    """This machine's runs root where no config names one: $TRACKSIDE_RUNS_ROOT, else
+    ~/.trackside/runs. The trainer writes there and every command reads there, so a run
+    made under the variable is seen by `runs`, `plot`, `kill` and the dashboard alike."""
+    return (os.environ if environ is None else environ).get(RUNS_ROOT_ENV) or RUNS_ROOT
 
 
 def new_run_id() -> str:

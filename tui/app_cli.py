@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 
 from backends import kill
 from backends.config import ConfigError, load_config
-from backends.hosts import DEFAULT_RUNS_ROOT, LocalHost
+from backends.hosts import LocalHost
 from backends.runs import RunInfo
-from training.contract import EXIT_USAGE, RUNS_ROOT_ENV
+from training.contract import EXIT_USAGE, local_runs_root
 from tui.app import Demo, TracksideApp, Watched
 
 DEMO_PARAMS = {"max_seq_len": 256, "ttt_steps": 3, "steps": 20000, "lr": 3e-3}
@@ -56,9 +55,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.command == "demo":
         demo = Demo(demo_argv(DEMO_PARAMS), f"trackside-demo-{time.strftime('%H%M%S')}", dict(DEMO_PARAMS))
-        # The trainer's own variable for where runs go, so a demo can be kept apart.
-        runs_root = os.environ.get(RUNS_ROOT_ENV, DEFAULT_RUNS_ROOT)
-        app = TracksideApp([Watched(LocalHost(runs_root=runs_root))], demo=demo, read_only=args.read_only)
+        app = TracksideApp([Watched(LocalHost(runs_root=local_runs_root()))], demo=demo, read_only=args.read_only)
     else:
         try:
             app = dashboard(args.config, read_only=args.read_only)

@@ -6,12 +6,15 @@ headless commands never load textual.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
 from training.contract import EXIT_FAILURE
 
 TRAINING_COMMANDS = {"train", "extract", "fit"}
+# What the trainer's commands import, which the dashboard's install (no `train` extra) lacks.
+NEEDS = {"train": ("torch",), "extract": ("torch", "transformers", "safetensors")}
 BACKEND_COMMANDS = {"launch", "runs", "gpus", "kill", "relaunch"}
 
 
@@ -20,6 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     command = argv[0] if argv else ""
     try:
         if command in TRAINING_COMMANDS:
+            missing = [name for name in NEEDS.get(command, ()) if importlib.util.find_spec(name) is None]
+            if missing:
+                print(f"trackside {command}: needs {', '.join(missing)}, which this install lacks: "
+                      f"pip install 'trackside[train]'", file=sys.stderr)  # fmt: skip
+                return EXIT_FAILURE
             from training.cli import main as training_main
 
             return training_main(argv)

@@ -34,6 +34,15 @@ def test_the_installed_dashboard_has_no_torch_beside_it():
     assert importlib.util.find_spec("torch") is None
 
 
+@pytest.mark.parametrize("command", ["train", "extract"])
+def test_the_trainers_commands_say_in_one_line_what_is_missing(command):
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "tui.cli", command, "--synthetic"], capture_output=True, text=True)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "pip install 'trackside[train]'" in done.stderr
+
+
 def test_the_memory_model_predicts_without_torch():
     from training.config import PRESETS
 
