@@ -41,6 +41,7 @@ MINIMUM = {
     "lightning-2.6.6-tqdm-wide": (95, 3),
     "megatron-gpt-source": (50, 5),
     "nanogpt-char-cpu": (101, 6),
+    "specforge-eagle3-offline-cpu": (32, 4),
     "speculators-eagle3-cpu": (44, 1),  # its last evaluation is dated at the step after the run's last
     "torchtitan-source": (30, 4),
     "transformers-4.57-trainer": (14, 3),
