@@ -120,6 +120,13 @@ class Host(ABC):
             raise HostError(self.name, f"cannot read $HOME: {result.stderr.strip()}")
         return result.stdout
 
+    async def expanded_runs_root(self) -> str:
+        """Its runs root as a path on the host (`~` made its home), with no trailing slash."""
+        root = self.runs_root
+        if root == "~" or root.startswith("~/"):
+            root = (await self.home()).rstrip("/") + root[1:]
+        return root.rstrip("/")
+
     async def close(self) -> None:
         return None
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from backends import recording, tmux
 from backends.console import ConsoleSummary
 from backends.hosts import Host
-from backends.runs.rundir import runs_root
 
 
 @dataclass
@@ -50,7 +49,7 @@ class Recordings:
         panes = [p for p in panes if p.pane_id]
         if not panes:
             return {}
-        root = await runs_root(host)
+        root = await host.expanded_runs_root()
         await recording.start(host, root, panes)
         socket = getattr(host, "tmux_socket", None)
         recs = {p.pane_id: recording.recording_of(root, socket, p) for p in panes}

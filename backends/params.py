@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from training.params import PARAMS, Param, ParamError
+from training.params import PARAMS, Param, ParamError, flag_index, has_value, read_params as read
 
 __all__ = ["PARAMS", "Param", "ParamError", "apply", "check", "conflicts", "parse_sets", "read", "set_flag"]
 
@@ -63,52 +63,12 @@ def _shown(count: int) -> str:
     return f"{int(count):,}"
 
 
-def _flag_index(argv: Sequence[str], flag: str) -> tuple[int, bool] | None:
-    """Where `flag` last occurs in argv, and whether it is the `--flag=value` form."""
-    for i in range(len(argv) - 1, -1, -1):
-        if argv[i] == flag:
-            return i, False
-        if argv[i].startswith(flag + "="):
-            return i, True
-    return None
-
-
-def read(argv: Sequence[str]) -> dict[str, int | float | bool]:
-    """The known parameters an argv sets; malformed ones raise ParamError."""
-    values: dict[str, int | float | bool] = {}
-    for param in PARAMS.values():
-        found = _flag_index(argv, param.flag)
-        if found is None:
-            continue
-        i, joined = found
-        if param.kind is bool:
-            if joined:
-                raise ParamError(param.name, f"{param.flag} takes no value")
-            values[param.name] = True
-            continue
-        if param.bare is not None and not joined and not _has_value(argv, i):
-            values[param.name] = param.bare
-            continue
-        if joined:
-            text = argv[i].split("=", 1)[1]
-        elif i + 1 < len(argv):
-            text = argv[i + 1]
-        else:
-            raise ParamError(param.name, f"{param.flag} has no value")
-        values[param.name] = param.parse(text)
-    return values
-
-
-def _has_value(argv: Sequence[str], i: int) -> bool:
-    return i + 1 < len(argv) and not argv[i + 1].startswith("--")
-
-
 def _without(argv: Sequence[str], param: Param) -> list[str]:
     """argv with every occurrence of the param's flag removed, with its value if given."""
     out, i = [], 0
     while i < len(argv):
         if argv[i] == param.flag:
-            i += 2 if param.kind is not bool and _has_value(argv, i) else 1
+            i += 2 if param.kind is not bool and has_value(argv, i) else 1
             continue
         if not argv[i].startswith(param.flag + "="):
             out.append(argv[i])
@@ -119,7 +79,7 @@ def _without(argv: Sequence[str], param: Param) -> list[str]:
 def set_flag(argv: Sequence[str], flag: str, value: str) -> list[str]:
     """argv with `flag value` replaced where present, else appended."""
     argv = list(argv)
-    found = _flag_index(argv, flag)
+    found = flag_index(argv, flag)
     if found is None:
         return argv + [flag, value]
     i, joined = found

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from training import contract
+from training import contract, register
 from training.contract import EXIT_OK, EXIT_USAGE, UsageError
 from training.memory.terms import SHARDINGS
 from training.params import add_param_flag
@@ -267,13 +267,13 @@ def train_main(argv: list[str]) -> int:
     if args.gpu_mem_gib and device != "cuda":
         raise UsageError("--gpu-mem-gib needs --device cuda")
     try:
-        return _train(args, device)
+        return _train(args, device, argv)
     except UsageError:
         leave_processes()  # where a rank joined its torchrun run before refusing
         raise
 
 
-def _train(args, device: str) -> int:
+def _train(args, device: str, argv: list[str]) -> int:
     from training.data import Dataset, DatasetError
     from training.loop import ResumeError, TrainConfig, train
 
@@ -320,12 +320,18 @@ def _train(args, device: str) -> int:
         link.unlink(missing_ok=True)
         link.symlink_to(Path(data).resolve())
         os.replace(link, run_dir / "data")
+    # Typed by hand in a tmux pane: a run like a launched one (training/register.py).
+    registered = int(os.environ.get("WORLD_SIZE", "1")) == 1 and register.register(run_dir, ["train", *argv], runs_root())
+    code = contract.EXIT_FAILURE
     try:
         code = train(cfg)
     except DatasetError as exc:
         raise UsageError(f"--batch-rows/--max-seq-len: {exc}") from None
     except ResumeError as exc:
         raise UsageError(f"--resume: {exc}") from None
+    finally:
+        if registered:
+            register.ended(run_dir, code)
     if code == 0 and dflash and args.export and int(os.environ.get("RANK", "0")) == 0:
         from training import checkpoint
         from training.dflash.export import export_dflash

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 _INT = re.compile(r"[0-9]{1,12}")
@@ -163,3 +164,43 @@ def add_param_flag(parser, name: str, **kwargs) -> None:
                             **kwargs)
     else:
         parser.add_argument(param.flag, type=param.argument_type, **kwargs)
+
+
+def flag_index(argv: Sequence[str], flag: str) -> tuple[int, bool] | None:
+    """Where `flag` last occurs in argv, and whether it is the `--flag=value` form."""
+    for i in range(len(argv) - 1, -1, -1):
+        if argv[i] == flag:
+            return i, False
+        if argv[i].startswith(flag + "="):
+            return i, True
+    return None
+
+
+def read_params(argv: Sequence[str]) -> dict[str, int | float | bool]:
+    """The known parameters an argv sets; malformed ones raise ParamError."""
+    values: dict[str, int | float | bool] = {}
+    for param in PARAMS.values():
+        found = flag_index(argv, param.flag)
+        if found is None:
+            continue
+        i, joined = found
+        if param.kind is bool:
+            if joined:
+                raise ParamError(param.name, f"{param.flag} takes no value")
+            values[param.name] = True
+            continue
+        if param.bare is not None and not joined and not has_value(argv, i):
+            values[param.name] = param.bare
+            continue
+        if joined:
+            text = argv[i].split("=", 1)[1]
+        elif i + 1 < len(argv):
+            text = argv[i + 1]
+        else:
+            raise ParamError(param.name, f"{param.flag} has no value")
+        values[param.name] = param.parse(text)
+    return values
+
+
+def has_value(argv: Sequence[str], i: int) -> bool:
+    return i + 1 < len(argv) and not argv[i + 1].startswith("--")

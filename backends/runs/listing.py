@@ -19,8 +19,9 @@ from training.contract import EXIT_OOM
 METRICS_TAIL_LINES = 64
 
 # For each run dir under "$1": a record-separator line with the dir, the manifest, a
-# file-separator with the recorded exit status, a group-separator line, then the first and
-# last lines of metrics.jsonl. JSON lines never contain raw control characters, so the
+# file-separator with the recorded exit status, a unit-separator with whether the trainer
+# of a run typed by hand (training/register.py) is alive, a group-separator line, then the
+# first and last lines of metrics.jsonl. JSON lines never contain raw control characters, so the
 # separators cannot collide with content.
 _READ_RUNS = r"""
 for d in "$1"/*/; do
@@ -28,6 +29,8 @@ for d in "$1"/*/; do
   printf '\036%s\n' "$d"
   cat "${d}manifest.json"; echo
   printf '\034'; cat "${d}exit_status" 2>/dev/null; echo
+  printf '\037'
+  if [ -f "${d}trainer.pid" ]; then read p < "${d}trainer.pid"; kill -0 "$p" 2>/dev/null || [ -d "/proc/$p" ] && echo alive || echo gone; fi
   printf '\035\n'
   if [ -f "${d}metrics.jsonl" ]; then head -n 1 "${d}metrics.jsonl"; tail -n "$2" "${d}metrics.jsonl"; fi
 done
@@ -134,7 +137,8 @@ def launcher_code(end_status: str | None, exit_status: int | None) -> bool:
 
 
 async def _read_run_dirs(host: Host) -> list[tuple[dict, int | None, dict]]:
-    """(manifest, recorded exit status, metrics summary) for every run dir on the host."""
+    """(manifest, recorded exit status, metrics summary) for every run dir on the host; a
+    run typed by hand has `trainer_alive` added to its manifest."""
     result = await host.run(["sh", "-c", _READ_RUNS, "sh", await runs_root(host), str(METRICS_TAIL_LINES)])
     if not result.ok:
         raise HostError(host.name, f"cannot read run dirs: {result.stderr.strip()}")
@@ -142,12 +146,15 @@ async def _read_run_dirs(host: Host) -> list[tuple[dict, int | None, dict]]:
     for record in result.stdout.split("\036")[1:]:
         head, _, metrics = record.partition("\035\n")
         head, _, status = head.partition("\034")
+        status, _, trainer = status.partition("\037")
         _dir, _, manifest_text = head.partition("\n")
         try:
             manifest = json.loads(manifest_text)
         except ValueError:
             continue  # a manifest being replaced right now; it will be back next time
         if isinstance(manifest, dict) and manifest.get("run_id"):
+            if manifest.get("registered"):
+                manifest["trainer_alive"] = trainer.strip() == "alive"
             params = manifest.get("params") if isinstance(manifest.get("params"), dict) else {}
             runs.append((manifest, parse_exit_status(status), _metrics_summary(metrics.splitlines(), params)))
     return runs
@@ -177,6 +184,8 @@ async def list_runs(host: Host, recordings: Recordings | None = None) -> list[Ru
         if own:
             claimed.add(session)
         alive = [p.pid for p in own if not p.dead]
+        if manifest.get("registered") and not manifest.get("trainer_alive"):
+            alive = []  # typed at a shell, which outlives it: the trainer's own process says
         if manifest.get("ended") is not None:
             exit_status = manifest.get("exit_status")
         else:

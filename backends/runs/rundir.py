@@ -43,10 +43,7 @@ def check_run_id(run_id: str) -> str:
 
 
 async def runs_root(host: Host) -> str:
-    root = host.runs_root
-    if root == "~" or root.startswith("~/"):
-        root = (await host.home()).rstrip("/") + root[1:]
-    return root.rstrip("/")
+    return await host.expanded_runs_root()
 
 
 async def run_dir(host: Host, run_id: str) -> str:
