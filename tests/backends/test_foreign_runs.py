@@ -170,3 +170,14 @@ async def test_a_recording_turns_over_and_every_line_is_read_once_in_order(tmux_
     assert logs == ["0.log", "0.log.1"]  # 400 lines of 42 bytes: more than four segments of 4 KiB, two kept
     assert all(p.stat().st_size <= 4096 for p in Path(runs_root, "panes").rglob("*.log*"))
 
+
+
+def test_every_pane_is_read_and_the_run_is_the_pane_whose_text_gives_steps(config, tmp_path):
+    """A trainer in window 0 while the user looks at window 2: the run is window 0's pane,
+    named as such."""
+    start_session(tmp_path, "multi", [f"iter {i}: loss {3 - i / 100:.4f}, time 12.3ms, mfu 3.21%" for i in range(50)])
+    subprocess.run(["tmux", "new-window", "-t", "=multi:", "sleep", "600"], check=True)
+    subprocess.run(["tmux", "new-window", "-t", "=multi:", "sleep", "600"], check=True)  # window 2, the active one
+    [run] = [r for r in json.loads(trackside("runs", "--json", "--config", config).stdout) if r["session"] == "multi"]
+    assert (run["last_step"], run["last_loss"], run["pane"]) == (49, pytest.approx(2.51), "0.0")
+    assert run["status"] == "running" and run["recorded_since"] is not None
