@@ -112,3 +112,26 @@ async def test_a_foreign_row_keeps_moving_after_its_run_screen_was_opened_and_cl
     listed = {r.session: r for r in await runs.list_runs(local_host)}
     assert listed["gpt-a"].last_step > closed_at + 40 and listed["gpt-a"].pane == "0.0"
     assert listed["gpt-a"].console.curve[0][0] == 0  # from its first line (in the scrollback then)
+
+
+async def test_a_foreign_session_stopped_with_k_reads_stopped_with_no_eta(local_host, tmux_socket, tmp_path):
+    from tests.tui.test_operator_keys import kill_confirmed
+    from tui.screens.fleet import run_cells
+
+    script, go = tmp_path / "hf_trainer.py", tmp_path / "go"
+    script.write_text(HF_TRAINER)
+    go.touch()
+    subprocess.run(["tmux", "-L", tmux_socket, "new-session", "-d", "-s", "hf", "-x", "80", "-y", "24", sys.executable, str(script), str(go)], check=True)
+    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent")], poll_interval=0.5)
+    async with app.run_test(size=(120, 36)) as pilot:
+        run = await wait_for(pilot, lambda: app.runs.get("local/hf"), 15, "the foreign session in the fleet")
+        await wait_for(pilot, lambda: run.eta_s() is not None, 15, "its ETA from its bar")
+        app.open_run("local/hf")
+        await pilot.pause()
+        await kill_confirmed(pilot, "k")
+        await wait_for(pilot, lambda: run.gone, 30, "the session to be gone")
+        cells = run_cells(run, app.hosts["local"])
+        assert (run.state_label, cells["state"].plain, cells["eta"]) == ("stopped", "stopped", "—")
+        await pilot.press("escape")  # the kill's report: its run screen again, saying so
+        await wait_for(pilot, lambda: "tmux session hf is gone" in screen_text(app), 10, "its run screen to say its session is gone")
+        assert "ETA —" in screen_text(app) and "run directory" not in screen_text(app)
