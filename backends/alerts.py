@@ -31,7 +31,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from backends.gpu import GpuReading
-from backends.runs import RunInfo, RunPhase, launcher_code
+from backends.runs import RunInfo, RunPhase
+from backends.runs.status import RunStatus, signal_name, status_of
+from training.contract import EVENT_FIELDS, OOM
 
 UNDERFED_POWER = 0.5  # of the power limit
 UNDERFED_UTIL = 90.0  # percent
@@ -132,21 +134,16 @@ def host_alerts(host: HostFacts, now: float, rules: Rules = Rules()) -> list[Ale
 
 
 def _ended_alert(run: RunFacts) -> Alert | None:
-    info = run.info
-    if run.oom or info.state is RunPhase.OOM:
+    """A run that ended badly, as every screen words its end (backends/runs/status.py)."""
+    status = status_of(run.info, oom=run.oom is not None)
+    if status is RunStatus.OOM:
         oom = run.oom or {}
-        params = ", ".join(f"{k}={oom[k]}" for k in ("max_seq_len", "ttt_steps", "tried_gib", "peak_mem_gib") if k in oom)
+        params = ", ".join(f"{k}={oom[k]}" for k in EVENT_FIELDS[OOM] if k in oom)
         return Alert(f"oom:{run.key}", f"{run.key} ran out of GPU memory ({params or 'exit status 3'})", "error")
-    code = info.exit_status
-    if info.state is RunPhase.RUNNING or not code or launcher_code(info.end_status, code):
+    code = run.info.exit_status
+    if status not in (RunStatus.FAILED, RunStatus.KILLED) or not code:
         return None
-    if code < 0:
-        try:
-            how = f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            how = f"was killed by signal {-code}"
-    else:
-        how = f"failed: exit status {code}"
+    how = f"was killed by {signal_name(-code)}" if code < 0 else f"failed: exit status {code}"
     return Alert(f"failed:{run.key}", f"{run.key} {how}", "error")
 
 

@@ -50,3 +50,20 @@ def local_runs_root(environ: dict | None = None) -> str:
 def new_run_id() -> str:
     """A fresh run id, made now."""
     return f"{time.strftime(RUN_ID_TIME_FORMAT, time.gmtime())}-{secrets.token_hex(2)}"
+
+
+# metrics.jsonl's events (training/metrics.py writes them, backends/record.py folds them)
+START, STEP, CHECKPOINT, OOM, END = "start", "step", "checkpoint", "oom", "end"
+# An end event's status; the last is also what a launcher's nonzero code after it is not.
+COMPLETED, STOPPED, ENDED_OOM, FAILED = "completed", "stopped", "oom", "failed"
+CLEAN_ENDS = (COMPLETED, STOPPED)
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    START: ("config", "steps_per_epoch", "world_size"),
+    STEP: ("step", "epoch", "loss", "loss_ttt", "acc_ttt", "lr", "grad_norm", "tokens",
+           "tokens_per_s", "samples_per_row", "pad_frac", "peak_mem_gib"),
+    CHECKPOINT: ("step", "path"),
+    OOM: ("max_seq_len", "ttt_steps", "tried_gib", "peak_mem_gib"),
+    END: ("status",),
+}
+# Fields an event carries only where they mean something.
+OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {STEP: ("peak_mem_gib_ranks",), OOM: ("block_size", "max_anchors")}

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from training import checkpoint
+from training import checkpoint, contract
 from training.config import DFlashConfig, DrafterConfig
 from training.contract import EXIT_OK, EXIT_OOM
 from training.data import Dataset, Loader, Position
@@ -319,9 +319,9 @@ def record_oom(metrics: MetricsWriter, cfg: TrainConfig, device: torch.device,
     else:
         params = {"ttt_steps": None, "block_size": cfg.drafter.block_size,
                   "max_anchors": cfg.dflash.max_anchors}
-    metrics.write("oom", max_seq_len=cfg.max_seq_len, **params,
+    metrics.write(contract.OOM, max_seq_len=cfg.max_seq_len, **params,
                   tried_gib=_tried_gib(error), peak_mem_gib=peak_mem_gib(device))
-    metrics.write("end", status="oom")
+    metrics.write(contract.END, status=contract.ENDED_OOM)
     said = " ".join(f"{k}={v}" for k, v in params.items() if v is not None)
     print(f"train: CUDA out of memory at max_seq_len={cfg.max_seq_len} "
           f"{said}: {error}", file=sys.stderr, flush=True)
@@ -375,7 +375,7 @@ def train(cfg: TrainConfig) -> int:
         d2t, t2d = build_draft_vocab(dataset.token_counts(), cfg.drafter.draft_vocab_size)
 
     metrics = MetricsWriter(cfg.run_dir / "metrics.jsonl" if rank == 0 else None)
-    stop, batches, status = None, None, "completed"
+    stop, batches, status = None, None, contract.COMPLETED
     # Out of memory anywhere from here (placing the model, a resumed optimizer state, a
     # step) is an `oom` event and exit 3.
     try:
@@ -442,7 +442,7 @@ def train(cfg: TrainConfig) -> int:
                   "global_batch_rows": cfg.batch_rows * world, "resumed_from_step": step,
                   "precision": precision(device),
                   "data_layers": dataset.info["layers"]}
-        metrics.write("start", config=config, steps_per_epoch=loader.steps_per_epoch,
+        metrics.write(contract.START, config=config, steps_per_epoch=loader.steps_per_epoch,
                       world_size=world)
         if rank == 0:
             print(f"train: run_dir={cfg.run_dir} steps={total_steps} "
@@ -467,7 +467,7 @@ def train(cfg: TrainConfig) -> int:
                         "max_seq_len": cfg.max_seq_len, "ttt_steps": cfg.ttt_steps,
                         "freeze_lm_head": cfg.freeze_lm_head,
                         **({} if cfg.dflash is None else {"dflash": cfg.to_dict()["dflash"]})})
-                    metrics.write("checkpoint", step=step, path=str(path))
+                    metrics.write(contract.CHECKPOINT, step=step, path=str(path))
             last_saved = step
             if world > 1:
                 dist.barrier()
@@ -521,14 +521,14 @@ def train(cfg: TrainConfig) -> int:
                 peak_mem_gib=peaks[0])
             if world > 1:
                 record["peak_mem_gib_ranks"] = peaks
-            metrics.write("step", **record)
+            metrics.write(contract.STEP, **record)
             if rank == 0:
                 print(f"step={step} epoch={epoch} loss={record['loss']:.4f} "
                       f"acc_0={acc_ttt[0]:.3f} lr={lr:.3e} grad_norm={record['grad_norm']:.3f} "
                       f"tokens_per_s={record['tokens_per_s']:.0f} "
                       f"peak_mem_gib={record['peak_mem_gib']:.2f}", flush=True)
             if stop_requested > 0:  # any rank was asked to stop
-                status = "stopped"
+                status = contract.STOPPED
                 stop.under_way()
                 break
             if cfg.save_every and step % cfg.save_every == 0:
@@ -539,7 +539,7 @@ def train(cfg: TrainConfig) -> int:
     except ResumeError:  # nothing was run: the run's record stays as it ended
         raise
     except BaseException:
-        metrics.write("end", status="failed")
+        metrics.write(contract.END, status=contract.FAILED)
         raise
     finally:
         if stop is not None:
@@ -550,7 +550,7 @@ def train(cfg: TrainConfig) -> int:
         from training.export import export_drafter
 
         export_drafter(checkpoint.latest(ckpt_root), cfg.export)
-    metrics.write("end", status=status)
+    metrics.write(contract.END, status=status)
     metrics.close()
     leave_processes()
     return EXIT_OK

@@ -26,20 +26,11 @@ import json
 import time
 from pathlib import Path
 
-EVENT_FIELDS: dict[str, tuple[str, ...]] = {
-    "start": ("config", "steps_per_epoch", "world_size"),
-    "step": ("step", "epoch", "loss", "loss_ttt", "acc_ttt", "lr", "grad_norm", "tokens",
-             "tokens_per_s", "samples_per_row", "pad_frac", "peak_mem_gib"),
-    "checkpoint": ("step", "path"),
-    "oom": ("max_seq_len", "ttt_steps", "tried_gib", "peak_mem_gib"),
-    "end": ("status",),
-}
-# Fields an event carries only where they mean something.
-OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {"step": ("peak_mem_gib_ranks",),
-                                               "oom": ("block_size", "max_anchors")}
+from training.contract import EVENT_FIELDS, OPTIONAL_FIELDS, STEP
+
 # A DFlash run's step event: per block offset where EAGLE-3 reports per TTT step.
 DFLASH_STEP_FIELDS: tuple[str, ...] = tuple(
-    f for f in EVENT_FIELDS["step"] if f not in ("loss_ttt", "acc_ttt")) + (
+    f for f in EVENT_FIELDS[STEP] if f not in ("loss_ttt", "acc_ttt")) + (
     "loss_pos", "acc_pos", "tau")
 
 
@@ -53,7 +44,7 @@ class MetricsWriter:
 
     def write(self, event: str, **fields) -> None:
         expected, optional = EVENT_FIELDS[event], OPTIONAL_FIELDS.get(event, ())
-        if event == "step" and "loss_pos" in fields:
+        if event == STEP and "loss_pos" in fields:
             expected = DFLASH_STEP_FIELDS
         if not set(expected) <= set(fields) <= {*expected, *optional}:
             raise ValueError(f"{event} event needs {expected} (optional: {optional}), got {sorted(fields)}")

@@ -16,6 +16,7 @@ from backends import pace, runs
 from backends.console import ConsoleSummary
 from backends.gpu import GpuSnapshot
 from backends.logparse import Progress
+from backends.record import MetricsRecord
 from backends.runs.status import RunStatus, node_words, status_of, status_words
 
 HISTORY = 120  # GPU samples kept per card (two minutes at 1 Hz)
@@ -106,10 +107,8 @@ class RunState:
     key: str
     host: str
     info: runs.RunInfo
-    start: dict | None = None
-    steps: deque = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
-    oom: dict | None = None
-    end: dict | None = None
+    # Its metrics.jsonl, as followed (backends/record.py: the listing's fold too).
+    metrics: MetricsRecord = field(default_factory=lambda: MetricsRecord(STEP_HISTORY))
     # What its followed console.log said (a run without metrics.jsonl); a session trackside
     # did not launch has its listing's instead (`console`), read whether or not it is followed.
     own_console: ConsoleSummary = field(default_factory=ConsoleSummary)
@@ -127,6 +126,22 @@ class RunState:
 
     def __post_init__(self) -> None:
         self.home = self.home or self.host
+
+    @property
+    def steps(self) -> deque:
+        return self.metrics.steps
+
+    @property
+    def start(self) -> dict | None:
+        return self.metrics.start
+
+    @property
+    def oom(self) -> dict | None:
+        return self.metrics.oom
+
+    @property
+    def end(self) -> dict | None:
+        return self.metrics.end
 
     @property
     def hosts(self) -> list[str]:
@@ -217,7 +232,7 @@ class RunState:
             return None
         if not self.steps:
             return self.console.eta_s
-        return pace.eta_s(self.steps, self.total_steps)
+        return self.metrics.eta_s(self.params)
 
     @property
     def step_text(self) -> str:
@@ -249,33 +264,13 @@ class RunState:
 
     def reset_streams(self) -> None:
         """Forget what was read from the run's files, before reading them again."""
-        self.steps.clear()
+        self.metrics = MetricsRecord(STEP_HISTORY)
         self.own_console = ConsoleSummary()
         self.log.clear()
-        self.start = self.oom = self.end = None
         self.garbled = 0
 
     def add_event(self, event: dict) -> None:
-        kind = event.get("event")
-        if kind == "step":
-            # Lists as tuples: the dict then holds only atomic values, and the garbage
-            # collector stops tracking it; 5,000 steps of two lists each were a quarter of
-            # what every full pass walked, tens of ms that land on key presses (docs/load.md).
-            self.steps.append({k: tuple(v) if isinstance(v, list) else v for k, v in event.items()})
-        elif kind == "start":
-            self.start = event
-            self.oom = self.end = None  # a relaunch into the same run dir
-            # A resumed run redoes the steps after its last checkpoint: the ones logged
-            # before it stopped would otherwise show twice, out of order.
-            resumed = (event.get("config") or {}).get("resumed_from_step")
-            if resumed is not None and self.steps and self.steps[-1].get("step", 0) > resumed:
-                kept = [e for e in self.steps if e.get("step", 0) <= resumed]
-                self.steps.clear()
-                self.steps.extend(kept)
-        elif kind == "oom":
-            self.oom = event
-        elif kind == "end":
-            self.end = event
+        self.metrics.add(event)
 
 
 def format_number(value: float | None, digits: int = 4, width: int | None = None) -> str:

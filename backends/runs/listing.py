@@ -7,14 +7,15 @@ import enum
 import json
 from dataclasses import asdict, dataclass, field, fields
 
-from backends import pace, tmux
+from backends import tmux
 from backends.console import ConsoleSummary
 from backends.panes import Recordings, run_pane
+from backends.record import MetricsRecord
 from backends.hosts import Host, HostError
-from backends.logparse import Progress
+from backends.logparse import Progress, parse_metrics_line
 from backends.own_session import own_sessions
 from backends.runs.rundir import parse_exit_status, record_end, runs_root
-from training.contract import EXIT_OOM
+from training.contract import CLEAN_ENDS, EXIT_OOM
 
 METRICS_TAIL_LINES = 64
 
@@ -98,46 +99,24 @@ class RunInfo:
         return {**doc, "state": self.state.value}
 
 
-def _metrics_summary(lines: list[str], params: dict) -> dict:
-    summary: dict = {"oom": False, "last_step": None, "last_loss": None, "steps_per_epoch": None,
-                     "end_status": None, "tokens_per_s": None, "tau": None, "eta_s": None}
-    start, steps = None, []
+def _metrics(lines: list[str]) -> MetricsRecord:
+    record = MetricsRecord(keep=METRICS_TAIL_LINES + 1)
     for line in lines:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue  # a line being written as we read, or garbage: not ours to judge
-        if not isinstance(event, dict):
-            continue
-        kind = event.get("event")
-        if kind == "start":  # a resume starts again: an earlier end no longer holds
-            summary["end_status"] = None
-            start, steps = event, []
-            if isinstance(event.get("steps_per_epoch"), int):
-                summary["steps_per_epoch"] = event["steps_per_epoch"]
-        elif kind == "step":
-            summary["last_step"] = event.get("step", summary["last_step"])
-            summary["last_loss"] = event.get("loss", summary["last_loss"])
-            summary["tokens_per_s"] = event.get("tokens_per_s")
-            summary["tau"] = event.get("tau")  # a DFlash run's
-            steps.append(event)
-        elif kind == "oom":
-            summary["oom"] = True
-        elif kind == "end" and isinstance(event.get("status"), str):
-            summary["end_status"] = event["status"]
-    summary["eta_s"] = pace.eta_s(steps, pace.total_steps(start, params))
-    return summary
+        # A line being written as we read, or garbage: not ours to judge.
+        if (event := parse_metrics_line(line)) is not None:
+            record.add(event)
+    return record
 
 
 def launcher_code(end_status: str | None, exit_status: int | None) -> bool:
     """Whether a nonzero exit code is the launcher's after the trainer's own clean end
     (torchrun exits 1 on a clean stop's SIGTERM though its workers saved and exited 0),
     not the run's failure."""
-    return bool(exit_status) and end_status in ("completed", "stopped")
+    return bool(exit_status) and end_status in CLEAN_ENDS
 
 
-async def _read_run_dirs(host: Host) -> list[tuple[dict, int | None, dict]]:
-    """(manifest, recorded exit status, metrics summary) for every run dir on the host; a
+async def _read_run_dirs(host: Host) -> list[tuple[dict, int | None, MetricsRecord]]:
+    """(manifest, recorded exit status, metrics) for every run dir on the host; a
     run typed by hand has `trainer_alive` added to its manifest."""
     result = await host.run(["sh", "-c", _READ_RUNS, "sh", await runs_root(host), str(METRICS_TAIL_LINES)])
     if not result.ok:
@@ -155,8 +134,9 @@ async def _read_run_dirs(host: Host) -> list[tuple[dict, int | None, dict]]:
         if isinstance(manifest, dict) and manifest.get("run_id"):
             if manifest.get("registered"):
                 manifest["trainer_alive"] = trainer.strip() == "alive"
-            params = manifest.get("params") if isinstance(manifest.get("params"), dict) else {}
-            runs.append((manifest, parse_exit_status(status), _metrics_summary(metrics.splitlines(), params)))
+            if not isinstance(manifest.get("params"), dict):
+                manifest["params"] = {}
+            runs.append((manifest, parse_exit_status(status), _metrics(metrics.splitlines())))
     return runs
 
 
@@ -196,7 +176,7 @@ async def list_runs(host: Host, recordings: Recordings | None = None) -> list[Ru
                 manifest = await record_end(host, manifest, exit_status)
         # A session that vanished without a recorded status stays UNKNOWN.
         ended = exit_status is not None or not alive
-        state = _state(exit_status, metrics["oom"], bool(manifest.get("trainer"))) if ended else RunPhase.RUNNING
+        state = _state(exit_status, metrics.oom is not None, bool(manifest.get("trainer"))) if ended else RunPhase.RUNNING
         nodes = [NodeInfo(n["host"], i, n.get("session"), n.get("run_dir")) for i, n in enumerate(manifest.get("nodes") or [])]
         for node in nodes:
             if node.node == manifest.get("node"):  # this host's own node: the others are their hosts' to say
@@ -204,10 +184,11 @@ async def list_runs(host: Host, recordings: Recordings | None = None) -> list[Ru
         infos.append(
             RunInfo(
                 manifest["run_id"], session, host.name, state, exit_status, manifest.get("params", {}),
-                metrics["last_step"], metrics["last_loss"], metrics["steps_per_epoch"], [] if ended else alive,
-                manifest.get("run_dir"), manifest.get("parent"), manifest.get("started"), metrics["end_status"],
-                this_dashboard=session in dashboard, nodes=nodes, tokens_per_s=metrics["tokens_per_s"],
-                tau=metrics["tau"], eta_s=None if ended else metrics["eta_s"],
+                (metrics.last or {}).get("step"), metrics.value("loss"), metrics.steps_per_epoch,
+                [] if ended else alive, manifest.get("run_dir"), manifest.get("parent"), manifest.get("started"),
+                metrics.end_status, this_dashboard=session in dashboard, nodes=nodes,
+                tokens_per_s=metrics.value("tokens_per_s"), tau=metrics.value("tau"),
+                eta_s=None if ended else metrics.eta_s(manifest["params"]),
             )  # fmt: skip
         )
     foreign = [session for session in by_session if session not in claimed]

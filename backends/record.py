@@ -1,0 +1,71 @@
+"""A run's metrics.jsonl folded: one fold for the listing (`trackside runs`, which reads a
+run's first and last lines) and for the dashboard (which follows the whole file).
+
+Event and field names are the contract's (training/contract.py). A start event begins the
+run again (a relaunch into its run dir, or a resume): the earlier end and OOM no longer
+hold, a resume's steps after its checkpoint are logged again (the earlier ones are
+dropped), and the pace is measured from the steps since.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from itertools import islice
+
+from backends import pace
+from training.contract import END, OOM, START, STEP
+
+
+class MetricsRecord:
+    """Step events kept (the latest `keep`), the latest start, oom and end events."""
+
+    def __init__(self, keep: int) -> None:
+        self.steps: deque[dict] = deque(maxlen=keep)
+        self.start: dict | None = None
+        self.oom: dict | None = None
+        self.end: dict | None = None
+        self._since_start = 0  # step events since the latest start: what the pace is measured over
+
+    def add(self, event: dict) -> None:
+        kind = event.get("event")
+        if kind == STEP:
+            # Lists as tuples: the dict then holds only atomic values, and the garbage
+            # collector stops tracking it; 5,000 steps of two lists each were a quarter of
+            # what every full pass walked, tens of ms that land on key presses (docs/load.md).
+            self.steps.append({k: tuple(v) if isinstance(v, list) else v for k, v in event.items()})
+            self._since_start += 1
+        elif kind == START:
+            self.start, self.oom, self.end, self._since_start = event, None, None, 0
+            resumed = (event.get("config") or {}).get("resumed_from_step")
+            if resumed is not None and self.steps and self.steps[-1].get("step", 0) > resumed:
+                kept = [e for e in self.steps if e.get("step", 0) <= resumed]
+                self.steps.clear()
+                self.steps.extend(kept)
+        elif kind == OOM:
+            self.oom = event
+        elif kind == END:
+            self.end = event
+
+    @property
+    def last(self) -> dict | None:
+        return self.steps[-1] if self.steps else None
+
+    @property
+    def end_status(self) -> str | None:
+        status = (self.end or {}).get("status")
+        return status if isinstance(status, str) else None
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        count = (self.start or {}).get("steps_per_epoch")
+        return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+    def value(self, field: str) -> float | None:
+        """The latest step's `field`, if a number."""
+        value = (self.last or {}).get(field)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    def eta_s(self, params: dict) -> float | None:
+        """To the run's last step at its pace since its latest start."""
+        recent = list(islice(reversed(self.steps), min(self._since_start, pace.RATE_WINDOW)))[::-1]
+        return pace.eta_s(recent, pace.total_steps(self.start, params))
