@@ -48,8 +48,9 @@ done
 [ -n "$same" ] && kill -s "$sig" -- $same 2>/dev/null
 echo $same
 """
-# "PID ARGS" for each pid given: the command lines, to find a torchrun agent in a tree.
-_ARGS = ["ps", "-o", "pid=,args=", "-p"]
+# "PID ARGS" for each pid given: the command lines, to find a torchrun agent in a tree;
+# whole (-ww), whatever $COLUMNS says (ps cuts them to it: a long venv path hid torchrun).
+_ARGS = ["ps", "-ww", "-o", "pid=,args=", "-p"]
 KILL_WAIT_S = 10.0  # after SIGKILL only uninterruptible sleep keeps a process alive
 PANE_EXIT_WAIT_S = 5.0  # tmux marks a pane dead as soon as its pty closes
 

@@ -230,3 +230,34 @@ async def test_a_job_typed_at_an_interactive_shell_stops_and_the_shell_and_its_s
     screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", "=typed:"], capture_output=True, text=True).stdout
     assert "training" in screen  # the session, and its scrollback with the run's output, stay
     assert any("shell" in note and "stay open" in note for note in report.notes)
+
+
+# A launcher named torchrun (its basename is what the plan looks for) starting two workers,
+# each a program of its own as torchrun's are.
+FAKE_TORCHRUN = """#!{python}
+import subprocess, sys, time
+workers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(2)]
+print("ready", *[w.pid for w in workers], flush=True)
+time.sleep(600)
+"""
+
+
+async def test_torchrun_is_recognised_whatever_the_terminals_width(host, tmux_dir, tmp_path, monkeypatch):
+    """ps cuts its command lines to $COLUMNS: with COLUMNS=80 and a long venv path the
+    torchrun agent was not recognised, and its workers not signalled first."""
+    venv = tmp_path / ("a-long-virtualenv-path-" * 6) / "bin"
+    venv.mkdir(parents=True)
+    launcher = venv / "torchrun"
+    launcher.write_text(FAKE_TORCHRUN.format(python=PY))
+    launcher.chmod(0o755)
+    subprocess.run(["tmux", "new-session", "-d", "-s", "dist", str(launcher), "--nproc-per-node", "2", "train.py"], check=True)
+    pane = int(subprocess.run(["tmux", "list-panes", "-t", "=dist:", "-F", "#{pane_pid}"], capture_output=True, text=True).stdout)
+
+    def workers() -> list[int]:
+        found = [int(p) for p in Path(f"/proc/{pane}/task/{pane}/children").read_text().split()]
+        return found if len(found) == 2 else []
+
+    expected = await eventually(workers)
+    monkeypatch.setenv("COLUMNS", "80")
+    plan = await kill.plan_kill(host, "dist", smi=FAKE_SMI, nvml=False)
+    assert sorted(plan.first) == sorted(expected)
