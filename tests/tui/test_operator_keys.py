@@ -395,9 +395,10 @@ async def test_R_again_while_the_run_is_being_stopped_relaunches_it_once(local_h
         assert len(children(app, info)) == 1, sorted(app.runs)
 
 
-async def test_q_during_a_kill_says_so_and_q_again_quits(local_host):
-    """q while a kill waits out the trainer's SIGTERM would end the kill before its
-    SIGKILL and release check: the first q says so, a second quits."""
+@pytest.mark.parametrize("quit_key", ["q", "ctrl+q"])
+async def test_q_during_a_kill_says_so_and_q_again_quits(local_host, quit_key):
+    """q (or Textual's ctrl+q) while a kill waits out the trainer's SIGTERM would end the
+    kill before its SIGKILL and release check: the first says so, a second quits."""
     _, key, app = await fake_run(local_host, "slow-stop", grace_s=20)
     told: list[str] = []
     notify = app.notify
@@ -405,8 +406,8 @@ async def test_q_during_a_kill_says_so_and_q_again_quits(local_host):
     async with app.run_test(size=(160, 48)) as pilot:
         await open_run_when(pilot, key, lambda run: run.steps, "the run's steps")
         await kill_confirmed(pilot, "k")
-        await pilot.press("q")
+        await pilot.press(quit_key)
         await pilot.pause()
         assert app.is_running and any(f"stopping {key} is under way" in t for t in told), told
-        await pilot.press("q")
+        await pilot.press(quit_key)
         await wait_for(pilot, lambda: not app.is_running, 10, "the app to quit")
