@@ -180,10 +180,11 @@ def _show_nodes(r: runs.RunInfo) -> list[tuple[str, ...]]:
     ]  # fmt: skip
 
 
-def _show_runs(infos: list[runs.RunInfo]) -> str:
+def _show_runs(infos: list[runs.RunInfo], *, by_host: bool = False) -> str:
+    """The listing as a table; `by_host`, a HOST column first (several hosts listed)."""
     if not infos:
         return "no runs and no tmux sessions"
-    rows = [RUN_COLUMNS]
+    rows = [("HOST",) * by_host + RUN_COLUMNS]
     for r in infos:
         state = describe(r)
         if runs.launcher_code(r.end_status, r.exit_status):
@@ -193,11 +194,11 @@ def _show_runs(infos: list[runs.RunInfo]) -> str:
         rate = f"{r.tokens_per_s:,.0f}" if isinstance(r.tokens_per_s, (int, float)) else "-"
         tau = f"{r.tau:.2f}" if isinstance(r.tau, (int, float)) else "-"
         eta = format_duration(r.eta_s) if r.eta_s is not None and r.state is runs.RunPhase.RUNNING else "-"
-        rows.append((
+        rows.append((r.host,) * by_host + (
             r.run_id or "-", r.session, state, step, loss, rate, tau, eta,
             " ".join(f"{k}={v}" for k, v in r.params.items()) or "-", " ".join(map(str, r.pids)) or "-",
         ))  # fmt: skip
-        rows += _show_nodes(r)
+        rows += [("",) * by_host + row for row in _show_nodes(r)]
     return _table(rows)
 
 
@@ -249,15 +250,59 @@ def _show_kill(report: kill.KillReport) -> str:
     return "\n".join(lines)
 
 
-async def _run(args) -> tuple[object, str]:
-    """(JSON document, human text) for the subcommand."""
+async def _everywhere(names: list[str], hosts: dict[str, Host], read) -> tuple[dict[str, object], list[str]]:
+    """`read(host)` on every named host at once: what each gave, and a line for each that
+    could not be reached; HostError only when none could."""
+    got = await asyncio.gather(*(read(hosts[name]) for name in names), return_exceptions=True)
+    results = {name: value for name, value in zip(names, got) if not isinstance(value, BaseException)}
+    failures = [value for value in got if isinstance(value, BaseException)]
+    for error in failures:
+        if not isinstance(error, HostError):
+            raise error
+    if failures and not results:
+        raise failures[0] if len(failures) == 1 else HostError(", ".join(names), "no host could be read: " + "; ".join(map(str, failures)))
+    return results, [str(error) for error in failures]
+
+
+async def _holder(target: str, names: list[str], hosts: dict[str, Host]) -> str:
+    """The host that holds `target` (a run id, or a tmux session name): one host's name,
+    else RunError saying where it was looked for, or UsageError when a session of that
+    name is on several hosts."""
+
+    async def holds(host: Host) -> bool:
+        if runs.RUN_ID.fullmatch(target):
+            try:
+                await runs.read_manifest(host, target)
+                return True
+            except runs.RunError:
+                return False
+        return bool(await tmux.list_panes(host, tmux.check_session_name(target)))
+
+    found, unreachable = await _everywhere(names, hosts, holds)
+    holding = [name for name in names if found.get(name)]
+    if len(holding) > 1 and not runs.RUN_ID.fullmatch(target):  # a multi-node run's dir is on each of its hosts
+        raise UsageError(f"tmux session {target!r} is on {', '.join(holding)}: say which with --host")
+    if not holding:
+        lost = f" ({'; '.join(unreachable)})" if unreachable else ""
+        what = f"run {target}" if runs.RUN_ID.fullmatch(target) else f"run or tmux session {target!r}"
+        raise runs.RunError(f"no {what} on {', '.join(found)}{lost}")
+    return holding[0]
+
+
+async def _run(args) -> tuple[object, str, list[str]]:
+    """(JSON document, human text, a line per host that could not be read) for the
+    subcommand. Without --host, `runs` and `gpus` read every configured host, `kill` and
+    `relaunch` act on whichever host holds the run."""
     config = load_config(args.config)
-    entry = config.host(args.host) if args.host else config.hosts[0]
     hosts = config.make_hosts()  # a multi-node run's other nodes are reached through them
-    host: Host = hosts[entry.name]
+    names = [args.host] if args.host else [e.name for e in config.hosts]
+    if args.host:
+        config.host(args.host)  # an unknown name is a usage error
     train_commands = {e.name: e.train_command for e in config.hosts}
+    smis = {e.name: e.nvidia_smi for e in config.hosts}
     try:
         if args.subcommand == "launch":
+            entry = config.host(args.host) if args.host else config.hosts[0]
             if args.hosts:
                 _check_nodes(args, config, hosts)
                 info = await nodes.launch_nodes(
@@ -265,22 +310,38 @@ async def _run(args) -> tuple[object, str]:
                     train_commands=train_commands, rdzv_host=args.rdzv_host,
                 )  # fmt: skip
             else:
-                info = await runs.launch(host, args.command, session=args.session, train_command=entry.train_command)
+                info = await runs.launch(hosts[entry.name], args.command, session=args.session, train_command=entry.train_command)
             doc = _launched(info, relaunch=False)
-            return doc, _show_launched(doc)
+            return doc, _show_launched(doc), []
         if args.subcommand == "runs":
-            infos = await nodes.list_spanning(host, hosts)
-            return [{**r.to_json(), "status": describe(r)} for r in infos], _show_runs(infos)
+            if args.host:
+                infos, unread = await nodes.list_spanning(hosts[args.host], hosts), []
+            else:
+                listed, unread = await _everywhere(names, hosts, runs.list_runs)
+                infos = nodes.merge([info for name in names for info in listed.get(name, [])])
+            docs = [{**r.to_json(), "status": describe(r)} for r in infos]
+            return docs, _show_runs(infos, by_host=len(names) > 1), unread
         if args.subcommand == "gpus":
-            snapshot = await gpu.read_gpus(host, entry.nvidia_smi)
-            if snapshot.status in (gpu.GpuStatus.ERROR, gpu.GpuStatus.DRIVER_ERROR):
-                raise HostError(entry.name, snapshot.message or snapshot.status.value)
-            return _gpus_json(snapshot), _show_gpus(entry.name, snapshot)
+
+            async def read(host: Host) -> gpu.GpuSnapshot:
+                snapshot = await gpu.read_gpus(host, smis[host.name])
+                if snapshot.status in (gpu.GpuStatus.ERROR, gpu.GpuStatus.DRIVER_ERROR):
+                    raise HostError(host.name, snapshot.message or snapshot.status.value)
+                return snapshot
+
+            readings, unread = await _everywhere(names, hosts, read)
+            if len(names) == 1:
+                [(name, snapshot)] = readings.items()
+                return _gpus_json(snapshot), _show_gpus(name, snapshot), unread
+            docs = [{"host": name, **_gpus_json(snapshot)} for name, snapshot in readings.items()]
+            return docs, "\n\n".join(f"{name}:\n{_show_gpus(name, snapshot)}" for name, snapshot in readings.items()), unread
+        target = args.target if args.subcommand == "kill" else args.run
+        name = args.host or await _holder(target, names, hosts)
+        host, entry = hosts[name], config.host(name)
         if args.subcommand == "kill":
             grace = args.grace if args.grace is not None else config.defaults.get("grace_s", 30.0)
-            smis = {e.name: e.nvidia_smi for e in config.hosts}
-            report = await kill.kill_run(host, args.target, grace_s=grace, smi=entry.nvidia_smi, hosts=hosts, smis=smis)
-            return report.to_json(), _show_kill(report)
+            report = await kill.kill_run(host, target, grace_s=grace, smi=entry.nvidia_smi, hosts=hosts, smis=smis)
+            return report.to_json(), _show_kill(report), []
         if len((await runs.read_manifest(host, args.run)).get("nodes") or []) > 1:
             if args.resume:
                 raise UsageError("trackside relaunch: --resume: a multi-node run's checkpoint is on one node only")
@@ -288,7 +349,7 @@ async def _run(args) -> tuple[object, str]:
         else:
             info = await runs.relaunch(host, args.run, args.changes, args.resume, train_command=entry.train_command)
         doc = _launched(info, relaunch=True)
-        return doc, _show_launched(doc)
+        return doc, _show_launched(doc), []
     finally:
         await asyncio.gather(*(h.close() for h in hosts.values()))
 
@@ -301,10 +362,12 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     try:
         args = _parse(argv)
-        doc, text = asyncio.run(_run(args))
+        doc, text, unread = asyncio.run(_run(args))
     except tuple(failures) as e:
         code = next(c for kind, c in failures.items() if isinstance(e, kind))
         print(f"trackside: {e}", file=sys.stderr)
         return code
+    for line in unread:  # a host that could not be read, while others were
+        print(f"trackside: {line}", file=sys.stderr)
     print(json.dumps(doc, indent=1) if args.json else text)
     return EXIT_OK
