@@ -189,8 +189,8 @@ def run_alerts(run: RunFacts, now: float, rules: Rules = Rules(), *, answered: b
 
 def kill_alert(key: str, report) -> Alert | None:
     """Memory still held after a kill, naming each straggler."""
-    if report.released and not report.stragglers:
-        return None
+    if report.released is not False and not report.stragglers:
+        return None  # released, or nothing on the host could tell (no nvidia-smi)
     held = "; ".join(
         f"PID {p.pid} ({p.name}) holds {p.used_mib} MiB on GPU {p.gpu_index}" for p in report.stragglers
     ) or "GPU memory not released"

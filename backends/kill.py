@@ -115,7 +115,7 @@ class KillReport:
     # Processes outside the run holding GPU memory at the end: named, never signalled, and
     # no bar to `released`, which speaks of the run's pids only.
     other_holders: list[gpu.GpuProcess]
-    released: bool
+    released: bool | None  # None: no nvidia-smi to verify it with
     gpu_status: str
     gpu_message: str
     exit_status: int | None
@@ -138,7 +138,7 @@ class KillReport:
             return "stopped; no GPU on this host: no GPU memory to verify"
         if self.gpu_status == gpu.GpuStatus.NO_SMI.name:
             return "stopped; no nvidia-smi on this host: no GPU memory to verify"
-        if not self.released:
+        if self.released is False:
             return f"stopped, but GPU memory NOT verified: {self.gpu_message or self.gpu_status}"
         return f"released: the run holds no GPU memory (verified {self.release_s:.2f}s after its last process exited)"
 
@@ -452,7 +452,8 @@ async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml) -> K
         gpu_processes_before=gpu_before,
         stragglers=stragglers,
         other_holders=_holders(after, set(known)),
-        released=usable and not stragglers and not alive,
+        # None: nothing could check (no nvidia-smi on the host): unverified, not released.
+        released=None if after.status is gpu.GpuStatus.NO_SMI and not alive else usable and not stragglers and not alive,
         gpu_status=after.status.name,
         gpu_message=after.message,
         exit_status=exit_status,

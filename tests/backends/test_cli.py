@@ -109,6 +109,9 @@ def test_kill_on_a_host_without_gpus_says_so(capsys, config, tmp_path):
     assert cli(capsys, "launch", "--config", str(no_gpu), "--session", "cpu", "--", "sleep", "60")[0] == 0
     code, out, _ = cli(capsys, "kill", "cpu", "--config", str(no_gpu))
     assert code == 0 and "no GPU memory to verify" in out
+    assert cli(capsys, "launch", "--config", str(no_gpu), "--session", "cpu2", "--", "sleep", "60")[0] == 0
+    report = cli_json(capsys, "kill", "cpu2", "--config", str(no_gpu))
+    assert report["released"] is None and report["gpu_status"] == "NO_SMI"  # nothing checked it: unverified, not true
 
 
 HOSTILE_SETS = [

@@ -125,7 +125,7 @@ def _report_part(text: Text, report) -> None:
         text.append(f"  {note}\n", style="dim")
     text.append("\n")
     verified = report.released and report.gpu_status == "OK"
-    text.append(report.verdict(), style="bold green" if verified else "bold" if report.released else "bold red")
+    text.append(report.verdict(), style="bold green" if verified else "bold" if report.released is not False else "bold red")
 
 
 class KillReportScreen(Dialog[None]):
