@@ -437,6 +437,8 @@ def train(cfg: TrainConfig) -> int:
             scheduler.load_state_dict(state["scheduler"])
             step, position = state["step"], Position(**state["data"])
             _set_rng_state(state["rng"])
+        elif cfg.resume and rank == 0:
+            print(f"train: --resume: no checkpoint in {ckpt_root}: starting at step 0", flush=True)
 
         config = {**cfg.to_dict(), "total_steps": total_steps, "warmup_steps": warmup,
                   "global_batch_rows": cfg.batch_rows * world, "resumed_from_step": step,

@@ -157,3 +157,9 @@ def test_a_resume_that_does_not_fit_the_checkpoint_exits_2(changed, says, tmp_pa
     assert code == 2 and "--resume" in err and says in err, err
     assert "Traceback" not in err
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == record  # still completed
+
+
+def test_resume_with_no_checkpoint_says_it_starts_at_step_0(tmp_path, cache, capsys):
+    code = main(["train", "--synthetic", "--steps", "1", "--max-seq-len", "128", "--out", str(tmp_path / "run"), "--resume"])
+    out = capsys.readouterr().out
+    assert code == 0 and f"--resume: no checkpoint in {tmp_path / 'run' / 'checkpoints'}: starting at step 0" in out
