@@ -187,7 +187,7 @@ async def list_runs(host: Host, recordings: Recordings | None = None) -> list[Ru
                 (metrics.last or {}).get("step"), metrics.value("loss"), metrics.steps_per_epoch,
                 [] if ended else alive, manifest.get("run_dir"), manifest.get("parent"), manifest.get("started"),
                 metrics.end_status, this_dashboard=session in dashboard, nodes=nodes,
-                tokens_per_s=metrics.value("tokens_per_s"), tau=metrics.value("tau"),
+                tokens_per_s=None if ended else metrics.value("tokens_per_s"), tau=metrics.value("tau"),
                 eta_s=None if ended else metrics.eta_s(manifest["params"]),
             )  # fmt: skip
         )

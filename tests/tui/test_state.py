@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 
 from backends.runs import RunPhase as Listed
+from backends.runs.status import describe
 from tests.tui.sample import NOW, gpus, metrics_events, run_info
 from tui.screens.fleet import host_cells, run_cells
 from tui.screens.run import stats_text
-from backends.runs.status import describe
 from tui.state import STYLES, HostState, HostStatus, RunState, RunStatus
 
 
@@ -90,3 +90,12 @@ def test_a_host_status_given_as_its_word_reads_as_the_enum():
     cell = host_cells(host, NOW, 1.0)["state"]
     assert cell.plain == "auth: refused our keys" and str(cell.style) == "bold red"
     assert not HostState("h").status.lost
+
+
+def test_a_run_that_ended_shows_no_pace():
+    """tokens/s and an ETA are a running run's: an ended one shows neither."""
+    run = ended(code=0, end="completed")
+    for event in metrics_events(5):
+        run.add_event(event)
+    cells = run_cells(run, HostState("h200-box"))
+    assert (run.tokens_per_s, run.eta_s(), cells["tps"], cells["eta"]) == (None, None, "—", "—")
