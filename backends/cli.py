@@ -24,9 +24,13 @@ from backends.runs.status import describe
 from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, RUN_ID_EXAMPLE, UsageError
 
 
+class _Said(UsageError):
+    """A usage error whose message already names the command (`trackside kill: …`)."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
-        raise UsageError(f"{self.prog}: {message}")
+        raise _Said(f"{self.prog}: {message}")
 
 
 def _grace(text: str) -> float:
@@ -336,6 +340,9 @@ async def _run(args) -> tuple[object, str, list[str]]:
             docs = [{"host": name, **_gpus_json(snapshot)} for name, snapshot in readings.items()]
             return docs, "\n\n".join(f"{name}:\n{_show_gpus(name, snapshot)}" for name, snapshot in readings.items()), unread
         target = args.target if args.subcommand == "kill" else args.run
+        if not (runs.RUN_ID.fullmatch(target) or tmux.SESSION_NAME.fullmatch(target)):
+            what = "a run id or a tmux session name" if args.subcommand == "kill" else "a run id"
+            raise _Said(f"trackside {args.subcommand}: {target!r} is not {what} (like {RUN_ID_EXAMPLE})")
         name = args.host or await _holder(target, names, hosts)
         host, entry = hosts[name], config.host(name)
         if args.subcommand == "kill":
@@ -365,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         doc, text, unread = asyncio.run(_run(args))
     except tuple(failures) as e:
         code = next(c for kind, c in failures.items() if isinstance(e, kind))
-        print(f"trackside: {e}", file=sys.stderr)
+        print(str(e) if isinstance(e, _Said) else f"trackside: {e}", file=sys.stderr)
         return code
     for line in unread:  # a host that could not be read, while others were
         print(f"trackside: {line}", file=sys.stderr)

@@ -248,3 +248,11 @@ def test_gpus_on_a_real_gpu_reads_nvml_as_nvidia_smi_does(capsys, tmp_path, tmux
     assert [(g["index"], g["power_limit_w"], g["mem_total_mib"]) for g in doc["gpus"]] == expected
     code, out, _ = cli(capsys, "gpus", "--config", str(config))
     assert code == 0 and out.splitlines()[0].split()[0] == "GPU" and out.splitlines()[-1] == "read by nvml"
+
+
+def test_each_error_is_said_once_in_one_line(capsys, config):
+    code, _, err = cli(capsys, "runs", "--bogus", "--config", config)
+    assert code == 2 and err.strip() == "trackside: unrecognized arguments: --bogus"  # not "trackside: trackside: …"
+    for target in ("", "a b", "-x"):
+        code, _, err = cli(capsys, "kill", target, "--config", config)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err and "no mouse" not in err, err
