@@ -182,7 +182,6 @@ async def relaunch_nodes(
     hosts with changed params, its parent named: what the dashboard's `r` calls for a run
     whose listing has `nodes`. Resuming is not offered: the checkpoint lives on the node
     that held rank 0 only, and every rank reads its own run dir's."""
-    changes = run_params.check(changes)
     manifest = await read_manifest(host, run_id)
     spans = manifest.get("nodes") or []
     if len(spans) < 2:
@@ -190,8 +189,7 @@ async def relaunch_nodes(
     missing = [n["host"] for n in spans if n["host"] not in hosts]
     if missing:
         raise RunError(f"run {run_id} has nodes on {', '.join(missing)}, not hosts of the config")
-    params = {**manifest.get("params", {}), **changes}
-    argv = run_params.apply([a for a in manifest["argv"] if a != "--resume"], params)
+    argv, params = run_params.edited(manifest["argv"], manifest.get("params", {}), changes)
     return await launch_nodes(
         [hosts[n["host"]] for n in spans], argv, manifest["nproc_per_node"], train_commands=train_commands,
         params=params, parent=run_id, rdzv_host=manifest["rdzv_endpoint"].rpartition(":")[0],

@@ -14,7 +14,7 @@ from pathlib import Path
 from training import contract, register
 from training.contract import EXIT_OK, EXIT_USAGE, UsageError
 from training.memory.terms import SHARDINGS
-from training.params import add_param_flag
+from training.params import EXCLUSIVE, PARAMS, add_param_flag
 
 
 def _typed(kind, check, what: str):
@@ -64,9 +64,10 @@ def train_parser() -> argparse.ArgumentParser:
     add_param_flag(p, "max_seq_len", help="tokens per packed row (default 2048; 512 with --synthetic)")
     add_param_flag(p, "ttt_steps", help=f"default {DEFAULT_TTT_STEPS}")
     add_param_flag(p, "ttt_decay", help=f"default {DEFAULT_TTT_DECAY}")
+    [(steps, epochs)] = EXCLUSIVE
     length = p.add_mutually_exclusive_group()
-    add_param_flag(length, "steps")
-    add_param_flag(length, "epochs", help="default 1 when --steps is absent")
+    add_param_flag(length, steps)
+    add_param_flag(length, epochs, help="default 1 when --steps is absent")
     add_param_flag(p, "lr", help="peak learning rate (default 1e-4; 3e-3 with --synthetic)")
     add_param_flag(p, "batch_rows", default=1, help="packed rows per process per step")
     add_param_flag(p, "draft_vocab_size")
@@ -117,11 +118,10 @@ DEFAULT_TTT_STEPS = 3
 DEFAULT_TTT_DECAY = 0.8
 DEFAULT_MAX_ANCHORS = 512
 DEFAULT_GAMMA = 7.0
-# EAGLE-3's flags that a DFlash run would silently ignore.
-_EAGLE3_ONLY = ("ttt_steps", "ttt_decay", "checkpoint_ttt", "draft_vocab_size",
-                "freeze_lm_head")
-_DFLASH_ONLY = ("block_size", "max_anchors", "dflash_gamma", "soft_kl", "num_layers",
-                "target_layers")
+# Each drafter's own flags, which the other would silently ignore: the parameter table's
+# (training/params.py), and DFlash's --target-layers beside them.
+_EAGLE3_ONLY = tuple(name for name, p in PARAMS.items() if p.drafter == "eagle3")
+_DFLASH_ONLY = (*(name for name, p in PARAMS.items() if p.drafter == "dflash"), "target_layers")
 
 
 def _flag(dest: str) -> str:

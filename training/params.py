@@ -46,6 +46,7 @@ class Param:
     # out of the argv at 0.
     bare: int | None = None
     meaning: str | None = None  # what the number counts, where its name does not say
+    drafter: str | None = None  # "eagle3" or "dflash": the one drafter that takes it; None: both
 
     @property
     def flag(self) -> str:
@@ -71,9 +72,9 @@ class Param:
 
     def parse(self, text: str) -> int | float | bool:
         if self.kind is bool:
-            if text not in _BOOL:
+            if not isinstance(text, str) or text.strip().lower() not in _BOOL:
                 raise ParamError(self.name, f"{text!r} is not true or false")
-            return _BOOL[text]
+            return _BOOL[text.strip().lower()]
         grammar = _INT if self.kind is int else _FLOAT
         # A sign is read so that -5 is told its range, not that it is no number; the range
         # check then keeps every value the grammar lets through a plain literal.
@@ -127,29 +128,33 @@ PARAMS: dict[str, Param] = {
     p.name: p
     for p in [
         Param("max_seq_len", int, 128, 1048576),
-        Param("ttt_steps", int, 1, MAX_TTT_STEPS),
-        Param("ttt_decay", float, 0, 1, low_open=True),
-        Param("lr", float, 0, None, low_open=True),
+        Param("ttt_steps", int, 1, MAX_TTT_STEPS, drafter="eagle3"),
+        Param("ttt_decay", float, 0, 1, low_open=True, drafter="eagle3"),
+        # AdamW's rate: past 1 no drafter trains, it diverges in its first steps
+        Param("lr", float, 0, 1, low_open=True),
         Param("steps", int, 1),
         Param("epochs", int, 1),
         Param("batch_rows", int, 1),
-        Param("draft_vocab_size", int, 1),
+        Param("draft_vocab_size", int, 1, drafter="eagle3"),
         Param("loss_chunk", int, 1),
         Param("save_every", int, 0),
         Param("seed", int, 0),
-        # the first N TTT steps recomputed (the trainer takes at most its ttt_steps)
-        Param("checkpoint_ttt", int, 0, MAX_TTT_STEPS, bare=MAX_TTT_STEPS, meaning="TTT steps recomputed"),
-        Param("freeze_lm_head", bool),
+        # the first N TTT steps recomputed (at most its ttt_steps: backends/params.py's
+        # conflicts refuses more)
+        Param("checkpoint_ttt", int, 0, MAX_TTT_STEPS, bare=MAX_TTT_STEPS, meaning="TTT steps recomputed", drafter="eagle3"),
+        Param("freeze_lm_head", bool, drafter="eagle3"),
         # DFlash's (trackside train --drafter dflash); the block and the anchors must also
         # fit a row of max_seq_len, which the trainer checks once it knows both
         # (backends/params.py's conflicts tells an edit the same).
-        Param("block_size", int, 2, 1048576, meaning="the anchor and the tokens drafted with it"),
-        Param("max_anchors", int, 1, 1048576, meaning="blocks drawn per packed row"),
-        Param("dflash_gamma", float, 0, None, low_open=True),
-        Param("soft_kl", float, 0, 1, meaning="share of KL in the loss"),
-        Param("num_layers", int, 1),
+        Param("block_size", int, 2, 1048576, meaning="the anchor and the tokens drafted with it", drafter="dflash"),
+        Param("max_anchors", int, 1, 1048576, meaning="blocks drawn per packed row", drafter="dflash"),
+        Param("dflash_gamma", float, 0, None, low_open=True, drafter="dflash"),
+        Param("soft_kl", float, 0, 1, meaning="share of KL in the loss", drafter="dflash"),
+        Param("num_layers", int, 1, drafter="dflash"),
     ]
 }
+# Parameters a run takes one of: the trainer's parser refuses both.
+EXCLUSIVE = (("steps", "epochs"),)
 
 
 def add_param_flag(parser, name: str, **kwargs) -> None:

@@ -227,7 +227,6 @@ async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False,
     With `resume`, the new run starts from the parent's latest checkpoint (the trainer's
     `--resume`, on a hard-linked copy of that checkpoint in the new run dir).
     """
-    changes = run_params.check(changes)
     parent = await read_manifest(host, run_id)
     if len(parent.get("nodes") or []) > 1:  # one node alone would wait for the others forever
         spans = ", ".join(n["host"] for n in parent["nodes"])
@@ -240,8 +239,8 @@ async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False,
         resume_from = await latest_checkpoint(host, parent["run_dir"])
         if resume_from is None:
             raise RunError(f"run {run_id} has no checkpoint to resume from in {parent['run_dir']}/checkpoints")
-    params = {**parent.get("params", {}), **changes}
+    argv, params = run_params.edited(argv, parent.get("params", {}), changes)
     return await launch(
-        host, run_params.apply(argv, params), params=params, parent=run_id,
+        host, argv, params=params, parent=run_id,
         train_command=train_command, resume_from=resume_from,
     )  # fmt: skip

@@ -256,3 +256,16 @@ def test_each_error_is_said_once_in_one_line(capsys, config):
     for target in ("", "a b", "-x"):
         code, _, err = cli(capsys, "kill", target, "--config", config)
         assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err and "no mouse" not in err, err
+
+
+@pytest.mark.parametrize("item, said", [
+    ("epochs=2", "trackside: epochs: not with steps"),  # the child would die: --epochs not allowed with --steps
+    ("block_size=16", "trackside: block_size: DFlash's; this run trains EAGLE-3"),  # --block-size needs --drafter dflash
+    ("checkpoint_ttt=5", "trackside: checkpoint_ttt: must be ≤ ttt_steps 3"),
+    ("lr=1e9", "trackside: --set lr: must be ≤ 1"),
+])
+def test_a_relaunch_the_trainer_would_refuse_exits_2_and_launches_nothing(capsys, config, runs_root, item, said):
+    parent = cli_json(capsys, "launch", "--config", config, "--", "trackside", "train", "--synthetic", "--steps", "5", "--ttt-steps", "3")
+    code, out, err = cli(capsys, "relaunch", parent["run_id"], "--config", config, "--set", item)
+    assert code == 2 and out == "" and err.strip().startswith(said), err
+    assert os.listdir(runs_root) == [parent["run_id"]]  # nothing was launched

@@ -109,7 +109,8 @@ def test_a_bool_param_is_a_bare_flag_added_or_removed():
     assert apply(on, {"freeze_lm_head": True}) == on  # not added twice
     assert apply(on + ["--freeze-lm-head"], {"freeze_lm_head": False}) == argv
     assert parse_sets(["freeze_lm_head=true", "ttt_steps=7"]) == {"freeze_lm_head": True, "ttt_steps": 7}
-    for bad in ("freeze_lm_head=1", "freeze_lm_head=yes", "freeze_lm_head=True"):
+    assert parse_sets(["freeze_lm_head=TRUE"]) == parse_sets(["freeze_lm_head=True"]) == {"freeze_lm_head": True}
+    for bad in ("freeze_lm_head=1", "freeze_lm_head=yes"):
         with pytest.raises(ParamError, match="freeze_lm_head"):
             parse_sets([bad])
     with pytest.raises(ParamError, match="freeze_lm_head"):
@@ -237,10 +238,43 @@ def test_a_dflash_argv_carries_its_params_through_a_relaunch():
 def test_conflicts_name_a_block_or_anchors_a_row_cannot_hold():
     from backends.params import conflicts
 
-    assert conflicts({"max_seq_len": 512, "block_size": 16, "max_anchors": 497}) == []
-    assert conflicts({"block_size": 16, "max_anchors": 4096}) == []  # the row's length unknown
-    assert [str(e) for e in conflicts({"max_seq_len": 512, "block_size": 1024, "max_anchors": 4096})] == [
+    assert conflicts({"max_seq_len": 512, "block_size": 16, "max_anchors": 497}, "dflash") == []
+    assert conflicts({"block_size": 16, "max_anchors": 4096}, "dflash") == []  # the row's length unknown
+    assert [str(e) for e in conflicts({"max_seq_len": 512, "block_size": 1024, "max_anchors": 4096}, "dflash")] == [
         "block_size: must be ≤ max_seq_len 512 (got 1,024)"]  # fmt: skip
-    assert [str(e) for e in conflicts({"max_seq_len": 512, "block_size": 16, "max_anchors": 498})] == [
+    assert [str(e) for e in conflicts({"max_seq_len": 512, "block_size": 16, "max_anchors": 498}, "dflash")] == [
         "max_anchors: must be ≤ 497, the blocks of 16 a row of max_seq_len 512 holds (got 498)"]  # fmt: skip
     assert [e.key for e in conflicts({"max_seq_len": 512, "max_anchors": 513})] == ["max_anchors"]
+
+
+@pytest.mark.parametrize("params, drafter, said", [
+    ({"steps": 100, "epochs": 2}, "eagle3", "epochs: not with steps"),
+    ({"block_size": 16}, "eagle3", "block_size: DFlash's; this run trains EAGLE-3"),
+    ({"ttt_steps": 5}, "dflash", "ttt_steps: EAGLE-3's; this run trains DFlash"),
+    ({"checkpoint_ttt": 5, "ttt_steps": 3}, "eagle3", "checkpoint_ttt: must be ≤ ttt_steps 3"),
+])
+def test_edits_the_trainer_would_refuse_are_refused(params, drafter, said):
+    from backends.params import conflicts
+
+    assert [str(e) for e in conflicts(params, drafter)][0].startswith(said)
+
+
+def test_edits_the_trainer_takes_are_not_refused():
+    from backends.params import conflicts
+
+    assert conflicts({"steps": 100, "epochs": None}, "eagle3") == []  # epochs cleared, steps set
+    assert conflicts({"checkpoint_ttt": 16, "ttt_steps": 3}, "eagle3") == []  # bare: every step
+    assert conflicts({"max_anchors": 64, "ttt_steps": None}, "dflash") == []
+
+
+def test_a_cleared_parameter_leaves_the_argv():
+    from backends.params import edited
+
+    argv = ["python", "-m", "training", "train", "--synthetic", "--steps", "100", "--lr", "0.001"]
+    new, params = edited(argv, {"steps": 100, "lr": 0.001}, {"steps": None, "epochs": 2})
+    assert new == ["python", "-m", "training", "train", "--synthetic", "--lr", "0.001", "--epochs", "2"]
+    assert params == {"lr": 0.001, "epochs": 2}
+    with pytest.raises(ParamError, match="epochs: not with steps"):
+        edited(argv, {"steps": 100}, {"epochs": 2})
+    with pytest.raises(ParamError, match="lr: must be ≤ 1"):
+        parse_sets(["lr=1e9"])

@@ -143,3 +143,22 @@ def test_an_eagle3_edit_names_no_anchors():
     cost = Basis({"max_seq_len": 8192, "ttt_steps": 3}, None, None, start, 40.0).predict(
         {}, gpu_mem_gib=140)
     assert cost.largest_max_anchors is None and cost.largest_max_seq_len
+
+
+async def test_an_edit_the_trainer_would_refuse_cannot_be_kept_and_a_cleared_field_leaves_the_argv():
+    """epochs=2 on a --steps run: the relaunched child would die (`--epochs: not allowed
+    with argument --steps`) after R had killed the healthy run; the form says so and Keep
+    stays off. Clearing steps first makes the edit one the trainer takes."""
+    from textual.widgets import Button
+
+    form = a_form()
+    async with FormApp(form).run_test(size=(120, 40)) as pilot:
+        form.query_one("#param-epochs", Input).value = "2"
+        await pilot.pause()
+        assert not form.validate() and form.query_one("#keep", Button).disabled
+        assert "epochs: not with steps" in form.query_one("#edit-errors", Static).render().plain
+        form.query_one("#param-steps", Input).value = ""
+        await pilot.pause()
+        assert form.validate() and not form.query_one("#keep", Button).disabled
+        assert form.changes == {"steps": None, "epochs": 2}
+        assert "steps: 20000 → default (cleared)" in form.query_one("#edit-diff", Static).render().plain

@@ -92,7 +92,10 @@ class EditScreen(Dialog[dict | None]):
 
     def _predict_cost(self) -> None:
         # What the worker reads is copied here, on the UI thread, which alone changes it.
-        asked, basis, changes = self.cost_asked, Basis.of(self.run), dict(self.changes)
+        # A cleared parameter goes back to the trainer's default, which is not known here:
+        # the prediction keeps the run's value for it.
+        asked, basis = self.cost_asked, Basis.of(self.run)
+        changes = {k: v for k, v in self.changes.items() if v is not None}
         total = gpu_total_gib(self.host)
         self.run_worker(
             lambda: (asked, cost_text(basis, changes, total)), group="cost", thread=True, exit_on_error=False
@@ -116,6 +119,9 @@ class EditScreen(Dialog[dict | None]):
         changes, errors = {}, []
         for name in self.fields:
             text = self.query_one(f"#param-{name}", Input).value.strip()
+            if not text and name in self.run.info.params:
+                changes[name] = None  # cleared: the relaunch leaves the flag out, the trainer's default
+                continue
             if not text or text == shown(current.get(name)):
                 continue
             try:
@@ -126,7 +132,8 @@ class EditScreen(Dialog[dict | None]):
             if value != current.get(name):
                 changes[name] = value
         if not errors:
-            errors = [str(error) for error in run_params.conflicts(self.relaunched(changes))]
+            drafter = "dflash" if self.run.is_dflash else "eagle3"
+            errors = [str(error) for error in run_params.conflicts(self.relaunched(changes), drafter)]
         self.changes = changes
         self.query_one("#edit-errors", Static).update(Text("\n".join(errors), style="bold red"))
         self.query_one("#edit-diff", Static).update(self.diff_text())
@@ -149,7 +156,7 @@ class EditScreen(Dialog[dict | None]):
             text.append(f"{name}: ")
             text.append(shown(self.run.params.get(name)) or "default", style="red")
             text.append(" → ")
-            text.append(f"{shown(value)}\n", style="green")
+            text.append(f"{shown(value) if value is not None else 'default (cleared)'}\n", style="green")
         return text
 
     def on_button_pressed(self, event: Button.Pressed) -> None:

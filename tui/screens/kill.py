@@ -30,7 +30,7 @@ def plan_text(key: str, plan: KillPlan, relaunch: dict | None) -> Text:
     else:
         text.append("\nNothing else on the host is touched.")
     if relaunch is not None:
-        changes = ", ".join(f"{k}={v}" for k, v in relaunch.items()) or "unchanged parameters"
+        changes = ", ".join(f"{k}={v}" if v is not None else f"{k} cleared" for k, v in relaunch.items()) or "unchanged parameters"
         text.append(f"\nThen relaunch with {changes}.", style="cyan")
     return text
 
