@@ -318,10 +318,17 @@ async def _run(args) -> tuple[object, str, list[str]]:
             doc = _launched(info, relaunch=False)
             return doc, _show_launched(doc), []
         if args.subcommand == "runs":
+
+            def gpu_pids(host: Host):
+                async def read() -> set[int]:  # what the dashboard's GPU panel shows holding memory
+                    return {p.pid for p in (await gpu.read_gpus(host, smis[host.name])).processes}
+
+                return read
+
             if args.host:
-                infos, unread = await nodes.list_spanning(hosts[args.host], hosts), []
+                infos, unread = await nodes.list_spanning(hosts[args.host], hosts, gpu_pids(hosts[args.host])), []
             else:
-                listed, unread = await _everywhere(names, hosts, runs.list_runs)
+                listed, unread = await _everywhere(names, hosts, lambda host: runs.list_runs(host, gpu_pids=gpu_pids(host)))
                 infos = nodes.merge([info for name in names for info in listed.get(name, [])])
             docs = [{**r.to_json(), "status": describe(r)} for r in infos]
             return docs, _show_runs(infos, by_host=len(names) > 1), unread

@@ -235,11 +235,11 @@ def _combine(parts: list[RunInfo]) -> RunInfo:
     return dataclasses.replace(head, state=state, exit_status=exit_status, nodes=nodes, pids=list(head.pids))
 
 
-async def list_spanning(host: Host, hosts: Mapping[str, Host]) -> list[RunInfo]:
-    """The host's listing, each multi-node run found there merged with its nodes listed
-    on their own hosts (those of `hosts`; a node on a host that cannot be listed stays
-    `unknown`)."""
-    infos = await list_runs(host)
+async def list_spanning(host: Host, hosts: Mapping[str, Host], gpu_pids=None) -> list[RunInfo]:
+    """The host's listing (`gpu_pids` as list_runs takes it), each multi-node run found
+    there merged with its nodes listed on their own hosts (those of `hosts`; a node on a
+    host that cannot be listed stays `unknown`)."""
+    infos = await list_runs(host, gpu_pids=gpu_pids)
     wanted = {n.host for i in infos for n in i.nodes if n.host != host.name and n.host in hosts}
     spanning = {i.run_id for i in infos if i.nodes}
 

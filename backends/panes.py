@@ -9,9 +9,10 @@ recording of ours: its scrollback is read each time instead, the most it can sho
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from backends import recording, tmux
+from backends import procs, recording, tmux
 from backends.console import ConsoleSummary
 from backends.hosts import Host
 
@@ -98,17 +99,27 @@ class Recordings:
             tape.summary.add_recorded(data[: end + 1].decode(errors="replace"))
 
 
-def run_pane(reads: list[PaneRead]) -> PaneRead | None:
-    """The pane of a session that holds its run: the one whose text gave steps or a loss
-    (the most recent), else a bar or counter, else the pane a user attaching sees."""
+def run_pane(reads: list[PaneRead], on_gpu: Collection[int] = ()) -> PaneRead | None:
+    """The pane of a session that holds its run: the one whose processes hold GPU memory
+    (`on_gpu`: the pane pids whose process trees do), else the one whose text gave steps
+    or a loss, else a bar or counter, else the pane a user attaching sees."""
     if not reads:
         return None
 
     def rank(read: PaneRead) -> tuple:
         s = read.summary
-        return (s.step is not None or s.loss is not None, s.progress is not None, not read.pane.dead, read.pane.active)
+        return (read.pane.pid in on_gpu, s.step is not None or s.loss is not None, s.progress is not None,
+                not read.pane.dead, read.pane.active)  # fmt: skip
 
     return max(reads, key=rank)
+
+
+async def panes_on_gpu(host: Host, panes: list[tmux.Pane], gpu_pids: Collection[int]) -> set[int]:
+    """The pids of `panes` whose process trees hold any of `gpu_pids` (one ps)."""
+    if not gpu_pids or not panes:
+        return set()
+    table = await procs.process_table(host)
+    return {pane.pid for pane in panes if procs.process_tree(table, [pane]) & set(gpu_pids)}
 
 
 async def read_session(host: Host, session: str) -> PaneRead | None:

@@ -145,6 +145,11 @@ class HostMonitor:
                     self._latest = snapshot
                     self.app.post_message(GpusPolled(self.host.name, self._with_processes(snapshot), self.clock()))
 
+    async def _gpu_pids(self) -> set[int]:
+        """The pids holding GPU memory, as last read: the listing asks which pane runs a trainer."""
+        latest = self._processes[0] if self._latest is not None and self._latest.streamed else getattr(self._latest, "processes", ())
+        return {p.pid for p in latest}
+
     def _with_processes(self, snapshot: gpu.GpuSnapshot) -> gpu.GpuSnapshot:
         """A streamed sample with the newest per-process rows read (the kill dialog names
         the GPUs a run's PIDs hold); a full read's own rows become the newest."""
@@ -161,7 +166,7 @@ class HostMonitor:
             started = time.monotonic()
             self._list_now.clear()
             try:
-                listed = await asyncio.wait_for(runs.list_runs(self.host, self._recordings), POLL_TIMEOUT_S)
+                listed = await asyncio.wait_for(runs.list_runs(self.host, self._recordings, self._gpu_pids), POLL_TIMEOUT_S)
                 self.app.post_message(RunsListed(self.host.name, listed, self.clock()))
                 if self._latest is not None and self._latest.streamed:
                     self._processes = await asyncio.wait_for(

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import asdict, dataclass, field, fields
 
 from backends import tmux
 from backends.console import ConsoleSummary
-from backends.panes import Recordings, run_pane
+from backends.panes import Recordings, panes_on_gpu, run_pane
 from backends.record import MetricsRecord
 from backends.hosts import Host, HostError
 from backends.logparse import Progress, parse_metrics_line
@@ -147,10 +148,14 @@ def _state(exit_status: int | None, oom: bool, trainer: bool) -> RunPhase:
     return RunPhase.UNKNOWN if exit_status is None else RunPhase.EXITED
 
 
-async def list_runs(host: Host, recordings: Recordings | None = None) -> list[RunInfo]:
+async def list_runs(
+    host: Host, recordings: Recordings | None = None, gpu_pids: Callable[[], Awaitable[Collection[int]]] | None = None
+) -> list[RunInfo]:
     """Our runs (newest first), then every tmux session we did not launch, read from its
     panes' recordings: `recordings`, a dashboard's, read on from its last listing; without
-    it, every recording is read whole."""
+    it, every recording is read whole. `gpu_pids` gives the pids holding GPU memory on the
+    host, asked only where a session has several live panes: the one running the trainer
+    is the run's."""
     panes = await tmux.list_panes(host)
     dashboard = await own_sessions(host, panes)
     by_session: dict[str, list[tmux.Pane]] = {}
@@ -197,11 +202,13 @@ async def list_runs(host: Host, recordings: Recordings | None = None) -> list[Ru
     reads = await (recordings or Recordings()).read(
         host, [p for s in foreign if s not in dashboard for p in by_session[s]], drain=recordings is None
     )
+    several = [p for s in foreign if s not in dashboard and sum(not q.dead for q in by_session[s]) > 1 for p in by_session[s]]
+    on_gpu = await panes_on_gpu(host, several, await gpu_pids()) if several and gpu_pids is not None else set()
     for session in foreign:
         session_panes = by_session[session]
         alive = [p.pid for p in session_panes if not p.dead]
         status = None if alive else session_panes[0].exit_status
-        read = run_pane([reads[p.pane_id] for p in session_panes if p.pane_id in reads])
+        read = run_pane([reads[p.pane_id] for p in session_panes if p.pane_id in reads], on_gpu)
         said = read.summary if read is not None else ConsoleSummary()
         infos.append(
             RunInfo(

@@ -261,3 +261,23 @@ async def test_torchrun_is_recognised_whatever_the_terminals_width(host, tmux_di
     monkeypatch.setenv("COLUMNS", "80")
     plan = await kill.plan_kill(host, "dist", smi=FAKE_SMI, nvml=False)
     assert sorted(plan.first) == sorted(expected)
+
+
+async def test_the_run_of_a_session_is_the_pane_holding_gpu_memory(host, tmux_dir, gpu_procs):
+    """Window 0 prints a loss the pane reads; window 1's trainer holds the GPU: the run is
+    window 1's pane, though its text gives no step."""
+    from backends import gpu
+
+    subprocess.run(["tmux", "new-session", "-d", "-s", "split", "sh", "-c", "echo step=5 loss=9.9; exec sleep 600"], check=True)
+    subprocess.run(["tmux", "new-window", "-t", "=split:", PY, "-c", "import time; print('warming up', flush=True); time.sleep(600)"], check=True)
+    panes = {p.where: p for p in await tmux.list_panes(host, "split")}
+    trainer = await eventually(lambda: [int(c) for c in Path(f"/proc/{panes['1.0'].pid}/task/{panes['1.0'].pid}/children").read_text().split()] or [panes["1.0"].pid])
+    gpu_procs({trainer[0]: (0, 4000)})
+
+    async def held() -> set[int]:
+        return {p.pid for p in (await gpu.read_gpus(host, FAKE_SMI, nvml=False)).processes}
+
+    [run] = [r for r in await runs.list_runs(host, gpu_pids=held) if r.session == "split"]
+    assert run.pane == "1.0" and run.last_step is None
+    [run] = [r for r in await runs.list_runs(host) if r.session == "split"]  # no GPU reading: the text decides
+    assert run.pane == "0.0" and run.last_step == 5
