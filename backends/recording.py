@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -95,10 +96,17 @@ class Recording:
         return f"{self.directory}/{self.number}.scrollback"
 
 
+# What a session's name may keep in a path: anything else (a foreign session may be named
+# anything tmux allows, `#(…)` and `%d` included) becomes '_'.
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
 def recording_of(root: str, socket: str | None, pane: tmux.Pane) -> Recording:
     """The recording of `pane`, on a host whose (expanded) runs root is `root`."""
-    session_dir = f"{root}/{PANES_DIR}/{socket or 'default'}/{pane.session}-{pane.created}"
+    name = _UNSAFE.sub("_", pane.session)
+    session_dir = f"{root}/{PANES_DIR}/{_UNSAFE.sub('_', socket or 'default')}/{name}-{pane.created}"
     return Recording(session_dir, pane.pane_id.lstrip("%"))
+
 
 
 async def start(host: Host, root: str, panes: list[tmux.Pane]) -> None:
@@ -112,7 +120,7 @@ async def start(host: Host, root: str, panes: list[tmux.Pane]) -> None:
             continue
         rec = recording_of(root, socket, pane)
         # tmux runs the pipe command with sh -c: quoted here, once.
-        command = f"exec sh {shlex.quote(script)} {shlex.quote(rec.log)} {SEGMENT_BYTES}"
+        command = tmux.pipe_command(f"exec sh {shlex.quote(script)} {shlex.quote(rec.log)} {SEGMENT_BYTES}")
         args += [pane.pane_id, rec.directory, rec.number, command]
     if args:
         result = await host.run(["sh", "-c", _START, "sh", socket or "", script, _ROTATOR, *args])

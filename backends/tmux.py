@@ -99,6 +99,12 @@ def tmux_argv(host: Host, *args: str) -> list[str]:
     return ["tmux", *(["-L", socket] if socket else []), *args]
 
 
+def pipe_command(command: str) -> str:
+    """A shell command as `pipe-pane` must be given it: tmux expands `#…` formats in it
+    (`#(cmd)` runs a command) and strftime's `%…` before its shell sees it."""
+    return command.replace("#", "##").replace("%", "%%")
+
+
 def new_session_argv(host: Host, session: str, command: Sequence[str], console_log: str) -> list[str]:
     """One tmux invocation: create the session, keep the pane after exit, pipe its output.
 
@@ -112,7 +118,7 @@ def new_session_argv(host: Host, session: str, command: Sequence[str], console_l
         "--", *command,
         ";", "set-option", "-w", "-t", target, "remain-on-exit", "on",
         # tmux runs the pipe command with sh -c: the path is quoted here, once.
-        ";", "pipe-pane", "-o", "-t", target, f"cat >> {shlex.quote(console_log)}",
+        ";", "pipe-pane", "-o", "-t", target, pipe_command(f"cat >> {shlex.quote(console_log)}"),
     )  # fmt: skip
 
 

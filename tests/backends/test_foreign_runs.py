@@ -181,3 +181,21 @@ def test_every_pane_is_read_and_the_run_is_the_pane_whose_text_gives_steps(confi
     [run] = [r for r in json.loads(trackside("runs", "--json", "--config", config).stdout) if r["session"] == "multi"]
     assert (run["last_step"], run["last_loss"], run["pane"]) == (49, pytest.approx(2.51), "0.0")
     assert run["status"] == "running" and run["recorded_since"] is not None
+
+
+async def test_a_session_named_like_a_tmux_format_is_recorded_and_runs_nothing(tmux_dir, runs_root, tmp_path):  # noqa: F811
+    """tmux expands `#(…)` and `%…` in a pipe-pane command: a foreign session's name and the
+    runs root reach it as text, never as a command or a date."""
+    pwned = tmp_path / "pwned"
+    name = f"a##(touch {pwned})b%d"  # tmux makes `##` one `#`: the session is named a#(touch …)b%d
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "sh", "-c", "sleep 1; echo step=7 loss=1.5; sleep 600"], check=True)
+    host = LocalHost(runs_root=runs_root)
+    reader = panes.Recordings()
+    for _ in range(50):
+        [read] = (await reader.read(host, await tmux.list_panes(host))).values()
+        if read.summary.step == 7:
+            break
+        await asyncio.sleep(0.1)
+    assert read.pane.session == f"a#(touch {pwned})b%d"
+    assert read.summary.step == 7 and read.since is not None  # recorded, and read from the recording
+    assert not pwned.exists()
