@@ -18,20 +18,28 @@ def steps_per_s(steps: Sequence[dict]) -> float | None:
     if len(recent) < 2:
         return None
     dt = recent[-1]["time"] - recent[0]["time"]
-    ds = (recent[-1].get("step") or 0) - (recent[0].get("step") or 0)
+    first, last = recent[0].get("step"), recent[-1].get("step")
+    if not (_whole(first) and _whole(last)):
+        return None  # a step written as something else: no pace from it
+    ds = last - first
     return ds / dt if dt > 0 and ds > 0 else None
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def total_steps(start: dict | None, params: dict) -> int | None:
     """The steps the run will take: the trainer's resolved config, else the launch's params."""
-    config = (start or {}).get("config") or {}
-    return config.get("steps") or params.get("steps")
+    config = (start or {}).get("config")
+    total = (config if isinstance(config, dict) else {}).get("steps") or params.get("steps")
+    return total if _whole(total) else None
 
 
 def eta_s(steps: Sequence[dict], total: int | None) -> float | None:
     """Seconds to the run's last step at its recent rate; None while either is unknown."""
     rate = steps_per_s(steps)
     step = steps[-1].get("step") if steps else None
-    if rate is None or total is None or not isinstance(step, int):
+    if rate is None or total is None or not _whole(step):
         return None
     return max(0.0, (total - step) / rate)

@@ -36,15 +36,22 @@ class MetricsRecord:
             self._since_start += 1
         elif kind == START:
             self.start, self.oom, self.end, self._since_start = event, None, None, 0
-            resumed = (event.get("config") or {}).get("resumed_from_step")
-            if resumed is not None and self.steps and self.steps[-1].get("step", 0) > resumed:
-                kept = [e for e in self.steps if e.get("step", 0) <= resumed]
+            config = event.get("config")
+            resumed = _count(config.get("resumed_from_step")) if isinstance(config, dict) else None
+            if resumed is not None and self.steps and (_count(self.steps[-1].get("step")) or 0) > resumed:
+                kept = [e for e in self.steps if (_count(e.get("step")) or 0) <= resumed]
                 self.steps.clear()
                 self.steps.extend(kept)
         elif kind == OOM:
             self.oom = event
         elif kind == END:
             self.end = event
+
+    @property
+    def config(self) -> dict:
+        """The start event's config, or {} where it has none (or garbage)."""
+        config = (self.start or {}).get("config")
+        return config if isinstance(config, dict) else {}
 
     @property
     def last(self) -> dict | None:
@@ -69,3 +76,8 @@ class MetricsRecord:
         """To the run's last step at its pace since its latest start."""
         recent = list(islice(reversed(self.steps), min(self._since_start, pace.RATE_WINDOW)))[::-1]
         return pace.eta_s(recent, pace.total_steps(self.start, params))
+
+
+def _count(value) -> int | None:
+    """A step count as the trainer writes one: a whole number; anything else is none."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -132,7 +132,8 @@ def from_metrics(name: str, host: str, text: str, *, params: dict | None = None,
             continue
         if event["event"] == "start":
             start_time = number(event.get("time")) if start_time is None else start_time
-            resumed = number((event.get("config") or {}).get("resumed_from_step"))
+            config = event.get("config")
+            resumed = number(config.get("resumed_from_step")) if isinstance(config, dict) else None
             if resumed is not None:
                 events = [e for e in events if (number(e.get("step")) or 0) <= resumed]
         elif event["event"] == "step":

@@ -172,11 +172,12 @@ class RunState:
         """Its launch params, as its start event resolved them; a DFlash run's knobs always
         (its edit form starts from them)."""
         params = dict(self.info.params)
-        config = (self.start or {}).get("config") or {}
+        config = self.metrics.config
         params.update({k: v for k, v in config.items() if k in params})
         if isinstance(config.get("dflash"), dict):
             for key, (section, name) in DFLASH_KNOBS.items():
-                value = (config.get(section) or {}).get(name)
+                part = config.get(section)
+                value = part.get(name) if isinstance(part, dict) else None
                 if value is not None:
                     params[key] = value
         return params
@@ -184,7 +185,7 @@ class RunState:
     @property
     def is_dflash(self) -> bool:
         """A DFlash drafter's run, by what it logged, else by its launch params."""
-        config = (self.start or {}).get("config") or {}
+        config = self.metrics.config
         if isinstance(config.get("dflash"), dict) or (self.last and "loss_pos" in self.last):
             return True
         return any(k in self.info.params for k in (*DFLASH_KNOBS, "num_layers"))

@@ -422,3 +422,20 @@ async def test_the_listing_carries_the_pace_and_tau_the_dashboard_shows(host):
         shown.add_event(event)
     assert shown.tau == listed.tau and shown.tokens_per_s == listed.tokens_per_s
     assert shown.eta_s() == pytest.approx(listed.eta_s)
+
+
+def test_a_garbled_metrics_file_never_fails_the_listing():
+    """metrics.jsonl is the trainer's, or anyone's garbage: a start whose config is a list,
+    a step of null, a resume point written as text. The fold takes them and says less."""
+    from backends.record import MetricsRecord
+
+    record = MetricsRecord(64)
+    for event in [
+        {"event": "start", "config": [1]},
+        {"event": "step", "step": None, "time": 1.0},
+        {"event": "start", "config": {"resumed_from_step": "3", "steps": "x"}},
+        {"event": "step", "step": 4, "time": 2.0, "loss": "nan"},
+        {"event": "start", "config": {"resumed_from_step": 2}},
+    ]:
+        record.add(event)
+    assert record.eta_s({"steps": "10"}) is None and record.value("loss") is None and record.config == {"resumed_from_step": 2}

@@ -144,7 +144,7 @@ class EditScreen(Dialog[dict | None]):
         """What the relaunch will train with, as far as run_params.conflicts asks: the row
         length and block size its start event resolved, the params its argv carries (a
         preset's anchors left out of it are the trainer's to fit), the changes."""
-        config = (self.run.start or {}).get("config") or {}
+        config = self.run.metrics.config
         resolved = {"max_seq_len": config.get("max_seq_len"), "block_size": self.run.params.get("block_size")}
         return {**{k: v for k, v in resolved.items() if v is not None}, **self.run.info.params, **changes}
 
