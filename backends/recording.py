@@ -63,14 +63,17 @@ done
 # mtime` then count bytes of the file from start. A live file smaller than the offset has turned:
 # the rest of its older segment comes first, under the key with ".1" added.
 _READ = r"""max=$1; shift
-emit() {
-  s=$(wc -c < "$2" 2>/dev/null) || s=-1
+emit() (
+  # One open file for its size and its bytes: a turn (the rotator's mv) between reading
+  # the two from the path would send fewer bytes than the header says.
+  s=-1 m=0
+  if exec 3<"$2"; then s=$(stat -L -c %s /dev/fd/3) && m=$(stat -L -c %Y /dev/fd/3) || s=-1; fi 2>/dev/null
   o=$3; [ "$s" -ge 0 ] && [ "$s" -lt "$o" ] && o=0
   n=$(( s - o )); [ "$n" -gt "$max" ] && n=$max; [ "$n" -lt 0 ] && n=0
-  m=$(stat -c %Y "$2" 2>/dev/null) || m=0
   printf '\n\036%s %s %s %s %s\n' "$1" "$s" "$o" "$n" "$m"
-  [ "$n" -gt 0 ] && tail -c +$((o + 1)) "$2" | head -c "$n"
-}
+  [ "$n" -gt 0 ] && tail -c +$((o + 1)) <&3 | head -c "$n"
+  true
+)
 while [ $# -ge 3 ]; do
   k=$1 f=$2 o=$3; shift 3
   s=$(wc -c < "$f" 2>/dev/null) || s=0
@@ -161,8 +164,13 @@ async def read(host: Host, files: list[tuple[str, str, int]], max_bytes: int = R
         except ValueError:
             break
         data = bytes(out[end + 1 : end + 1 + count])
-        if len(data) < count:  # cut short (the file shrank as it was read): read again next time
-            data = b""
+        after = end + 1 + count
+        if len(data) < count or out[after : after + 2] not in (b"", b"\n\036"):
+            # Fewer bytes than its header said: what follows is the next record, never
+            # this one's. Nothing of it is taken; it is read again next time.
+            reads.append(Read(key, size, start_at, b"", mtime))
+            at = end + 1
+            continue
         reads.append(Read(key, size, start_at, data, mtime))
-        at = end + 1 + len(data)
+        at = after
     return reads
