@@ -40,6 +40,7 @@ _NOT_TRAINING = re.compile(r"eval|valid|test|predict|generat|sanity", re.IGNOREC
 _EVALUATING = re.compile(r"eval|valid|test", re.IGNORECASE)
 # Keras' epoch header, a line of its own above the epoch's bars.
 _KERAS_EPOCH = re.compile(r"\s*Epoch (\d{1,9})/(\d{1,9})\s*")
+_NUMBERS = re.compile(r"[-+]?\d[\d.,]*(?:[eE][-+]?\d+)?")
 _INDENT = " " * 16  # a wrapped record's later lines: Rich's log handler indents them 20
 _SOURCE = re.compile(r"\s+[\w.-]+\.py:\d+\s*$")  # the source location Rich's log handler puts at a record's right
 
@@ -72,6 +73,7 @@ class ConsoleSummary:
         self._evaluated_at: int | None = None  # the step an evaluation's bar was drawn at
         self._held: str | None = None  # a wrapped record's lines so far
         self._screen = False  # folding a screen's lines, not a recording
+        self._shape = ""  # the line that named the last step, its numbers blanked
 
     # --- input ----------------------------------------------------------------------
 
@@ -175,7 +177,12 @@ class ConsoleSummary:
             step = None if step is None else self._postfix_step(step, progress, fields["loss"])
         if (value := fields.get("loss")) is not None:
             if step is not None and (step > 0 or not postfix):
-                _point(self.curve, step, value, restart=named is not None)
+                # A step below the last starts the series again only from a line like the
+                # ones that logged it (a resumed run); `best loss 2.6 at step 400` does not.
+                shape = _NUMBERS.sub("#", text)
+                _point(self.curve, step, value, restart=named is not None and shape == self._shape)
+                if named is not None:
+                    self._shape = shape
                 self._advance(step)
                 if named is not None:
                     self._eval_unplaced = None  # steps went on without a bar: its step is not known
@@ -278,7 +285,7 @@ class ConsoleSummary:
             self._advance(step)
 
     def _advance(self, step: int) -> None:
-        if self._named or self.step is None or step >= self.step:
+        if self.step is None or step >= self.step or (self._named and self.curve and self.curve[-1][0] == step):
             self.step = step
 
     def _place(self, end: int | None) -> None:

@@ -83,8 +83,11 @@ _EVAL_LINE = re.compile(r"\b(?:validat\w*|evaluat\w*|eval)\b(?=.*loss)", re.IGNO
 # A training loss named as such, beside which an evaluation's report also gives its own
 # (nanoGPT's `step N: train loss X, val loss Y`: both are estimates made at evaluation).
 _TRAIN_KEY = re.compile(r"train(?:ing)?_")
+# The run's loss among several a line names, by name: `step=10 aux_loss=0.01 lm_loss=2.3`
+# is an lm_loss of 2.3, not an auxiliary 0.01.
+_MAIN_LOSSES = ("loss", "train_loss", "train/loss", "lm_loss", "train/lm_loss", "total_loss", "train/total_loss")
 # A line's own step counter; never `epoch`, which HF Trainer prints as a float.
-STEP_KEYS = frozenset({"step", "global_step", "iter", "iteration"})
+STEP_KEYS = frozenset({"step", "steps", "global_step", "iter", "iteration"})  # DeepSpeed's pipeline engine prints `steps: N loss: X`
 # A tqdm bar's postfix cut at the terminal's width (`…, val_loss=0.27` of 0.2734): its last
 # value has no `,` or `]` after it, so it is left unread.
 _CUT_POSTFIX = re.compile(r"(%\|[^|\n]*\|[^\[\n]*\[[^\]\n]*),[^,\]\n]*$")
@@ -140,10 +143,16 @@ def parse_console_line(line: str) -> dict[str, int | float] | None:
         fields["eval_loss"] = fields[evals[0]]
         if not validation and train and all(k in spaced and _TRAIN_KEY.match(k) for k in train) and not _is_bar(text):
             train = []  # an evaluation's report: its training loss is an estimate, not a step's
-    if train:
-        fields["loss"] = fields["loss"] if "loss" in train else fields[train[0]]
+    whole_train = [k for k in train if not _PART_KEY.fullmatch(k)]
+    main = next((k for k in _MAIN_LOSSES if k in train), None)
+    if main is None and len(whole_train) == 1:
+        main = whole_train[0]
+    elif main is None and not whole_train and train:
+        main = train[0]  # only per-step parts (speculators' loss_0, loss_1): the first stands for the run
+    if main is not None:
+        fields["loss"] = fields[main]
     else:
-        fields.pop("loss", None)
+        fields.pop("loss", None)  # several losses, none of them the run's by name: shown as none
     return fields
 
 

@@ -133,3 +133,15 @@ def test_no_lines_break_the_fold(batches):
     assert said.step is None or (isinstance(said.step, int) and said.step >= 0)
     assert all(isinstance(s, int) and s >= 0 and isinstance(l, (int, float)) for s, l in said.curve)
     assert said.loss is None or isinstance(said.loss, (int, float))
+
+
+def test_a_line_naming_an_earlier_step_in_passing_does_not_start_the_run_again():
+    said = summarize([f"step={s} loss={3 - s / 1000}" for s in range(1, 1001)] + ["new best loss 2.6 at step 400, saving"])
+    assert said.step == 1000 and len(said.curve) == 1000 and said.curve[-1] == (1000, 2.0)
+    resumed = summarize([f"step={s} loss=1.0" for s in range(1, 11)] + [f"step={s} loss=0.5" for s in range(6, 9)])
+    assert [s for s, _ in resumed.curve] == [1, 2, 3, 4, 5, 6, 7, 8] and resumed.step == 8  # a resume, logged alike
+
+
+def test_the_runs_loss_is_named_not_the_first_of_several():
+    said = summarize(["step=10 aux_loss=0.012 lm_loss=2.345", "step=11 aux_loss=0.011 moe_loss=2.0"])
+    assert list(said.curve) == [(10, 2.345)] and said.loss == 2.345  # the second names no run's loss: none read

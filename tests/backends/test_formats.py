@@ -32,7 +32,7 @@ MINIMUM = {
     # evaluation is printed after the last bar, and trainers date that one differently
     "accelerate-tqdm-postfix": (36, 1),
     "deepspeed-engine-cpu": (40, 0),
-    "deepspeed-pipe-cpu": (20, 0),
+    "deepspeed-pipe-cpu": (20, 0),  # every other step printed
     "jsonl-mlp": (60, 3),
     "keras-3.15.1": (91, 3),  # Keras skips redraws closer than 50 ms: those steps are never shown
     "lightning-2.6.6-rich": (91, 2),
