@@ -57,12 +57,19 @@ class Recordings:
         tapes = {pid: self._tapes.get(rec.log) or _Tape(ConsoleSummary()) for pid, rec in recs.items()}
         self._tapes = {recs[pid].log: tape for pid, tape in tapes.items()}  # panes gone are forgotten
         fresh = [pid for pid, tape in tapes.items() if not tape.started]
-        for got in await recording.read(host, [(pid, recs[pid].scrollback, 0) for pid in fresh], max_bytes=1 << 26):
-            tape = tapes[got.key]
+        # A pane first read here: what its scrollback held when its recording started, then
+        # the older segment of the recording where it has turned, then (below) the live one.
+        first = [(pid, recs[pid].scrollback, 0) for pid in fresh] + [(f"{pid}.1", f"{recs[pid].log}.1", 0) for pid in fresh]
+        for got in await recording.read(host, first, max_bytes=1 << 26):
+            pid, older = got.key.removesuffix(".1"), got.key.endswith(".1")
+            tape = tapes[pid]
+            if older:
+                self._fold(tape, got.data)
+                continue
             tape.started, tape.recorded = True, got.size >= 0
             tape.summary.add(got.data.decode(errors="replace").split("\n"))
             if tape.recorded:  # the scrollback was written as the recording started
-                self._since[recs[got.key].log] = got.mtime
+                self._since[recs[pid].log] = got.mtime
         while True:
             full = False
             wanted = [(pid, recs[pid].log, tape.offset) for pid, tape in tapes.items() if tape.recorded]

@@ -166,6 +166,12 @@ async def test_a_recording_turns_over_and_every_line_is_read_once_in_order(tmux_
             break
         await asyncio.sleep(0.1)
     assert [s for s, _ in summary.curve] == list(range(1, 401))
+    # A reader that comes later (trackside runs, a dashboard started since) reads both
+    # segments kept, the older first: the last steps, contiguous.
+    [late] = (await panes.Recordings().read(host, await tmux.list_panes(host), drain=True)).values()
+    steps = [s for s, _ in late.summary.curve]
+    live = Path(next(Path(runs_root, "panes").rglob("0.log"))).read_text().count("step=")
+    assert steps == list(range(steps[0], 401)) and len(steps) > live
     logs = sorted(p.name for p in Path(runs_root, "panes").rglob("*.log*"))
     assert logs == ["0.log", "0.log.1"]  # 400 lines of 42 bytes: more than four segments of 4 KiB, two kept
     assert all(p.stat().st_size <= 4096 for p in Path(runs_root, "panes").rglob("*.log*"))
