@@ -104,6 +104,12 @@ class Recordings:
         tape.pending = data[end + 1 :]
         if end >= 0:
             tape.summary.add_recorded(data[: end + 1].decode(errors="replace"))
+        # A tqdm bar drawn whole (its `]` closes it) is this moment's state: read now, not
+        # at its next redraw, which a ten-minute step would delay ten minutes. Read again
+        # when that redraw ends it, it changes nothing: a state read twice is read once.
+        tail = tape.pending.decode(errors="replace")
+        if tail.rstrip().endswith("]") and "%|" in tail:
+            tape.summary.add_recorded(tail)
 
 
 def run_pane(reads: list[PaneRead], on_gpu: Collection[int] = ()) -> PaneRead | None:

@@ -205,3 +205,18 @@ async def test_a_session_named_like_a_tmux_format_is_recorded_and_runs_nothing(t
     assert read.pane.session == f"a#(touch {pwned})b%d"
     assert read.summary.step == 7 and read.since is not None  # recorded, and read from the recording
     assert not pwned.exists()
+
+
+async def test_a_bar_drawn_whole_is_read_before_its_next_redraw(tmux_dir, runs_root):  # noqa: F811
+    """A step that takes minutes: its bar, drawn whole, is the pane's state until the next
+    redraw; the fold reads it now."""
+    subprocess.run(["tmux", "new-session", "-d", "-s", "slow", "sh", "-c",
+                    r"""sleep 1; printf '\r 5%%|▌    | 51/1000 [01:00<18:00,  1.0s/it, loss=2.5]'; sleep 600"""], check=True)  # fmt: skip
+    host = LocalHost(runs_root=runs_root)
+    reader = panes.Recordings()
+    for _ in range(50):
+        [read] = (await reader.read(host, await tmux.list_panes(host))).values()
+        if read.summary.step:
+            break
+        await asyncio.sleep(0.1)
+    assert (read.summary.step, read.summary.progress.done) == (51, 51)
