@@ -10,7 +10,6 @@ import json
 import re
 from dataclasses import dataclass
 
-# Terminal escapes tqdm and colour loggers write (cursor moves, colours).
 # Terminal escapes tqdm, Rich and colour loggers write: cursor moves, colours, and OSC 8
 # hyperlinks (Rich's log handler links each record to its source file).
 _ANSI = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")

@@ -56,6 +56,7 @@ class Recordings:
         recs = {p.pane_id: recording.recording_of(root, socket, p) for p in panes}
         tapes = {pid: self._tapes.get(rec.log) or _Tape(ConsoleSummary()) for pid, rec in recs.items()}
         self._tapes = {recs[pid].log: tape for pid, tape in tapes.items()}  # panes gone are forgotten
+        self._since = {log: t for log, t in self._since.items() if log in self._tapes}
         fresh = [pid for pid, tape in tapes.items() if not tape.started]
         # A pane first read here: what its scrollback held when its recording started, then
         # the older segment of the recording where it has turned, then (below) the live one.

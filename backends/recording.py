@@ -36,6 +36,7 @@ PANES_DIR = "panes"
 # as it comes. (dd cannot: with a byte count it still stops after count/bs reads, however
 # short.) A host without stdbuf records the pane whole, unrotated.
 _ROTATOR = r"""f=$1 cap=$2
+umask 077
 stdbuf -o0 true 2>/dev/null || exec cat >> "$f"
 while :; do
   stdbuf -o0 head -c "$cap" >> "$f" || exit 0
@@ -51,6 +52,7 @@ _ROTATOR_NAME = f"record-{hashlib.sha256(_ROTATOR.encode()).hexdigest()[:8]}.sh"
 # rotator's path) and "$3" (its text): still unpiped, write the scrollback, then start the
 # pipe, in one tmux command so no line falls between the two.
 _START = r"""socket=$1 script=$2 rotator=$3; shift 3
+umask 077  # what a pane printed is its owner's to read
 while [ $# -ge 4 ]; do
   t=$1 d=$2 n=$3 cmd=$4; shift 4
   [ "$(tmux ${socket:+-L "$socket"} display-message -p -t "$t" '#{pane_pipe}' 2>/dev/null)" = 0 ] || continue

@@ -322,13 +322,16 @@ def _train(args, device: str, argv: list[str]) -> int:
         os.replace(link, run_dir / "data")
     # Typed by hand in a tmux pane: a run like a launched one (training/register.py).
     registered = int(os.environ.get("WORLD_SIZE", "1")) == 1 and register.register(run_dir, ["train", *argv], runs_root())
-    code = contract.EXIT_FAILURE
+    code = contract.EXIT_FAILURE  # what an exception out of the loop exits with
     try:
         code = train(cfg)
-    except DatasetError as exc:
-        raise UsageError(f"--batch-rows/--max-seq-len: {exc}") from None
-    except ResumeError as exc:
-        raise UsageError(f"--resume: {exc}") from None
+    except (DatasetError, ResumeError) as exc:
+        code = EXIT_USAGE
+        flag = "--resume" if isinstance(exc, ResumeError) else "--batch-rows/--max-seq-len"
+        raise UsageError(f"{flag}: {exc}") from None
+    except KeyboardInterrupt:
+        code = 130  # as a shell reports ^C
+        raise
     finally:
         if registered:
             register.ended(run_dir, code)
