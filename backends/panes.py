@@ -24,6 +24,7 @@ class _Tape:
     summary: ConsoleSummary
     offset: int = 0
     pending: bytes = b""  # a redraw or line not yet ended: folded once it is
+    inode: str = "-"  # the live file last read: another one there means it turned
     started: bool = False  # its scrollback (what the pane held before) was read
     recorded: bool = True  # False: a pipe the user set, so no recording of ours
 
@@ -60,7 +61,7 @@ class Recordings:
         fresh = [pid for pid, tape in tapes.items() if not tape.started]
         # A pane first read here: what its scrollback held when its recording started, then
         # the older segment of the recording where it has turned, then (below) the live one.
-        first = [(pid, recs[pid].scrollback, 0) for pid in fresh] + [(f"{pid}.1", f"{recs[pid].log}.1", 0) for pid in fresh]
+        first = [(pid, recs[pid].scrollback, 0, "-") for pid in fresh] + [(f"{pid}.1", f"{recs[pid].log}.1", 0, "-") for pid in fresh]
         for got in await recording.read(host, first, max_bytes=1 << 26):
             pid, older = got.key.removesuffix(".1"), got.key.endswith(".1")
             tape = tapes[pid]
@@ -73,15 +74,17 @@ class Recordings:
                 self._since[recs[pid].log] = got.mtime
         while True:
             full = False
-            wanted = [(pid, recs[pid].log, tape.offset) for pid, tape in tapes.items() if tape.recorded]
+            wanted = [(pid, recs[pid].log, tape.offset, tape.inode) for pid, tape in tapes.items() if tape.recorded]
             for got in await recording.read(host, wanted):
                 pid, old = got.key.removesuffix(".1"), got.key.endswith(".1")
                 tape = tapes.get(pid)
                 if tape is None or got.size < 0:
                     continue
-                full |= len(got.data) >= recording.READ_BYTES
-                if not old:
-                    tape.offset = got.start + len(got.data)
+                if old:  # the rest of the segment it turned from: read whole, then the live one from 0
+                    tape.offset, tape.inode = 0, "-"
+                else:
+                    full |= len(got.data) >= recording.READ_BYTES
+                    tape.offset, tape.inode = got.start + len(got.data), got.inode
                 self._fold(tape, got.data)
             if not (drain and full):
                 break

@@ -61,26 +61,29 @@ while [ $# -ge 4 ]; do
 done
 """
 
-# For each (key, file, offset) after "$1" (bytes at most): a header `key size start count
-# mtime` then count bytes of the file from start. A live file smaller than the offset has turned:
-# the rest of its older segment comes first, under the key with ".1" added.
+# For each (key, file, offset, inode) after "$1" (bytes at most): a header `key size start
+# count mtime inode`, then count bytes of the file from start. A live file that is no longer
+# the inode last read has turned: the rest of the older segment comes first, whole, under
+# the key with ".1" added (all of it, where it turned twice and a segment between is gone).
 _READ = r"""max=$1; shift
-emit() (
+emit() {  # key, file, offset, and at most how many bytes
   # One open file for its size and its bytes: a turn (the rotator's mv) between reading
   # the two from the path would send fewer bytes than the header says.
-  s=-1 m=0
-  if exec 3<"$2"; then s=$(stat -L -c %s /dev/fd/3) && m=$(stat -L -c %Y /dev/fd/3) || s=-1; fi 2>/dev/null
-  o=$3; [ "$s" -ge 0 ] && [ "$s" -lt "$o" ] && o=0
-  n=$(( s - o )); [ "$n" -gt "$max" ] && n=$max; [ "$n" -lt 0 ] && n=0
-  printf '\n\036%s %s %s %s %s\n' "$1" "$s" "$o" "$n" "$m"
-  [ "$n" -gt 0 ] && tail -c +$((o + 1)) <&3 | head -c "$n"
-  true
-)
-while [ $# -ge 3 ]; do
-  k=$1 f=$2 o=$3; shift 3
-  s=$(wc -c < "$f" 2>/dev/null) || s=0
-  if [ "$s" -lt "$o" ] && [ -f "$f.1" ]; then emit "$k.1" "$f.1" "$o"; o=0; fi
-  emit "$k" "$f" "$o"
+  { set -- "$@" $(stat -L -c '%s %Y %i' /dev/fd/3)
+    o=$3; [ "$5" -lt "$o" ] && o=0
+    n=$(( $5 - o )); [ "$n" -gt "$4" ] && n=$4
+    printf '\n\036%s %s %s %s %s %s\n' "$1" "$5" "$o" "$n" "$6" "$7"
+    [ "$n" -gt 0 ] && tail -c +$((o + 1)) <&3 | head -c "$n"
+    true
+  } 3<"$2" 2>/dev/null || printf '\n\036%s -1 0 0 0 -\n' "$1"
+}
+while [ $# -ge 4 ]; do
+  k=$1 f=$2 o=$3 i=$4; shift 4
+  if [ "$i" != - ] && [ "$(stat -c %i "$f" 2>/dev/null)" != "$i" ]; then
+    if [ "$(stat -c %i "$f.1" 2>/dev/null)" = "$i" ]; then emit "$k.1" "$f.1" "$o" 1099511627776; else emit "$k.1" "$f.1" 0 1099511627776; fi
+    o=0
+  fi
+  emit "$k" "$f" "$o" "$max"
 done
 """
 
@@ -142,12 +145,13 @@ class Read:
     start: int
     data: bytes
     mtime: int  # the file's last change (epoch s), 0 when unknown
+    inode: str = "-"  # which file it was ("-": none), so that a reader sees it turn
 
 
-async def read(host: Host, files: list[tuple[str, str, int]], max_bytes: int = READ_BYTES) -> list[Read]:
-    """The bytes of each (key, path, offset) since its offset, at most `max_bytes` each, in
-    one host command; a recording that turned over gives the rest of its older segment
-    first (key + ".1")."""
+async def read(host: Host, files: list[tuple[str, str, int, str]], max_bytes: int = READ_BYTES) -> list[Read]:
+    """The bytes of each (key, path, offset, inode last read or "-") since its offset, at
+    most `max_bytes` each, in one host command; a recording that turned since gives the
+    rest of its older segment first (key + ".1")."""
     if not files:
         return []
     argv = ["sh", "-c", _READ, "sh", str(max_bytes), *(str(part) for entry in files for part in entry)]
@@ -161,7 +165,7 @@ async def read(host: Host, files: list[tuple[str, str, int]], max_bytes: int = R
         if end < 0:
             break
         try:
-            key, size, start_at, count, mtime = out[head + 2 : end].decode().rsplit(" ", 4)
+            key, size, start_at, count, mtime, inode = out[head + 2 : end].decode().rsplit(" ", 5)
             size, start_at, count, mtime = int(size), int(start_at), int(count), int(mtime)
         except ValueError:
             break
@@ -170,9 +174,9 @@ async def read(host: Host, files: list[tuple[str, str, int]], max_bytes: int = R
         if len(data) < count or out[after : after + 2] not in (b"", b"\n\036"):
             # Fewer bytes than its header said: what follows is the next record, never
             # this one's. Nothing of it is taken; it is read again next time.
-            reads.append(Read(key, size, start_at, b"", mtime))
+            reads.append(Read(key, size, start_at, b"", mtime, inode))
             at = end + 1
             continue
-        reads.append(Read(key, size, start_at, data, mtime))
+        reads.append(Read(key, size, start_at, data, mtime, inode))
         at = after
     return reads

@@ -152,24 +152,29 @@ def test_the_runs_root_variable_is_one_rule_for_every_command(tmp_path, tmux_dir
 
 async def test_a_recording_turns_over_and_every_line_is_read_once_in_order(tmux_dir, runs_root, monkeypatch):  # noqa: F811
     """A pane printing past a segment's size: its recording moves to `.1` and starts again;
-    a reader following it across the turn reads every line once, in order."""
+    a reader following it across each turn reads every line once, in order, whether it
+    reads often or seldom."""
     monkeypatch.setattr(recording, "SEGMENT_BYTES", 4096)
     host = LocalHost(runs_root=runs_root)
     subprocess.run(["tmux", "new-session", "-d", "-s", "chatty", "sh", "-c",
-                    'sleep 1; i=0; while [ $i -lt 400 ]; do i=$((i+1)); echo "step=$i loss=1.5 padding-to-forty"; sleep 0.01; done; sleep 600'],
+                    'sleep 1; i=0; while [ $i -lt 400 ]; do i=$((i+1)); echo "step=$i loss=1.5 padding-to-forty"; sleep 0.02; done; sleep 600'],
                    check=True)  # fmt: skip
-    reader = panes.Recordings()
-    for _ in range(100):
-        read = await reader.read(host, await tmux.list_panes(host))
-        summary = next(iter(read.values())).summary
-        if summary.step == 400:
+    # One reader keeps up; another reads every 1.5 s, after the live file has turned and
+    # grown past where it had read the old one.
+    reader, slow = panes.Recordings(), panes.Recordings()
+    for i in range(400):
+        [read] = (await reader.read(host, await tmux.list_panes(host))).values()
+        if i % 15 == 0 or read.summary.step == 400:
+            [late] = (await slow.read(host, await tmux.list_panes(host))).values()
+        if read.summary.step == 400 and late.summary.step == 400:
             break
         await asyncio.sleep(0.1)
-    assert [s for s, _ in summary.curve] == list(range(1, 401))
+    assert [s for s, _ in read.summary.curve] == list(range(1, 401))
+    assert [s for s, _ in late.summary.curve] == list(range(1, 401))
     # A reader that comes later (trackside runs, a dashboard started since) reads both
     # segments kept, the older first: the last steps, contiguous.
-    [late] = (await panes.Recordings().read(host, await tmux.list_panes(host), drain=True)).values()
-    steps = [s for s, _ in late.summary.curve]
+    [later] = (await panes.Recordings().read(host, await tmux.list_panes(host), drain=True)).values()
+    steps = [s for s, _ in later.summary.curve]
     live = Path(next(Path(runs_root, "panes").rglob("0.log"))).read_text().count("step=")
     assert steps == list(range(steps[0], 401)) and len(steps) > live
     logs = sorted(p.name for p in Path(runs_root, "panes").rglob("*.log*"))
