@@ -68,9 +68,9 @@ def stats_text(run: RunState, now: float) -> Text:
     if info.run_id is None and not info.this_dashboard:
         if info.recorded_since:
             since = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.recorded_since))
-            text.append(f"pane {info.pane}: every line since {since} read (recorded)\n", style="dim")
+            text.append(f"pane {info.pane}, every line since {since}\n", style="dim")
         elif info.pane is not None:
-            text.append(f"pane {info.pane}: only its screen is read (its output goes to a pipe of its own)\n", style="yellow")
+            text.append(f"pane {info.pane}, its screen only (piped elsewhere)\n", style="yellow")
     if run.tau is not None:  # the tokens a block is expected to have accepted
         text.append(f"τ {format_number(run.tau, 3)}", style="bold")
         text.append(f"   {acceptance(last.get('acc_pos'))}\n")
