@@ -23,7 +23,7 @@ STEPS = 200
 # A tiny Llama, random tokens, a step logged every step; its own log history written at
 # the end is the truth.
 TRAINER = r"""
-import json, sys, torch
+import json, os, sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
 torch.manual_seed(0)
@@ -36,7 +36,9 @@ args = TrainingArguments(output_dir=sys.argv[1], max_steps=int(sys.argv[2]), log
 trainer = Trainer(model=LlamaForCausalLM(config), args=args, train_dataset=rows)
 trainer.train()
 history = [[e["step"], e["loss"]] for e in trainer.state.log_history if "loss" in e]
-json.dump(history, open(sys.argv[3], "w"))
+with open(sys.argv[3] + ".tmp", "w") as f:  # whole when the test sees it
+    json.dump(history, f)
+os.replace(sys.argv[3] + ".tmp", sys.argv[3])
 """
 
 
