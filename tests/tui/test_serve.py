@@ -288,6 +288,15 @@ def serve_host(tmp_path):
     return LocalHost("local", runs_root=str(tmp_path / "runs"))
 
 
+async def test_a_loopback_address_of_its_own_is_served_as_itself(served):
+    """--host 127.0.0.2 is loopback too: its own address is the one it answers to (every
+    request was refused, told to open 127.0.0.1, where nothing listened)."""
+    server = served("--host", "127.0.0.2", run=False)
+    server.url = f"http://127.0.0.2:{server.port}"
+    assert await get_status(server.url + "/") == 200
+    assert await get_status(server.url + "/", headers={"Host": f"evil.example:{server.port}"}) == 403
+
+
 def test_off_loopback_a_token_is_made_and_printed_once(monkeypatch, capsys):
     from tui.serve import server
 

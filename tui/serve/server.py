@@ -111,8 +111,10 @@ class Server:
         # On loopback the browser's own machine is trusted, but not every page it opens:
         # a name other than the loopback one is a DNS-rebinding page, and a websocket from
         # another origin is a page driving this dashboard's keys.
-        if settings.loopback and urlsplit(f"//{request.host}").hostname not in LOOPBACK_NAMES:
-            raise web.HTTPForbidden(text=f"trackside serve: open it as http://127.0.0.1:{settings.port}/\n")
+        if settings.loopback and urlsplit(f"//{request.host}").hostname not in {*LOOPBACK_NAMES, settings.host}:
+            # Named as it listens (127.0.0.2 is loopback too, and 127.0.0.1 may answer nothing).
+            shown = f"[{settings.host}]" if ":" in settings.host else settings.host
+            raise web.HTTPForbidden(text=f"trackside serve: open it as http://{shown}:{settings.port}/\n")
         origin = request.headers.get("Origin")
         if origin is not None and urlsplit(origin).netloc != request.host:
             raise web.HTTPForbidden(text="trackside serve: a page of another origin\n")
