@@ -1,5 +1,6 @@
-"""A tmux session trackside did not launch, read from its panes' recorded output: what
-each pane said (backends.console's fold), and which pane holds the run.
+"""What panes said (backends.console's fold), read from their recorded output: each pane
+of a tmux session trackside did not launch, and which pane holds its run; and the
+console.log of a run of trackside's that writes no metrics.jsonl (any program launched).
 
 `Recordings` keeps each pane's fold and how far its recording was read, so a dashboard's
 listings read only what is new; a one-off reading (`trackside runs`, `plot`) starts a
@@ -44,6 +45,7 @@ class Recordings:
 
     _tapes: dict[str, _Tape] = field(default_factory=dict)
     _since: dict[str, float] = field(default_factory=dict)
+    _logs: dict[str, _Tape] = field(default_factory=dict)  # runs' console.logs, by path
 
     async def read(self, host: Host, panes: list[tmux.Pane], *, drain: bool = False) -> dict[str, PaneRead]:
         """Each pane's fold (by pane id), recording the panes not yet recorded. `drain`
@@ -100,6 +102,27 @@ class Recordings:
             pane.pane_id: PaneRead(pane, tapes[pane.pane_id].summary, self._since.get(recs[pane.pane_id].log) if tapes[pane.pane_id].recorded else None)
             for pane in panes
         }
+
+    async def read_logs(self, host: Host, logs: dict[str, str], *, drain: bool = False) -> dict[str, ConsoleSummary]:
+        """What each file said (by key): a run's console.log, its pane's bytes as its launch
+        piped them, read on from where the last reading stopped (whole with `drain`)."""
+        tapes = {key: self._logs.get(path) or _Tape(ConsoleSummary()) for key, path in logs.items()}
+        self._logs = {logs[key]: tape for key, tape in tapes.items()}  # runs no longer read are forgotten
+        while True:
+            full = False
+            for got in await recording.read(host, [(key, logs[key], tape.offset, "-") for key, tape in tapes.items()]):
+                tape = tapes.get(got.key)
+                if tape is None or got.size < 0:
+                    continue  # not written yet
+                full |= len(got.data) >= recording.READ_BYTES
+                tape.offset = got.start + len(got.data)
+                self._fold(tape, got.data)
+            if not (drain and full):
+                break
+        if drain:
+            for tape in tapes.values():
+                tape.summary.settle()
+        return {key: tape.summary for key, tape in tapes.items()}
 
     @staticmethod
     def _fold(tape: _Tape, data: bytes) -> None:

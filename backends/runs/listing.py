@@ -156,6 +156,7 @@ async def list_runs(
     it, every recording is read whole. `gpu_pids` gives the pids holding GPU memory on the
     host, asked only where a session has several live panes: the one running the trainer
     is the run's."""
+    fresh = recordings is None  # a one-off reading: every recording read whole
     panes = await tmux.list_panes(host)
     dashboard = await own_sessions(host, panes)
     by_session: dict[str, list[tmux.Pane]] = {}
@@ -196,12 +197,22 @@ async def list_runs(
                 eta_s=None if ended else metrics.eta_s(manifest["params"]),
             )  # fmt: skip
         )
+    # A run of ours with no step events (a program other than the trainer, or the trainer
+    # still loading) is known by its console.log, as the screen knows it.
+    recordings = recordings or Recordings()
+    quiet = {info.run_id: info for info in infos if info.last_step is None and info.run_dir and info.run_id}
+    if quiet:
+        logs = {key: f"{info.run_dir}/console.log" for key, info in quiet.items()}
+        for key, said in (await recordings.read_logs(host, logs, drain=fresh)).items():
+            info = quiet[key]
+            info.console, info.last_step, info.last_loss = said, said.step, said.loss
+            info.progress, info.eval_loss = said.progress, said.eval_loss
+            if info.state is RunPhase.RUNNING:
+                info.eta_s = said.eta_s
     foreign = [session for session in by_session if session not in claimed]
     # Foreign sessions are known by what their panes print; the dashboard's own pane
     # prints the dashboard, whose numbers are other runs'.
-    reads = await (recordings or Recordings()).read(
-        host, [p for s in foreign if s not in dashboard for p in by_session[s]], drain=recordings is None
-    )
+    reads = await recordings.read(host, [p for s in foreign if s not in dashboard for p in by_session[s]], drain=fresh)
     several = [p for s in foreign if s not in dashboard and sum(not q.dead for q in by_session[s]) > 1 for p in by_session[s]]
     on_gpu = await panes_on_gpu(host, several, await gpu_pids()) if several and gpu_pids is not None else set()
     for session in foreign:

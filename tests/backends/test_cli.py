@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -269,3 +270,20 @@ def test_a_relaunch_the_trainer_would_refuse_exits_2_and_launches_nothing(capsys
     code, out, err = cli(capsys, "relaunch", parent["run_id"], "--config", config, "--set", item)
     assert code == 2 and out == "" and err.strip().startswith(said), err
     assert os.listdir(runs_root) == [parent["run_id"]]  # nothing was launched
+
+
+def test_runs_reads_a_launched_programs_console_as_the_screen_does(capsys, config):
+    """A program launched with `launch --` writes no metrics.jsonl: its step and loss come
+    from its console.log, in the listing as on its run screen (it showed `- -`)."""
+    launched = cli_json(capsys, "launch", "--config", config, "--", "sh", "-c", "echo step=1 loss=2.5; echo step=2 loss=2.25; sleep 60")
+
+    deadline = time.monotonic() + 10
+    while True:
+        [run] = [r for r in cli_json(capsys, "runs", "--config", config) if r["run_id"] == launched["run_id"]]
+        if run["last_step"] == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert (run["last_step"], run["last_loss"], run["status"]) == (2, 2.25, "running")
+    code, table, _ = cli(capsys, "runs", "--config", config)
+    [row] = [line for line in table.splitlines() if line.startswith(launched["run_id"])]
+    assert row.split()[3:5] == ["2", "2.25"]
