@@ -5,6 +5,8 @@ Regenerate after an intended change with `pytest tests/tui/test_snapshots.py --s
 
 from __future__ import annotations
 
+import pytest
+
 from tests.tui.sample import (
     FOREIGN_KEY, MULTI_KEY, RUN_KEY, feed, feed_foreign, feed_multinode, kill_plan, make_app, make_multinode_app,
     multinode_plan, on_dflash_run, on_run,
@@ -127,3 +129,36 @@ def test_kill_modal_of_a_run_spanning_two_hosts(snap_compare):
         await pilot.pause()
 
     assert snap_compare(make_multinode_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def open_edit(pilot):
+    app = pilot.app
+    run = app.runs[RUN_KEY]
+    app.push_screen(EditScreen(run, app.hosts[run.host], {}))
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 36)])
+async def test_the_edit_form_keeps_its_title_and_buttons_in_sight(size):
+    """A default terminal: the fields scroll between the title and Cancel/Keep (Keep was
+    out of sight at 80×24 and 120×36, and Tab focused it unseen)."""
+    from tests.tui.conftest import screen_text, wait_for
+
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        await on_run(pilot)
+        open_edit(pilot)
+        shown = lambda: screen_text(app)  # noqa: E731
+        await wait_for(pilot, lambda: "Keep (r relaunches)" in shown() and "Cancel" in shown(), 10, "Cancel and Keep on screen")
+        assert "Edit h200-box/" in shown()
+
+
+def test_edit_form_at_80x24(snap_compare):
+    async def run_before(pilot) -> None:
+        await on_run(pilot)
+        pilot.app.clear_notifications()  # the alerts' toasts, which cover a small screen's corner
+        open_edit(pilot)
+        await pilot.pause(0.5)
+        pilot.app.screen.query_one("#keep").focus()
+        await pilot.pause(0.5)
+
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run_before)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Grid, Horizontal, Vertical
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.timer import Timer
 from textual.widgets import Button, Input, Label, Static
 from textual.worker import Worker, WorkerState
@@ -58,18 +58,21 @@ class EditScreen(Dialog[dict | None]):
         current = self.run.params
         with Vertical(classes="dialog", id="edit"):
             yield Static(Text(f"Edit {self.run.key} — relaunch applies these (r)", style="bold"))
-            with Grid(id="edit-fields"):
-                for name in self.fields:
-                    yield Label(name)
-                    yield Input(
-                        shown(self.pending.get(name, current.get(name))),
-                        placeholder=f"{run_params.PARAMS[name].describe()} (unset: default)",
-                        id=f"param-{name}",
-                        compact=True,
-                    )
-            yield Static(id="edit-errors")
-            yield Static(id="edit-diff")
-            yield Static(Text("predicting…", style="dim"), id="edit-cost")
+            # The fields and what they cost scroll between the title and the buttons, which a
+            # short terminal (80×24) would otherwise push out of sight.
+            with VerticalScroll(id="edit-body"):
+                with Grid(id="edit-fields"):
+                    for name in self.fields:
+                        yield Label(name)
+                        yield Input(
+                            shown(self.pending.get(name, current.get(name))),
+                            placeholder=f"{run_params.PARAMS[name].describe()} (unset: default)",
+                            id=f"param-{name}",
+                            compact=True,
+                        )
+                yield Static(id="edit-errors")
+                yield Static(id="edit-diff")
+                yield Static(Text("predicting…", style="dim"), id="edit-cost")
             with Horizontal(classes="buttons"):
                 yield Button("Cancel", id="cancel")
                 yield Button("Keep (r relaunches)", id="keep", variant="primary")
