@@ -74,22 +74,7 @@ class Recordings:
             tape.summary.add(got.data.decode(errors="replace").split("\n"))
             if tape.recorded:  # the scrollback was written as the recording started
                 self._since[recs[pid].log] = got.mtime
-        while True:
-            full = False
-            wanted = [(pid, recs[pid].log, tape.offset, tape.inode) for pid, tape in tapes.items() if tape.recorded]
-            for got in await recording.read(host, wanted):
-                pid, old = got.key.removesuffix(".1"), got.key.endswith(".1")
-                tape = tapes.get(pid)
-                if tape is None or got.size < 0:
-                    continue
-                if old:  # the rest of the segment it turned from: read whole, then the live one from 0
-                    tape.offset, tape.inode = 0, "-"
-                else:
-                    full |= len(got.data) >= recording.READ_BYTES
-                    tape.offset, tape.inode = got.start + len(got.data), got.inode
-                self._fold(tape, got.data)
-            if not (drain and full):
-                break
+        await self._read_on(host, {pid: (tape, recs[pid].log) for pid, tape in tapes.items() if tape.recorded}, drain)
         unrecorded = [pid for pid, tape in tapes.items() if not tape.recorded]
         screens = await tmux.capture_panes(host, unrecorded) if unrecorded else {}
         for pid in unrecorded:
@@ -108,21 +93,30 @@ class Recordings:
         piped them, read on from where the last reading stopped (whole with `drain`)."""
         tapes = {key: self._logs.get(path) or _Tape(ConsoleSummary()) for key, path in logs.items()}
         self._logs = {logs[key]: tape for key, tape in tapes.items()}  # runs no longer read are forgotten
-        while True:
-            full = False
-            for got in await recording.read(host, [(key, logs[key], tape.offset, "-") for key, tape in tapes.items()]):
-                tape = tapes.get(got.key)
-                if tape is None or got.size < 0:
-                    continue  # not written yet
-                full |= len(got.data) >= recording.READ_BYTES
-                tape.offset = got.start + len(got.data)
-                self._fold(tape, got.data)
-            if not (drain and full):
-                break
+        await self._read_on(host, {key: (tape, logs[key]) for key, tape in tapes.items()}, drain)
         if drain:
             for tape in tapes.values():
                 tape.summary.settle()
         return {key: tape.summary for key, tape in tapes.items()}
+
+    async def _read_on(self, host: Host, files: dict[str, tuple[_Tape, str]], drain: bool) -> None:
+        """Fold what each file (key: its tape, its path) gained since its tape's offset, the
+        rest of an older segment first where it turned; with `drain`, to its end."""
+        while True:
+            full = False
+            for got in await recording.read(host, [(key, path, tape.offset, tape.inode) for key, (tape, path) in files.items()]):
+                key, old = got.key.removesuffix(".1"), got.key.endswith(".1")
+                if key not in files or got.size < 0:
+                    continue  # not written yet
+                tape = files[key][0]
+                if old:  # the rest of the segment it turned from: read whole, then the live one from 0
+                    tape.offset, tape.inode = 0, "-"
+                else:
+                    full |= len(got.data) >= recording.READ_BYTES
+                    tape.offset, tape.inode = got.start + len(got.data), got.inode
+                self._fold(tape, got.data)
+            if not (drain and full):
+                return
 
     @staticmethod
     def _fold(tape: _Tape, data: bytes) -> None:
