@@ -261,8 +261,8 @@ class TracksideApp(RunActions, App):
         lines = [logparse.visible_text(line) for line in message.lines]
         run.log.extend(lines)
         # What the console says (loss, step, progress, the curve) is read until step events
-        # arrive: then metrics.jsonl says it, and the console's lines are only shown. A
-        # foreign session's lines are only shown: its listing reads its recorded output.
+        # arrive: then metrics.jsonl says it, and the console's lines are only shown. Once
+        # a listing has read the run's output (`info.console`), its lines are only shown.
         if not run.steps and run.info.console is None:
             run.own_console.add_recorded("\n".join(message.lines))  # console.log is the pane's bytes
         self._changed(run=run.key, lines=lines)

@@ -109,8 +109,9 @@ class RunState:
     info: runs.RunInfo
     # Its metrics.jsonl, as followed (backends/record.py: the listing's fold too).
     metrics: MetricsRecord = field(default_factory=lambda: MetricsRecord(STEP_HISTORY))
-    # What its followed console.log said (a run without metrics.jsonl); a session trackside
-    # did not launch has its listing's instead (`console`), read whether or not it is followed.
+    # What its followed console.log said, until a listing has read it: a run without step
+    # events (a foreign session's panes, or a program of ours) has its listing's instead
+    # (`console`), read whether or not it is followed.
     own_console: ConsoleSummary = field(default_factory=ConsoleSummary)
     log: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     garbled: int = 0
@@ -154,8 +155,9 @@ class RunState:
 
     @property
     def console(self) -> ConsoleSummary:
-        """What the run printed said: a foreign session's from its recorded panes, as every
-        listing reads them, so its row moves whether or not its screen was ever open."""
+        """What the run printed said, as every listing reads it (a foreign session's recorded
+        panes, a program's console.log), so its row moves whether or not its screen was ever
+        open."""
         return self.info.console if self.info.console is not None else self.own_console
 
     @property
