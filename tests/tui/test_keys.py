@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from textual.widgets import DataTable
+from textual.widgets import DataTable, Log
 
 from tests.tui.sample import RUN_KEY, feed, make_app, on_run
 from tui.keys import KEYS
@@ -48,7 +48,7 @@ async def test_chart_toggles_and_log_focus():
         await pilot.press("y", "s")
         assert chart.log_y and chart.smoothing == 0.1
         await pilot.press("l")
-        assert app.screen.maximized is app.focused
+        assert app.focused is app.screen.query_one(Log) and app.screen.maximized is app.focused.parent
         await pilot.press("escape")
         assert app.screen.maximized is None
 

@@ -276,7 +276,7 @@ async def test_l_on_the_fleet_opens_the_run_with_its_log_in_full():
         await feed(pilot)
         await pilot.press("l")
         await pilot.pause()
-        assert isinstance(app.screen, RunScreen) and app.screen.maximized is app.screen.query_one(Log)
+        assert isinstance(app.screen, RunScreen) and app.screen.maximized is app.screen.query_one(Log).parent
 
 
 async def test_a_key_before_the_run_screen_has_composed_does_nothing():
@@ -411,3 +411,29 @@ async def test_q_during_a_kill_says_so_and_q_again_quits(local_host, quit_key):
         assert app.is_running and any(f"stopping {key} is under way" in t for t in told), told
         await pilot.press(quit_key)
         await wait_for(pilot, lambda: not app.is_running, 10, "the app to quit")
+
+
+async def test_the_filter_opened_over_the_full_log_is_in_sight_and_one_escape_clears_it():
+    """After `l` the log fills the screen: `/` opened its filter out of sight, and the
+    first Escape only left the input (the placeholder says Esc clears)."""
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        log = await full_log_at_its_end(pilot)
+        await pilot.press("l")
+        await pilot.pause()
+        assert app.screen.maximized is not None
+        await pilot.press("slash", *"line 1")
+        await pilot.pause(0.3)
+        box = app.screen.query_one("#log-filter")
+        assert app.focused is box
+        assert box.region.height and app.screen.region.contains_region(box.region), box.region
+        assert "line 1" in screen_text(app) and "line 20" not in screen_text(app)
+        assert all("line 1" in line for line in log.lines)
+        await pilot.press("escape")
+        await pilot.pause(0.3)
+        assert not box.display and box.value == ""
+        assert any("line 20" in line for line in log.lines)
+        assert app.screen.maximized is not None, "one Escape clears the filter, the log stays full"
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen.maximized is None

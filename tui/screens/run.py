@@ -7,7 +7,7 @@ import time
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal
+from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Header, Input, Log, Static
 
@@ -106,8 +106,18 @@ def nodes_text(text: Text, run: RunState) -> None:
         text.append(f"  PIDs {' '.join(map(str, node.pids))}\n" if node.pids else "\n", style="dim")
 
 
+class LogPane(Vertical):
+    """The log with its filter: `l` fills the screen with both, so a filter opened over
+    the full log is in sight."""
+
+    ALLOW_MAXIMIZE = True
+    DEFAULT_CSS = "LogPane { height: 1fr; min-height: 4; }"
+
+
 class RunScreen(Guarded, Screen):
     AUTO_FOCUS = "#log"
+    # Escape is the back binding's: it clears a filter before it shrinks the full log.
+    ESCAPE_TO_MINIMIZE = False
     composed = False  # the app may report changes between push and compose
     console_shown: tuple = (None, None)  # progress and console loss the stats last showed
     stats_shown: Text | None = None
@@ -139,8 +149,9 @@ class RunScreen(Guarded, Screen):
             yield GpuPanel(id="gpus")
             yield Static(id="stats")
         yield LossChart(id="loss")
-        yield Input(placeholder="show only log lines containing… (Esc clears)", id="log-filter")
-        yield Log(id="log")
+        with LogPane():
+            yield Input(placeholder="show only log lines containing… (Esc clears)", id="log-filter")
+            yield Log(id="log")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -263,7 +274,7 @@ class RunScreen(Guarded, Screen):
     def _toggle_log_focus(self) -> None:
         log = self.query_one(Log)
         log.focus()
-        if self.maximized is log:
+        if self.maximized is not None:
             self.minimize()
         else:
             self.maximize(log)
