@@ -161,3 +161,48 @@ def test_plot_over_ssh_by_session_name(fleet, sshd, capsys, tmp_path):
     code, out, err = plot(capsys, fleet.parent.run_id, fleet.child.session, "--config", str(config), "--width", "90", "--height", "22")
     assert code == 0, err
     check_chart(out, fleet)
+
+
+SHORT, LONG = "20261129-0930-aaaa", "20261129-1410-bbbb"
+
+
+@pytest.fixture
+def short_and_long(tmp_path) -> Path:
+    """A 206-step run that stopped high beside a 4,834-step one, as run dirs (manifest,
+    metrics.jsonl) on this machine; the config naming their runs root."""
+    for run_id, steps, first, last in [(SHORT, 206, 4.6, 4.3), (LONG, 4834, 4.0, 1.0)]:
+        directory = tmp_path / "runs" / run_id
+        directory.mkdir(parents=True)
+        (directory / "manifest.json").write_text(json.dumps({"run_id": run_id, "run_dir": str(directory)}))
+        events = [{"event": "step", "step": s, "loss": first - (first - last) * (s / steps) ** 0.5, "lr": 3e-4 * s / steps} for s in range(1, steps + 1)]
+        (directory / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    config = tmp_path / "config.toml"
+    config.write_text(f'[hosts.box]\nruns_root = "{tmp_path / "runs"}"\n')
+    return config
+
+
+def test_the_legend_hides_no_curve(short_and_long, capsys):
+    """The short run's curve lies in the top left corner, where a legend inside the frame
+    is drawn: the legend is outside the frame, each run by its marker."""
+    code, out, err = plot(capsys, SHORT, LONG, "--config", str(short_and_long), "--width", "100", "--height", "24")
+    assert code == 0, err
+    cells = chart_cells(out)
+    assert SHORT not in cells and LONG not in cells, out
+    assert cells.count("•") >= 4, out  # 206 of 4,834 steps: the first 4 of 94 columns
+    legend = [line.strip() for line in out.splitlines() if "│" not in line and ("aaaa" in line or "bbbb" in line)]
+    assert legend == [f"•• {SHORT}", f"++ {LONG}"], out
+    assert len(out.splitlines()) <= 24
+
+
+def test_each_metric_asked_is_plotted(short_and_long, capsys):
+    code, out, err = plot(capsys, SHORT, LONG, "--config", str(short_and_long), "--metric", "loss", "--metric", "lr", "--width", "100", "--height", "30")
+    assert code == 0, err
+    assert "loss against step" in out and "lr against step" in out, out
+    assert len(out.splitlines()) <= 30
+    code, out, err = plot(capsys, SHORT, LONG, "--config", str(short_and_long), "--metric", "loss", "--metric", "lr", "--height", "16")
+    assert (code, out) == (2, "") and err.strip().startswith("trackside plot: this chart needs --height 17 or more")
+    code, out, err = plot(capsys, SHORT, LONG, "--config", str(short_and_long), "--metric", "loss", "--metric", "lr", "--json")
+    assert code == 0, err
+    assert [(doc["run"], doc["metric"]) for doc in json.loads(out)] == [(SHORT, "loss"), (SHORT, "lr"), (LONG, "loss"), (LONG, "lr")]
+    code, out, err = plot(capsys, SHORT, "--config", str(short_and_long), "--metric", "loss", "--metric", "perplexity")
+    assert code == 2 and err.strip().startswith(f"trackside plot: {SHORT} on box never logged perplexity")
