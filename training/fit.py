@@ -34,8 +34,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     "max_seq_len that fits.")
     p.add_argument("--drafter", choices=["eagle3", "dflash"], default="eagle3")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--config", help="drafter config JSON (DrafterConfig fields, or "
-                     "DFlashConfig's with --drafter dflash)")
+    src.add_argument("--model-config", metavar="PATH", help="drafter config JSON "
+                     "(DrafterConfig fields, or DFlashConfig's with --drafter dflash), as "
+                     "train --model-config")
     src.add_argument("--preset", help=f"built-in drafter shape: {', '.join(PRESETS)}; "
                      f"DFlash: {', '.join(DFLASH_PRESETS)}")
     p.add_argument("--gpu-mem-gib", type=float, default=96.0,
@@ -59,8 +60,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="as train --freeze-lm-head: the draft head takes no gradient")
     p.add_argument("--multiple", type=int, default=1024,
                    help="round the largest max_seq_len down to a multiple of this")
-    p.add_argument("--headroom-gib", type=float, default=memory.DEFAULT_HEADROOM_GIB,
-                   help="memory outside the allocator: CUDA context, NCCL (default 1)")
+    p.add_argument("--headroom-gib", type=float,
+                   help="memory outside the allocator: CUDA context, NCCL (default "
+                        f"{memory.DEFAULT_HEADROOM_GIB:g})")
+    # Every other command's --config is the hosts file: here, only a pointer to the flag meant.
+    p.add_argument("--config", dest="hosts_config", help=argparse.SUPPRESS)
     p.add_argument("--calibration", help="calibration JSON (from --probe); with --probe or "
                    "--from-run, where the new calibration is written")
     p.add_argument("--from-run", action="append", metavar="RUN_DIR",
@@ -84,8 +88,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         _positive_int("--" + flag.replace("_", "-"), getattr(args, flag))
     if not args.gpu_mem_gib > 0 or not math.isfinite(args.gpu_mem_gib):
         raise UsageError(f"--gpu-mem-gib must be positive, got {args.gpu_mem_gib}")
-    if not 0 <= args.headroom_gib < args.gpu_mem_gib:
-        raise UsageError(f"--headroom-gib must be in [0, --gpu-mem-gib), got {args.headroom_gib}")
+    if args.hosts_config is not None:
+        raise UsageError("--config is the hosts file of trackside's other commands: the "
+                         "drafter's JSON is --model-config PATH")
+    # Named as given: a card too small for the default headroom is the card's flag.
+    given_headroom = args.headroom_gib is not None
+    if not given_headroom:
+        args.headroom_gib = memory.DEFAULT_HEADROOM_GIB
+    if not args.headroom_gib >= 0:
+        raise UsageError(f"--headroom-gib must be 0 or more, got {args.headroom_gib:g}")
+    if args.headroom_gib >= args.gpu_mem_gib:
+        raise UsageError(
+            f"--headroom-gib {args.headroom_gib:g} leaves nothing of --gpu-mem-gib {args.gpu_mem_gib:g}"
+            if given_headroom else
+            f"--gpu-mem-gib {args.gpu_mem_gib:g} leaves nothing beside the {args.headroom_gib:g} GiB of "
+            "--headroom-gib (CUDA context, NCCL)")
     if args.probe and args.from_run:
         raise UsageError("--probe and --from-run both calibrate: give one")
     one = _EAGLE3_ONLY if args.drafter == "dflash" else _DFLASH_ONLY
@@ -125,15 +142,15 @@ def dflash_fit(args: argparse.Namespace) -> dict:
             raise UsageError(f"--preset must be one of {', '.join(DFLASH_PRESETS)} with "
                              f"--drafter dflash, got {args.preset!r}")
         cfg, knobs = DFLASH_PRESETS[args.preset], DFLASH_TRAINING_PRESETS.get(args.preset, {})
-    elif args.config is not None:
+    elif args.model_config is not None:
         try:
-            cfg = DFlashConfig.from_dict(json.loads(Path(args.config).read_text()))
+            cfg = DFlashConfig.from_dict(json.loads(Path(args.model_config).read_text()))
         except OSError as e:
-            raise UsageError(f"--config {args.config}: {e.strerror}") from e
+            raise UsageError(f"--model-config {args.model_config}: {e.strerror}") from e
         except (json.JSONDecodeError, TypeError, ValueError) as e:
-            raise UsageError(f"--config {args.config}: {e}") from e
+            raise UsageError(f"--model-config {args.model_config}: {e}") from e
     if cfg is None:
-        raise UsageError("give --preset NAME or --config PATH (or --from-run RUN_DIR)")
+        raise UsageError("give --preset NAME or --model-config PATH (or --from-run RUN_DIR)")
     if args.block_size:
         cfg = dataclasses.replace(cfg, block_size=args.block_size)
 
@@ -165,14 +182,14 @@ def load_drafter_config(args: argparse.Namespace) -> DrafterConfig | None:
         if args.preset not in PRESETS:
             raise UsageError(f"--preset must be one of {', '.join(PRESETS)}, got {args.preset!r}")
         return PRESETS[args.preset]
-    if args.config is not None:
+    if args.model_config is not None:
         try:
-            data = json.loads(Path(args.config).read_text())
+            data = json.loads(Path(args.model_config).read_text())
             return DrafterConfig.from_dict(data)
         except OSError as e:
-            raise UsageError(f"--config {args.config}: {e.strerror}") from e
+            raise UsageError(f"--model-config {args.model_config}: {e.strerror}") from e
         except (json.JSONDecodeError, TypeError, ValueError) as e:
-            raise UsageError(f"--config {args.config}: {e}") from e
+            raise UsageError(f"--model-config {args.model_config}: {e}") from e
     return None
 
 
@@ -324,7 +341,7 @@ def main(argv: list[str]) -> int:
             except ValueError as e:
                 raise UsageError(f"--from-run: {e}") from e
         if cfg is None:
-            raise UsageError("give --preset NAME or --config PATH (or --from-run RUN_DIR)")
+            raise UsageError("give --preset NAME or --model-config PATH (or --from-run RUN_DIR)")
         shape = step_shape(args, base)
         if args.probe:
             from training.probe import ProbeError, run_probe

@@ -79,7 +79,7 @@ def test_config_file_and_calibration_file(tmp_path, capsys):
     cal = Calibration(scales={"constant": 1.0, "per_token": 1.0, "per_step": 1.5,
                               "diagonal": 1.0}, reserved_slack=20 * GiB)
     cal.save(tmp_path / "cal.json")
-    rc, out, _ = run_fit(capsys, "--config", str(tmp_path / "drafter.json"),
+    rc, out, _ = run_fit(capsys, "--model-config", str(tmp_path / "drafter.json"),
                          "--calibration", str(tmp_path / "cal.json"), "--json")
     assert rc == 0
     r = json.loads(out)
@@ -150,8 +150,8 @@ def test_from_several_runs(tmp_path, capsys):
     (["--preset", "tiny", "--world-size", "0"], "--world-size"),
     (["--preset", "tiny", "--multiple", "0"], "--multiple"),
     (["--preset", "tiny", "--checkpoint-ttt", "-1"], "--checkpoint-ttt"),
-    (["--preset", "tiny", "--config", "x.json"], "--config"),
-    (["--config", "/nonexistent/drafter.json"], "--config"),
+    (["--preset", "tiny", "--model-config", "x.json"], "--model-config"),
+    (["--model-config", "/nonexistent/drafter.json"], "--model-config"),
     (["--preset", "tiny", "--calibration", "/nonexistent/cal.json"], "--calibration"),
     (["--from-run", "/nonexistent/run"], "--from-run"),
     (["--preset", "tiny", "--probe", "--from-run", "/tmp"], "--probe"),
@@ -179,14 +179,38 @@ def test_fit_takes_the_trainers_ranges_and_says_what_train_says(capsys, flag, va
     assert said and said[-1].split("error: ")[-1] in train_err
 
 
+@pytest.mark.parametrize("args, said", [
+    (["--gpu-mem-gib", "1"], "--gpu-mem-gib 1 leaves nothing beside the 1 GiB of --headroom-gib"),
+    (["--gpu-mem-gib", "0.5"], "--gpu-mem-gib 0.5 leaves nothing beside the 1 GiB of --headroom-gib"),
+    (["--headroom-gib", "8", "--gpu-mem-gib", "8"], "--headroom-gib 8 leaves nothing of --gpu-mem-gib 8"),
+    (["--headroom-gib", "-1"], "--headroom-gib must be 0 or more, got -1"),
+])
+def test_the_memory_flags_refused_are_the_ones_given(capsys, args, said):
+    """A card too small for the default headroom is refused as the card the user gave."""
+    rc, out, err = run_fit(capsys, "--preset", "tiny", *args)
+    assert (rc, out) == (2, "") and len(err.splitlines()) == 1 and err.startswith(f"trackside fit: {said}")
+
+
+def test_config_is_the_hosts_file_everywhere_else(tmp_path, capsys):
+    """`--config` names the hosts TOML in every other command: fit's drafter JSON is
+    --model-config, as train's is, and fit's --config says so."""
+    (tmp_path / "drafter.json").write_text(json.dumps(PRESETS["tiny"].to_dict()))
+    rc, out, err = run_fit(capsys, "--config", str(tmp_path / "drafter.json"))
+    assert (rc, out) == (2, "") and len(err.strip().splitlines()) == 1
+    assert "--model-config" in err
+    rc, out, err = run_fit(capsys, "--model-config", str(tmp_path / "drafter.json"), "--json")
+    assert rc == 0, err
+    assert json.loads(out)["config"] == PRESETS["tiny"].to_dict()
+
+
 def test_bad_config_contents_name_the_flag(tmp_path, capsys):
     bad = tmp_path / "drafter.json"
     bad.write_text(json.dumps({**PRESETS["tiny"].to_dict(), "num_kv_heads": 3}))
-    rc, _, err = run_fit(capsys, "--config", str(bad))
-    assert rc == 2 and "--config" in err and "num_kv_heads" in err
+    rc, _, err = run_fit(capsys, "--model-config", str(bad))
+    assert rc == 2 and "--model-config" in err and "num_kv_heads" in err
     bad.write_text("{")
-    rc, _, err = run_fit(capsys, "--config", str(bad))
-    assert rc == 2 and "--config" in err
+    rc, _, err = run_fit(capsys, "--model-config", str(bad))
+    assert rc == 2 and "--model-config" in err
 
 
 def test_through_the_trackside_command():
