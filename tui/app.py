@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from textual.app import App, ScreenStackError, SystemCommand
+from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.worker import Worker, WorkerFailed, WorkerState
@@ -420,7 +422,11 @@ class TracksideApp(RunActions, App):
         return True
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
+        for command in super().get_system_commands(screen):
+            if command.title == "Screenshot":  # Textual's fails without a word where ~/Downloads is missing
+                command = command._replace(help="Save an SVG picture of the screen in the current directory",
+                                           callback=lambda: self.set_timer(0.1, self.save_picture))  # fmt: skip
+            yield command
         # Asked about the screen the palette was opened on (the palette has no selection).
         for binding in KEYS:
             if binding.action != "quit" and self.action_allowed(binding.action, screen):
@@ -429,6 +435,23 @@ class TracksideApp(RunActions, App):
                     DESCRIPTIONS[binding.action],
                     partial(self.run_action, binding.action),
                 )
+        # The screen's own keys (the run screen's chart toggles, its way back to the fleet).
+        for binding in screen.BINDINGS:
+            if isinstance(binding, Binding) and binding.id:
+                yield SystemCommand(
+                    f"{binding.description} ({self.get_key_display(binding)})",
+                    binding.tooltip or binding.description,
+                    partial(screen.run_action, binding.action),
+                )
+
+    def save_picture(self) -> None:
+        try:
+            path = os.path.abspath(self.save_screenshot())
+        except OSError as error:
+            self.notify(f"cannot save a screenshot in the current directory: {error.strerror or error}",
+                        title="Screenshot", severity="error", timeout=10)  # fmt: skip
+            return
+        self.notify(f"saved {path}", title="Screenshot", timeout=10)
 
     def action_command_palette(self) -> None:
         from tui.screens.palette import CommandPalette

@@ -21,6 +21,7 @@ from tui.screens.help import HelpScreen
 from tui.screens.kill import KillConfirm
 from tui.screens.run import RunScreen
 from tui.widgets.footer import Footer
+from tui.widgets.loss_chart import LossChart
 
 FOREIGN = RunInfo(None, "someone-elses", "h200-box", RunPhase.RUNNING, pids=[777])
 
@@ -437,3 +438,44 @@ async def test_the_filter_opened_over_the_full_log_is_in_sight_and_one_escape_cl
         await pilot.press("escape")
         await pilot.pause()
         assert app.screen.maximized is None
+
+
+async def test_the_palette_offers_the_run_screens_own_keys_and_the_way_back_to_the_fleet():
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await on_run(pilot)
+        titles = {command.title: command for command in app.get_system_commands(app.screen)}
+        for title in ("Log/lin y (y)", "Smoothing (s)", "Step/tokens (x)", "Overlay (o)", "Fleet (esc)"):
+            assert title in titles, sorted(titles)
+        chart = app.screen.query_one(LossChart)
+        app.call_next(titles["Log/lin y (y)"].callback)  # as the palette runs it
+        await pilot.pause()
+        assert chart.log_y
+        app.call_next(titles["Fleet (esc)"].callback)
+        await pilot.pause()
+        assert isinstance(app.screen, FleetScreen)
+        fleet = {command.title for command in app.get_system_commands(app.screen)}
+        assert not any(title.startswith("Smoothing") for title in fleet), fleet
+
+
+async def test_the_palettes_screenshot_says_where_it_went_or_why_not(tmp_path, monkeypatch):
+    app = make_app()
+    said: list[str] = []
+    notify = app.notify
+    monkeypatch.setattr(app, "notify", lambda message, **kw: (said.append(str(message)), notify(message, **kw))[1])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await feed(pilot)
+        [screenshot] = [c for c in app.get_system_commands(app.screen) if c.title == "Screenshot"]
+        monkeypatch.chdir(tmp_path)
+        screenshot.callback()
+        await pilot.pause(0.5)
+        [saved] = list(tmp_path.glob("*.svg"))
+        assert "h200-box" in saved.read_text()
+        assert any(str(saved) in m for m in said), said
+        gone = tmp_path / "gone"
+        gone.mkdir()
+        monkeypatch.chdir(gone)
+        gone.rmdir()
+        screenshot.callback()
+        await pilot.pause(0.5)
+        assert any("cannot save" in m and "No such file or directory" in m for m in said), said

@@ -128,11 +128,11 @@ class RunScreen(Guarded, Screen):
     log_end_y: float | None = None
 
     BINDINGS = [
-        Binding("y", "log_scale", "Log/lin y", id="trackside.run.log_scale"),
-        Binding("s", "smoothing", "Smoothing", id="trackside.run.smoothing"),
+        Binding("y", "log_scale", "Log/lin y", id="trackside.run.log_scale", tooltip="Loss axis: logarithmic or linear"),
+        Binding("s", "smoothing", "Smoothing", id="trackside.run.smoothing", tooltip="Smooth the loss curve more, then not at all"),
         Binding("x", "x_axis", "Step/tokens", id="trackside.run.x_axis", tooltip="Loss by step or by tokens seen"),
         Binding("o", "overlay", "Overlay", id="trackside.run.overlay", tooltip="Draw another run's loss behind this one's"),
-        Binding("escape", "back", "Fleet", id="trackside.run.back"),
+        Binding("escape", "back", "Fleet", id="trackside.run.back", tooltip="Back to the fleet of hosts and runs"),
     ]
 
     def __init__(self, run_key: str | None, *, waiting: str = "", focus_log: bool = False) -> None:
