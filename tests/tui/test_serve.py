@@ -330,3 +330,14 @@ def test_a_port_in_use_and_a_missing_textual_serve_are_one_line(monkeypatch, cap
     monkeypatch.delattr(serve, "server", raising=False)
     assert serve.main([]) == 1
     assert "pip install 'trackside[serve]'" in capsys.readouterr().err
+
+
+def test_a_host_that_does_not_resolve_is_not_a_port_to_change(capsys, tmp_path):
+    """A name that resolves nowhere (.invalid never does) is said so; --port is offered
+    only when the port is what failed."""
+    config = tmp_path / "config.toml"
+    config.write_text("[hosts.here]\n")
+    assert serve.main(["--host", "nosuch.invalid", "--port", str(free_port()), "--config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("trackside serve: cannot listen on nosuch.invalid: ")
+    assert "does not resolve" in err and "--port" not in err

@@ -10,9 +10,12 @@ Google for a font (a browser here talks to this server only).
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import json
+import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -254,6 +257,23 @@ def serve(settings: Settings, started: Callable[[], None]) -> int:
     return asyncio.run(_serve(settings, started))
 
 
+# What to do about a failed listen: another port only when the port is what failed (taken,
+# or below 1024 for a user), never for an address.
+LISTEN_HINTS = {
+    errno.EADDRINUSE: "another port: --port",
+    errno.EACCES: "another port: --port",
+    errno.EADDRNOTAVAIL: "not an address of this machine: --host",
+}
+
+
+def listen_failure(settings: Settings, error: OSError) -> str:
+    if isinstance(error, socket.gaierror):
+        return f"cannot listen on {settings.host}: the name does not resolve ({error.strerror}); --host takes an address or a name of this machine"
+    said = f"cannot listen on {settings.host}:{settings.port}: {os.strerror(error.errno) if error.errno else error}"
+    hint = LISTEN_HINTS.get(error.errno)
+    return f"{said} ({hint})" if hint else said
+
+
 async def _serve(settings: Settings, started: Callable[[], None]) -> int:
     server = Server(settings, say)
     runner = web.AppRunner(server.make_app(), access_log=None, handle_signals=False)
@@ -262,8 +282,7 @@ async def _serve(settings: Settings, started: Callable[[], None]) -> int:
         await web.TCPSite(runner, settings.host, settings.port).start()
     except OSError as error:
         await runner.cleanup()
-        raise ServeError(f"cannot listen on {settings.host}:{settings.port}: {error.strerror or error}"
-                         " (another port: --port)") from None  # fmt: skip
+        raise ServeError(listen_failure(settings, error)) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the ssh session it ran in ended
