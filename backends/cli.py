@@ -156,12 +156,13 @@ def _launched(info: runs.RunInfo, relaunch: bool) -> dict:
     return {**shape, "parent": info.parent} if relaunch else shape
 
 
-def _show_launched(doc: dict) -> str:
+def _show_launched(doc: dict, judged: str) -> str:
+    """What was launched where, and how its start was judged (backends.runs.launch)."""
     parent = f" (from {doc['parent']})" if doc.get("parent") else ""
     if doc.get("nodes"):
         where = "".join(f"\nnode {i} on {n['host']}: tmux session {n['session']}, run dir {n['run_dir']}" for i, n in enumerate(doc["nodes"]))
-        return f"launched {doc['run_id']}{parent} on {len(doc['nodes'])} hosts{where}"
-    return f"launched {doc['run_id']}{parent} on {doc['host']} in tmux session {doc['session']}\nrun dir: {doc['run_dir']}"
+        return f"launched {doc['run_id']}{parent} on {len(doc['nodes'])} hosts{where}\n{judged}"
+    return f"launched {doc['run_id']}{parent} on {doc['host']} in tmux session {doc['session']}\nrun dir: {doc['run_dir']}\n{judged}"
 
 
 def _show_progress(p: Progress) -> str:
@@ -316,7 +317,7 @@ async def _run(args) -> tuple[object, str, list[str]]:
             else:
                 info = await runs.launch(hosts[entry.name], args.command, session=args.session, train_command=entry.train_command)
             doc = _launched(info, relaunch=False)
-            return doc, _show_launched(doc), []
+            return doc, _show_launched(doc, info.judged), []
         if args.subcommand == "runs":
 
             def gpu_pids(host: Host):
@@ -363,7 +364,7 @@ async def _run(args) -> tuple[object, str, list[str]]:
         else:
             info = await runs.relaunch(host, args.run, args.changes, args.resume, train_command=entry.train_command)
         doc = _launched(info, relaunch=True)
-        return doc, _show_launched(doc), []
+        return doc, _show_launched(doc, info.judged), []
     finally:
         await asyncio.gather(*(h.close() for h in hosts.values()))
 

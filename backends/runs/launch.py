@@ -10,10 +10,12 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 
 from backends import params as run_params
 from backends import tmux
 from backends.hosts import Host
+from backends.logparse import parse_metrics_line
 from backends.runs.listing import RunInfo, RunPhase
 from backends.runs.rundir import (
     EXIT_STATUS_FILE,
@@ -31,8 +33,15 @@ from backends.runs.rundir import (
 from training.contract import new_run_id
 
 TRAIN_COMMAND = ["trackside", "train"]
-STARTUP_S = 2.0  # a pane that dies this soon after its launch, but for a clean exit, failed to start
+# A launch is judged by how its program starts. The trainer's start is its first metrics
+# event, written once it has loaded its model and data and begun the loop: a pane that dies
+# before it, at whatever second, failed to start; one still loading after START_WAIT_S is
+# left running, not judged. Any other program has no such event: a pane that dies within
+# STARTUP_S, but for a clean exit, failed to start.
+STARTUP_S = 2.0
+START_WAIT_S = 60.0
 STARTUP_POLL_S = 0.1
+START_POLL_S = 0.5  # past STARTUP_S: a trainer loading for a minute is read 120 times, not 600
 FAILED_START_LINES = 15  # of the pane, quoted in a failed launch's error
 DRAIN_READS = 10  # of a dead pane still showing none of its output, STARTUP_POLL_S apart
 
@@ -43,6 +52,19 @@ _WHICH = 'command -v "$1"'
 # 3.3 sometimes shows a dead pane without one. The traps are handlers, not ignores, so the
 # command still gets the default actions; sh itself waits for it, then writes the file.
 _RECORD_EXIT = 'f=$1; shift; trap : HUP INT TERM; "$@"; s=$?; echo "$s" > "$f"; exit "$s"'
+
+
+@dataclass
+class Launched(RunInfo):
+    """A launch's result: the run as the listing shows it, and how its start was judged
+    (`judged`, in words: started by its start event, alive after the short window, still
+    loading, or ended cleanly)."""
+
+    judged: str = ""
+
+    def to_json(self) -> dict:
+        listed = RunInfo(**{f.name: getattr(self, f.name) for f in fields(RunInfo)})
+        return {**listed.to_json(), "judged": self.judged}
 
 
 def train_args_start(argv: Sequence[str], train_command: Sequence[str] | None = None) -> int | None:
@@ -83,16 +105,20 @@ async def launch(
     train_command: Sequence[str] | None = None,
     resume_from: str | None = None,
     startup_s: float = STARTUP_S,
+    start_wait_s: float = START_WAIT_S,
     run_id: str | None = None,
     wrap: Callable[[list[str]], list[str]] | None = None,
     extra: dict | None = None,
-) -> RunInfo:
+) -> Launched:
     """Start argv in a new detached tmux session with a run dir. Its items reach the
     program as they are (run as `"$@"` under the status-recording sh, never parsed), the
     program itself by the path the host's PATH gives it here.
 
-    A pane that ends within `startup_s` other than with exit status 0 is a failed launch:
-    RunError, quoting the pane's last lines. Its session and run dir are kept, to be read.
+    A failed launch is a RunError quoting the pane's last lines; its session and run dir
+    are kept, to be read. The trainer, launched alone, fails if its pane ends before its
+    first metrics event (waited for up to `start_wait_s`); any other program, and a node of
+    a multi-node run (only one node writes events), if its pane ends within `startup_s`.
+    An exit status 0 is never a failed launch. With `startup_s` 0 nothing is waited for.
 
     `resume_from`, a checkpoint step directory on the host, is hard-linked into the new
     run's checkpoints (the trainer never rewrites a step's files, only replaces whole
@@ -144,11 +170,12 @@ async def launch(
         raise
     manifest["pane_pid"] = pane_pid
     await write_manifest(host, manifest)
-    ended = await _confirm_start(host, manifest, startup_s)
-    return RunInfo(
+    by_event = is_train and wrap is None  # of a multi-node run's nodes, only one writes events
+    ended, judged = await _confirm_start(host, manifest, startup_s, start_wait_s if by_event else None)
+    return Launched(
         run_id, session, host.name, RunPhase.RUNNING if ended is None else RunPhase.EXITED, ended,
         params=params, pids=[pane_pid] if ended is None else [], run_dir=directory, parent=parent,
-        started=manifest["started"],
+        started=manifest["started"], judged=judged,
     )  # fmt: skip
 
 
@@ -172,37 +199,53 @@ async def resolve_program(host: Host, command: list[str]) -> list[str]:
     return [path, *command[1:]] if path.startswith("/") else command
 
 
-async def _confirm_start(host: Host, manifest: dict, within_s: float) -> int | None:
-    """None while the pane lives through its first `within_s`; 0 if it ended cleanly by
-    then; RunError naming its status and quoting its last lines if it ended otherwise.
-    With `within_s` 0 it does not look."""
-    if within_s <= 0:
-        return None
-    deadline = time.monotonic() + within_s
+async def _confirm_start(host: Host, manifest: dict, window_s: float, wait_s: float | None) -> tuple[int | None, str]:
+    """(None while the pane lives, or 0 if it ended cleanly; how that was judged in words).
+
+    With `wait_s` (the trainer), the pane is watched until the run's first metrics event,
+    for up to `wait_s`; else for `window_s`. A pane that ends otherwise than with status 0
+    meanwhile is a RunError naming its status and quoting its last lines. With `window_s`
+    0 it does not look."""
+    if window_s <= 0:
+        return None, "not waited for"
+    began = time.monotonic()
     while True:
         own = [p for p in await tmux.list_panes(host, manifest["session"]) if p.pid == manifest["pane_pid"]]
         if not own or own[0].dead:
             break
-        if time.monotonic() >= deadline:
-            return None
-        await asyncio.sleep(STARTUP_POLL_S)
+        waited = time.monotonic() - began
+        if wait_s is not None and await _first_event(host, manifest["run_dir"]):
+            return None, f"started: its start event came {waited:.1f}s after its launch"
+        if wait_s is None and waited >= window_s:
+            return None, f"alive after {window_s:g}s (no start event waited for)"
+        if wait_s is not None and waited >= wait_s:
+            return None, f"still loading after {wait_s:g}s: no start event yet, not judged"
+        await asyncio.sleep(STARTUP_POLL_S if waited < STARTUP_S else START_POLL_S)
+    waited = time.monotonic() - began
     status = await read_exit_status(host, manifest["run_dir"])
     if status is None and own:
         status = own[0].exit_status
     await record_end(host, manifest, status)
     if status == 0:
-        return 0
+        return 0, f"ended with exit status 0 {waited:.1f}s after its launch"
     last = await _last_lines(host, manifest["session"])
     how = (
         "ended with no exit status" if status is None
         else f"was killed by signal {-status}" if status < 0
         else f"exited with status {status}"
     )  # fmt: skip
+    when = f"{waited:.1f}s after its launch, before its start event" if wait_s is not None else f"within {window_s:g}s of its launch"
     quoted = "".join(f"\n  | {line}" for line in last) or "\n  (it printed nothing)"
     raise RunError(
-        f"{manifest['command'][0]} {how} within {within_s:g}s of its launch: run {manifest['run_id']} "
+        f"{manifest['command'][0]} {how} {when}: run {manifest['run_id']} "
         f"failed to start (tmux session {manifest['session']} and its run dir are kept). Its pane's last lines:{quoted}"
     )
+
+
+async def _first_event(host: Host, directory: str) -> bool:
+    """Whether the run's metrics.jsonl holds a whole first event (the trainer's start)."""
+    result = await host.run(["head", "-n", "1", f"{directory}/metrics.jsonl"])
+    return result.ok and result.stdout.endswith("\n") and parse_metrics_line(result.stdout) is not None
 
 
 async def _last_lines(host: Host, session: str) -> list[str]:

@@ -7,6 +7,7 @@ import asyncio
 import inspect
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from backends.runs import RunPhase
 from tests.conftest import end_tmux_server
 
 PY = sys.executable
+TRAIN = [PY, "-m", "training", "train", "--synthetic", "--max-seq-len", "128", "--ttt-steps", "2"]
 
 
 @pytest.fixture
@@ -139,6 +141,44 @@ async def test_a_clean_exit_and_a_live_pane_are_launches_that_worked(host):
     assert alive.state is RunPhase.RUNNING and time.monotonic() - started >= runs.STARTUP_S
 
 
+async def test_a_trainer_that_dies_after_its_first_seconds_before_its_start_event_failed_to_start(host, tmp_path):
+    """As the trainer refusing `--block-size` without `--drafter dflash` once it has loaded,
+    seconds after its launch: past the 2 s in which a launch was judged, it read as started
+    (issue 32, item 3)."""
+    refuses = stand_in_trainer(tmp_path, "refuses", "time.sleep(4); print('--block-size needs --drafter dflash', flush=True); sys.exit(2)")
+    with pytest.raises(runs.RunError) as failed:
+        await runs.launch(host, [*refuses, "--synthetic"], train_command=refuses, session="refused")
+    message = str(failed.value)
+    assert re.search(r"exited with status 2 [4-9]\.\ds after its launch, before its start event: run \S+ failed to start", message), message
+    assert "| --block-size needs --drafter dflash" in message
+    [run] = [r for r in await runs.list_runs(host) if r.session == "refused"]
+    assert (run.state, run.exit_status) == (RunPhase.EXITED, 2)
+    # The real trainer's refusal, however long it loads first.
+    with pytest.raises(runs.RunError, match=r"(?s)exited with status 2 .*before its start event.*--block-size needs --drafter dflash"):
+        await runs.launch(host, [*TRAIN, "--block-size", "16"])
+
+
+async def test_a_launch_says_how_it_was_judged(host, tmp_path):
+    loads = stand_in_trainer(tmp_path, "loads", "time.sleep(3); start(); time.sleep(30)")
+    info = await runs.launch(host, loads, train_command=loads)
+    assert info.state is RunPhase.RUNNING and info.pids
+    after = re.fullmatch(r"started: its start event came (\d+\.\d)s after its launch", info.judged)
+    assert after and float(after[1]) >= 3, info.judged
+    never = stand_in_trainer(tmp_path, "never", "time.sleep(30)")
+    info = await runs.launch(host, never, train_command=never, start_wait_s=3)
+    assert info.state is RunPhase.RUNNING and info.judged == "still loading after 3s: no start event yet, not judged"
+    info = await runs.launch(host, ["sleep", "30"])
+    assert info.judged == "alive after 2s (no start event waited for)"
+    assert (await runs.launch(host, ["true"])).judged.startswith("ended with exit status 0 ")
+
+
+async def test_the_real_trainer_is_judged_by_its_start_event(host):
+    info = await runs.launch(host, [*TRAIN, "--steps", "100000"])
+    assert info.state is RunPhase.RUNNING and info.judged.startswith("started: its start event came "), info.judged
+    first = Path(info.run_dir, "metrics.jsonl").read_text().splitlines()[0]
+    assert json.loads(first)["event"] == "start"
+
+
 async def test_every_run_gets_its_exit_status(host):
     """tmux 3.3 shows some dead panes without a status; the recorded one never misses."""
     infos = [await runs.launch(host, [PY, "-c", f"import sys; sys.exit({n})"], startup_s=0) for n in range(10)]
@@ -231,20 +271,26 @@ async def test_session_names_are_checked_and_duplicates_refused(host):
     assert [r.run_id for r in await runs.list_runs(host)] == [first.run_id]
 
 
-def fake_trainer(tmp_path: Path) -> list[str]:
-    """A stand-in train command for the argv plumbing: records the argv it was given."""
-    script = tmp_path / "trainer.py"
-    script.write_text(
-        textwrap.dedent(
-            """\
-            import json, sys, time
-            out = sys.argv[sys.argv.index("--out") + 1]
-            open(out + "/argv.json", "w").write(json.dumps(sys.argv[1:]))
-            time.sleep(30)
-            """
-        )
-    )
+def stand_in_trainer(tmp_path: Path, name: str, body: str) -> list[str]:
+    """A program launched as the host's train command: given `--out RUN_DIR`, it runs `body`,
+    where `start()` writes the start event to the run dir's metrics.jsonl, as the trainer
+    does once it has loaded and begun training."""
+    script = tmp_path / f"{name}.py"
+    head = """\
+        import json, sys, time
+        out = sys.argv[sys.argv.index("--out") + 1]
+        def start():
+            with open(out + "/metrics.jsonl", "a") as metrics:
+                metrics.write(json.dumps({"event": "start", "time": time.time(), "config": {}, "steps_per_epoch": None, "world_size": 1}) + "\\n")
+        """
+    script.write_text(textwrap.dedent(head) + textwrap.dedent(body))
     return [PY, str(script)]
+
+
+def fake_trainer(tmp_path: Path) -> list[str]:
+    """A stand-in train command for the argv plumbing: records the argv it was given,
+    starts, then lingers."""
+    return stand_in_trainer(tmp_path, "trainer", 'open(out + "/argv.json", "w").write(json.dumps(sys.argv[1:])); start(); time.sleep(30)')
 
 
 async def test_trainer_argv_gets_out_params_and_relaunch_links_parent(host, tmp_path):
