@@ -35,3 +35,8 @@ DESCRIPTIONS = {
     "help": "Show the keys",
     "quit": "Quit trackside",
 }
+
+# The footer's keys by how long they stay where the footer is too narrow for all: the
+# run's own actions, help (which lists every key) and quit outlast the rest; keys not
+# named here (a screen's chart toggles) go first. Every key stays in `?` and the palette.
+FOOTER_FIRST = ["kill", "edit", "relaunch", "kill_relaunch", "help", "quit", "back", "attach", "filter", "log_focus"]

@@ -322,6 +322,28 @@ async def test_the_footer_shows_every_key_beside_the_palette_key(width):
             assert last_line.split("^p")[0].rstrip(" ▏").endswith("Quit"), last_line
 
 
+@pytest.mark.parametrize("width", [60, 80, 100, 120])
+async def test_a_narrow_footer_shows_whole_keys_the_operators_first(width):
+    """Keys that do not fit are left out whole, the run's own (k e r R) and ? and q last
+    of all: at 80 columns the run screen showed `... k Kill e E▏^p palette` and a stray
+    cell of the scrolled keys right of the palette key ("paletten")."""
+    app = make_app()
+    async with app.run_test(size=(width, 24)) as pilot:
+        await feed(pilot)
+        for opened in (lambda: None, lambda: app.open_run(RUN_KEY)):
+            opened()
+            await pilot.pause(0.3)
+            footer = app.screen.query_one(Footer)
+            shown = {k.key_display: k.description for k in footer.children if hasattr(k, "key_display")}
+            line = screen_text(app).splitlines()[-1]
+            keys, _, palette = line.partition("▏")
+            assert palette.rstrip() == "^p palette", line
+            pairs = " ".join(f"{key} {description}" for key, description in shown.items() if key != "^p")
+            assert keys.split() == pairs.split(), line
+            for key in ("k", "e", "r", "R", "?", "q") if width >= 80 else ("k", "e", "r", "R"):
+                assert key in shown, (width, line)
+
+
 async def fake_run(local_host, mode: str, **app_kwargs):
     """A stand-in trainer's run launched in `mode` (tests/backends/test_watch.py) and a
     dashboard over its host: (its info, its key, the app)."""

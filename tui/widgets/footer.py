@@ -7,9 +7,10 @@ bindings on every poll (a listing may enable or disable `k`). Each recompose rep
 the footer (Textualize/textual#6666): 25 widgets a second, the app's largest memory leak.
 
 Textual's footer scrolls its keys under the palette key docked at its right: at 160
-columns the run screen's fourteen keys lost `q Quit` under `^p palette`. When the keys in
-the full style would not fit, the footer takes Textual's compact style (one cell less per
-key), which holds them at 160.
+columns the run screen's fourteen keys lost `q Quit` under `^p palette`, and narrower a
+key was cut mid-word. When the keys in the full style would not fit, the footer takes
+Textual's compact style (one cell less per key), which holds them at 160; narrower still,
+it leaves keys out whole, in the order of `tui.keys.FOOTER_FIRST`.
 
 The workarounds read Textual internals (`_bindings_ready`, the `__watchers` store, the
 keys' `key_display` and `description`); each is written so that a Textual without them
@@ -24,19 +25,33 @@ from textual.app import ComposeResult
 from textual.dom import NoScreen
 from textual.widgets import Footer as TextualFooter
 from textual.widgets import Label
+from textual.widgets._footer import FooterKey
 
 from tui.guard import Guarded
+from tui.keys import FOOTER_FIRST
+
+# Cells a key takes beside its key and description: the full style pads the key a cell
+# each side and the description one after; the compact one has one space and one margin.
+FULL_CELLS, COMPACT_CELLS = 3, 2
+PALETTE_CELLS = 3  # its left border, the space after its key, its right padding
 
 
 class Footer(Guarded, TextualFooter):
     DEFAULT_CSS = """
     Footer .read-only { width: auto; padding: 0 1; color: $text-warning; text-style: bold; }
+    /* Textual's compact keys' margin put the palette key a cell short of the edge, where
+       a cell of the keys scrolled under it showed ("paletten"). */
+    Footer.-compact FooterKey.-command-palette { margin-right: 0; padding-right: 1; }
     """
     _shown: tuple | None = None  # what the keys showed at the last recompose
 
     def compose(self) -> ComposeResult:
+        compact, shown = self._plan()
+        self.compact = compact
         keys = 0
         for widget in super().compose():
+            if isinstance(widget, FooterKey) and widget.action not in shown and not widget.has_class("-command-palette"):
+                continue
             keys += 1
             yield widget
         # A read-only dashboard (`trackside serve --read-only`) says so where the missing
@@ -53,13 +68,34 @@ class Footer(Guarded, TextualFooter):
         except NoScreen:
             return None
         return (
-            self.compact,
+            self._plan(),
             self.show_command_palette,
             tuple(
                 (binding.key, self.app.get_key_display(binding), binding.description, binding.show, enabled, tooltip)
                 for _, binding, enabled, tooltip in bindings.values()
             ),
         )
+
+    def _plan(self) -> tuple[bool, frozenset[str]]:
+        """(compact, the actions whose keys are shown) at the footer's width."""
+        try:
+            active = self.screen.active_bindings
+        except NoScreen:
+            return False, frozenset()
+        keys = {b.action: cell_len(self.app.get_key_display(b)) + cell_len(b.description)
+                for _, b, _, _ in active.values() if b.show}  # fmt: skip
+        room = self.size.width
+        if self.show_command_palette and (palette := active.get(self.app.COMMAND_PALETTE_BINDING)):
+            room -= cell_len(self.app.get_key_display(palette.binding)) + cell_len(palette.binding.description) + PALETTE_CELLS
+        if not self.size.width or sum(keys.values()) + FULL_CELLS * len(keys) <= room:
+            return False, frozenset(keys)  # not laid out yet, or all fit in full
+        rank = {action: i for i, action in enumerate(FOOTER_FIRST)}
+        shown, used = set(), 0
+        for action in sorted(keys, key=lambda a: rank.get(a, len(rank))):
+            if used + keys[action] + COMPACT_CELLS <= room:
+                shown.add(action)
+                used += keys[action] + COMPACT_CELLS
+        return True, frozenset(shown)
 
     async def recompose(self) -> None:
         if not self.is_attached:
@@ -76,25 +112,9 @@ class Footer(Guarded, TextualFooter):
         self._shown = keys
         await super().recompose()
         self._drop_replaced_watchers()
-        self._fit()
 
-    def on_resize(self, event: events.Resize) -> None:
-        self._fit()
-
-    def _fit(self) -> None:
-        width = self.size.width
-        if not width:
-            return
-        needed = 0
-        for child in self.children:
-            key, description = (getattr(child, "key_display", None),
-                                getattr(child, "description", None))
-            if isinstance(key, str) and isinstance(description, str):
-                # the full style pads the key a cell each side, the description one after
-                needed += cell_len(key) + cell_len(description) + 3
-            else:
-                needed += child.outer_size.width
-        self.compact = needed > width
+    async def on_resize(self, event: events.Resize) -> None:
+        await self.recompose()  # only if the width changed which keys fit
 
     def _drop_replaced_watchers(self) -> None:
         """The replaced keys' data_bind watchers stay on this footer until `compact`
