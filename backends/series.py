@@ -4,7 +4,8 @@ overlays draw them.
 A run trackside launched is read from its run dir: metrics.jsonl's step events, or, for a
 program that writes none, its console.log folded by `backends.console`. A tmux session it
 did not launch is read from its pane's scrollback through the same fold, so it has a loss
-against steps and nothing else. Files are read with `cat` and the path as an argument.
+against steps and nothing else. Files are read by `runs.read_file`: a missing one is no
+curve, one that cannot be read a RunError naming it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ ANCESTORS = 2  # parent and grandparent: further back, the tweak being judged is
 # weights count) or an EAGLE-3 TTT step's (`ttt 2`: loss_ttt, from 0).
 PART = re.compile(r"(pos|ttt) ?(\d+)")
 PART_LISTS = {"pos": ("loss_pos", 1), "ttt": ("loss_ttt", 0)}  # the list, its first number
+READ_S = 120.0  # a long run's metrics.jsonl over a slow link
 
 
 def part_name(kind: str, index: int) -> str:
@@ -156,20 +158,15 @@ def from_console(name: str, host: str, text: str, *, params: dict | None = None,
     return Series(name, host, dict(params or {}), parent, console_events(said))
 
 
-async def _cat(host: Host, path: str) -> str | None:
-    result = await host.run(["cat", "--", path], timeout=120.0)
-    return result.stdout if result.ok else None
-
-
 async def of_run(host: Host, run_id: str) -> Series:
     """A run trackside launched; RunError when the host has no such run."""
     manifest = await runs.read_manifest(host, run_id)
     directory = manifest.get("run_dir") or await runs.run_dir(host, run_id)
     known = {"params": manifest.get("params") or {}, "parent": manifest.get("parent")}
-    series = from_metrics(run_id, host.name, await _cat(host, f"{directory}/metrics.jsonl") or "", **known)
+    series = from_metrics(run_id, host.name, await runs.read_file(host, f"{directory}/metrics.jsonl", READ_S) or "", **known)
     if series.events:
         return series
-    return from_console(run_id, host.name, await _cat(host, f"{directory}/console.log") or "", **known)
+    return from_console(run_id, host.name, await runs.read_file(host, f"{directory}/console.log", READ_S) or "", **known)
 
 
 async def of_session(host: Host, session: str) -> Series:

@@ -17,6 +17,7 @@ from backends.runs.listing import NodeInfo, RunInfo, RunPhase, launcher_code, li
 from backends.runs.rundir import (
     RunError,
     read_exit_status,
+    read_file,
     read_manifest,
     record_end,
     run_dir,
@@ -35,6 +36,7 @@ __all__ = [
     "launcher_code",
     "list_runs",
     "read_exit_status",
+    "read_file",
     "read_manifest",
     "record_end",
     "relaunch",

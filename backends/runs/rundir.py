@@ -25,6 +25,11 @@ _LINK_CHECKPOINT = 'mkdir -p "$2" && cp -al "$1" "$2/" && basename "$1" > "$2/la
 # The newest step-<N> directory under the checkpoints dir "$1", as the trainer picks it.
 _LATEST_CHECKPOINT = r"""ls "$1" 2>/dev/null | grep -E '^step-[0-9]+$' | sort -t- -k2 -n | tail -n 1"""
 
+# Print "$1", or exit 3 when there is no such file: a missing file is told apart from one
+# that cannot be read without reading cat's words.
+_READ_FILE = '[ -e "$1" ] || exit 3; exec cat -- "$1"'
+NO_FILE = 3
+
 EXIT_STATUS_FILE = "exit_status"
 
 
@@ -56,13 +61,25 @@ async def write_file(host: Host, path: str, text: str) -> None:
         raise HostError(host.name, f"cannot write {path}: {result.stderr.strip()}")
 
 
+async def read_file(host: Host, path: str, timeout: float = 30.0) -> str | None:
+    """A file's text; None when there is no such file; RunError, one line naming the file
+    and why, when it cannot be read."""
+    result = await host.run(["sh", "-c", _READ_FILE, "sh", path], timeout=timeout)
+    if result.returncode == NO_FILE:
+        return None
+    if not result.ok:
+        why = result.stderr.strip().splitlines()[-1:] or [f"exit status {result.returncode}"]
+        raise RunError(f"cannot read {path} on {host.name}: {why[0].rsplit(': ', 1)[-1]}")  # cat's "cat: PATH: why"
+    return result.stdout
+
+
 async def read_manifest(host: Host, run_id: str) -> dict:
     path = f"{await run_dir(host, run_id)}/manifest.json"
-    result = await host.run(["cat", path])
-    if not result.ok:
-        raise RunError(f"no run {run_id} on {host.name} ({path}: {result.stderr.strip()})")
+    text = await read_file(host, path)
+    if text is None:
+        raise RunError(f"no run {run_id} on {host.name} (no {path})")
     try:
-        return json.loads(result.stdout)
+        return json.loads(text)
     except ValueError as e:
         raise RunError(f"{path} is not valid JSON: {e}")
 

@@ -206,3 +206,25 @@ def test_each_metric_asked_is_plotted(short_and_long, capsys):
     assert [(doc["run"], doc["metric"]) for doc in json.loads(out)] == [(SHORT, "loss"), (SHORT, "lr"), (LONG, "loss"), (LONG, "lr")]
     code, out, err = plot(capsys, SHORT, "--config", str(short_and_long), "--metric", "loss", "--metric", "perplexity")
     assert code == 2 and err.strip().startswith(f"trackside plot: {SHORT} on box never logged perplexity")
+
+
+def test_a_run_that_cannot_be_read_is_one_line_naming_it(tmp_path, capsys):
+    """No manifest is no such run; a manifest or a metrics.jsonl that cannot be read (a
+    directory in its place: the suite may run as root, who reads any file) is said so,
+    never in cat's words, and exits 1."""
+    root = tmp_path / "runs"
+    gone, unreadable, no_metrics = "20261129-0930-dead", "20261129-0930-b1b2", "20261129-0930-c1b2"
+    (root / unreadable / "manifest.json").mkdir(parents=True)
+    (root / no_metrics).mkdir()
+    (root / no_metrics / "manifest.json").write_text("{}")
+    (root / no_metrics / "metrics.jsonl").mkdir()
+    config = tmp_path / "config.toml"
+    config.write_text(f'[hosts.box]\nruns_root = "{root}"\n')
+    for run, said in [
+        (gone, f"no run {gone} on box (no {root / gone / 'manifest.json'})"),
+        (unreadable, f"cannot read {root / unreadable / 'manifest.json'} on box: "),
+        (no_metrics, f"cannot read {root / no_metrics / 'metrics.jsonl'} on box: "),
+    ]:
+        code, out, err = plot(capsys, run, "--config", str(config))
+        assert (code, out) == (1, "") and len(err.splitlines()) == 1, err
+        assert err.startswith(f"trackside plot: {said}") and "cat:" not in err, err
