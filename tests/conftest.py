@@ -1,19 +1,69 @@
 """Shared fixtures: a real OpenSSH sshd on 127.0.0.1 (`sshd`, shared by the session;
 `fresh_sshd`, a private one for tests that stop or sever it), an SSHHost pointed at the
-shared one (`ssh_host`), and a temporary runs root (`runs_root`)."""
+shared one (`ssh_host`), and a temporary runs root (`runs_root`).
+
+The session owns every process and file it makes, whatever the environment: it runs with
+a HOME and a tmux directory of its own, here and in the test sshd's sessions, removed at
+its end, and fails if a test left a tmux server running there."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import tempfile
 
 # One thread per torch: two test workers on two cores already fill the machine, and each
 # trainer a test starts (in tmux, inheriting this) would otherwise spread over both cores
 # against the workers. Set before anything imports torch.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# The session's own HOME: a dashboard watching only SSH hosts writes its error log under
+# ~/.trackside/runs, the trainer its data cache under ~/.cache, `trackside` reads
+# ~/.config. And its own tmux directory, for every server a test starts without one of its
+# own: a test's tmux socket over SSH is then the socket its cleanup ends here (with the
+# user's TMUX_TMPDIR here and sshd's default there, a 100,000-step trainer outlived the
+# suite). Variables that would point either back at the user's are dropped.
+HOME = tempfile.mkdtemp(prefix="ts-home-")
+TMUX_TMPDIR = tempfile.mkdtemp(prefix="ts-tmux-", dir="/tmp")  # short: a tmux socket's path fits in 107 bytes
+os.environ.update(HOME=HOME, TMUX_TMPDIR=TMUX_TMPDIR)
+for name in ("TMUX", "TMUX_PANE", "TRACKSIDE_RUNS_ROOT", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
+    os.environ.pop(name, None)
+
 import pytest  # noqa: E402
 
 from tests.sshd import Sshd, sshd_available
+
+
+def own_sessions(server: Sshd) -> Sshd:
+    """The server's sessions get the session's HOME and tmux directory (sshd gives them
+    the user's home from the password file, and no TMUX_TMPDIR). sshd reads only the
+    first SetEnv line of its config: they join it."""
+    config = server.config.read_text()
+    server.config.write_text(config.replace("SetEnv ", f"SetEnv HOME={HOME} TMUX_TMPDIR={TMUX_TMPDIR} ", 1))
+    return server
+
+
+def live_tmux_servers(directory: str) -> list[str]:
+    """The sockets under a TMUX_TMPDIR that a tmux server still answers on."""
+    sockets = [os.path.join(root, name) for root, _, names in os.walk(directory) for name in names]
+    return [s for s in sockets if subprocess.run(["tmux", "-S", s, "list-sessions"], capture_output=True).returncode == 0]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_tmux_server_left():
+    """Set up first, torn down last: any tmux server still running in the session's tmux
+    directory was left by a test. It is ended, and the session fails naming it."""
+    yield
+    left = live_tmux_servers(TMUX_TMPDIR)
+    for socket in left:
+        end_tmux_server("tmux", "-S", socket)
+    assert not left, f"tests left tmux servers running (ended now): {', '.join(left)}"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(HOME, ignore_errors=True)
+    shutil.rmtree(TMUX_TMPDIR, ignore_errors=True)
 
 
 def need_sshd() -> None:
@@ -25,7 +75,7 @@ def need_sshd() -> None:
 def sshd(tmp_path_factory):
     """The session's sshd (see tests/sshd.py). Tests that stop or sever it restart it."""
     need_sshd()
-    server = Sshd(tmp_path_factory.mktemp("sshd"))
+    server = own_sessions(Sshd(tmp_path_factory.mktemp("sshd")))
     server.start()
     yield server
     server.stop()
@@ -35,7 +85,7 @@ def sshd(tmp_path_factory):
 def fresh_sshd(tmp_path):
     """A started sshd of this test's own (new port and keys), stopped after it."""
     need_sshd()
-    server = Sshd(tmp_path / "sshd")
+    server = own_sessions(Sshd(tmp_path / "sshd"))
     server.start()
     yield server
     server.stop()
@@ -81,9 +131,7 @@ def end_tmux_server(*tmux: str) -> None:
     traps SIGHUP (backends/runs/launch.py), and a program that outlives the hangup would go on
     after the test: each pane's process group is killed first (a pane is a session
     leader, its program in its group)."""
-    import os
     import signal
-    import subprocess
 
     panes = subprocess.run([*tmux, "list-panes", "-a", "-F", "#{pane_pid}"], capture_output=True, text=True)
     for pid in panes.stdout.split():

@@ -5,6 +5,8 @@ read through one long-lived nvidia-smi channel per host."""
 from __future__ import annotations
 
 import asyncio
+import os
+import pwd
 import sys
 from pathlib import Path
 
@@ -35,7 +37,8 @@ async def test_launch_kill_edit_relaunch_over_ssh(sshd, runs_root, tmux_socket):
     try:
         async with app.run_test(size=(160, 48)) as pilot:
             screen = await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen, 10, "the run screen")
-            first = await wait_for(pilot, lambda: screen.run, 30, "the run to launch over SSH")
+            # A launch returns once the trainer has started (its start event): loading over SSH.
+            first = await wait_for(pilot, lambda: screen.run, 90, "the run to launch over SSH")
             await wait_for(pilot, lambda: len(first.steps) >= 2, 90, "step events over SSH")
             assert "no GPU on gpu-box" in screen_text(app) or "GPUs on gpu-box" in screen_text(app)
 
@@ -53,11 +56,20 @@ async def test_launch_kill_edit_relaunch_over_ssh(sshd, runs_root, tmux_socket):
             await pilot.pause()
             await pilot.click("#keep")
             await pilot.press("r")
-            second = await wait_for(pilot, lambda: screen.run_key != first.key and screen.run, 30, "the relaunched run")
+            second = await wait_for(pilot, lambda: screen.run_key != first.key and screen.run, 90, "the relaunched run")
             await wait_for(pilot, lambda: second.start is not None, 90, "its start event over SSH")
             assert second.start["config"]["ttt_steps"] == 3
     finally:
         await host.close()
+
+
+def test_a_dashboard_of_ssh_hosts_only_logs_its_errors_in_the_tests_own_home(sshd):
+    """With no local host, the error log is under ~/.trackside/runs: the session's HOME
+    (tests/conftest.py), not the user's (the suite wrote there; issue 32, item 14)."""
+    app = TracksideApp([Watched(sshd.host("gpu-box"), smi="nvidia-smi-absent")])
+    assert app.error_log == os.path.join(os.environ["HOME"], ".trackside", "runs", "dashboard-errors.log")
+    real = pwd.getpwuid(os.getuid()).pw_dir.rstrip("/") + "/"
+    assert not app.error_log.startswith(real), app.error_log
 
 
 async def test_host_lost_and_back(fresh_sshd):
