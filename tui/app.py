@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 
+from textual import events
 from textual.app import App, ScreenStackError, SystemCommand
 from textual.binding import Binding
 from textual.css.query import NoMatches
@@ -42,6 +43,7 @@ REPORT_EVERY_S = 30.0
 # What a read-only dashboard (`trackside serve --read-only`) never offers: everything that
 # changes a run, and attach, whose tmux session takes keystrokes into the run.
 READ_ONLY_HIDDEN = {"kill", "kill_relaunch", "edit", "relaunch", "attach"}
+GONE_KEEP_S = 60.0  # a run gone from its host's listing stays this long, seen to go, then leaves the fleet
 
 
 def _raised_in(error: BaseException, path_end: str) -> bool:
@@ -233,10 +235,14 @@ class TracksideApp(RunActions, App):
             run = self.runs.get(key)
             if run is None:
                 self.runs[key] = run = RunState(key, info.host, info, home=home)
-            run.info, run.host, run.gone = info, info.host, False
-        for key, run in self.runs.items():
+            run.info, run.host, run.gone, run.gone_since = info, info.host, False, None
+        for key, run in list(self.runs.items()):
             if key not in listed and host.name in run.hosts:
                 run.gone = True
+                run.gone_since = run.gone_since or message.time
+                if message.time - run.gone_since > GONE_KEEP_S and key not in self.selected:
+                    del self.runs[key]
+                    self.pending.pop(key, None)
         # Every host's: a multi-node run's metrics move to the node found to hold rank 0.
         for name in self.monitors:
             self._follow_runs(name)
@@ -409,17 +415,37 @@ class TracksideApp(RunActions, App):
             if not hasattr(screen, "selected_run_key"):
                 return False
             run = self.selected_run(screen)
-            if run is None:
-                return None
-            running = run.info.state == runs.RunPhase.RUNNING
-            # The dashboard's own session stays enabled: the key says why it refuses.
-            if action in ("kill", "kill_relaunch") and not running:
-                return None
-            if action in ("edit", "relaunch", "kill_relaunch") and not run.info.run_id:
-                return None  # a run trackside did not launch has no manifest to relaunch from
+            if run is None or self.refusal(action, run):
+                return None  # shown disabled; pressed, it says why (on_key)
         if action in ("log_focus", "filter"):
             return hasattr(screen, f"action_{action}") or hasattr(screen, "selected_run_key")
         return True
+
+    @staticmethod
+    def refusal(action: str, run: RunState) -> str | None:
+        """Why a run action cannot act on `run`, as the key says it; None where it can."""
+        if action in ("kill", "kill_relaunch"):
+            if run.info.this_dashboard:
+                return f"{run.key} is the tmux session this dashboard runs in: it is never stopped from here"
+            if run.info.state != runs.RunPhase.RUNNING:
+                return f"{run.key} has ended ({run.state_label}): nothing to stop"
+        if action in ("edit", "relaunch", "kill_relaunch") and not run.info.run_id:
+            return f"{run.key} was not launched by trackside: it has no launch record to edit or relaunch from"
+        if action == "attach" and (run.gone or not run.info.session_open):
+            return f"{run.key}'s tmux session {run.info.session} is gone: nothing to attach to"
+        return None
+
+    def on_key(self, event: events.Key) -> None:
+        # A run action's key that its binding, disabled for this run, let through: say why.
+        # (Textual runs a binding it allows before the key gets here; this one it did not.)
+        run = self.selected_run()
+        if run is None:
+            return
+        for binding in KEYS:
+            if binding.action in RUN_ACTIONS and event.key in binding.key.split(","):
+                if why := self.refusal(binding.action, run):
+                    self.notify(why, severity="warning", timeout=8)
+                return
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         for command in super().get_system_commands(screen):

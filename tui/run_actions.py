@@ -50,12 +50,6 @@ class RunActions(Guarded):
         run = self.selected_run()
         if run is None:
             return
-        if run.info.this_dashboard:
-            self.notify(
-                f"{run.key} is the tmux session this dashboard runs in: it is never stopped from here",
-                severity="warning", timeout=8,
-            )  # fmt: skip
-            return
         # One dialog at a time: keys that come while the plan is still being read (a double
         # press, a key's repeat) stacked a dialog each, for the same run.
         if self._worker_under_way("plan-kill"):

@@ -116,6 +116,7 @@ class RunState:
     log: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     garbled: int = 0
     gone: bool = False  # the run no longer appears in the host's listing
+    gone_since: float | None = None  # the listing's time when it first did not
     # Run key → backends.series.Overlay: other runs drawn dim behind this one's loss (its
     # ancestors, runs picked from the fleet); replaced whole, never changed in place.
     overlays: dict = field(default_factory=dict)

@@ -80,6 +80,7 @@ class RunInfo:
     started: str | None = None
     end_status: str | None = None  # the trainer's own end event: completed, stopped, ...
     this_dashboard: bool = False  # the session this trackside runs in: never to be stopped
+    session_open: bool = True  # its tmux session still there to attach to (an ended run's may be gone)
     progress: Progress | None = None  # a foreign session's latest bar or N/M counter
     nodes: list[NodeInfo] = field(default_factory=list)  # a multi-node run's, in node order; else empty
     tokens_per_s: float | None = None  # the latest step's
@@ -192,7 +193,7 @@ async def list_runs(
                 manifest["run_id"], session, host.name, state, exit_status, manifest.get("params", {}),
                 (metrics.last or {}).get("step"), metrics.value("loss"), metrics.steps_per_epoch,
                 [] if ended else alive, manifest.get("run_dir"), manifest.get("parent"), manifest.get("started"),
-                metrics.end_status, this_dashboard=session in dashboard, nodes=nodes,
+                metrics.end_status, this_dashboard=session in dashboard, session_open=bool(own), nodes=nodes,
                 tokens_per_s=None if ended else metrics.value("tokens_per_s"), tau=metrics.value("tau"),
                 eta_s=None if ended else metrics.eta_s(manifest["params"]),
             )  # fmt: skip

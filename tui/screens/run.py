@@ -310,7 +310,9 @@ class RunScreen(Guarded, Screen):
         from tui.screens.pick_run import PickRun
 
         current = self.run
-        others = [run for key, run in self.app.runs.items() if current is None or key != current.key]
+        # Not the dashboard's own session: its pane prints other runs' numbers.
+        others = [run for key, run in self.app.runs.items()
+                  if (current is None or key != current.key) and not run.info.this_dashboard]  # fmt: skip
         if current is None or not others:
             self.notify("no other run in the fleet to draw behind this one", timeout=5)
             return
