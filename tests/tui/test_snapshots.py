@@ -1,18 +1,31 @@
-"""Snapshots of the four screens, from fixed data posted as monitor messages and a frozen clock.
+"""Snapshots of the screens and dialogs, from fixed data posted as monitor messages and a frozen clock.
 
 Regenerate after an intended change with `pytest tests/tui/test_snapshots.py --snapshot-update`.
 """
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
+import pytest
+from textual.widgets import Button
+
+from backends.alerts import Alert, Entry
+from backends.gpu import GpuProcess
+from backends.kill import GpuDelta, KillReport
+from backends.runs import RunPhase
+from tests.tui.conftest import screen_text, wait_for
 from tests.tui.sample import (
-    FOREIGN_KEY, MULTI_KEY, RUN_KEY, feed, feed_foreign, feed_multinode, kill_plan, make_app, make_multinode_app,
-    multinode_plan, on_dflash_run, on_run,
+    FOREIGN_KEY, MULTI_KEY, NOW, RUN_KEY, feed, feed_foreign, feed_multinode, kill_plan, make_app, make_multinode_app,
+    multinode_plan, on_dflash_run, on_run, run_info,
 )  # fmt: skip
+from tui.app import TracksideApp
+from tui.messages import RunsListed
 from tui.screens.edit import EditScreen
-from tui.screens.kill import KillConfirm
+from tui.screens.kill import KillConfirm, KillReportScreen
 
 SIZE = (160, 48)
 
@@ -48,12 +61,7 @@ def test_dflash_run(snap_compare):
 
 
 def test_kill_modal(snap_compare):
-    async def run_before(pilot) -> None:
-        await on_run(pilot)
-        pilot.app.push_screen(KillConfirm(RUN_KEY, kill_plan()))
-        await pilot.pause()
-
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=DIALOGS["kill"].opened)
 
 
 def edit_to(max_seq_len: str):
@@ -82,12 +90,9 @@ def test_edit_form_names_the_checkpointing_a_step_too_long_needs(snap_compare):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=edit_to("98304"))
 
 
-def test_kill_report_with_a_straggler(snap_compare):
-    from backends.gpu import GpuProcess
-    from backends.kill import GpuDelta, KillReport
-    from tui.screens.kill import KillReportScreen
-
-    report = KillReport(
+def straggler_report() -> KillReport:
+    """A kill whose rank on GPU 3 outlived SIGKILL, a bystander's notebook left alone."""
+    return KillReport(
         target="20261129-0930-a1b2", session="dflash", run_id="20261129-0930-a1b2",
         signalled=[4200, 4201, *range(4242, 4250)], killed=[4247], survivors=[],
         gpus=[GpuDelta(i, 40960 + 512 * i, 76800 if i == 3 else 0) for i in range(8)],
@@ -96,12 +101,9 @@ def test_kill_report_with_a_straggler(snap_compare):
         gpu_message="", exit_status=0, seconds=31.2, release_s=None,
     )  # fmt: skip
 
-    async def run_before(pilot) -> None:
-        await on_run(pilot)
-        pilot.app.push_screen(KillReportScreen(RUN_KEY, report))
-        await pilot.pause()
 
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+def test_kill_report_with_a_straggler(snap_compare):
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=DIALOGS["kill-report"].opened)
 
 
 def test_fleet_with_a_run_spanning_two_hosts(snap_compare):
@@ -122,13 +124,7 @@ def test_run_spanning_two_hosts(snap_compare):
 
 def test_kill_modal_of_a_run_spanning_two_hosts(snap_compare):
     """Every node's PIDs and ranks, each on its own host."""
-
-    async def run_before(pilot) -> None:
-        await on_multinode_run(pilot)
-        pilot.app.push_screen(KillConfirm(MULTI_KEY, multinode_plan()))
-        await pilot.pause()
-
-    assert snap_compare(make_multinode_app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_multinode_app(), terminal_size=SIZE, run_before=DIALOGS["kill-two-hosts"].opened)
 
 
 def open_edit(pilot):
@@ -141,8 +137,6 @@ def open_edit(pilot):
 async def test_the_edit_form_keeps_its_title_and_buttons_in_sight(size):
     """A default terminal: the fields scroll between the title and Cancel/Keep (Keep was
     out of sight at 80×24 and 120×36, and Tab focused it unseen)."""
-    from tests.tui.conftest import screen_text, wait_for
-
     app = make_app()
     async with app.run_test(size=size) as pilot:
         await on_run(pilot)
@@ -162,3 +156,154 @@ def test_edit_form_at_80x24(snap_compare):
         await pilot.pause(0.5)
 
     assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run_before)
+
+
+# Every dialog at a default terminal (issue 32, item 8): its title and its answers (the
+# buttons, or the line that says how it closes) stay in sight, what does not fit scrolls
+# between them, and Tab never focuses what cannot be seen.
+
+SWEEP = 30  # earlier runs of a sweep, ended: more than a picker at 120×36 can show at once
+FLAPS = 30  # times a host was lost and came back: more alerts than a screen of 120×36 holds
+
+
+def sweep_run(index: int):
+    return dataclasses.replace(
+        run_info(RunPhase.EXITED), run_id=f"20261128-{index:02d}00-sw{index:02d}", exit_status=0,
+        params={**run_info().params, "lr": round(1e-4 * (index + 1), 4)}, started=f"2026-11-28T{index % 24:02d}:00:00Z",
+    )  # fmt: skip
+
+
+async def on_run_after_a_sweep(pilot) -> None:
+    await on_run(pilot)
+    pilot.app.post_message(RunsListed("h200-box", [run_info(), *(sweep_run(i) for i in range(SWEEP))], NOW))
+    await pilot.pause()
+
+
+async def on_run_after_a_night_of_alerts(pilot) -> None:
+    """A host that came and went all night, the oldest alert a run that failed before it."""
+    entries = pilot.app.alert_book.entries
+    failed = "h200-box/20261128-2200-0f0f"
+    entries.append(Entry(Alert(f"failed:{failed}", f"{failed} failed: exit status 1", "error"), NOW - 9000))
+    for flap in range(FLAPS):
+        raised = NOW - 8000 + 240 * flap
+        entries.append(Entry(Alert("lost:pve-129", "pve-129 lost: connection refused by 10.0.0.129:22", "error"), raised, raised + 60))
+    await on_run(pilot)
+
+
+def pushing(make_dialog):
+    async def open_dialog(pilot) -> None:
+        pilot.app.push_screen(make_dialog())
+
+    return open_dialog
+
+
+def pressing(key: str):
+    async def open_dialog(pilot) -> None:
+        await pilot.press(key)
+
+    return open_dialog
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A dialog opened on the sample fleet, and what must be seen of it."""
+
+    fleet: Callable[..., Awaitable[None]]  # the fleet as the dialog finds it
+    open: Callable[..., Awaitable[None]]
+    title: str
+    answers: tuple[str, ...]  # in sight with its buttons: what they say, or the line saying how it closes
+    last: str  # the end of what it says, reached by scrolling
+    app: Callable[[], TracksideApp] = make_app
+
+    async def opened(self, pilot, *, quiet: bool = False) -> None:
+        await self.fleet(pilot)
+        if quiet:  # the alerts' toasts, which cover a small screen's corner (cleared before
+            pilot.app.clear_notifications()  # the dialog: clearing clears only the top screen's)
+        await self.open(pilot)
+        await pilot.pause()
+
+
+DIALOGS = {
+    "kill": Shown(
+        on_run, pushing(lambda: KillConfirm(RUN_KEY, kill_plan())), f"Stop run {RUN_KEY} on h200-box?", ("Yes, kill",),
+        "Nothing else on the host is touched.",
+    ),
+    "kill-two-hosts": Shown(
+        on_multinode_run, pushing(lambda: KillConfirm(MULTI_KEY, multinode_plan())),
+        f"Stop run {MULTI_KEY} on h200-a+h200-b?", ("Yes, kill",), "Nothing else on these hosts is touched.",
+        make_multinode_app,
+    ),
+    "kill-report": Shown(
+        on_run, pushing(lambda: KillReportScreen(RUN_KEY, straggler_report())), f"Killed {RUN_KEY} in 31.2s", ("Close",),
+        "NOT released",
+    ),
+    "relaunch-question": Shown(
+        on_run, pressing("r"), f"Relaunch while {RUN_KEY} still runs?", ("Yes, run both",), "R stops it first"
+    ),
+    "overlay-picker": Shown(
+        on_run_after_a_sweep, pressing("o"), f"Draw which run's loss behind {RUN_KEY}?", (), sweep_run(SWEEP - 1).run_id
+    ),
+    "help": Shown(on_run, pressing("question_mark"), "Keys", ("Esc or ? closes",), "Every action by name"),
+    "alerts": Shown(
+        on_run_after_a_night_of_alerts, pressing("exclamation_mark"), "Alerts", ("Esc or ! closes",),
+        "20261128-2200-0f0f failed",
+    ),
+}  # fmt: skip
+
+
+def in_sight(app, widget) -> bool:
+    """Whether all of `widget` is drawn: not scrolled away, not cut off by the screen's edge."""
+    placed = app.screen._compositor.visible_widgets.get(widget)
+    return placed is not None and placed[1].contains_region(placed[0])
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 36)])
+@pytest.mark.parametrize("name", DIALOGS)
+async def test_every_dialog_keeps_its_title_and_answers_in_sight(name, size):
+    """Tabbed round, what each focus scrolls scrolled to its end: the title and answers never
+    leave the screen, nothing focused is out of sight, and the last of what it says is read."""
+    shown = DIALOGS[name]
+    app = shown.app()
+    async with app.run_test(size=size) as pilot:
+        await shown.opened(pilot)
+        dialog = app.screen
+
+        def text() -> str:
+            return screen_text(app)
+
+        seen = (shown.title, *shown.answers)
+        buttons = list(dialog.query(Button))
+        await wait_for(pilot, lambda: all(s in text() for s in seen), 5, f"{seen} on screen")
+        assert all(in_sight(app, button) for button in buttons), text()
+        for _ in range(len(dialog.focus_chain) or 1):
+            focused = app.focused
+            if focused is not None:
+                assert in_sight(app, focused), f"{focused} focused out of sight"
+                if focused.allow_vertical_scroll:
+                    await pilot.press("end")
+            await pilot.press("tab")
+            await pilot.pause()
+        assert app.screen is dialog
+        assert shown.last in text() and all(s in text() for s in seen), text()
+        assert all(in_sight(app, button) for button in buttons), text()
+
+
+@pytest.fixture
+def utc(monkeypatch):
+    """The alerts' clock times read the same on every machine."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.parametrize("name", DIALOGS)
+def test_dialog_at_80x24(name, snap_compare, utc):
+    shown = DIALOGS[name]
+
+    async def run_before(pilot) -> None:
+        await shown.opened(pilot, quiet=True)
+        await pilot.pause(0.5)
+
+    assert snap_compare(shown.app(), terminal_size=(80, 24), run_before=run_before)

@@ -9,11 +9,11 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import Vertical
 from textual.widgets import Static
 
 from backends.alerts import Entry
-from tui.screens.dialog import Dialog
+from tui.screens.dialog import Dialog, DialogBody
 
 
 def _clock(when: float) -> str:
@@ -42,19 +42,18 @@ class AlertsScreen(Dialog[None]):
     BINDINGS = [Binding("escape,!", "dismiss", "Close", id="trackside.alerts.close")]
     DEFAULT_CSS = """
     #alerts-list { width: 120; }
-    #alerts-scroll { height: auto; max-height: 30; }
     """
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog", id="alerts-list"):
-            yield Static(Text("Alerts", style="bold"))
-            with VerticalScroll(id="alerts-scroll"):
-                yield Static(alerts_table(list(self.app.alert_book.entries)), id="alerts-table")
-            yield Static(Text("Esc or ! closes", style="dim"))
+            yield Static(Text("Alerts", style="bold"), classes="title")
+            yield DialogBody(Static(alerts_table(list(self.app.alert_book.entries)), id="alerts-table"))
+            yield Static(Text("Esc or ! closes", style="dim"), classes="closes")
 
     def on_mount(self) -> None:
         # A dialog is not the screen the app tells of changes: it reads the book itself.
         self.set_interval(1.0, self.show)
+        self.call_after_refresh(self.query_one(DialogBody).focus)  # the arrows scroll a long history
 
     def show(self) -> None:
         self.query_one("#alerts-table", Static).update(alerts_table(list(self.app.alert_book.entries)))

@@ -1,4 +1,7 @@
-"""A yes/no question whose default answer is No (Escape, n, or Enter on the focused No)."""
+"""A yes/no question whose default answer is No (Escape, n, or Enter on the focused No).
+
+The question's first line is its title: it stays above the rest, which scrolls when it
+is taller than the screen, the answers below it always in sight."""
 
 from __future__ import annotations
 
@@ -6,9 +9,9 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Button, Static
+from textual.widgets import Button
 
-from tui.screens.dialog import Dialog
+from tui.screens.dialog import Dialog, titled
 
 
 class Confirm(Dialog[bool]):
@@ -25,7 +28,7 @@ class Confirm(Dialog[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(self.question, id=self.text_id)
+            yield from titled(self.question, self.text_id)
             with Horizontal(classes="buttons"):
                 yield Button("No", id="no", variant="primary")
                 yield Button(self.yes, id="yes", variant="error")

@@ -1,4 +1,5 @@
-"""The base of every dialog: answered once, however many answers are queued.
+"""The base of every dialog: answered once, however many answers are queued; its title and
+answers in sight on any terminal down to 80×24, what it says scrolling between them.
 
 Textual's `dismiss` pops whatever screen is on top. A person who presses Enter (a
 button's press, delivered as a message) and Escape in one breath answers twice; the
@@ -7,7 +8,11 @@ second answer would pop the screen under the dialog, leaving a blank app.
 
 from __future__ import annotations
 
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen, ScreenResultType
+from textual.widgets import Static
 
 from tui.guard import Guarded
 
@@ -17,3 +22,21 @@ class Dialog(Guarded, ModalScreen[ScreenResultType]):
         if self.app.screen is not self:
             return None  # already answered: the screen on top now is someone else's
         return super().dismiss(result)
+
+
+class DialogBody(VerticalScroll):
+    """What a dialog says, between its title and its answers: no taller than they leave
+    (trackside.tcss), it scrolls what does not fit. Tab stops on it only when it has
+    something to scroll, so its keys can read the rest."""
+
+    def allow_focus(self) -> bool:
+        return self.allow_vertical_scroll
+
+
+def titled(text: Text, text_id: str) -> ComposeResult:
+    """A dialog's text: its first line, the title, in sight above the rest, which scrolls
+    (the rest's Static is `text_id`)."""
+    end = text.plain.find("\n")
+    title, rest = (text, Text()) if end < 0 else (text[:end], text[end + 1 :])
+    yield Static(title, classes="title")
+    yield DialogBody(Static(rest, id=text_id))

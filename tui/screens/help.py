@@ -10,7 +10,7 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Static
 
-from tui.screens.dialog import Dialog
+from tui.screens.dialog import Dialog, DialogBody
 from tui.app import READ_ONLY_HIDDEN
 from tui.keys import DESCRIPTIONS, KEYS
 
@@ -56,6 +56,10 @@ class HelpScreen(Dialog[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog", id="help"):
-            yield Static(Text("Keys", style="bold"))
-            yield Static(keys_table(self.app, self.under), id="help-keys")
-            yield Static(Text("Esc or ? closes", style="dim"))
+            yield Static(Text("Keys", style="bold"), classes="title")
+            yield DialogBody(Static(keys_table(self.app, self.under), id="help-keys"))
+            yield Static(Text("Esc or ? closes", style="dim"), classes="closes")
+
+    def on_mount(self) -> None:
+        # Once laid out, the keys that do not fit can be scrolled to with the arrows.
+        self.call_after_refresh(self.query_one(DialogBody).focus)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Button, Static
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Button
 
 from backends.kill import KillPlan, holding
 from tui.screens.confirm import Confirm
-from tui.screens.dialog import Dialog
+from tui.screens.dialog import Dialog, titled
 
 
 def plan_text(key: str, plan: KillPlan, relaunch: dict | None) -> Text:
@@ -63,30 +63,15 @@ def _plan_part(text: Text, plan: KillPlan, *, alone: bool) -> None:
 
 
 class KillConfirm(Confirm):
-    """The plan `backends.kill` made, to be carried out exactly as shown on Yes."""
-
-    # A plan over several nodes of eight GPUs each is taller than a screen: it scrolls,
-    # so every PID a Yes signals can be read, with the answer's buttons always in view.
-    DEFAULT_CSS = """
-    KillConfirm #kill-plan-scroll {
-        height: auto;
-        max-height: 75vh;
-    }
-    """
+    """The plan `backends.kill` made, to be carried out exactly as shown on Yes. A plan over
+    several nodes of eight GPUs each is taller than a screen: it scrolls (Confirm), so every
+    PID a Yes signals can be read."""
 
     def __init__(self, key: str, plan: KillPlan, relaunch: dict | None = None) -> None:
         super().__init__(plan_text(key, plan, relaunch), "Yes, kill", text_id="kill-plan")
         self.key = key
         self.plan = plan
         self.relaunch = relaunch  # the changed params when this kill is followed by a relaunch
-
-    def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog"):
-            with VerticalScroll(id="kill-plan-scroll"):
-                yield Static(self.question, id=self.text_id)
-            with Horizontal(classes="buttons"):
-                yield Button("No", id="no", variant="primary")
-                yield Button(self.yes, id="yes", variant="error")
 
 
 def report_text(key: str, report) -> Text:
@@ -138,7 +123,7 @@ class KillReportScreen(Dialog[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(report_text(self.key, self.report), id="kill-report")
+            yield from titled(report_text(self.key, self.report), "kill-report")
             with Horizontal(classes="buttons"):
                 yield Button("Close", id="close", variant="primary")
 

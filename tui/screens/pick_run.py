@@ -27,10 +27,8 @@ class PickRun(Dialog[str | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="trackside.pick_run.cancel")]
     DEFAULT_CSS = """
-    PickRun OptionList {
-        height: auto;
-        max-height: 20;
-        margin-top: 1;
+    PickRun .title {
+        margin-bottom: 1;
     }
     """
 
@@ -43,7 +41,7 @@ class PickRun(Dialog[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(Text(f"Draw which run's loss behind {self.for_key}?", style="bold"))
+            yield Static(Text(f"Draw which run's loss behind {self.for_key}?", style="bold"), classes="title")
             yield OptionList(*(Option(choice(run, run.key in self.shown)) for run in self.runs), id="pick-run")
 
     def on_mount(self) -> None:
