@@ -18,21 +18,36 @@ import tempfile
 # against the workers. Set before anything imports torch.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import pytest  # noqa: E402
+
+from tests.sshd import Sshd, sshd_available
+
 # The session's own HOME: a dashboard watching only SSH hosts writes its error log under
 # ~/.trackside/runs, the trainer its data cache under ~/.cache, `trackside` reads
 # ~/.config. And its own tmux directory, for every server a test starts without one of its
 # own: a test's tmux socket over SSH is then the socket its cleanup ends here (with the
 # user's TMUX_TMPDIR here and sshd's default there, a 100,000-step trainer outlived the
-# suite). Variables that would point either back at the user's are dropped.
-HOME = tempfile.mkdtemp(prefix="ts-home-")
-TMUX_TMPDIR = tempfile.mkdtemp(prefix="ts-tmux-", dir="/tmp")  # short: a tmux socket's path fits in 107 bytes
-os.environ.update(HOME=HOME, TMUX_TMPDIR=TMUX_TMPDIR)
-for name in ("TMUX", "TMUX_PANE", "TRACKSIDE_RUNS_ROOT", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
-    os.environ.pop(name, None)
+# suite). Variables that would point either back at the user's are dropped. xdist's
+# workers share the run's HOME (its synthetic data is made once), each its own tmux
+# directory (its check at its end sees its own servers only). Set when pytest starts,
+# not on import: a script importing these helpers keeps its own environment.
+OWN_HOME = "TRACKSIDE_TESTS_HOME"
+OWN: dict[str, str] = {}  # HOME and TMUX_TMPDIR, once pytest_configure has made them
 
-import pytest  # noqa: E402
 
-from tests.sshd import Sshd, sshd_available
+def pytest_configure(config):
+    home = os.environ.get(OWN_HOME) or tempfile.mkdtemp(prefix="ts-home-")
+    if OWN_HOME not in os.environ:
+        OWN["made"] = home  # removed by this process; a worker's is its controller's
+    OWN.update(HOME=home, TMUX_TMPDIR=tempfile.mkdtemp(prefix="ts-tmux-", dir="/tmp"))  # a socket's path fits in 107 bytes
+    os.environ.update({"HOME": OWN["HOME"], OWN_HOME: OWN["HOME"], "TMUX_TMPDIR": OWN["TMUX_TMPDIR"]})
+    for name in ("TMUX", "TMUX_PANE", "TRACKSIDE_RUNS_ROOT", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
+        os.environ.pop(name, None)
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(OWN.get("made", ""), ignore_errors=True)
+    shutil.rmtree(OWN.get("TMUX_TMPDIR", ""), ignore_errors=True)
 
 
 def own_sessions(server: Sshd) -> Sshd:
@@ -40,7 +55,7 @@ def own_sessions(server: Sshd) -> Sshd:
     the user's home from the password file, and no TMUX_TMPDIR). sshd reads only the
     first SetEnv line of its config: they join it."""
     config = server.config.read_text()
-    server.config.write_text(config.replace("SetEnv ", f"SetEnv HOME={HOME} TMUX_TMPDIR={TMUX_TMPDIR} ", 1))
+    server.config.write_text(config.replace("SetEnv ", f"SetEnv HOME={OWN['HOME']} TMUX_TMPDIR={OWN['TMUX_TMPDIR']} ", 1))
     return server
 
 
@@ -55,15 +70,10 @@ def no_tmux_server_left():
     """Set up first, torn down last: any tmux server still running in the session's tmux
     directory was left by a test. It is ended, and the session fails naming it."""
     yield
-    left = live_tmux_servers(TMUX_TMPDIR)
+    left = live_tmux_servers(OWN["TMUX_TMPDIR"])
     for socket in left:
         end_tmux_server("tmux", "-S", socket)
     assert not left, f"tests left tmux servers running (ended now): {', '.join(left)}"
-
-
-def pytest_sessionfinish(session, exitstatus):
-    shutil.rmtree(HOME, ignore_errors=True)
-    shutil.rmtree(TMUX_TMPDIR, ignore_errors=True)
 
 
 def need_sshd() -> None:
