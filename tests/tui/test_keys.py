@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from textual import events
 from textual.widgets import DataTable, Log
 
 from tests.tui.sample import RUN_KEY, feed, make_app, on_run
@@ -63,3 +64,15 @@ async def test_run_actions_are_off_where_no_run_is_selected():
         assert app.check_action("kill", ()) is None  # a host row is selected: shown, dimmed
         await pilot.press("k")
         assert len(app.screen_stack) == 2 and not app.screen.is_modal
+
+
+async def test_enter_pressed_twice_on_a_row_opens_one_run_screen():
+    """Both Enters reached the table before the run screen was up: two run screens, one
+    over the other (found by the monkey, whose screens then stacked past Python's limit)."""
+    app = make_app()
+    async with app.run_test(size=(120, 36)) as pilot:
+        await feed(pilot)
+        for _ in range(2):
+            app.post_message(events.Key("enter", "\r"))  # as a terminal delivers a double press
+        await pilot.pause(0.3)
+        assert [type(s).__name__ for s in app.screen_stack[1:]] == ["FleetScreen", "RunScreen"]

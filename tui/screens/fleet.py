@@ -217,7 +217,9 @@ class FleetScreen(Guarded, Screen):
         self.rebuild()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        if key := row_run_key(event.row_key.value or ""):
+        # Only while the fleet is in view: an Enter pressed twice selected the row twice
+        # before the first run screen was up, and stacked a run screen on a run screen.
+        if self.app.screen is self and (key := row_run_key(event.row_key.value or "")):
             self.app.open_run(key)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
