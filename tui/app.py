@@ -391,10 +391,21 @@ class TracksideApp(RunActions, App):
     def action_alerts(self) -> None:
         from tui.screens.alerts import AlertsScreen
 
-        if isinstance(self.screen, AlertsScreen):
-            self.screen.dismiss()
-        else:
-            self.push_screen(AlertsScreen())
+        self._open_list(AlertsScreen, lambda under: AlertsScreen())
+
+    def _open_list(self, kind: type[Screen], make: Callable[[Screen], Screen]) -> None:
+        """`?` and `!`: one list at a time. Its own key closes it; the other's replaces it
+        (run from the palette over the other, each went on top, without end)."""
+        from tui.screens.alerts import AlertsScreen
+        from tui.screens.help import HelpScreen
+
+        top = self.screen
+        if isinstance(top, kind):
+            top.dismiss()
+            return
+        if isinstance(top, (HelpScreen, AlertsScreen)):
+            self.pop_screen()
+        self.push_screen(make(self.screen))
 
     # --- actions --------------------------------------------------------------------
 
@@ -501,10 +512,7 @@ class TracksideApp(RunActions, App):
     def action_help(self) -> None:
         from tui.screens.help import HelpScreen
 
-        if isinstance(self.screen, HelpScreen):
-            self.screen.dismiss()
-        else:
-            self.push_screen(HelpScreen(self.screen))
+        self._open_list(HelpScreen, HelpScreen)
 
     def action_log_focus(self) -> None:
         if hasattr(self.screen, "action_log_focus"):

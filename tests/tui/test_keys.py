@@ -76,3 +76,20 @@ async def test_enter_pressed_twice_on_a_row_opens_one_run_screen():
             app.post_message(events.Key("enter", "\r"))  # as a terminal delivers a double press
         await pilot.pause(0.3)
         assert [type(s).__name__ for s in app.screen_stack[1:]] == ["FleetScreen", "RunScreen"]
+
+
+async def test_help_and_alerts_from_the_palette_replace_each_other():
+    """The palette runs `?` and `!` over whatever is open: from the help, the alerts
+    went over it, the help over those, and so on (the monkey found the stack growing)."""
+    app = make_app()
+    async with app.run_test(size=(120, 36)) as pilot:
+        await on_run(pilot)
+        await pilot.press("question_mark")
+        for title, shown in [("Alerts (!)", "AlertsScreen"), ("Help (?)", "HelpScreen")] * 3:
+            [command] = [c for c in app.get_system_commands(app.screen) if c.title == title]
+            app.call_next(command.callback)  # as the palette runs it
+            await pilot.pause(0.2)
+            assert [type(s).__name__ for s in app.screen_stack[3:]] == [shown], app.screen_stack
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, RunScreen)
