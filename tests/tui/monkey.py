@@ -33,6 +33,11 @@ MOVES_FOCUS = {"tab", "shift+tab", "left", "right"}
 # The command palette: the monkey waits for it to open, then types into it anything but
 # Enter (which would run whatever command is highlighted: Quit among them).
 OPENS_PALETTE = {App.COMMAND_PALETTE_BINDING}
+# Words only a dialog or the palette shows: the tmux monkey, reading the pane, knows by
+# them that one is up (the kill plan, the relaunch question, the palette, the edit form,
+# the help and alerts lists, the overlay picker, a kill's report).
+DIALOG_MARKERS = ("Stop run", "Relaunch while", "Search for commands", "relaunch applies these", "Keep (r relaunches)",
+                  "Esc or ? closes", "Esc or ! closes", "Draw which run's loss")  # fmt: skip
 # What a key types, for the keys Textual names by word.
 CHARACTERS = {"slash": "/", "question_mark": "?", "space": " "}
 

@@ -34,8 +34,11 @@ from tui.screens.run import RunScreen
 
 PARAMS = {"max_seq_len": 256, "ttt_steps": 2, "steps": 100000, "save_every": 100000}
 DFLASH = [*TRAIN, "--drafter", "dflash", "--steps", "3", "--max-seq-len", "128", "--block-size", "4", "--max-anchors", "8"]
-PILOT_KEYS = int(os.environ.get("TRACKSIDE_MONKEY_KEYS", 600))
-TMUX_KEYS = int(os.environ.get("TRACKSIDE_MONKEY_TMUX_KEYS", 300))
+# The default screen, the fleet, a run, a dialog over it, the help or alerts list over
+# that (from the palette), and the palette.
+MAX_SCREENS = 6
+PILOT_KEYS = int(os.environ.get("TRACKSIDE_MONKEY_KEYS", 2000))
+TMUX_KEYS = int(os.environ.get("TRACKSIDE_MONKEY_TMUX_KEYS", 1000))
 
 
 def background(pids: list[int]) -> None:
@@ -54,9 +57,18 @@ def _errors(app: TracksideApp) -> str:
         return ""
 
 
+def _console_tail(run) -> str:
+    try:
+        with open(os.path.join(run.info.run_dir, "console.log"), errors="replace") as log:
+            return "".join(log.readlines()[-15:])
+    except (OSError, TypeError):
+        return "(no console.log)"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monkeypatch, record_property):
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monkeypatch, record_property, size):
     monkeypatch.delenv("TMUX", raising=False)  # `a` must not reach the tmux this test runs in
     tally = monkey.Tally(monkey.seed_from_env())
     rng = random.Random(tally.seed)
@@ -66,7 +78,7 @@ async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monk
     # (other fields, other checks) are in reach of the keys too.
     await runs.launch(local_host, DFLASH, startup_s=0)
     app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent")], demo=demo, grace_s=5)
-    async with app.run_test(size=(160, 48)) as pilot:
+    async with app.run_test(size=size) as pilot:
         screen = await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen, 10, "the run screen")
         run = await wait_for(pilot, lambda: screen.run, 30, "the demo run to launch")
         await wait_for(pilot, lambda: run.steps, 90, "the run's first steps")
@@ -78,6 +90,7 @@ async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monk
         def busy() -> bool:
             return any(w.group == "actions" and w.is_running for w in app.workers)
 
+        recent: list[str] = []  # key@screen it was pressed on, for a failure's message
         try:
             while tally.keys < PILOT_KEYS:
                 current = app.screen
@@ -113,6 +126,10 @@ async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monk
                     await asyncio.sleep(monkey.pause_s(rng))
                 assert app.is_running and app.return_code is None and app.screen_stack, f"the app stopped after {key!r}"
                 assert app.errors == 0, f"internal error after {key!r}:\n{_errors(app)}"
+                # Screens stacked without end (each list opened over the last) grow until
+                # drawing the modals, each over the one below, recursed past Python's limit.
+                recent.append(f"{key}{'x2' if times > 1 else ''}@{type(current).__name__}")
+                assert len(app.screen_stack) <= MAX_SCREENS, f"screens stacked up after {recent[-20:]}: {app.screen_stack}"
                 if not screen_text(app).strip():
                     await pilot.pause()  # a screen pushed a moment ago has had no layout yet
                     assert screen_text(app).strip(), f"nothing drawn after {key!r} on {app.screen_stack}"
@@ -120,7 +137,9 @@ async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monk
             survived = f"; failures of Textual's own workers survived: {app.textual_errors}"
             record_property("summary", tally.line("pilot monkey") + survived)
         await pilot.pause()  # the keys still queued, handled while the screens are there
-        assert run.info.state.value == "running" and session in {r.info.session for r in app.runs.values()}
+        # What ended it, if anything did: the run as listed and its trainer's last words.
+        ended = f"{run.info}\n{_console_tail(run)}"
+        assert run.info.state.value == "running" and session in {r.info.session for r in app.runs.values()}, ended
         assert run.steps and run.steps[-1]["step"] > 1, "the run kept training under the keys"
 
 
@@ -147,7 +166,8 @@ def test_random_keys_in_a_tmux_pane_never_stop_trackside_demo(tmp_path, tmux_soc
     env = f"TRACKSIDE_RUNS_ROOT={shlex.quote(str(tmp_path / 'runs'))}"
     # The pane's shell records how the dashboard ended; the pane stays to be read.
     command = f"{env} {shlex.quote(trackside)} demo; echo $? > {shlex.quote(str(done))}; sleep 600"
-    _tmux(tmux_socket, "new-session", "-d", "-s", "dash", "-x", "160", "-y", "48", command)
+    # A terminal's default size, as most operators meet it; resized now and then below.
+    _tmux(tmux_socket, "new-session", "-d", "-s", "dash", "-x", "80", "-y", "24", command)
 
     def screen() -> str:
         return _tmux(tmux_socket, "capture-pane", "-p", "-t", "=dash:")
@@ -204,9 +224,18 @@ def test_random_keys_in_a_tmux_pane_never_stop_trackside_demo(tmp_path, tmux_soc
         record_property("summary", tally.line("tmux monkey"))
     runs_before = _tmux(tmux_socket, "list-sessions", "-F", "#{session_name}").split()
     assert any(s.startswith("trackside-demo-") for s in runs_before), "the demo run was stopped by the keys"
-    # Quit: the demo stops its own run and says so.
-    for key in ("Escape", "Escape", "Escape"):
-        _tmux(tmux_socket, "send-keys", "-t", "=dash:", key)
+    # Quit: the demo stops its own run and says so. Escape until no dialog is in sight for
+    # a second, as one looking at the pane would: a dialog asked for by the last keys may
+    # open after the first Escapes (q typed into an edit form's field did not quit).
+    deadline = time.monotonic() + 60
+    calm_since = None
+    while calm_since is None or time.monotonic() - calm_since < 1.0:
+        assert time.monotonic() < deadline, f"a dialog stayed up under Escape for a minute:\n{screen()}"
+        if any(marker in screen() for marker in monkey.DIALOG_MARKERS):
+            _tmux(tmux_socket, "send-keys", "-t", "=dash:", "Escape")
+            calm_since = None
+        elif calm_since is None:
+            calm_since = time.monotonic()
         time.sleep(0.3)
     _tmux(tmux_socket, "send-keys", "-t", "=dash:", "q")
     deadline = time.monotonic() + 60
