@@ -62,7 +62,7 @@ async def test_relaunch_of_a_running_run_asks_first_naming_it_and_no_launches_no
         await pilot.press("r")
         await pilot.pause()
         assert isinstance(app.screen, Confirm)
-        question = str(app.screen.query_one("#relaunch-question").render())
+        question = app.screen.question.plain  # its title (the first line) and the rest
         assert RUN_KEY in question and "dflash" in question and "4200" in question
         await wait_for(pilot, lambda: getattr(app.focused, "id", None) == "no", 5, "No focused: the default answer")
         await pilot.press("enter")  # Enter on the focused default: No
