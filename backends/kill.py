@@ -172,7 +172,7 @@ async def _resolve(host: Host, target: str) -> tuple[str | None, dict | None, li
 
 async def _ended(host: Host, target: str, session: str | None, manifest: dict | None, panes: list[tmux.Pane]) -> AlreadyEnded:
     """The refusal for a target with no live process, naming how it ended."""
-    status = manifest.get("exit_status") if manifest else None
+    status = runs.manifest_exit_status(manifest) if manifest else None
     if status is None and manifest:
         status = await runs.read_exit_status(host, manifest["run_dir"])
     if status is None:

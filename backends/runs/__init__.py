@@ -16,6 +16,7 @@ from backends.runs.launch import (
 from backends.runs.listing import NodeInfo, RunInfo, RunPhase, launcher_code, list_runs
 from backends.runs.rundir import (
     RunError,
+    manifest_exit_status,
     read_exit_status,
     read_file,
     read_manifest,
@@ -35,6 +36,7 @@ __all__ = [
     "launch_command",
     "launcher_code",
     "list_runs",
+    "manifest_exit_status",
     "read_exit_status",
     "read_file",
     "read_manifest",

@@ -15,7 +15,7 @@ from backends.record import MetricsRecord
 from backends.hosts import Host, HostError
 from backends.logparse import Progress, parse_metrics_line
 from backends.own_session import own_sessions
-from backends.runs.rundir import parse_exit_status, record_end, runs_root
+from backends.runs.rundir import manifest_exit_status, parse_exit_status, record_end, runs_root
 from training.contract import CLEAN_ENDS, EXIT_OOM
 
 METRICS_TAIL_LINES = 64
@@ -174,7 +174,7 @@ async def list_runs(
         if manifest.get("registered") and not manifest.get("trainer_alive"):
             alive = []  # typed at a shell, which outlives it: the trainer's own process says
         if manifest.get("ended") is not None:
-            exit_status = manifest.get("exit_status")
+            exit_status = manifest_exit_status(manifest)
         else:
             exit_status = recorded
             if exit_status is None and own and not alive:

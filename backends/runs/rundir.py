@@ -89,9 +89,10 @@ async def write_manifest(host: Host, manifest: dict) -> None:
 
 
 async def record_end(host: Host, manifest: dict, exit_status: int | None) -> dict:
-    """Fill the manifest's end once; later calls leave the first record in place."""
+    """Fill the manifest's end once; later calls leave the first record in place. The
+    status is recorded the shell's way, as in the `exit_status` file beside it."""
     if manifest.get("ended") is None:
-        manifest = {**manifest, "ended": now(), "exit_status": exit_status}
+        manifest = {**manifest, "ended": now(), "exit_status": shell_exit_status(exit_status)}
         await write_manifest(host, manifest)
     return manifest
 
@@ -116,6 +117,18 @@ def parse_exit_status(text: str) -> int | None:
         return None
     code = int(text)
     return -(code - 128) if 128 < code < 128 + 65 else code
+
+
+def shell_exit_status(code: int | None) -> int | None:
+    """A status as the shell records it: minus signal N is 128 + N."""
+    return 128 - code if code is not None and code < 0 else code
+
+
+def manifest_exit_status(manifest: dict) -> int | None:
+    """The manifest's recorded status, as in memory (one written before it was recorded
+    the shell's way holds minus the signal already)."""
+    status = manifest.get("exit_status")
+    return status if not isinstance(status, int) or status < 0 else parse_exit_status(str(status))
 
 
 async def read_exit_status(host: Host, directory: str) -> int | None:
