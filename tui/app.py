@@ -25,7 +25,8 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerFailed, WorkerState
 
 from backends import gpu, logparse, nodes, runs, series
-from backends.hosts import DEFAULT_RUNS_ROOT, Host
+from backends.hosts import Host
+from training.contract import local_runs_root
 from tui.escape_cache import bound_escape_cache
 from tui.guard import error_log_path, guarded_callback, write_error
 from backends.alerts import (
@@ -115,7 +116,7 @@ class TracksideApp(RunActions, App):
             }
         self.selected: set[str] = set()  # runs open on a run screen: followed even when exited
         local = next((w.host for w in watched if w.host.is_local), None)
-        self.error_log = error_log_path(local.runs_root if local else DEFAULT_RUNS_ROOT)
+        self.error_log = error_log_path(local.runs_root if local else local_runs_root())
         self.errors = 0  # unexpected errors caught since start
         self.textual_errors = 0  # failures of Textual's own workers, survived
         self._reported: dict[tuple[str, type], float] = {}  # when each cause was last shown

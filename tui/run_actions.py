@@ -176,7 +176,8 @@ class RunActions(Guarded):
             return
         new = self._adopt(info)
         self.pending.pop(run.key, None)
-        self.notify(f"relaunched as {new.key}", title="relaunch")
+        judged = getattr(info, "judged", "")  # a single run's launch says how its start was judged
+        self.notify(f"relaunched as {new.key}" + (f": {judged}" if judged else ""), title="relaunch")
         shown = self.shown_screen()
         if getattr(shown, "run_key", None) == run.key:
             shown.show_run(new.key)

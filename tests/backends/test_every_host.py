@@ -7,6 +7,7 @@ cannot be read, exit 0 while any could), `kill` and `relaunch` find the run wher
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import tempfile
 
@@ -46,6 +47,7 @@ def fleet(sshd, tmp_path, tmux_dir):  # noqa: F811
     import subprocess
 
     subprocess.run(["env", f"TMUX_TMPDIR={remote_tmux}", "tmux", "kill-server"], capture_output=True)
+    shutil.rmtree(remote_tmux, ignore_errors=True)
 
 
 def run(capsys, *argv: str) -> tuple[int, object, list[str]]:

@@ -72,6 +72,14 @@ def test_a_dashboard_of_ssh_hosts_only_logs_its_errors_in_the_tests_own_home(ssh
     assert not app.error_log.startswith(real), app.error_log
 
 
+def test_an_ssh_only_dashboard_logs_its_errors_under_the_runs_root_variable(sshd, tmp_path, monkeypatch):
+    """$TRACKSIDE_RUNS_ROOT is this machine's runs root for every command: the error log of
+    a dashboard with no local host went to ~/.trackside/runs regardless."""
+    monkeypatch.setenv("TRACKSIDE_RUNS_ROOT", str(tmp_path / "runs"))
+    app = TracksideApp([Watched(sshd.host("gpu-box"), smi="nvidia-smi-absent")])
+    assert app.error_log == str(tmp_path / "runs" / "dashboard-errors.log")
+
+
 async def test_host_lost_and_back(fresh_sshd):
     host = fresh_sshd.host("flaky", backoff_cap=1.0)
     app = TracksideApp([Watched(host, smi="nvidia-smi-absent")])
