@@ -93,3 +93,14 @@ async def test_help_and_alerts_from_the_palette_replace_each_other():
         await pilot.press("escape")
         await pilot.pause()
         assert isinstance(app.screen, RunScreen)
+
+
+async def test_an_offline_hosts_row_says_why_whole():
+    """The state column cut the reason to "offline: connection re": the state says
+    offline, the row's widest cell says why."""
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        table = app.screen.query_one(DataTable)
+        row = [str(table.get_cell("host:pve-129", column)) for column in ("state", "power")]
+        assert row == ["offline", "connection refused by 10.0.0.129:22"], row

@@ -67,10 +67,11 @@ def host_cells(host: HostState, now: float, interval: float) -> dict[str, object
         label = Text(f"stale ({format_duration(stale)})", style="yellow")
     else:
         label = Text(status, style=status.style)
-    if host.message:
-        message = host.message.removeprefix(f"{host.name}: ")  # the row already names the host
-        label.append(f": {message}", style="red" if status is not HostStatus.OK else "")
     gpu_note = gpu_state(host.gpus) if host.gpus is not None and not host.gpus.ok else ""
+    if host.message:
+        # In the row's widest cell: the state column cut it to "offline: connection re".
+        message = host.message.removeprefix(f"{host.name}: ")  # the row already names the host
+        gpu_note = Text(message, style="red")  # a message comes only with a failure
     return {
         "name": Text(host.name, style="bold"),
         "state": label,
