@@ -39,7 +39,7 @@ def gpus(power_w: float = 250.0) -> GpuSnapshot:
 
 def run_info(state: RunPhase = RunPhase.RUNNING) -> RunInfo:
     return RunInfo(
-        RUN_ID, "dflash", "h200-box", state, None, dict(PARAMS), 300, 2.1, 4120, [4200],
+        RUN_ID, "eagle3-8k", "h200-box", state, None, dict(PARAMS), 300, 2.1, 4120, [4200],
         f"/root/.trackside/runs/{RUN_ID}", None, "2026-11-29T09:30:00Z",
     )  # fmt: skip
 
@@ -116,7 +116,7 @@ def kill_plan() -> KillPlan:
     started = "Sun Nov 29 09:30:00 2026"
     pids = [4200, 4201, *range(4242, 4250)]
     return KillPlan(
-        "h200-box", RUN_ID, "dflash", RUN_ID, (4200,), {pid: started for pid in pids},
+        "h200-box", RUN_ID, "eagle3-8k", RUN_ID, (4200,), {pid: started for pid in pids},
         gpus().processes, (GpuProcess(999, 7, 1024, "jupyter"),), "OK", "", True,
     )  # fmt: skip
 
@@ -196,7 +196,7 @@ def write_lineage(root) -> None:
     ]:
         directory = Path(root, run_id)
         directory.mkdir(parents=True)
-        manifest = {"run_id": run_id, "session": "dflash", "params": params, "parent": parent, "run_dir": str(directory)}
+        manifest = {"run_id": run_id, "session": "eagle3-8k", "params": params, "parent": parent, "run_dir": str(directory)}
         (directory / "manifest.json").write_text(json.dumps(manifest))
         (directory / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
 

@@ -63,7 +63,7 @@ async def test_relaunch_of_a_running_run_asks_first_naming_it_and_no_launches_no
         await pilot.pause()
         assert isinstance(app.screen, Confirm)
         question = app.screen.question.plain  # its title (the first line) and the rest
-        assert RUN_KEY in question and "dflash" in question and "4200" in question
+        assert RUN_KEY in question and "eagle3-8k" in question and "4200" in question
         await wait_for(pilot, lambda: getattr(app.focused, "id", None) == "no", 5, "No focused: the default answer")
         await pilot.press("enter")  # Enter on the focused default: No
         assert isinstance(app.screen, RunScreen)
@@ -137,7 +137,7 @@ async def test_attach_inside_tmux_that_cannot_switch_says_so(monkeypatch, tmp_pa
         await app.workers.wait_for_complete()
         await pilot.pause()
         messages = [n.message for n in app._notifications]
-        assert any("cannot open dflash from inside tmux" in m and "run:" in m for m in messages), messages
+        assert any("cannot open eagle3-8k from inside tmux" in m and "run:" in m for m in messages), messages
         assert app.is_running
 
 

@@ -50,7 +50,7 @@ async def press_on(pilot, key: str, press: str) -> None:
         (RUN_KEY, "R", lambda: run_info(RunPhase.EXITED), "has ended"),
         (FOREIGN_KEY, "e", foreign_info, "not launched by trackside"),
         (FOREIGN_KEY, "r", foreign_info, "not launched by trackside"),
-        (RUN_KEY, "a", lambda: dataclasses.replace(run_info(RunPhase.EXITED), session_open=False), "tmux session dflash is gone"),
+        (RUN_KEY, "a", lambda: dataclasses.replace(run_info(RunPhase.EXITED), session_open=False), "tmux session eagle3-8k is gone"),
     ],
 )
 async def test_a_key_that_cannot_act_says_why(key, press, info, why):

@@ -93,7 +93,7 @@ def test_edit_form_names_the_checkpointing_a_step_too_long_needs(snap_compare):
 def straggler_report() -> KillReport:
     """A kill whose rank on GPU 3 outlived SIGKILL, a bystander's notebook left alone."""
     return KillReport(
-        target="20261129-0930-a1b2", session="dflash", run_id="20261129-0930-a1b2",
+        target="20261129-0930-a1b2", session="eagle3-8k", run_id="20261129-0930-a1b2",
         signalled=[4200, 4201, *range(4242, 4250)], killed=[4247], survivors=[],
         gpus=[GpuDelta(i, 40960 + 512 * i, 76800 if i == 3 else 0) for i in range(8)],
         gpu_processes_before=[], stragglers=[GpuProcess(4245, 3, 76800, "python3")],
