@@ -73,7 +73,13 @@ def to_png(svgs: list[Path]) -> bool:
     except ImportError:
         return False
     for svg in svgs:
-        cairosvg.svg2png(url=str(svg), write_to=str(svg.with_suffix(".png")))
+        # Textual's SVG asks for Fira Code from the web; cairosvg cannot fetch it, and its
+        # stand-in for bold Fira Code is a proportional bold, wider than the cells, whose
+        # text ran into the next ("≈177.6 GiBof 140 GiB"). Bold text is drawn in DejaVu
+        # Sans Mono, whose bold keeps the cell width (not all text: it has no braille,
+        # which the charts are drawn in).
+        text = svg.read_text().replace("font-weight: bold }", "font-weight: bold; font-family: DejaVu Sans Condensed }")
+        cairosvg.svg2png(bytestring=text.encode(), write_to=str(svg.with_suffix(".png")))
     return True
 
 
