@@ -643,9 +643,9 @@ def make_data(mode: Mode, facts: dict, timeout: float) -> None:
         return
     started = time.monotonic()
     if mode.dflash:
-        argv = [sys.executable, str(Path(__file__).resolve()), "--make-dflash-data", mode.data_dir,
-                "--preset", mode.preset]  # fmt: skip
-        maker = "gpu_e2e.py --make-dflash-data"
+        argv = [sys.executable, "bench/random_data.py", "--drafter", "dflash", "--preset", mode.preset,
+                "--out", mode.data_dir]  # fmt: skip
+        maker = "bench/random_data.py --drafter dflash"
     else:
         argv = [sys.executable, "bench/random_data.py", "--preset", mode.preset, "--out", mode.data_dir,
                 "--samples", "40", "--length", "2048"]  # fmt: skip
@@ -654,69 +654,6 @@ def make_data(mode: Mode, facts: dict, timeout: float) -> None:
     if result.returncode:
         raise Stuck(f"{maker} failed: {result.stderr.strip()[-500:]}")
     facts["data"] = f"{result.stdout.strip()} in {time.monotonic() - started:.0f}s"
-
-
-# Random DFlash data (what bench/random_data.py is for EAGLE-3): 16 samples of ~2K tokens,
-# ~5 packed rows of 8K, 4 GB with the verifier's embedding and head. The hidden states of
-# five verifier layers (Qwen3-8B has 36; the five `extract --drafter dflash` captures) are
-# random; the verifier's final state leans on its token's embedding and its head maps
-# token x's embedding onto σ(x), x's successor in a fixed permutation of a set of active
-# tokens that the stream follows 3 times in 4. So the verifier's argmax is the next token
-# (73 % of positions), a function of the anchor for the first block position and, through
-# σ, likelier so for the later ones: a target a drafter can learn, not noise.
-DFLASH_DATA = {"samples": 16, "length": 2048, "depth": 36, "active": 1024, "follow": 0.75}
-
-
-def make_dflash_data(out: Path, preset: str, seed: int = 0) -> str:
-    import torch
-
-    from bench.random_data import prompt_len
-    from training.config import DFLASH_PRESETS
-    from training.data import (DATASET_JSON, TOKEN_COUNTS_FILE, VERIFIER_FILE, sample_path,
-                               write_json_atomic, write_tensors_atomic)  # fmt: skip
-    from training.extract import default_layers
-
-    spec, cfg = DFLASH_DATA, DFLASH_PRESETS[preset]
-    h, vocab = cfg.hidden_size, cfg.vocab_size
-    layers = default_layers(spec["depth"], "dflash")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the big randn on the GPU
-    g = torch.Generator().manual_seed(seed)
-    on = torch.Generator(device).manual_seed(seed)
-    active = torch.randperm(cfg.mask_token_id, generator=g)[: min(spec["active"], cfg.mask_token_id)]
-    successor = torch.arange(vocab)
-    successor[active] = active[torch.randperm(len(active), generator=g)]
-    embed = torch.randn(vocab, h, generator=on, device=device)
-    head = 0.02 * torch.randn(vocab, h, generator=on, device=device)
-    chosen = embed[active.to(device)]
-    head[successor[active].to(device)] = 10.0 * chosen / chosen.norm(dim=-1, keepdim=True) ** 2
-    out.mkdir(parents=True, exist_ok=True)
-    write_tensors_atomic(out / VERIFIER_FILE, {"embed_tokens": (0.02 * embed).bfloat16().cpu(),
-                                               "lm_head": head.bfloat16().cpu()})  # fmt: skip
-    counts = torch.zeros(vocab, dtype=torch.long)
-    lengths, after = [], successor.tolist()
-    for i in range(spec["samples"]):
-        n = int(spec["length"] * (0.75 + 0.5 * torch.rand((), generator=g)))
-        follow = (torch.rand(n, generator=g) < spec["follow"]).tolist()
-        jumps = active[torch.randint(len(active), (n,), generator=g)].tolist()
-        ids = [jumps[0]]
-        for t in range(1, n):
-            ids.append(after[ids[-1]] if follow[t] else jumps[t])
-        ids = torch.tensor(ids)
-        mask = torch.ones(n, dtype=torch.bool)
-        mask[: prompt_len(n)] = False
-        final = embed[ids.to(device)] + 0.5 * torch.randn(n, h, generator=on, device=device)
-        write_tensors_atomic(sample_path(out, i), {
-            "input_ids": ids, "loss_mask": mask,
-            "aux_hidden": torch.randn(n, len(layers) * h, generator=on, device=device).bfloat16().cpu(),
-            "final_hidden": final.bfloat16().cpu()})  # fmt: skip
-        counts += torch.bincount(ids[mask], minlength=vocab)
-        lengths.append(n)
-    write_tensors_atomic(out / TOKEN_COUNTS_FILE, {"counts": counts})
-    write_json_atomic(out / DATASET_JSON, {
-        "hidden_size": h, "vocab_size": vocab, "num_layers": spec["depth"], "layers": layers, "dtype": "bfloat16",
-        "num_samples": len(lengths), "lengths": lengths, "total_tokens": sum(lengths), "model": f"random:{preset}",
-    })  # fmt: skip
-    return f"wrote {len(lengths)} samples, {sum(lengths)} tokens, layers {layers} to {out} (on {device.type})"
 
 
 def end_private_tmux() -> list[int]:
@@ -891,13 +828,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="the same flow on CPU with the tiny drafter")
     parser.add_argument("--drafter", choices=DRAFTER_NAMES, default="eagle3", help="the drafter the runs train")
-    # The DFlash data, made in a child process of the flow (no CUDA context left in it).
-    parser.add_argument("--make-dflash-data", type=Path, metavar="DIR", help=argparse.SUPPRESS)
-    parser.add_argument("--preset", default="qwen3-8b", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.make_dflash_data:
-        print(make_dflash_data(args.make_dflash_data, args.preset), flush=True)
-        return 0
     mode = MODES["smoke" if args.smoke else "gpu", args.drafter]
     budget = mode.budget_s
     started = time.monotonic()
