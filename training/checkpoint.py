@@ -10,83 +10,50 @@ gathers them to rank 0), and the optimizer state is keyed by parameter name: a c
 resumes at another world size, under DDP or FSDP. One written before that keyed it by
 the optimizer's parameter order; `optimizer_by_name` reads both.
 
-A step directory is written whole under a temporary name, fsynced, then renamed: any
-`step-*` directory is complete. `latest` is a small file replaced by rename after that, so
-it never names a missing directory; loading still falls back to the newest step directory
-in case the pointer's own rename was the thing interrupted.
+A step directory is written whole under a temporary name, fsynced, then renamed, and
+`latest` repointed after that (training/durable.py, which also hands that half to a writer
+process when the trainer stops): any `step-*` directory is complete, and loading still
+falls back to the newest step directory in case the pointer's own rename was the thing
+interrupted.
 """
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-KEEP = 2
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-_TMP_PREFIX = ".tmp-"
+from training import durable
 
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _step_dirs(root: Path) -> list[tuple[int, Path]]:
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
-    return sorted(found)
 
 
 def save(root: Path, step: int, tensors: dict[str, Tensor], state: dict,
          config: dict) -> Path:
     """Write step-<step> atomically, repoint `latest`, prune to the newest KEEP."""
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(_TMP_PREFIX + "*"):  # left by a writer that was killed
-        if stale.is_dir():
-            shutil.rmtree(stale)
-        else:
-            stale.unlink()
-    final = root / f"step-{step}"
-    tmp = root / f"{_TMP_PREFIX}step-{step}"
-    tmp.mkdir()
+    return durable.publish(stage(root, step, tensors, state, config), root, step)
+
+
+def stage(root: Path, step: int, tensors: dict[str, Tensor], state: dict, config: dict,
+          ram: bool = False) -> Path:
+    """Write step-<step>'s files, unsynced, where durable.publish takes them from (with
+    `ram`, in /dev/shm if it has room); the directory they are in."""
+    size = sum(t.numel() * t.element_size() for t in _tensors([tensors, state])) if ram else None
+    staged = durable.stage_dir(root, step, ram_bytes=size)
     save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
-              tmp / "model.safetensors")
-    torch.save(state, tmp / "state.pt")
-    (tmp / "config.json").write_text(json.dumps(config, indent=1))
-    for f in tmp.iterdir():
-        _fsync_path(f)
-    _fsync_path(tmp)
-    if final.exists():  # a resumed run saving the same step again
-        _discard(final)
-    os.rename(tmp, final)
-    _fsync_path(root)
-
-    pointer_tmp = root / f"{_TMP_PREFIX}latest"
-    pointer_tmp.write_text(final.name + "\n")
-    _fsync_path(pointer_tmp)
-    os.replace(pointer_tmp, root / "latest")
-    _fsync_path(root)
-
-    for _, old in _step_dirs(root)[:-KEEP]:
-        _discard(old)
-    return final
+              staged / "model.safetensors")
+    torch.save(state, staged / "state.pt")
+    (staged / "config.json").write_text(json.dumps(config, indent=1))
+    return staged
 
 
-def _discard(step_dir: Path) -> None:
-    # Renamed away first, so a kill during the deletion leaves no half step directory.
-    doomed = step_dir.with_name(f"{_TMP_PREFIX}old-{step_dir.name}")
-    os.rename(step_dir, doomed)
-    shutil.rmtree(doomed)
+def _tensors(tree) -> list[Tensor]:
+    if torch.is_tensor(tree):
+        return [tree]
+    if isinstance(tree, dict):
+        tree = list(tree.values())
+    return [t for item in tree for t in _tensors(item)] if isinstance(tree, (list, tuple)) else []
 
 
 def latest(root: Path) -> Path | None:
@@ -95,7 +62,7 @@ def latest(root: Path) -> Path | None:
     Every step directory is complete, and the newest is never older than what `latest`
     names (the pointer moves after the rename), so the directory listing decides.
     """
-    dirs = _step_dirs(root)
+    dirs = durable.step_dirs(root)
     return dirs[-1][1] if dirs else None
 
 

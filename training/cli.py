@@ -336,8 +336,11 @@ def _train(args, device: str, argv: list[str]) -> int:
         if registered:
             register.ended(run_dir, code)
     if code == 0 and dflash and args.export and int(os.environ.get("RANK", "0")) == 0:
-        from training import checkpoint
+        from training import checkpoint, durable
         from training.dflash.export import export_dflash
+
+        durable.wait_for_writer(run_dir / "checkpoints",
+                                lambda said: print(f"train: --export: {said}", flush=True))
 
         export_dflash(checkpoint.latest(run_dir / "checkpoints"), args.export,
                       verifier=dataset.info.get("model") or None)

@@ -54,6 +54,10 @@ def new_run_id() -> str:
 
 # metrics.jsonl's events (training/metrics.py writes them, backends/record.py folds them)
 START, STEP, CHECKPOINT, OOM, END = "start", "step", "checkpoint", "oom", "end"
+# A stopping trainer's state is off the device and a writer process (pid `writer`) is making
+# it durable: its `checkpoint` event follows, maybe after the trainer's `end` (a checkpoint
+# event always means a durable step directory).
+STAGED = "staged"
 # An end event's status; the last is also what a launcher's nonzero code after it is not.
 COMPLETED, STOPPED, ENDED_OOM, FAILED = "completed", "stopped", "oom", "failed"
 CLEAN_ENDS = (COMPLETED, STOPPED)
@@ -62,8 +66,15 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     STEP: ("step", "epoch", "loss", "loss_ttt", "acc_ttt", "lr", "grad_norm", "tokens",
            "tokens_per_s", "samples_per_row", "pad_frac", "peak_mem_gib"),
     CHECKPOINT: ("step", "path"),
+    STAGED: ("step", "writer", "stage_s"),
     OOM: ("max_seq_len", "ttt_steps", "tried_gib", "peak_mem_gib"),
     END: ("status",),
 }
 # Fields an event carries only where they mean something.
-OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {STEP: ("peak_mem_gib_ranks",), OOM: ("block_size", "max_anchors")}
+OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {STEP: ("peak_mem_gib_ranks",), OOM: ("block_size", "max_anchors"),
+                                               CHECKPOINT: ("write_s",)}
+
+# `checkpoints/<WRITING_MARKER>` exists, locked, while a checkpoint writer writes
+# (training/durable.py); the writer's process name, which a kill leaves to finish.
+WRITING_MARKER = ".writing"
+WRITER_NAME = "trackside-ckpt"

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from training import checkpoint, contract
+from training import checkpoint, contract, durable
 from training.config import DFlashConfig, DrafterConfig
 from training.contract import EXIT_OK, EXIT_OOM
 from training.data import Dataset, Loader, Position
@@ -416,6 +416,12 @@ def train(cfg: TrainConfig) -> int:
         # --- resume ---
         ckpt_root = cfg.run_dir / "checkpoints"
         step, position = 0, Position()
+        if cfg.resume:  # after the start-up above, which overlaps a writer still writing
+            try:
+                durable.wait_for_writer(ckpt_root, lambda said: rank == 0 and print(
+                    f"train: --resume: {said}", flush=True))
+            except durable.WriterBusy as busy:
+                raise ResumeError(str(busy)) from None
         found = checkpoint.latest(ckpt_root) if cfg.resume else None
         if found is not None:
             tensors, state, saved = checkpoint.load(found)
@@ -452,24 +458,41 @@ def train(cfg: TrainConfig) -> int:
                   f"device={device.type} start_step={step}", flush=True)
         last_saved = step
 
-        def save() -> None:
+        def save(release_first: bool = False) -> None:
+            """Checkpoint this step. `release_first` (stopping): stage the state, in RAM
+            where there is room, and leave the durable write to a writer process, so this
+            one can exit and free the device before the write is done (training/durable.py)."""
             nonlocal last_saved
             sharded = cfg.sharding == "fsdp"
             # FSDP gathers on every rank; unsharded, rank 0 holds it all and the others
             # would copy the whole state to the CPU for nothing.
             if last_saved != step and (sharded or rank == 0):
+                started = time.perf_counter()
                 tensors, optimizer_state = gather_state(drafter, optimizer, sharded)
                 if rank == 0:
                     state = {"step": step, "data": position.state_dict(),
                              "rng": _rng_state(), "optimizer": optimizer_state,
                              "scheduler": scheduler.state_dict()}
-                    path = checkpoint.save(ckpt_root, step, tensors, state, {
+                    staged = checkpoint.stage(ckpt_root, step, tensors, state, {
                         "drafter": cfg.drafter.to_dict(), "layers": dataset.info["layers"],
                         "num_layers": dataset.info["num_layers"],
                         "max_seq_len": cfg.max_seq_len, "ttt_steps": cfg.ttt_steps,
                         "freeze_lm_head": cfg.freeze_lm_head,
-                        **({} if cfg.dflash is None else {"dflash": cfg.to_dict()["dflash"]})})
-                    metrics.write(contract.CHECKPOINT, step=step, path=str(path))
+                        **({} if cfg.dflash is None else {"dflash": cfg.to_dict()["dflash"]})},
+                        ram=release_first)
+                    del tensors, optimizer_state, state
+                    stage_s = time.perf_counter() - started
+                    writer = (durable.hand_off(staged, ckpt_root, step, cfg.run_dir / "metrics.jsonl")
+                              if release_first else None)
+                    if writer is None:
+                        path = durable.publish(staged, ckpt_root, step)
+                        metrics.write(contract.CHECKPOINT, step=step, path=str(path))
+                    else:
+                        metrics.write(contract.STAGED, step=step, writer=writer,
+                                      stage_s=round(stage_s, 3))
+                        print(f"train: step {step}'s state written to {staged.parent} in "
+                              f"{stage_s:.2f} s; checkpoint writer pid {writer} makes it "
+                              "durable", flush=True)
             last_saved = step
             if world > 1:
                 dist.barrier()
@@ -535,7 +558,8 @@ def train(cfg: TrainConfig) -> int:
                 break
             if cfg.save_every and step % cfg.save_every == 0:
                 save()
-        save()
+        # An export reads the checkpoint as soon as the loop ends: written here, then.
+        save(release_first=status == contract.STOPPED and cfg.export is None)
     except torch.OutOfMemoryError as error:
         return record_oom(metrics, cfg, device, error)
     except ResumeError:  # nothing was run: the run's record stays as it ended
