@@ -1,0 +1,162 @@
+"""The operator's loop on a GPU, through the CLI as the dashboard drives it: a run trains
+beside a bystander holding GPU memory; `trackside kill` stops it (the GPU released, then
+its checkpoint durable); `trackside relaunch --set max_seq_len=N --resume` starts its child,
+timed to its first step; the whole `R` cycle is the kill command to that first step.
+
+    PYTHONPATH=$PWD python3 bench/operator_loop.py --drafter eagle3     # llama3-8b 8192 x TTT 5
+    PYTHONPATH=$PWD python3 bench/operator_loop.py --drafter dflash     # qwen3-8b 8192, block 16, 512 anchors
+    .venv/bin/python bench/operator_loop.py --drafter eagle3 --smoke    # the same flow on the CPU, tiny
+
+Times are wall clock: the kill's own (its report's first signal to verified release, and
+to the checkpoint durable), the relaunch command's, and the child's `start` and first
+`step` events (their `time` against the moment the relaunch command was started). The
+first launch's own first step is reported too: on a box whose caches are cold it is the
+fresh-box figure. Prints one JSON document; with $OUT set, writes it there too.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CLI = ["-c", "import sys; from tui.cli import main; sys.exit(main())"]
+
+# (preset, the run's flags, the relaunch's new max_seq_len)
+CELLS = {
+    ("eagle3", False): ("llama3-8b", ["--max-seq-len", "8192", "--ttt-steps", "5"], 12288),
+    ("dflash", False): ("qwen3-8b", ["--drafter", "dflash", "--max-seq-len", "8192", "--block-size", "16",
+                                     "--max-anchors", "512"], 12288),
+    ("eagle3", True): ("tiny", ["--max-seq-len", "256", "--ttt-steps", "2"], 384),
+    ("dflash", True): ("tiny", ["--drafter", "dflash", "--max-seq-len", "256", "--block-size", "4",
+                                "--max-anchors", "8"], 384),
+}
+WARM_STEPS = 10  # steps the first run takes before it is killed
+
+
+def cli(config: Path, *args: str, timeout: float = 300) -> dict:
+    command, *rest = args  # the options before the rest: launch's command follows `--`
+    result = subprocess.run([sys.executable, *CLI, command, "--config", str(config), "--json", *rest], cwd=REPO,
+                            capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    if result.returncode:
+        raise SystemExit(f"trackside {' '.join(args)} exited {result.returncode}: {result.stderr.strip()[-800:]}")
+    return json.loads(result.stdout)
+
+
+def events(run_dir: str) -> list[dict]:
+    try:
+        lines = Path(run_dir, "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            pass  # the line being written
+    return found
+
+
+def wait_for(run_dir: str, what, timeout: float, label: str) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = events(run_dir)
+        if what(seen):
+            return seen
+        if any(e.get("event") == "end" for e in seen):
+            raise SystemExit(f"{label}: the run ended first: {seen[-1]}")
+        time.sleep(0.05)
+    raise SystemExit(f"{label}: not within {timeout:.0f}s ({run_dir})")
+
+
+def steps(seen: list[dict]) -> list[dict]:
+    return [e for e in seen if e.get("event") == "step"]
+
+
+def first(seen: list[dict], kind: str) -> dict:
+    return next(e for e in seen if e.get("event") == kind)
+
+
+def bystander(smoke: bool) -> subprocess.Popen | None:
+    """A process outside the run holding 8.5 GiB of the GPU: the kill must leave it be."""
+    if smoke:
+        return None
+    code = ("import sys, time, torch; x = torch.empty(int(8.5 * 2**30), dtype=torch.uint8, device='cuda'); "
+            "print('held', flush=True); time.sleep(3600)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def loop(drafter: str, smoke: bool, work: Path) -> dict:
+    preset, flags, new_length = CELLS[drafter, smoke]
+    device = "cpu" if smoke else "cuda"
+    data = work / f"data-{drafter}-{preset}"
+    if smoke:
+        source = ["--synthetic"]
+    else:
+        maker = [sys.executable, "bench/random_data.py", "--drafter", drafter, "--preset", preset, "--out", str(data)]
+        if drafter == "eagle3":
+            maker += ["--samples", "40", "--length", "2048"]
+        subprocess.run(maker, cwd=REPO, check=True, capture_output=True, timeout=300)
+        source = ["--data", str(data)]
+    config = work / f"config-{drafter}.toml"
+    train = [sys.executable, "-m", "training", "train"]
+    config.write_text(f"[hosts.local]\nruns_root = {json.dumps(str(work / 'runs'))}\n"
+                      f"train_command = {json.dumps(train)}\n")  # fmt: skip
+    argv = [*train, *source, "--preset", preset, *flags, "--steps", "100000", "--save-every", "0",
+            "--device", device]  # fmt: skip
+    held = bystander(smoke)
+    try:
+        launched_at = time.time()
+        parent = cli(config, "launch", "--", *argv)
+        seen = wait_for(parent["run_dir"], lambda s: len(steps(s)) >= WARM_STEPS, 600, "the first run's steps")
+        stopped_at = time.time()
+        report = cli(config, "kill", parent["run_id"], "--grace", "120")
+        kill_s = time.time() - stopped_at
+        last_step = steps(events(parent["run_dir"]))[-1]["step"]
+        relaunched_at = time.time()
+        child = cli(config, "relaunch", parent["run_id"], "--set", f"max_seq_len={new_length}", "--resume")
+        relaunch_s = time.time() - relaunched_at
+        seen_child = wait_for(child["run_dir"], lambda s: len(steps(s)) >= 1, 600, "the child's first step")
+        start, step = first(seen_child, "start"), steps(seen_child)[0]
+        cli(config, "kill", child["run_id"], "--grace", "120")
+        bystander_alive = held is None or held.poll() is None
+    finally:
+        if held is not None:
+            held.kill()
+    return {
+        "drafter": drafter, "preset": preset, "argv": argv, "relaunch_max_seq_len": new_length,
+        "first_run": {"launch_to_start_s": first(seen, "start")["time"] - launched_at,
+                      "launch_to_first_step_s": steps(seen)[0]["time"] - launched_at},
+        "kill": {"command_s": kill_s, "report": report},
+        "stopped_at_step": last_step,
+        "resumed_from_step": start["config"].get("resumed_from_step"),
+        "relaunch": {"command_s": relaunch_s, "to_start_s": start["time"] - relaunched_at,
+                     "to_first_step_s": step["time"] - relaunched_at, "first_step": step["step"]},
+        "R_cycle_s": step["time"] - stopped_at,
+        "bystander_untouched": bystander_alive,
+    }  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--drafter", choices=["eagle3", "dflash"], default="eagle3")
+    parser.add_argument("--smoke", action="store_true", help="on the CPU, the tiny preset")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="operator-loop-") as work:
+        result = loop(args.drafter, args.smoke, Path(work))
+    text = json.dumps(result, indent=1)
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], f"operator_loop_{args.drafter}.json").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
