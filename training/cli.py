@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from training import contract, register
+from training.bytecode import keep_bytecode
 from training.contract import EXIT_OK, EXIT_USAGE, UsageError
 from training.memory.terms import SHARDINGS
 from training.params import EXCLUSIVE, PARAMS, add_param_flag
@@ -377,6 +378,7 @@ def extract_main(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command, rest = (argv[0], argv[1:]) if argv else ("", [])
+    keep_bytecode()  # before torch is imported
     try:
         if command == "train":
             return train_main(rest)
