@@ -62,13 +62,15 @@ def events(run_dir: str) -> list[dict]:
     return found
 
 
-def wait_for(run_dir: str, what, timeout: float, label: str) -> list[dict]:
+def wait_for(run_dir: str, what, timeout: float, label: str, *, ended: bool = False) -> list[dict]:
+    """The run's events once `what` holds of them; an error if it ended first (unless
+    `ended`: what is waited for comes after its end)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         seen = events(run_dir)
         if what(seen):
             return seen
-        if any(e.get("event") == "end" for e in seen):
+        if not ended and any(e.get("event") == "end" for e in seen):
             raise SystemExit(f"{label}: the run ended first: {seen[-1]}")
         time.sleep(0.05)
     raise SystemExit(f"{label}: not within {timeout:.0f}s ({run_dir})")
@@ -119,12 +121,19 @@ def loop(drafter: str, smoke: bool, work: Path) -> dict:
         stopped_at = time.time()
         report = cli(config, "kill", parent["run_id"], "--grace", "120")
         kill_s = time.time() - stopped_at
+        # The checkpoint is durable when its writer's `checkpoint` event is written; the
+        # relaunch below does not wait for it here (its --resume waits as it must).
+        stopped = [e for e in events(parent["run_dir"]) if e.get("time", 0) >= stopped_at]
         last_step = steps(events(parent["run_dir"]))[-1]["step"]
         relaunched_at = time.time()
         child = cli(config, "relaunch", parent["run_id"], "--set", f"max_seq_len={new_length}", "--resume")
         relaunch_s = time.time() - relaunched_at
         seen_child = wait_for(child["run_dir"], lambda s: len(steps(s)) >= 1, 600, "the child's first step")
         start, step = first(seen_child, "start"), steps(seen_child)[0]
+        saved = wait_for(parent["run_dir"], lambda s: any(e.get("event") == "checkpoint" and e["time"] >= stopped_at
+                                                         for e in s), 300, "the stopped run's durable checkpoint", ended=True)  # fmt: skip
+        durable = next(e for e in saved if e.get("event") == "checkpoint" and e["time"] >= stopped_at)
+        staged = next((e for e in saved if e.get("event") == "staged" and e["time"] >= stopped_at), None)
         cli(config, "kill", child["run_id"], "--grace", "120")
         bystander_alive = held is None or held.poll() is None
     finally:
@@ -134,7 +143,10 @@ def loop(drafter: str, smoke: bool, work: Path) -> dict:
         "drafter": drafter, "preset": preset, "argv": argv, "relaunch_max_seq_len": new_length,
         "first_run": {"launch_to_start_s": first(seen, "start")["time"] - launched_at,
                       "launch_to_first_step_s": steps(seen)[0]["time"] - launched_at},
-        "kill": {"command_s": kill_s, "report": report},
+        "kill": {"command_s": kill_s, "report": report,
+                 "staged_s": staged["time"] - stopped_at if staged else None,
+                 "durable_s": durable["time"] - stopped_at, "checkpoint": durable,
+                 "events_when_the_kill_returned": [e.get("event") for e in stopped]},
         "stopped_at_step": last_step,
         "resumed_from_step": start["config"].get("resumed_from_step"),
         "relaunch": {"command_s": relaunch_s, "to_start_s": start["time"] - relaunched_at,
