@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -44,6 +45,7 @@ TMP_PREFIX = ".tmp-"
 SHM = Path("/dev/shm")
 SHM_SPARE = 1.25  # staging in /dev/shm only with this much more room than the state needs
 WAIT_S = 120.0  # how long --resume waits for a writer
+READY_S = 10.0  # how long a trainer waits for its writer to hold the marker
 
 
 class WriterBusy(Exception):
@@ -141,10 +143,24 @@ def hand_off(staged: Path, root: Path, step: int, metrics: Path | None) -> int |
     writer = subprocess.Popen(
         [sys.executable, "-m", "training.durable", str(staged), str(root), str(step),
          str(metrics or "")],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True, env=env)
-    ready = writer.stdout.readline()
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True, env=env,
+        bufsize=0)
+    # A writer that is not ready soon is killed and the caller publishes: a trainer never
+    # waits on it for long, nor leaves two publishing one step.
+    said, deadline = b"", time.monotonic() + READY_S
+    while b"\n" not in said and (left := deadline - time.monotonic()) > 0:
+        if not select.select([writer.stdout], [], [], left)[0]:
+            break
+        chunk = os.read(writer.stdout.fileno(), 64)
+        if not chunk:
+            break
+        said += chunk
     writer.stdout.close()
-    return writer.pid if ready.strip() == b"ready" else None
+    if said == b"ready\n":
+        return writer.pid
+    writer.kill()
+    writer.wait()
+    return None
 
 
 def wait_for_writer(root: Path, say, timeout_s: float = WAIT_S) -> None:

@@ -1,0 +1,165 @@
+"""Release first, write after: a trainer stopped by SIGTERM exits before its checkpoint is
+durable, a writer process of its own makes it so, and nothing half-written is ever read:
+`--resume` waits for the writer, and a trainer or writer killed at any moment leaves the
+newest checkpoint either whole or absent (the one before it then the latest).
+
+Real trainers (`python -m training train --synthetic`), real files; the writer is caught
+mid-write by watching its marker (checkpoints/.writing names its pid) and stopped with
+SIGSTOP, or killed with SIGKILL, at that moment."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.training.test_checkpoint import ROOT, env, events, wait_for
+from training import checkpoint, durable
+from training.contract import WRITING_MARKER
+
+RUN = ["train", "--synthetic", "--steps", "5000", "--max-seq-len", "128", "--ttt-steps", "2",
+       "--save-every", "25"]
+
+
+def start(run_dir: Path, environ: dict, *extra: str) -> subprocess.Popen:
+    """The trainer, its output in a file (`said`): a pipe nobody reads would fill."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / f"said-{time.monotonic_ns()}.txt"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "training", *RUN, "--out", str(run_dir), *extra],
+                                cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT)
+    proc.log = log
+    return proc
+
+
+def said(proc: subprocess.Popen) -> str:
+    return proc.log.read_text()
+
+
+def steps(run_dir: Path) -> int:
+    return sum(e["event"] == "step" for e in events(run_dir))
+
+
+def writer_pid(ckpt: Path) -> int | None:
+    """The pid in the writer's marker, the moment it is there."""
+    try:
+        return json.loads((ckpt / WRITING_MARKER).read_text())["pid"]
+    except (OSError, ValueError):
+        return None
+
+
+def staged_step(run_dir: Path) -> int | None:
+    return next((e["step"] for e in reversed(events(run_dir)) if e["event"] == "staged"), None)
+
+
+def complete_checkpoints_only(ckpt: Path) -> int:
+    """Every step directory reads back whole; the step `--resume` would take."""
+    for _, path in durable.step_dirs(ckpt):
+        _, state, _ = checkpoint.load(path)
+        assert state["step"] == int(path.name.removeprefix("step-"))
+    return int(checkpoint.latest(ckpt).name.removeprefix("step-"))
+
+
+def resumes_at(run_dir: Path, environ: dict, step: int) -> subprocess.Popen:
+    before = len(events(run_dir))
+    proc = start(run_dir, environ, "--resume")
+    assert wait_for(lambda: len(events(run_dir)) > before + 1, 60), proc.poll()
+    resumed = events(run_dir)[before:]
+    assert resumed[0]["event"] == "start" and resumed[0]["config"]["resumed_from_step"] == step
+    assert resumed[1]["event"] == "step" and resumed[1]["step"] == step + 1
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, said(proc)
+
+
+@pytest.mark.slow
+def test_the_trainer_exits_before_its_checkpoint_is_durable_and_resume_waits_for_it(
+        tmp_path, tmp_path_factory):
+    run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    environ = env(tmp_path_factory)
+    proc = start(run_dir, environ)
+    assert wait_for(lambda: checkpoint.latest(ckpt) is not None and steps(run_dir) > 30, 60)
+    caught = 0
+    for trial in range(5):  # the writer is stopped before it is done in most of them
+        proc.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: writer_pid(ckpt) is not None, 30, poll=0.0002)
+        writer = writer_pid(ckpt)
+        os.kill(writer, signal.SIGSTOP)
+        try:
+            # the trainer exits, its writer stopped
+            assert proc.wait(timeout=30) == 0, said(proc)
+            step = max(e["step"] for e in events(run_dir) if e["event"] == "step")
+            # Not caught: the writer had finished, or was stopped before it said it was
+            # ready (the trainer then killed it and wrote the checkpoint itself).
+            if (ckpt / f"step-{step}").exists():
+                proc = resumes_at(run_dir, environ, step)
+                continue
+            assert staged_step(run_dir) == step
+            caught += 1
+            assert complete_checkpoints_only(ckpt) < step  # the one before is the latest
+            assert not any(e["event"] == "checkpoint" and e["step"] == step for e in events(run_dir))
+            before = len(events(run_dir))
+            waiting = start(run_dir, environ, "--resume")
+            what = f"step {step}'s checkpoint (writer pid {writer})"
+            assert wait_for(lambda: f"waiting up to 120 s for {what} to be durable" in said(waiting), 30), said(waiting)
+            time.sleep(1.0)
+            assert len(events(run_dir)) == before  # it reads nothing while the writer writes
+        finally:
+            try:
+                os.kill(writer, signal.SIGCONT)
+            except ProcessLookupError:  # killed by its trainer, not ready in time
+                pass
+        # The writer finishes; the waiting resume then takes its checkpoint.
+        assert wait_for(lambda: len(events(run_dir)) > before + 2, 60), events(run_dir)[before:]
+        resumed = [e for e in events(run_dir)[before:] if e["event"] != "checkpoint"]
+        assert resumed[0]["event"] == "start" and resumed[0]["config"]["resumed_from_step"] == step
+        assert resumed[1]["event"] == "step" and resumed[1]["step"] == step + 1
+        assert f"--resume: {what} is durable" in said(waiting)
+        proc = waiting
+    stop(proc)
+    assert caught >= 1
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_trainer_while_staging_or_of_the_writer_mid_write_leaves_whole_checkpoints(
+        tmp_path, tmp_path_factory):
+    run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    environ = env(tmp_path_factory)
+    rng = random.Random(33)
+    proc = start(run_dir, environ)
+    lost = 0
+    for trial in range(8):
+        assert wait_for(lambda: checkpoint.latest(ckpt) is not None and steps(run_dir) > 30, 60)
+        previous = complete_checkpoints_only(ckpt)
+        before = len(events(run_dir))
+        proc.send_signal(signal.SIGTERM)
+        if trial % 2:  # the writer, at a moment of its write
+            assert wait_for(lambda: writer_pid(ckpt) is not None, 30, poll=0.0002)
+            time.sleep(rng.uniform(0, 0.01))
+            os.kill(writer_pid(ckpt) or 0, signal.SIGKILL)
+            proc.wait(timeout=30)
+        else:  # the trainer, from its stop to its hand-over
+            time.sleep(rng.uniform(0, 0.05))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        durable.wait_for_writer(ckpt, print, timeout_s=30)  # a writer it had started
+        latest = complete_checkpoints_only(ckpt)
+        stopped_at = [e["step"] for e in events(run_dir)[before:] if e["event"] == "step"][-1:]
+        assert latest in (previous, *stopped_at), (latest, previous, stopped_at)
+        lost += latest == previous
+        proc = resumes_at(run_dir, environ, latest)
+    stop(proc)
+    assert lost >= 1  # a write was cut short at least once, and its run resumed
+    # Its debris (a half staging in /dev/shm, a half .tmp-step) went with the next save.
+    durable.wait_for_writer(ckpt, print, timeout_s=30)
+    assert not list(durable.SHM.glob(durable._shm_staging(ckpt) + "*"))
+    assert not [p.name for p in ckpt.iterdir() if p.name.startswith((".tmp-", WRITING_MARKER))]
