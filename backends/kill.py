@@ -13,12 +13,19 @@ node, each on its own host (backends/nodes.py launches them), and every node's w
 get SIGTERM: the trainer's ranks agree on a stop in every step's all-reduce, so every
 node stops at the same step whichever signal arrives first, and a trainer already
 stopping absorbs a SIGTERM that arrives later (training/loop.py).
+
+Our trainer stops by handing its checkpoint to a writer process of its own session
+(training/durable.py), so that its GPU is free before the checkpoint is durable: the kill
+leaves that writer alone (it is no process of the run's to wait for), and once the run's
+processes are gone waits for the writer's `checkpoint` event. The report gives both
+times: the GPU released, the checkpoint durable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import posixpath
 import time
 from collections.abc import Mapping
@@ -28,6 +35,7 @@ from backends import gpu, runs, tmux
 from backends.hosts import Host
 from backends.own_session import own_sessions
 from backends.procs import Proc, descendants, process_table, process_tree, shell_jobs
+from training.contract import CHECKPOINT, STAGED, STEP, WRITER_NAME
 
 # Arguments: the signal, then "PID STARTED" items. Each pid is signalled only if ps still
 # shows the start time we listed (words compared, so ps's padding does not matter); the
@@ -52,6 +60,7 @@ echo $same
 # whole (-ww), whatever $COLUMNS says (ps cuts them to it: a long venv path hid torchrun).
 _ARGS = ["ps", "-ww", "-o", "pid=,args=", "-p"]
 KILL_WAIT_S = 10.0  # after SIGKILL only uninterruptible sleep keeps a process alive
+DURABLE_WAIT_S = 120.0  # for a stopped trainer's checkpoint writer, once the run is gone
 PANE_EXIT_WAIT_S = 5.0  # tmux marks a pane dead as soon as its pty closes
 
 
@@ -121,6 +130,12 @@ class KillReport:
     exit_status: int | None
     seconds: float  # the whole kill, first signal to verified release
     release_s: float | None  # last process exit to verified GPU release
+    gpu_released_s: float | None = None  # first signal to verified GPU release
+    # The trainer's last checkpoint: "durable", "lost" (its writer ended without it), "none
+    # written", "not durable after N s", or None: not waited (not our trainer's node).
+    checkpoint: str | None = None
+    checkpoint_step: int | None = None
+    checkpoint_durable_s: float | None = None  # first signal to the checkpoint seen durable
     notes: list[str] = field(default_factory=list)
     host: str | None = None
     nodes: list[KillReport] = field(default_factory=list)  # a multi-node run's other nodes
@@ -141,6 +156,18 @@ class KillReport:
         if self.released is False:
             return f"stopped, but GPU memory NOT verified: {self.gpu_message or self.gpu_status}"
         return f"released: the run holds no GPU memory (verified {self.release_s:.2f}s after its last process exited)"
+
+    def times(self) -> str | None:
+        """When the GPU was free and the checkpoint durable, counted from the first signal."""
+        gpu_free = f"GPU released {self.gpu_released_s:.1f}s" if self.gpu_released_s is not None else None
+        if self.checkpoint == "durable":
+            written = f"checkpoint step {self.checkpoint_step} durable {self.checkpoint_durable_s:.1f}s"
+        elif self.checkpoint is not None:
+            written = f"checkpoint {self.checkpoint}" + (f" (step {self.checkpoint_step})" if self.checkpoint_step is not None else "")
+        else:
+            written = None
+        said = [t for t in (gpu_free, written) if t]
+        return ", ".join(said) + " after SIGTERM" if said else None
 
 
 def holding(p: gpu.GpuProcess) -> str:
@@ -238,7 +265,7 @@ async def _plan_node(host, target, session, manifest, panes, session_panes, smi,
         else:  # typed at an interactive shell: the job stops, the shell and its scrollback stay
             pids |= jobs
             shells.append(pane.pid)
-    tree = {pid: table[pid].started for pid in pids if pid in table}
+    tree = {pid: table[pid].started for pid in pids if pid in table and not _is_writer(table[pid])}
     if not tree:
         raise await _ended(host, target, session, manifest, panes)
     snapshot = await gpu.read_gpus(host, smi, nvml=nvml)
@@ -287,6 +314,11 @@ async def _signal(host: Host, signal: str, known: dict[int, str]) -> list[int]:
     return sorted(int(line) for line in result.stdout.split() if line.isdigit())
 
 
+def _is_writer(proc: Proc) -> bool:
+    """Our trainer's checkpoint writer: detached on purpose, to outlive the run."""
+    return proc.command == WRITER_NAME and proc.sid == proc.pid
+
+
 def _same(table: dict[int, Proc], known: dict[int, str]) -> list[int]:
     """The known pids still alive as the same process (same start time)."""
     return sorted(pid for pid, started in known.items() if pid in table and not table[pid].zombie and table[pid].started == started)
@@ -304,7 +336,7 @@ async def _wait_exit(host: Host, known: dict[int, str], strangers: set[int], tim
         table = await process_table(host)
         for pid in descendants(table, set(_same(table, known))) - strangers:
             known.setdefault(pid, table[pid].started)
-        alive = _same(table, known)
+        alive = [pid for pid in _same(table, known) if not _is_writer(table[pid])]
         if not alive or time.monotonic() >= deadline:
             return alive
         await asyncio.sleep(poll_s)
@@ -374,6 +406,7 @@ async def kill_run(
     nvml: bool = True,
     hosts: Mapping[str, Host] | None = None,
     smis: Mapping[str, str] | None = None,
+    durable_timeout_s: float = DURABLE_WAIT_S,
 ) -> KillReport:
     """Carry out a plan (or the plan of a run id or session name, made now with `hosts`
     and `smis` as plan_kill takes them): SIGTERM to its processes (torchrun's workers first),
@@ -389,7 +422,7 @@ async def kill_run(
 
     async def node(one: KillPlan) -> KillReport | AlreadyEnded:
         try:
-            return await _kill_node(one.via or host, one, grace_s, poll_s, one.smi or smi, gpu_timeout_s, nvml)
+            return await _kill_node(one.via or host, one, grace_s, poll_s, one.smi or smi, gpu_timeout_s, nvml, durable_timeout_s)
         except AlreadyEnded as ended:  # ended meanwhile: the others are still to be stopped
             return ended
 
@@ -405,7 +438,44 @@ async def kill_run(
     return head
 
 
-async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml) -> KillReport:
+async def _wait_durable(host: Host, plan: KillPlan, exited: float, timeout: float, poll_s: float) -> tuple[str | None, int | None, float | None]:
+    """(what became of the trainer's last checkpoint, its step, when it was seen durable).
+    Read from the events after the run's last step: a `staged` one is waited for (its
+    `checkpoint` event, or its writer gone without one); a `checkpoint` one was durable
+    when the trainer exited. Not waited where this host's run dir has no events (not our
+    trainer, or a node that does not write them)."""
+    if not plan.manifest or not plan.manifest.get("trainer"):
+        return None, None, None
+    deadline, gone = time.monotonic() + timeout, False
+    while True:
+        result = await host.run(["tail", "-n", "8", f"{plan.manifest['run_dir']}/metrics.jsonl"])
+        if not result.ok:
+            return None, None, None
+        tail = []
+        for line in result.stdout.splitlines():
+            try:
+                tail.append(json.loads(line))
+            except ValueError:
+                continue
+        tail = [e for e in tail if isinstance(e, dict)]
+        last = max((i for i, e in enumerate(tail) if e.get("event") == STEP), default=-1)
+        staged = next((e for e in tail[last + 1:] if e.get("event") == STAGED), None)
+        saved = next((e for e in tail[last + 1:] if e.get("event") == CHECKPOINT), None)
+        if saved is not None:
+            return "durable", saved.get("step"), exited if staged is None else time.monotonic()
+        if staged is None:
+            return "none written", None, None
+        if gone:  # read again after the writer was seen gone: it wrote no event
+            return "lost", staged.get("step"), None
+        if time.monotonic() >= deadline:
+            return f"not durable after {timeout:.0f}s", staged.get("step"), None
+        writer = (await process_table(host)).get(staged.get("writer"))
+        gone = writer is None or writer.zombie or not _is_writer(writer)
+        if not gone:
+            await asyncio.sleep(max(poll_s, 0.1))
+
+
+async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml, durable_timeout_s) -> KillReport:
     """One host's part of a kill."""
     started = time.monotonic()
     before = await gpu.read_gpus(host, smi, nvml=nvml)
@@ -435,6 +505,7 @@ async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml) -> K
         _verify_release(host, smi, nvml, set(known), gpu_timeout_s, poll_s),
         _end_session(host, plan, killed, poll_s),
     )
+    checkpoint, step, durable_at = await _wait_durable(host, plan, last_exit, durable_timeout_s, poll_s)
     done = time.monotonic()
     usable = after.status in (gpu.GpuStatus.OK, gpu.GpuStatus.NO_GPU, gpu.GpuStatus.NO_SMI)
     before_mib = {g.index: g.mem_used_mib for g in before.gpus}
@@ -459,6 +530,11 @@ async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml) -> K
         exit_status=exit_status,
         seconds=done - started,
         release_s=None if alive or stragglers or not usable else verified - last_exit,
+        # Unverified (no GPU, no nvidia-smi), the run's last exit is when it let go.
+        gpu_released_s=None if alive or stragglers or not usable else (verified if after.status is gpu.GpuStatus.OK else last_exit) - started,
+        checkpoint=checkpoint,
+        checkpoint_step=step,
+        checkpoint_durable_s=None if durable_at is None else durable_at - started,
         notes=notes,
         host=host.name,
     )
