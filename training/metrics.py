@@ -12,7 +12,9 @@ Events and fields:
               with world_size > 1 also peak_mem_gib_ranks (every rank's, by rank)
               a DFlash run's: loss_pos, acc_pos (per block offset) and tau in place of
               loss_ttt and acc_ttt
-  checkpoint  time, step, path
+  checkpoint  time, step, path (a durable step directory); the writer's also write_s
+  staged      time, step, writer, stage_s (a stopping trainer's state off the device; its
+              writer process's checkpoint event follows, maybe after the end)
   oom         time, max_seq_len, ttt_steps, tried_gib, peak_mem_gib; a DFlash run's also
               block_size, max_anchors (and ttt_steps null)
   end         time, status ("completed", "stopped", "oom", "failed")
