@@ -148,6 +148,7 @@ def loop(drafter: str, smoke: bool, work: Path) -> dict:
                  "durable_s": durable["time"] - stopped_at, "checkpoint": durable,
                  "events_when_the_kill_returned": [e.get("event") for e in stopped]},
         "stopped_at_step": last_step,
+        "stopped_run_said": Path(parent["run_dir"], "console.log").read_text(errors="replace").splitlines()[-6:],
         "resumed_from_step": start["config"].get("resumed_from_step"),
         "relaunch": {"command_s": relaunch_s, "to_start_s": start["time"] - relaunched_at,
                      "to_first_step_s": step["time"] - relaunched_at, "first_step": step["step"]},

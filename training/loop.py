@@ -121,11 +121,17 @@ class _StopRequest:
 
     def __init__(self):
         self.requested = False  # this process was signalled
+        self.requested_at: float | None = None  # time.monotonic() of the first signal
         self._stopping = False
         self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
 
     def _handle(self, signum, frame) -> None:
         self.requested = True
+        self.requested_at = self.requested_at or time.monotonic()
+
+    def since(self) -> str:
+        """Seconds since this process was signalled, for the stop path's lines."""
+        return f"{time.monotonic() - self.requested_at:.2f} s after the signal" if self.requested_at else "(signalled elsewhere)"
 
     def under_way(self) -> None:
         """Every rank stops after this step."""
@@ -469,6 +475,7 @@ def train(cfg: TrainConfig) -> int:
             if last_saved != step and (sharded or rank == 0):
                 started = time.perf_counter()
                 tensors, optimizer_state = gather_state(drafter, optimizer, sharded)
+                gather_s = time.perf_counter() - started
                 if rank == 0:
                     state = {"step": step, "data": position.state_dict(),
                              "rng": _rng_state(), "optimizer": optimizer_state,
@@ -491,7 +498,8 @@ def train(cfg: TrainConfig) -> int:
                         metrics.write(contract.STAGED, step=step, writer=writer,
                                       stage_s=round(stage_s, 3))
                         print(f"train: step {step}'s state written to {staged.parent} in "
-                              f"{stage_s:.2f} s; checkpoint writer pid {writer} makes it "
+                              f"{stage_s:.2f} s ({gather_s:.2f} s of it off the device), "
+                              f"{stop.since()}; checkpoint writer pid {writer} makes it "
                               "durable", flush=True)
             last_saved = step
             if world > 1:
@@ -579,4 +587,6 @@ def train(cfg: TrainConfig) -> int:
     metrics.write(contract.END, status=status)
     metrics.close()
     leave_processes()
+    if status == contract.STOPPED and rank == 0:
+        print(f"train: stopped; exiting {stop.since()}", flush=True)
     return EXIT_OK
