@@ -28,7 +28,7 @@ import dataclasses
 import json
 import posixpath
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
 from backends import gpu, runs, tmux
@@ -407,12 +407,16 @@ async def kill_run(
     hosts: Mapping[str, Host] | None = None,
     smis: Mapping[str, str] | None = None,
     durable_timeout_s: float = DURABLE_WAIT_S,
+    on_released: Callable[[], None] | None = None,
 ) -> KillReport:
     """Carry out a plan (or the plan of a run id or session name, made now with `hosts`
     and `smis` as plan_kill takes them): SIGTERM to its processes (torchrun's workers first),
     SIGKILL to what outlives `grace_s`, close its session, then poll until none of them
     holds GPU memory. A multi-node plan's nodes are stopped together, each on its host;
-    their reports are the report's `nodes`.
+    their reports are the report's `nodes`. `on_released` is called once every node's
+    processes are gone and its GPU memory checked, before the wait for the trainer's
+    checkpoint to be durable: what needs only the GPU (a relaunch that does not resume)
+    starts then.
 
     Raises AlreadyEnded, touching nothing, when none of the plan's processes is still
     alive as the same process. GPU memory is read as `gpu.read_gpus` reads it: NVML on
@@ -420,10 +424,20 @@ async def kill_run(
     if isinstance(plan, str):
         plan = await plan_kill(host, plan, smi=smi, nvml=nvml, hosts=hosts, smis=smis)
 
+    waiting = 1 + len(plan.nodes)  # nodes whose GPUs are still to be let go
+
+    def released() -> None:
+        nonlocal waiting
+        waiting -= 1
+        if waiting == 0 and on_released is not None:
+            on_released()
+
     async def node(one: KillPlan) -> KillReport | AlreadyEnded:
         try:
-            return await _kill_node(one.via or host, one, grace_s, poll_s, one.smi or smi, gpu_timeout_s, nvml, durable_timeout_s)
+            return await _kill_node(one.via or host, one, grace_s, poll_s, one.smi or smi, gpu_timeout_s, nvml,
+                                    durable_timeout_s, released)  # fmt: skip
         except AlreadyEnded as ended:  # ended meanwhile: the others are still to be stopped
+            released()
             return ended
 
     head, *rest = await asyncio.gather(node(plan), *(node(one) for one in plan.nodes))
@@ -475,7 +489,7 @@ async def _wait_durable(host: Host, plan: KillPlan, exited: float, timeout: floa
             await asyncio.sleep(max(poll_s, 0.1))
 
 
-async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml, durable_timeout_s) -> KillReport:
+async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml, durable_timeout_s, released) -> KillReport:
     """One host's part of a kill."""
     started = time.monotonic()
     before = await gpu.read_gpus(host, smi, nvml=nvml)
@@ -505,6 +519,7 @@ async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml, dura
         _verify_release(host, smi, nvml, set(known), gpu_timeout_s, poll_s),
         _end_session(host, plan, killed, poll_s),
     )
+    released()
     checkpoint, step, durable_at = await _wait_durable(host, plan, last_exit, durable_timeout_s, poll_s)
     done = time.monotonic()
     usable = after.status in (gpu.GpuStatus.OK, gpu.GpuStatus.NO_GPU, gpu.GpuStatus.NO_SMI)

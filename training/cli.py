@@ -84,6 +84,9 @@ def train_parser() -> argparse.ArgumentParser:
                         "processes, for a drafter whose optimizer state crowds a card")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in --out")
+    p.add_argument("--resume-from", type=Path, metavar="CHECKPOINTS",
+                   help="start from the newest checkpoint in another run's checkpoints "
+                        "directory (a relaunch's parent's), once its writer is done")
     add_param_flag(p, "loss_chunk", default=2048)
     add_param_flag(p, "checkpoint_ttt", default=0, metavar="N",
                    help="recompute the first N TTT steps in backward (bare: every step): each saves "
@@ -258,6 +261,8 @@ def _holds_a_run(out: Path, device: str) -> bool:
 
 def train_main(argv: list[str]) -> int:
     args = train_parser().parse_args(argv)
+    if args.resume and args.resume_from:
+        raise UsageError("--resume continues this run, --resume-from starts from another's: give one")
     import torch
 
     from training.loop import leave_processes
@@ -306,7 +311,7 @@ def _train(args, device: str, argv: list[str]) -> int:
         max_seq_len=max_seq_len, ttt_steps=args.ttt_steps or DEFAULT_TTT_STEPS,
         ttt_decay=args.ttt_decay or DEFAULT_TTT_DECAY,
         lr=args.lr or (3e-3 if args.synthetic else 1e-4), batch_rows=args.batch_rows,
-        device=device, resume=args.resume, loss_chunk=args.loss_chunk,
+        device=device, resume=args.resume, resume_from=args.resume_from, loss_chunk=args.loss_chunk,
         checkpoint_ttt=min(args.checkpoint_ttt, args.ttt_steps or DEFAULT_TTT_STEPS),
         freeze_lm_head=args.freeze_lm_head, sharding=args.sharding,
         gpu_mem_gib=args.gpu_mem_gib, save_every=args.save_every, seed=args.seed,

@@ -61,6 +61,9 @@ class TrainConfig:
     batch_rows: int = 1  # rows per rank per step
     device: str = "cpu"
     resume: bool = False
+    # Another run's checkpoints dir to start from (a relaunch's parent's), its writer
+    # waited for: the parent's checkpoint is still being made durable as this one starts.
+    resume_from: Path | None = None
     loss_chunk: int = 2048
     checkpoint_ttt: int = 0  # TTT steps recomputed in backward, the first ones (model.step_losses)
     freeze_lm_head: bool = False  # the draft head stays the verifier's (model.freeze_lm_head)
@@ -422,13 +425,14 @@ def train(cfg: TrainConfig) -> int:
         # --- resume ---
         ckpt_root = cfg.run_dir / "checkpoints"
         step, position = 0, Position()
-        if cfg.resume:  # after the start-up above, which overlaps a writer still writing
+        source = cfg.resume_from or (ckpt_root if cfg.resume else None)
+        if source is not None:  # after the start-up above, which overlaps a writer still writing
             try:
-                durable.wait_for_writer(ckpt_root, lambda said: rank == 0 and print(
+                durable.wait_for_writer(source, lambda said: rank == 0 and print(
                     f"train: --resume: {said}", flush=True))
             except durable.WriterBusy as busy:
                 raise ResumeError(str(busy)) from None
-        found = checkpoint.latest(ckpt_root) if cfg.resume else None
+        found = checkpoint.latest(source) if source is not None else None
         if found is not None:
             tensors, state, saved = checkpoint.load(found)
             missing = set(trainable) - set(tensors)
@@ -449,8 +453,8 @@ def train(cfg: TrainConfig) -> int:
             scheduler.load_state_dict(state["scheduler"])
             step, position = state["step"], Position(**state["data"])
             _set_rng_state(state["rng"])
-        elif cfg.resume and rank == 0:
-            print(f"train: --resume: no checkpoint in {ckpt_root}: starting at step 0", flush=True)
+        elif source is not None and rank == 0:
+            print(f"train: --resume: no checkpoint in {source}: starting at step 0", flush=True)
 
         config = {**cfg.to_dict(), "total_steps": total_steps, "warmup_steps": warmup,
                   "global_batch_rows": cfg.batch_rows * world, "resumed_from_step": step,

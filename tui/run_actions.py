@@ -102,8 +102,18 @@ class RunActions(Guarded):
         self.notify(f"stopping {run.key}…", timeout=3)
         self.alert_book.stopped(run.key)
         self.stopped_runs.add(run.key)
+        signalled = time.monotonic()
+
+        def released() -> None:
+            # The GPU is free: R's relaunch (which starts afresh, reading no checkpoint)
+            # starts now, while the trainer's writer still makes its checkpoint durable.
+            freed = f"{run.key}: GPU released in {time.monotonic() - signalled:.1f}s"
+            self.notify(freed + ("; relaunching…" if relaunch else "; its checkpoint is being made durable"), timeout=5)
+            if relaunch:
+                self.run_worker(self._relaunch(run), name=f"relaunch {run.key}", group="actions", exit_on_error=False)
+
         try:
-            report = await kill.kill_run(watched.host, plan, grace_s=self.grace_s, smi=watched.smi)
+            report = await kill.kill_run(watched.host, plan, grace_s=self.grace_s, smi=watched.smi, on_released=released)
         except Exception as error:
             # Marked before the kill so that the end it causes raises nothing; a kill that
             # failed answers for nothing: the run's own end must still be told.
@@ -124,8 +134,6 @@ class RunActions(Guarded):
             self._poll_runs(name)
         self.push_screen(KillReportScreen(run.key, report))
         self._changed(run=run.key)
-        if relaunch:
-            await self._relaunch(run)
 
     def action_relaunch(self) -> None:
         from tui.screens.confirm import Confirm

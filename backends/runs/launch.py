@@ -21,8 +21,7 @@ from backends.runs.rundir import (
     EXIT_STATUS_FILE,
     RunError,
     check_run_id,
-    latest_checkpoint,
-    link_checkpoint,
+    checkpoints_to_resume,
     now,
     read_exit_status,
     read_manifest,
@@ -120,9 +119,9 @@ async def launch(
     a multi-node run (only one node writes events), if its pane ends within `startup_s`.
     An exit status 0 is never a failed launch. With `startup_s` 0 nothing is waited for.
 
-    `resume_from`, a checkpoint step directory on the host, is hard-linked into the new
-    run's checkpoints (the trainer never rewrites a step's files, only replaces whole
-    directories) and the trainer is started with `--resume`.
+    `resume_from`, another run's checkpoints directory on the host, is where the trainer
+    starts from (`--resume-from`): its newest checkpoint, once a writer still making it
+    durable is done, so a relaunch need not wait for the write before it starts.
 
     A node of a multi-node run (backends/nodes.py) passes the run id its nodes share,
     `wrap` (the resolved command → the torchrun that runs it) and `extra` manifest fields.
@@ -138,7 +137,7 @@ async def launch(
     if resume_from:
         if not is_train:
             raise RunError("only trainer runs can resume from a checkpoint")
-        argv = [a for a in argv if a != "--resume"] + ["--resume"]
+        argv = [*_without_resume(argv), "--resume-from", resume_from]
     command = await resolve_program(host, launch_command(argv, params, directory, train_command))
     if wrap is not None:
         command = wrap(command)
@@ -160,8 +159,6 @@ async def launch(
         **(extra or {}),
     }
     await write_manifest(host, manifest)
-    if resume_from:
-        await link_checkpoint(host, resume_from, f"{directory}/checkpoints")
     recorded = ["sh", "-c", _RECORD_EXIT, "sh", f"{directory}/{EXIT_STATUS_FILE}", *command]
     try:
         pane_pid = await tmux.new_session(host, session, recorded, f"{directory}/console.log")
@@ -268,18 +265,18 @@ async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False,
     """The parent's argv with changed params, in a new run dir linked to its parent.
 
     With `resume`, the new run starts from the parent's latest checkpoint (the trainer's
-    `--resume`, on a hard-linked copy of that checkpoint in the new run dir).
+    `--resume-from` the parent's checkpoints), one still being written included.
     """
     parent = await read_manifest(host, run_id)
     if len(parent.get("nodes") or []) > 1:  # one node alone would wait for the others forever
         spans = ", ".join(n["host"] for n in parent["nodes"])
         raise RunError(f"run {run_id} spans hosts {spans}: relaunch every node together (backends.nodes.relaunch_nodes)")
-    argv = [a for a in parent["argv"] if a != "--resume"]
+    argv = _without_resume(parent["argv"])
     if train_args_start(argv, train_command) is None:
         raise RunError(f"run {run_id} is not a trainer run ({' '.join(argv)}): its parameters cannot be changed")
     resume_from = None
     if resume:
-        resume_from = await latest_checkpoint(host, parent["run_dir"])
+        resume_from = await checkpoints_to_resume(host, parent["run_dir"])
         if resume_from is None:
             raise RunError(f"run {run_id} has no checkpoint to resume from in {parent['run_dir']}/checkpoints")
     argv, params = run_params.edited(argv, parent.get("params", {}), changes)
@@ -287,3 +284,17 @@ async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False,
         host, argv, params=params, parent=run_id,
         train_command=train_command, resume_from=resume_from,
     )  # fmt: skip
+
+
+def _without_resume(argv: Sequence[str]) -> list[str]:
+    """argv without the resume it started with: a relaunch resumes only when asked, from
+    its parent."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--resume-from":
+            skip = True
+        elif arg != "--resume" and not arg.startswith("--resume-from="):
+            kept.append(arg)
+    return kept

@@ -14,16 +14,14 @@ import json
 import time
 
 from backends.hosts import Host, HostError
-from training.contract import RUN_ID, RUN_ID_EXAMPLE
+from training.contract import RUN_ID, RUN_ID_EXAMPLE, WRITING_MARKER
 
 # Write stdin to "$1" atomically, creating its directory.
 _WRITE_FILE = 'mkdir -p "$(dirname "$1")" && cat > "$1.tmp" && mv -f "$1.tmp" "$1"'
 
-# Hard-link checkpoint "$1" (a step dir) into the checkpoints dir "$2" and point `latest` at it.
-_LINK_CHECKPOINT = 'mkdir -p "$2" && cp -al "$1" "$2/" && basename "$1" > "$2/latest"'
-
-# The newest step-<N> directory under the checkpoints dir "$1", as the trainer picks it.
-_LATEST_CHECKPOINT = r"""ls "$1" 2>/dev/null | grep -E '^step-[0-9]+$' | sort -t- -k2 -n | tail -n 1"""
+# Whether the checkpoints dir "$1" holds a checkpoint, or one on its way (its writer's
+# marker "$2"): prints something if so.
+_CHECKPOINT_THERE = r"""ls -A "$1" 2>/dev/null | grep -E -x -e 'step-[0-9]+' -e "$2" | head -n 1"""
 
 # Print "$1", or exit 3 when there is no such file: a missing file is told apart from one
 # that cannot be read without reading cat's words.
@@ -97,17 +95,12 @@ async def record_end(host: Host, manifest: dict, exit_status: int | None) -> dic
     return manifest
 
 
-async def link_checkpoint(host: Host, step_dir: str, checkpoints: str) -> None:
-    result = await host.run(["sh", "-c", _LINK_CHECKPOINT, "sh", step_dir.rstrip("/"), checkpoints])
-    if not result.ok:
-        raise RunError(f"cannot link checkpoint {step_dir} into {checkpoints}: {result.stderr.strip()}")
-
-
-async def latest_checkpoint(host: Host, run_dir: str) -> str | None:
+async def checkpoints_to_resume(host: Host, run_dir: str) -> str | None:
+    """The run's checkpoints dir if it holds a checkpoint, or one its writer is still making
+    durable (a run stopped a moment ago: the trainer resuming from it waits for the writer)."""
     checkpoints = f"{run_dir}/checkpoints"
-    result = await host.run(["sh", "-c", _LATEST_CHECKPOINT, "sh", checkpoints])
-    name = result.stdout.strip()
-    return f"{checkpoints}/{name}" if name else None
+    result = await host.run(["sh", "-c", _CHECKPOINT_THERE, "sh", checkpoints, WRITING_MARKER])
+    return checkpoints if result.stdout.strip() else None
 
 
 def parse_exit_status(text: str) -> int | None:

@@ -22,6 +22,7 @@ from backends import runs, tmux
 from backends.hosts import LocalHost
 from backends.runs import RunPhase
 from tests.conftest import end_tmux_server
+from training.contract import WRITING_MARKER
 
 PY = sys.executable
 TRAIN = [PY, "-m", "training", "train", "--synthetic", "--max-seq-len", "128", "--ttt-steps", "2"]
@@ -303,9 +304,11 @@ async def test_trainer_argv_gets_out_params_and_relaunch_links_parent(host, tmp_
 
     with pytest.raises(runs.RunError, match="no checkpoint"):
         await runs.relaunch(host, first.run_id, {}, resume=True, train_command=train)
-    for step in (2, 10):  # numeric order, not text order, picks the latest
-        Path(first.run_dir, "checkpoints", f"step-{step}").mkdir(parents=True)
-        Path(first.run_dir, "checkpoints", f"step-{step}", "state.pt").write_text(f"state {step}")
+    # A checkpoint still being made durable (its writer's marker) is one to resume from:
+    # the trainer waits for it, so the relaunch need not.
+    checkpoints = Path(first.run_dir, "checkpoints")
+    checkpoints.mkdir()
+    (checkpoints / WRITING_MARKER).write_text('{"pid": 1, "step": 10}')
 
     second = await runs.relaunch(host, first.run_id, {"ttt_steps": 5, "max_seq_len": 16384}, resume=True, train_command=train)
     assert second.parent == first.run_id and second.run_id != first.run_id
@@ -313,11 +316,8 @@ async def test_trainer_argv_gets_out_params_and_relaunch_links_parent(host, tmp_
     argv_file = Path(second.run_dir, "argv.json")
     assert json.loads(await eventually(lambda: written(argv_file))) == [
         "--synthetic", "--ttt-steps", "5", "--lr=0.0001", "--max-seq-len", "16384",
-        "--resume", "--out", second.run_dir,
+        "--resume-from", str(checkpoints), "--out", second.run_dir,
     ]  # fmt: skip
-    linked = Path(second.run_dir, "checkpoints")
-    assert sorted(p.name for p in linked.iterdir()) == ["latest", "step-10"]
-    assert (linked / "step-10" / "state.pt").stat().st_ino == Path(first.run_dir, "checkpoints/step-10/state.pt").stat().st_ino
     listed = await run_named(host, second.run_id)
     assert listed.parent == first.run_id and listed.params["ttt_steps"] == 5
 
@@ -327,6 +327,7 @@ async def test_trainer_argv_gets_out_params_and_relaunch_links_parent(host, tmp_
     assert third.params == {**second.params, **changes}
     argv = json.loads(await eventually(lambda: written(Path(third.run_dir, "argv.json"))))
     assert argv.count("--freeze-lm-head") == 1 and argv.count("--checkpoint-ttt") == 1
+    assert "--resume-from" not in argv  # resumes only when asked, from its own parent
     assert argv[argv.index("--checkpoint-ttt") + 1] == "2"
     changes = {"freeze_lm_head": False, "checkpoint_ttt": 0}
     fourth = await runs.relaunch(host, third.run_id, changes, train_command=train)

@@ -3,6 +3,8 @@ session, the log after a filter, `a` inside tmux."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from textual import events
 from textual.command import CommandPalette
@@ -11,14 +13,14 @@ from textual.widgets import Log
 from backends import runs
 from backends.runs import RunInfo, RunPhase
 from tests.backends.test_watch import TRAIN_COMMAND
-from tests.tui.conftest import screen_text, wait_for
+from tests.tui.conftest import TRAIN, screen_text, wait_for
 from tests.tui.sample import NOW, RUN_KEY, feed, make_app, on_run
 from tui.app import TracksideApp, Watched
 from tui.messages import ConsoleBatch, RunsListed
 from tui.screens.confirm import Confirm
 from tui.screens.fleet import FleetScreen
 from tui.screens.help import HelpScreen
-from tui.screens.kill import KillConfirm
+from tui.screens.kill import KillConfirm, KillReportScreen
 from tui.screens.run import RunScreen
 from tui.widgets.footer import Footer
 from tui.widgets.loss_chart import LossChart
@@ -506,3 +508,62 @@ async def test_the_palettes_screenshot_says_where_it_went_or_why_not(tmp_path, m
         screenshot.callback()
         await pilot.pause(0.5)
         assert any("cannot save" in m and "No such file or directory" in m for m in said), said
+
+
+async def test_R_relaunches_once_the_gpu_is_free_while_the_checkpoint_is_still_being_written(local_host):
+    """The trainer hands its checkpoint to a writer and exits: R's relaunch (which reads no
+    checkpoint) starts then, not after the write; the kill's report follows with both
+    times. The writer is held (SIGSTOP) the moment the trainer says it has the state, to
+    show the order; a tiny state may be written before that moment, so up to four R's."""
+    import json
+    import os
+    import signal
+    import threading
+    import time
+    from pathlib import Path
+
+    argv = [*TRAIN, "--steps", "100000", "--max-seq-len", "128", "--ttt-steps", "2", "--save-every", "0"]
+    info = await runs.launch(local_host, argv, train_command=TRAIN[:4])
+    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent", train_command=TRAIN[:4])], poll_interval=0.2)
+
+    def hold_the_writer(run_dir: str, held: list[int]) -> None:
+        """SIGSTOP the writer named by the run's `staged` event, polling tightly."""
+        metrics, deadline = Path(run_dir, "metrics.jsonl"), time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for line in metrics.read_text().splitlines()[::-1]:
+                if '"staged"' in line:
+                    try:
+                        os.kill(json.loads(line)["writer"], signal.SIGSTOP)
+                        held.append(json.loads(line)["writer"])
+                    except ProcessLookupError:
+                        pass  # written already: not caught
+                    return
+            time.sleep(0.0002)
+
+    async with app.run_test(size=(160, 48)) as pilot:
+        for _ in range(4):
+            key = f"local/{info.run_id}"
+            await open_run_when(pilot, key, lambda run: run.steps, "the run's steps")
+            await pilot.press("R")
+            await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm), 15, "the kill dialog")
+            held: list[int] = []
+            holder = threading.Thread(target=hold_the_writer, args=(info.run_dir, held), daemon=True)
+            holder.start()
+            await pilot.press("y")
+            await wait_for(pilot, lambda: not holder.is_alive(), 60, "the trainer's staged event")
+            try:
+                [child] = await wait_for(pilot, lambda: children(app, info), 60, "the relaunched run")
+                said = [json.loads(line)["event"] for line in Path(info.run_dir, "metrics.jsonl").read_text().splitlines()]
+                if held:  # relaunched while the write was held: no checkpoint event yet
+                    assert said[-2:] == ["staged", "end"] and not isinstance(app.screen, KillReportScreen), said
+            finally:
+                for pid in held:
+                    os.kill(pid, signal.SIGCONT)
+            report = await wait_for(pilot, lambda: isinstance(app.screen, KillReportScreen) and app.screen, 60, "the kill's report")
+            assert report.report.checkpoint == "durable" and report.report.gpu_released_s <= report.report.checkpoint_durable_s
+            if held:
+                return
+            await pilot.press("escape")
+            app.pop_screen()  # the relaunched run's screen: the next R is on it
+            info = app.runs[child].info
+        pytest.fail("the writer was done before it could be held, four times")
