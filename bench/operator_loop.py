@@ -1,21 +1,23 @@
-"""The operator's loop on a GPU, through the CLI as the dashboard drives it: a run trains
-beside a bystander holding GPU memory; `trackside kill` stops it (the GPU released, then
-its checkpoint durable); `trackside relaunch --set max_seq_len=N --resume` starts its child,
-timed to its first step; the whole `R` cycle is the kill command to that first step.
+"""The operator's loop on a GPU, as the dashboard drives it: a run trains beside a
+bystander holding GPU memory; `R` stops it and relaunches it with a new max_seq_len the
+moment its GPU is free (backends.kill.kill_run and backends.runs.relaunch, as the app calls
+them), its checkpoint made durable meanwhile; then, through the CLI, `trackside kill` of
+the child and `trackside relaunch --set max_seq_len=N --resume`, which must resume at the
+child's last step. Both drafters.
 
     PYTHONPATH=$PWD python3 bench/operator_loop.py --drafter eagle3     # llama3-8b 8192 x TTT 5
     PYTHONPATH=$PWD python3 bench/operator_loop.py --drafter dflash     # qwen3-8b 8192, block 16, 512 anchors
     .venv/bin/python bench/operator_loop.py --drafter eagle3 --smoke    # the same flow on the CPU, tiny
 
-Times are wall clock: the kill's own (its report's first signal to verified release, and
-to the checkpoint durable), the relaunch command's, and the child's `start` and first
-`step` events (their `time` against the moment the relaunch command was started). The
-first launch's own first step is reported too: on a box whose caches are cold it is the
-fresh-box figure. Prints one JSON document; with $OUT set, writes it there too.
+Times are wall clock, from the kill's start: the GPU released and the checkpoint durable
+(the kill's report), the new run's `start` and first `step` events. The first launch's own
+first step is reported too: on a box whose caches are cold it is the fresh-box figure.
+Prints one JSON document; with $OUT set, writes it there too.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
@@ -27,14 +29,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 CLI = ["-c", "import sys; from tui.cli import main; sys.exit(main())"]
 
-# (preset, the run's flags, the relaunch's new max_seq_len)
+# (preset, the run's flags, R's new max_seq_len, the resumed relaunch's)
 CELLS = {
-    ("eagle3", False): ("llama3-8b", ["--max-seq-len", "8192", "--ttt-steps", "5"], 12288),
+    ("eagle3", False): ("llama3-8b", ["--max-seq-len", "8192", "--ttt-steps", "5"], 12288, 10240),
     ("dflash", False): ("qwen3-8b", ["--drafter", "dflash", "--max-seq-len", "8192", "--block-size", "16",
-                                     "--max-anchors", "512"], 12288),
-    ("eagle3", True): ("tiny", ["--max-seq-len", "256", "--ttt-steps", "2"], 384),
+                                     "--max-anchors", "512"], 12288, 10240),
+    ("eagle3", True): ("tiny", ["--max-seq-len", "256", "--ttt-steps", "2"], 384, 320),
     ("dflash", True): ("tiny", ["--drafter", "dflash", "--max-seq-len", "256", "--block-size", "4",
-                                "--max-anchors", "8"], 384),
+                                "--max-anchors", "8"], 384, 320),
 }
 WARM_STEPS = 10  # steps the first run takes before it is killed
 
@@ -95,8 +97,23 @@ def bystander(smoke: bool) -> subprocess.Popen | None:
     return proc
 
 
+async def r_key(runs_root: Path, run_id: str, max_seq_len: int, train: list[str]) -> dict:
+    """R as the dashboard does it (tui/run_actions.py): the kill, and the relaunch (afresh,
+    with the edit) started by the kill the moment the run's GPU is free."""
+    from backends import kill, runs
+    from backends.hosts import LocalHost
+
+    host = LocalHost("local", runs_root=str(runs_root))
+    relaunched: list[asyncio.Task] = []
+    stopped_at = time.time()
+    report = await kill.kill_run(host, run_id, grace_s=120, on_released=lambda: relaunched.append(asyncio.ensure_future(
+        runs.relaunch(host, run_id, {"max_seq_len": max_seq_len}, train_command=train))))  # fmt: skip
+    child = await relaunched[0]
+    return {"stopped_at": stopped_at, "report": report.to_json(), "child": child.to_json()}
+
+
 def loop(drafter: str, smoke: bool, work: Path) -> dict:
-    preset, flags, new_length = CELLS[drafter, smoke]
+    preset, flags, r_length, resumed_length = CELLS[drafter, smoke]
     device = "cpu" if smoke else "cuda"
     data = work / f"data-{drafter}-{preset}"
     if smoke:
@@ -118,41 +135,42 @@ def loop(drafter: str, smoke: bool, work: Path) -> dict:
         launched_at = time.time()
         parent = cli(config, "launch", "--", *argv)
         seen = wait_for(parent["run_dir"], lambda s: len(steps(s)) >= WARM_STEPS, 600, "the first run's steps")
-        stopped_at = time.time()
-        report = cli(config, "kill", parent["run_id"], "--grace", "120")
-        kill_s = time.time() - stopped_at
-        # The checkpoint is durable when its writer's `checkpoint` event is written; the
-        # relaunch below does not wait for it here (its --resume waits as it must).
-        stopped = [e for e in events(parent["run_dir"]) if e.get("time", 0) >= stopped_at]
-        last_step = steps(events(parent["run_dir"]))[-1]["step"]
+        # R: kill, and relaunch afresh at a new length once the GPU is free.
+        r = asyncio.run(r_key(work / "runs", parent["run_id"], r_length, train))
+        child, stopped_at = r["child"], r["stopped_at"]
+        seen_child = wait_for(child["run_dir"], lambda s: len(steps(s)) >= WARM_STEPS, 600, "R's run's steps")
+        # The CLI: kill the child, relaunch it at another new length from its checkpoint.
+        killed_at = time.time()
+        report = cli(config, "kill", child["run_id"], "--grace", "120")
+        kill_s = time.time() - killed_at
+        last_step = steps(events(child["run_dir"]))[-1]["step"]
         relaunched_at = time.time()
-        child = cli(config, "relaunch", parent["run_id"], "--set", f"max_seq_len={new_length}", "--resume")
+        resumed = cli(config, "relaunch", child["run_id"], "--set", f"max_seq_len={resumed_length}", "--resume")
         relaunch_s = time.time() - relaunched_at
-        seen_child = wait_for(child["run_dir"], lambda s: len(steps(s)) >= 1, 600, "the child's first step")
-        start, step = first(seen_child, "start"), steps(seen_child)[0]
-        saved = wait_for(parent["run_dir"], lambda s: any(e.get("event") == "checkpoint" and e["time"] >= stopped_at
-                                                         for e in s), 300, "the stopped run's durable checkpoint", ended=True)  # fmt: skip
-        durable = next(e for e in saved if e.get("event") == "checkpoint" and e["time"] >= stopped_at)
-        staged = next((e for e in saved if e.get("event") == "staged" and e["time"] >= stopped_at), None)
-        cli(config, "kill", child["run_id"], "--grace", "120")
+        seen_resumed = wait_for(resumed["run_dir"], lambda s: len(steps(s)) >= 1, 600, "the resumed run's first step")
+        cli(config, "kill", resumed["run_id"], "--grace", "120")
         bystander_alive = held is None or held.poll() is None
     finally:
         if held is not None:
             held.kill()
+    r_start, r_step = first(seen_child, "start"), steps(seen_child)[0]
+    start, step = first(seen_resumed, "start"), steps(seen_resumed)[0]
+    said = Path(child["run_dir"], "console.log").read_text(errors="replace").splitlines()
     return {
-        "drafter": drafter, "preset": preset, "argv": argv, "relaunch_max_seq_len": new_length,
+        "drafter": drafter, "preset": preset, "argv": argv,
         "first_run": {"launch_to_start_s": first(seen, "start")["time"] - launched_at,
                       "launch_to_first_step_s": steps(seen)[0]["time"] - launched_at},
-        "kill": {"command_s": kill_s, "report": report,
-                 "staged_s": staged["time"] - stopped_at if staged else None,
-                 "durable_s": durable["time"] - stopped_at, "checkpoint": durable,
-                 "events_when_the_kill_returned": [e.get("event") for e in stopped]},
+        "R": {"max_seq_len": r_length, "gpu_released_s": r["report"]["gpu_released_s"],
+              "checkpoint": r["report"]["checkpoint"], "checkpoint_durable_s": r["report"]["checkpoint_durable_s"],
+              "to_start_s": r_start["time"] - stopped_at, "to_first_step_s": r_step["time"] - stopped_at},
+        "kill": {"command_s": kill_s, "gpu_released_s": report["gpu_released_s"], "checkpoint": report["checkpoint"],
+                 "checkpoint_step": report["checkpoint_step"], "checkpoint_durable_s": report["checkpoint_durable_s"],
+                 "bystander": report["other_holders"], "gpus": report["gpus"]},
         "stopped_at_step": last_step,
-        "stopped_run_said": Path(parent["run_dir"], "console.log").read_text(errors="replace").splitlines()[-6:],
-        "resumed_from_step": start["config"].get("resumed_from_step"),
-        "relaunch": {"command_s": relaunch_s, "to_start_s": start["time"] - relaunched_at,
-                     "to_first_step_s": step["time"] - relaunched_at, "first_step": step["step"]},
-        "R_cycle_s": step["time"] - stopped_at,
+        "stopped_run_said": [line for line in said if line.startswith("train:")][-3:],
+        "resumed": {"max_seq_len": resumed_length, "resumed_from_step": start["config"].get("resumed_from_step"),
+                    "first_step": step["step"], "command_s": relaunch_s,
+                    "to_start_s": start["time"] - relaunched_at, "to_first_step_s": step["time"] - relaunched_at},
         "bystander_untouched": bystander_alive,
     }  # fmt: skip
 
