@@ -72,7 +72,12 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
 }
 # Fields an event carries only where they mean something.
 OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {STEP: ("peak_mem_gib_ranks",), OOM: ("block_size", "max_anchors"),
-                                               CHECKPOINT: ("write_s",)}
+                                               CHECKPOINT: ("write_s",), START: ("process_started",)}
+
+# When this process imported the contract, which the trainer's entry does first: its start,
+# to a few milliseconds, on the trainer's own clock (a start event's `process_started`, so
+# a relaunch's phases are timed with no skew between the dashboard's clock and the host's).
+PROCESS_STARTED = time.time()
 
 # `checkpoints/<WRITING_MARKER>` exists, locked, while a checkpoint writer writes
 # (training/durable.py); the writer's process name, which a kill leaves to finish.

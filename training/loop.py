@@ -460,7 +460,8 @@ def train(cfg: TrainConfig) -> int:
                   "global_batch_rows": cfg.batch_rows * world, "resumed_from_step": step,
                   "precision": precision(device),
                   "data_layers": dataset.info["layers"]}
-        metrics.write(contract.START, config=config, steps_per_epoch=loader.steps_per_epoch,
+        metrics.write(contract.START, config=config, process_started=contract.PROCESS_STARTED,
+                      steps_per_epoch=loader.steps_per_epoch,
                       world_size=world)
         if rank == 0:
             print(f"train: run_dir={cfg.run_dir} steps={total_steps} "

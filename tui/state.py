@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -261,8 +262,28 @@ class RunState:
 
     @property
     def state_label(self) -> str:
-        """The status in a few words: its label, what ended it, or a loading phase."""
+        """The status in a few words: its label, what ended it, or a loading phase. Our
+        trainer's run (it has params) reads `starting` until its start event, then
+        `first step…` (set up; compiling, on a GPU) until its first step: the phases of a
+        relaunch, as they happen."""
+        if (self.status is RunStatus.RUNNING and self.params and not self.steps and self.info.last_step is None
+                and self.progress is None):  # a console's own loading bar says more
+            return "starting" if self.start is None else "first step…"
         return status_words(self.status, self.info.exit_status, None if self.steps else self.progress)
+
+    def first_step_s(self) -> tuple[float, float] | None:
+        """(its first step, its start event) in seconds after its trainer's process started,
+        all on the trainer's clock, while the first step of this start is still in the
+        history."""
+        start = self.start or {}
+        began, first = start.get("process_started"), self.steps[0] if self.steps else None
+        resumed = (start.get("config") or {}).get("resumed_from_step") or 0
+        if not isinstance(began, (int, float)) or first is None or first.get("step") != resumed + 1:
+            return None
+        try:
+            return first["time"] - began, start["time"] - began
+        except (KeyError, TypeError):
+            return None
 
     def last_step_time(self) -> float | None:
         return self.last.get("time") if self.last else None
@@ -290,3 +311,4 @@ def format_number(value: float | None, digits: int = 4, width: int | None = None
         digits -= 1
         text = f"{value:.{digits}g}".replace("e+0", "e+").replace("e-0", "e-")
     return text
+

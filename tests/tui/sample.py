@@ -48,6 +48,7 @@ def metrics_events(steps: int = 300, model: dict | None = None) -> list[dict]:
     start = {
         "event": "start",
         "time": T0,
+        "process_started": T0 - 4.6,  # the trainer's imports, data and model before it
         "config": {**PARAMS, "model": model or {}},
         "steps_per_epoch": 4120,
         "world_size": 8,
@@ -222,7 +223,8 @@ def dflash_events(steps: int = 240, model: dict | None = None) -> list[dict]:
         **DFLASH_PARAMS, "ttt_steps": 3, "model": {**(model or {}), "block_size": DFLASH_BLOCK},
         "dflash": {"target_layers": [1, 15, 29, 43, 57], "max_anchors": 1024, "gamma": 7.0, "soft_kl": 0.15},
     }  # fmt: skip
-    events = [{"event": "start", "time": T0, "config": config, "steps_per_epoch": 1500, "world_size": 8}]
+    events = [{"event": "start", "time": T0, "process_started": T0 - 3.9, "config": config, "steps_per_epoch": 1500,
+               "world_size": 8}]  # fmt: skip
     weights = [math.exp(-k / 7.0) for k in range(DFLASH_BLOCK - 1)]
     for step in range(1, steps + 1):
         learnt = 1 - math.exp(-step / 90)

@@ -68,8 +68,9 @@ def _console_tail(run) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
-async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monkeypatch, record_property, size):
+async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monkeypatch, record_property, size, tmp_path):
     monkeypatch.delenv("TMUX", raising=False)  # `a` must not reach the tmux this test runs in
+    monkeypatch.chdir(tmp_path)  # the palette's Screenshot saves in the current directory
     tally = monkey.Tally(monkey.seed_from_env())
     rng = random.Random(tally.seed)
     keys = monkey.pool()
@@ -167,7 +168,8 @@ def test_random_keys_in_a_tmux_pane_never_stop_trackside_demo(tmp_path, tmux_soc
     # The pane's shell records how the dashboard ended; the pane stays to be read.
     command = f"{env} {shlex.quote(trackside)} demo; echo $? > {shlex.quote(str(done))}; sleep 600"
     # A terminal's default size, as most operators meet it; resized now and then below.
-    _tmux(tmux_socket, "new-session", "-d", "-s", "dash", "-x", "80", "-y", "24", command)
+    # In a directory of its own: the palette's Screenshot saves in the current one.
+    _tmux(tmux_socket, "new-session", "-d", "-s", "dash", "-x", "80", "-y", "24", "-c", str(tmp_path), command)
 
     def screen() -> str:
         return _tmux(tmux_socket, "capture-pane", "-p", "-t", "=dash:")

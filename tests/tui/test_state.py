@@ -100,3 +100,18 @@ def test_a_run_that_ended_shows_no_pace():
         run.add_event(event)
     cells = run_cells(run, HostState("h200-box"))
     assert (run.tokens_per_s, run.eta_s(), cells["tps"], cells["eta"]) == (None, None, "—", "—")
+
+
+def test_a_new_trainer_run_reads_starting_then_its_first_step_then_when_that_came():
+    """The operator's loop, as the screens say it: `starting` until the trainer's start
+    event, `first step…` (loading done; compiling, on a GPU) until its first step, then
+    how long after its process started the first step came, on the trainer's clock."""
+    run = RunState("h/r", "h", dataclasses.replace(run_info(), last_step=None, last_loss=None))  # listed before its first step
+    assert run.state_label == "starting"
+    [start, first, *_] = metrics_events(3)
+    run.add_event({**start, "time": 1000.0 + 4.2, "process_started": 1000.0})
+    assert run.state_label == "first step…"
+    run.add_event({**first, "time": 1000.0 + 12.5})
+    assert run.state_label == "running"
+    assert "first step 12.5 s after its process started (start event at 4.2 s)" in stats_text(run, NOW).plain
+    assert RunState("h/s", "h", dataclasses.replace(run_info(), params={})).state_label == "running"  # not our trainer
