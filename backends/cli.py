@@ -249,7 +249,7 @@ def _show_kill(report: kill.KillReport) -> str:
     lines += [f"GPU {g.index}: {g.before_mib} MiB before, {g.after_mib} MiB after" for g in report.gpus]
     lines += [f"straggler: {kill.holding(p)}" for p in report.stragglers]
     lines += [f"held by a process outside the run: {kill.holding(p)} — not touched" for p in report.other_holders]
-    lines = [*lines, report.verdict(), *filter(None, [report.times()]), *report.notes]
+    lines = [*lines, *filter(None, [report.times()]), report.verdict(), *report.notes]
     for node in report.nodes:  # a multi-node run's other nodes, each on its host
         lines += [f"on {node.host}:", *("  " + line for line in _show_kill(node).splitlines())]
     return "\n".join(lines)

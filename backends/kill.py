@@ -159,7 +159,9 @@ class KillReport:
 
     def times(self) -> str | None:
         """When the GPU was free and the checkpoint durable, counted from the first signal."""
-        gpu_free = f"GPU released {self.gpu_released_s:.1f}s" if self.gpu_released_s is not None else None
+        # "GPU released" only where the release was seen; elsewhere the run's processes ended.
+        freed = "GPU released" if self.gpu_status == gpu.GpuStatus.OK.name else "processes ended"
+        gpu_free = f"{freed} {self.gpu_released_s:.1f}s" if self.gpu_released_s is not None else None
         if self.checkpoint == "durable":
             written = f"checkpoint step {self.checkpoint_step} durable {self.checkpoint_durable_s:.1f}s"
         elif self.checkpoint is not None:

@@ -532,11 +532,16 @@ async def test_R_relaunches_once_the_gpu_is_free_while_the_checkpoint_is_still_b
         while time.monotonic() < deadline:
             for line in metrics.read_text().splitlines()[::-1]:
                 if '"staged"' in line:
+                    writer = json.loads(line)["writer"]
                     try:
-                        os.kill(json.loads(line)["writer"], signal.SIGSTOP)
-                        held.append(json.loads(line)["writer"])
+                        os.kill(writer, signal.SIGSTOP)
                     except ProcessLookupError:
-                        pass  # written already: not caught
+                        return  # written already: not caught
+                    time.sleep(0.01)  # stopped by now
+                    if '"checkpoint"' in metrics.read_text().split('"staged"')[-1]:
+                        os.kill(writer, signal.SIGCONT)  # done before the stop: not caught
+                    else:
+                        held.append(writer)
                     return
             time.sleep(0.0002)
 

@@ -109,6 +109,8 @@ def _report_part(text: Text, report) -> None:
     for note in report.notes:
         text.append(f"  {note}\n", style="dim")
     text.append("\n")
+    if times := report.times():  # the GPU free, then the checkpoint durable
+        text.append(times + "\n")
     verified = report.released and report.gpu_status == "OK"
     text.append(report.verdict(), style="bold green" if verified else "bold" if report.released is not False else "bold red")
 
