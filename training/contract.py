@@ -62,7 +62,7 @@ STAGED = "staged"
 COMPLETED, STOPPED, ENDED_OOM, FAILED = "completed", "stopped", "oom", "failed"
 CLEAN_ENDS = (COMPLETED, STOPPED)
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
-    START: ("config", "steps_per_epoch", "world_size"),
+    START: ("config", "steps_per_epoch", "world_size", "process_started"),
     STEP: ("step", "epoch", "loss", "loss_ttt", "acc_ttt", "lr", "grad_norm", "tokens",
            "tokens_per_s", "samples_per_row", "pad_frac", "peak_mem_gib"),
     CHECKPOINT: ("step", "path"),
@@ -72,7 +72,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
 }
 # Fields an event carries only where they mean something.
 OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {STEP: ("peak_mem_gib_ranks",), OOM: ("block_size", "max_anchors"),
-                                               CHECKPOINT: ("write_s",), START: ("process_started",)}
+                                               CHECKPOINT: ("write_s",)}
 
 # When this process imported the contract, which the trainer's entry does first: its start,
 # to a few milliseconds, on the trainer's own clock (a start event's `process_started`, so
