@@ -178,17 +178,25 @@ class RunActions(Guarded):
                     train_commands={name: w.train_command for name, w in self.watched.items()},
                 )  # fmt: skip
             else:
-                info = await runs.relaunch(watched.host, run.info.run_id, changes, train_command=watched.train_command)
+                # Shown as soon as its session exists, reading `starting` while it loads;
+                # the launch returns once its start is judged.
+                info = await runs.relaunch(watched.host, run.info.run_id, changes, train_command=watched.train_command,
+                                           on_started=lambda started: self._show_relaunched(run, started))  # fmt: skip
         except Exception as error:
             self.notify(f"could not relaunch {run.key}: {error}", severity="error", timeout=10)
             return
-        new = self._adopt(info)
+        new = self._show_relaunched(run, info)
         self.pending.pop(run.key, None)
         judged = getattr(info, "judged", "")  # a single run's launch says how its start was judged
         self.notify(f"relaunched as {new.key}" + (f": {judged}" if judged else ""), title="relaunch")
+
+    def _show_relaunched(self, run: RunState, info) -> RunState:
+        """The relaunched run, adopted; the screen that showed its parent shows it."""
+        new = self._adopt(info)
         shown = self.shown_screen()
         if getattr(shown, "run_key", None) == run.key:
             shown.show_run(new.key)
+        return new
 
     def _adopt(self, info) -> RunState:
         """A run this app just launched: known before the next listing, and followed."""

@@ -108,6 +108,7 @@ async def launch(
     run_id: str | None = None,
     wrap: Callable[[list[str]], list[str]] | None = None,
     extra: dict | None = None,
+    on_started: Callable[[RunInfo], None] | None = None,
 ) -> Launched:
     """Start argv in a new detached tmux session with a run dir. Its items reach the
     program as they are (run as `"$@"` under the status-recording sh, never parsed), the
@@ -167,6 +168,9 @@ async def launch(
         raise
     manifest["pane_pid"] = pane_pid
     await write_manifest(host, manifest)
+    if on_started is not None:  # running, not yet judged: a dashboard shows it starting
+        on_started(RunInfo(run_id, session, host.name, RunPhase.RUNNING, params=params, pids=[pane_pid],
+                           run_dir=directory, parent=parent, started=manifest["started"]))  # fmt: skip
     by_event = is_train and wrap is None  # of a multi-node run's nodes, only one writes events
     ended, judged = await _confirm_start(host, manifest, startup_s, start_wait_s if by_event else None)
     return Launched(
@@ -261,7 +265,8 @@ async def _last_lines(host: Host, session: str) -> list[str]:
     return lines[-FAILED_START_LINES:]
 
 
-async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False, *, train_command: Sequence[str] | None = None) -> RunInfo:
+async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False, *, train_command: Sequence[str] | None = None,
+                   on_started: Callable[[RunInfo], None] | None = None) -> RunInfo:
     """The parent's argv with changed params, in a new run dir linked to its parent.
 
     With `resume`, the new run starts from the parent's latest checkpoint (the trainer's
@@ -282,7 +287,7 @@ async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False,
     argv, params = run_params.edited(argv, parent.get("params", {}), changes)
     return await launch(
         host, argv, params=params, parent=run_id,
-        train_command=train_command, resume_from=resume_from,
+        train_command=train_command, resume_from=resume_from, on_started=on_started,
     )  # fmt: skip
 
 

@@ -310,7 +310,10 @@ async def test_trainer_argv_gets_out_params_and_relaunch_links_parent(host, tmp_
     checkpoints.mkdir()
     (checkpoints / WRITING_MARKER).write_text('{"pid": 1, "step": 10}')
 
-    second = await runs.relaunch(host, first.run_id, {"ttt_steps": 5, "max_seq_len": 16384}, resume=True, train_command=train)
+    started = []  # told as soon as its session exists, before its start is judged
+    second = await runs.relaunch(host, first.run_id, {"ttt_steps": 5, "max_seq_len": 16384}, resume=True, train_command=train,
+                                 on_started=started.append)  # fmt: skip
+    assert [(s.run_id, s.state, s.parent) for s in started] == [(second.run_id, RunPhase.RUNNING, first.run_id)]
     assert second.parent == first.run_id and second.run_id != first.run_id
     assert second.params == {"ttt_steps": 5, "lr": 1e-4, "max_seq_len": 16384}
     argv_file = Path(second.run_dir, "argv.json")

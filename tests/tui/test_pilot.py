@@ -45,7 +45,7 @@ async def test_launch_kill_edit_relaunch(local_host):
         report = await wait_for(pilot, lambda: isinstance(app.screen, KillReportScreen) and app.screen, bound, "the kill report")
         assert set(confirm.plan.pids) <= set(report.report.signalled)
         assert not report.report.survivors
-        assert "GPU memory before → after" in screen_text(app)
+        await wait_for(pilot, lambda: "GPU memory before → after" in screen_text(app), 5, "the report drawn")
         assert "tui-pilot" not in await tmux.list_sessions(local_host)
         await pilot.press("escape")
         await wait_for(pilot, lambda: first.state_label != "running", 10, "the run to read as stopped")
