@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.training.test_checkpoint import wait_for
-from training import checkpoint
+from training import checkpoint, durable
 from training.attention import dense_attention
 from training.cli import main
 from training.config import DFLASH_PRESETS
@@ -468,11 +468,14 @@ def test_resume_after_kill_9_continues_exactly(cache, tmp_path):
     proc = start("--resume")
     assert wait_for(lambda: sum(e["event"] == "step" for e in read_events(run_dir)[before:])
                     >= 4, 60), proc.stderr
-    proc.send_signal(signal.SIGTERM)  # saves and exits 0
+    proc.send_signal(signal.SIGTERM)  # stages its state, hands it to its writer, exits 0
     assert proc.wait(timeout=60) == 0
+    durable.wait_for_writer(ckpt, print, timeout_s=60)  # the checkpoint, durable after the exit
     events = read_events(run_dir)
     last_step = max(e["step"] for e in events if e["event"] == "step")
-    assert events[-1]["event"] == "end" and events[-1]["status"] == "stopped"
+    ends = [e for e in events if e["event"] == "end"]  # the writer's checkpoint event may follow
+    assert ends[-1]["status"] == "stopped" and events.index(ends[-1]) > max(
+        i for i, e in enumerate(events) if e["event"] == "step")
     assert checkpoint.latest(ckpt).name == f"step-{last_step}"
     resumed = events[before:]
     assert resumed[0]["event"] == "start"

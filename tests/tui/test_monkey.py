@@ -226,9 +226,13 @@ def test_random_keys_in_a_tmux_pane_never_stop_trackside_demo(tmp_path, tmux_soc
         record_property("summary", tally.line("tmux monkey"))
     runs_before = _tmux(tmux_socket, "list-sessions", "-F", "#{session_name}").split()
     assert any(s.startswith("trackside-demo-") for s in runs_before), "the demo run was stopped by the keys"
-    # Quit: the demo stops its own run and says so. Escape until no dialog is in sight for
-    # a second, as one looking at the pane would: a dialog asked for by the last keys may
-    # open after the first Escapes (q typed into an edit form's field did not quit).
+    # Quit: the demo stops its own run and says so. Escape three times (a filter open, the
+    # log in full, a run screen), then until no dialog is in sight for a second, as one
+    # looking at the pane would: a dialog asked for by the last keys may open after the
+    # first Escapes (q typed into an edit form's field, or the filter, did not quit).
+    for _ in range(3):
+        _tmux(tmux_socket, "send-keys", "-t", "=dash:", "Escape")
+        time.sleep(0.3)
     deadline = time.monotonic() + 60
     calm_since = None
     while calm_since is None or time.monotonic() - calm_since < 1.0:
