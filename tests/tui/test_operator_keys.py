@@ -3,8 +3,6 @@ session, the log after a filter, `a` inside tmux."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from textual import events
 from textual.command import CommandPalette

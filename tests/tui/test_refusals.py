@@ -36,9 +36,13 @@ def listening(app) -> list[str]:
     return said
 
 
-async def press_on(pilot, key: str, press: str) -> None:
+async def open_on(pilot, key: str) -> None:
     pilot.app.open_run(key)
     await pilot.pause()
+
+
+async def press_on(pilot, key: str, press: str) -> None:
+    await open_on(pilot, key)
     await pilot.press(press)
     await pilot.pause(0.3)
 
@@ -85,8 +89,7 @@ async def test_a_gone_session_open_on_its_screen_stays_while_it_is_read():
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
         await feed_foreign(pilot)
-        app.open_run(FOREIGN_KEY)
-        await pilot.pause()
+        await open_on(pilot, FOREIGN_KEY)
         for later in (5, 5 + GONE_KEEP_S + 1):
             app.post_message(RunsListed("h200-box", [run_info()], NOW + later))
             await pilot.pause()
@@ -97,9 +100,6 @@ async def test_overlay_never_offers_the_dashboards_own_session():
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
         await feed_foreign(pilot)
-        app.open_run(RUN_KEY)
-        await pilot.pause()
-        await pilot.press("o")
-        await pilot.pause()
+        await press_on(pilot, RUN_KEY, "o")
         assert isinstance(app.screen, PickRun)
         assert FOREIGN_KEY in app.screen.keys and f"h200-box/{dashboard_info().session}" not in app.screen.keys
