@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from backends.alerts import Alert
+from tui.textual_compat import write_to_terminal
 
 TITLE = "trackside"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -28,8 +29,5 @@ def announce(app, alert: Alert) -> None:
     app.bell()
     if app.is_headless:
         return
-    # Textual writes its own OSC (the clipboard's) through the driver; there is no public
-    # handle to it, so a Textual without one loses the notification, not the dashboard.
-    write = getattr(getattr(app, "_driver", None), "write", None)
-    if write is not None:
-        write(notification_escapes(alert))
+    # A Textual without a driver to write to loses the notification, not the dashboard.
+    write_to_terminal(app, notification_escapes(alert))

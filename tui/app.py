@@ -12,7 +12,6 @@ import asyncio
 import gc
 import os
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
@@ -37,6 +36,7 @@ from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, OverlaysRead, RunsListed
 from tui.monitor import HostMonitor
 from tui.run_actions import RunActions
+from tui.textual_compat import TextualErrorHook, raised_in_command_palette
 from tui.state import GpuTrace, HostState, HostStatus, RunState, run_key
 
 
@@ -46,11 +46,6 @@ REPORT_EVERY_S = 30.0
 READ_ONLY_HIDDEN = {"kill", "kill_relaunch", "edit", "relaunch", "attach"}
 GONE_KEEP_S = 60.0  # a run gone from its host's listing stays this long, seen to go, then leaves the fleet
 
-
-def _raised_in(error: BaseException, path_end: str) -> bool:
-    """Whether a frame of error's traceback is in a file whose path ends with path_end."""
-    return any(frame.filename.replace("\\", "/").endswith(path_end)
-               for frame in traceback.extract_tb(error.__traceback__))
 
 @dataclass
 class Watched:
@@ -70,7 +65,7 @@ class Demo:
     params: dict = field(default_factory=dict)
 
 
-class TracksideApp(RunActions, App):
+class TracksideApp(TextualErrorHook, RunActions, App):
     CSS_PATH = "trackside.tcss"
     TITLE = "trackside"
     BINDINGS = KEYS
@@ -142,30 +137,30 @@ class TracksideApp(RunActions, App):
             timeout=15,
         )
 
-    def _handle_exception(self, error: Exception) -> None:
-        # Textual's own handler (private: exits the app). Errors in our code never get
-        # here (tui.guard; our workers don't exit on error). A worker of Textual's own
+    def survives_textual_error(self, error: Exception) -> bool:
+        # Asked by Textual's own handler (which exits the app). Errors in our code never
+        # get here (tui.guard; our workers don't exit on error). A worker of Textual's own
         # failing (its command palette's search, when the palette closes under it) stops
         # only that worker, no message pump with it: logged, survived. Anything else from
         # inside Textual is logged before Textual exits.
         if isinstance(error, WorkerFailed):
             self.textual_errors += 1
             write_error(self.error_log, "a worker of Textual's (survived)", error.error)
-            return
-        if isinstance(error, NoMatches) and _raised_in(error, "textual/command.py"):
+            return True
+        if isinstance(error, NoMatches) and raised_in_command_palette(error):
             # The palette looking up its own list after the list is gone (its "no matches"
             # countdown ending as it closes): only that callback is dropped, its screen's
             # message pump goes on. Logged, survived.
             self.textual_errors += 1
             write_error(self.error_log, "Textual's command palette (survived)", error)
-            return
+            return True
         if isinstance(error, ScreenStackError) and not self.screen_stack:
             # A key still queued as the app closes meets no screen in Textual's handler:
             # the app is ending anyway, and ends as it was asked to, not on an error.
             write_error(self.error_log, "Textual, while closing (ignored)", error)
-            return
+            return True
         write_error(self.error_log, "Textual", error)
-        super()._handle_exception(error)
+        return False
 
     def push_screen(self, screen, callback=None, *args, **kwargs):
         # A dialog's answer runs our code outside any handler: guard it like one.

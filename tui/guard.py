@@ -7,7 +7,7 @@ wrapped: the error is logged with its traceback (`error_log`) and shown as an al
 naming where it happened, and the handler returns as if it had done nothing.
 
 Exceptions raised inside Textual itself still reach Textual's handler; the app logs them
-there too before Textual exits (`TracksideApp._handle_exception`).
+there too before Textual exits (`TracksideApp.survives_textual_error`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from collections.abc import Callable
 from rich.text import Text
 from textual.screen import Screen
 from textual.strip import Strip
+
+from tui.textual_compat import is_on_handler
 
 # What Textual calls on our classes: handlers, actions, keys, watchers, renders, and the
 # screens' state hook. Generators (compose) are left alone: a half-composed screen is
@@ -127,7 +129,7 @@ class Guarded:
         for name, value in list(vars(cls).items()):
             if not inspect.isfunction(value) or inspect.isgeneratorfunction(value) or inspect.isasyncgenfunction(value):
                 continue
-            if hasattr(value, "_textual_on") or getattr(value, "__wrapped__", None) is not None:
+            if is_on_handler(value) or getattr(value, "__wrapped__", None) is not None:
                 continue  # @on handlers are registered by Textual's metaclass as written
             if name in _GUARDED_NAMES or name.startswith(_GUARDED_PREFIXES):
                 setattr(cls, name, guard(value, f"{cls.__name__}.{name}"))

@@ -70,21 +70,6 @@ async def test_a_footer_whose_screen_is_gone_does_not_recompose():
         assert app.screen is screen and footer.is_attached and app.errors == 0
 
 
-def test_the_workarounds_on_textual_internals_degrade_instead_of_raising(monkeypatch):
-    """A Textual that keeps its internals otherwise loses the workaround, not the app."""
-    from textual.strip import Strip
-
-    from tui.escape_cache import bound_escape_cache
-
-    monkeypatch.setattr(Strip, "render_ansi", classmethod(lambda cls, segments, color_system: ""))
-    bound_escape_cache()  # no lru_cache to shrink: nothing happens
-
-    footer = Footer()
-    setattr(footer, "__watchers", {"compact": [("not", "a", "pair")]})
-    footer._drop_replaced_watchers()  # another shape of the store: left as it is
-    assert getattr(footer, "__watchers")["compact"] == [("not", "a", "pair")]
-
-
 async def test_a_failing_worker_that_would_end_the_app_is_logged_and_survived(tmp_path):
     """Textual ends the app when a worker started with exit_on_error (its command palette's
     search, which a closing palette can fail, found by the monkey) raises."""

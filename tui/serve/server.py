@@ -28,6 +28,7 @@ from textual_serve.app_service import AppService
 from textual_serve.download_manager import DownloadManager
 
 from tui.serve.page import page
+from tui.textual_compat import app_service_process
 
 COOKIE = "trackside_token_{port}"  # cookies ignore the port: one per server on a machine
 FULL = 4001  # the websocket's close code over the viewer cap (4000–4999: the application's)
@@ -218,9 +219,9 @@ class Server:
             return
         except Exception:
             pass
-        # AppService keeps its process private; without it, the process is left to end
-        # with its stdin (it reads EOF when this server goes).
-        process = getattr(viewer, "_process", None)
+        # Without AppService's process, the process is left to end with its stdin (it
+        # reads EOF when this server goes).
+        process = app_service_process(viewer)
         if process is not None and process.returncode is None:
             self.log("a dashboard process did not quit: killed")
             process.kill()

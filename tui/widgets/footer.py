@@ -12,9 +12,9 @@ key was cut mid-word. When the keys in the full style would not fit, the footer 
 Textual's compact style (one cell less per key), which holds them at 160; narrower still,
 it leaves keys out whole, in the order of `tui.keys.FOOTER_FIRST`.
 
-The workarounds read Textual internals (`_bindings_ready`, the `__watchers` store, the
-keys' `key_display` and `description`); each is written so that a Textual without them
-loses the workaround, not the footer.
+The workarounds read Textual internals (through `tui.textual_compat`: whether the
+bindings are ready, the watchers store, the keys' class); each is written so that a
+Textual without them loses the workaround, not the footer.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from textual.app import ComposeResult
 from textual.dom import NoScreen
 from textual.widgets import Footer as TextualFooter
 from textual.widgets import Label
-from textual.widgets._footer import FooterKey
 
 from tui.guard import Guarded
 from tui.keys import FOOTER_FIRST
+from tui.textual_compat import drop_detached_watchers, footer_bindings_ready, is_footer_key
 
 # Cells a key takes beside its key and description: the full style pads the key a cell
 # each side and the description one after; the compact one has one space and one margin.
@@ -50,7 +50,7 @@ class Footer(Guarded, TextualFooter):
         self.compact = compact
         keys = 0
         for widget in super().compose():
-            if isinstance(widget, FooterKey) and widget.action not in shown and not widget.has_class("-command-palette"):
+            if is_footer_key(widget) and widget.action not in shown and not widget.has_class("-command-palette"):
                 continue
             keys += 1
             yield widget
@@ -104,24 +104,16 @@ class Footer(Guarded, TextualFooter):
         if keys is None:
             return
         # Until Textual says the bindings are ready its compose yields nothing: never
-        # remember that empty footer as the keys' picture. Without the flag, always ready.
-        if getattr(self, "_bindings_ready", True) is not True:
+        # remember that empty footer as the keys' picture.
+        if not footer_bindings_ready(self):
             return await super().recompose()
         if keys == self._shown:
             return
         self._shown = keys
         await super().recompose()
-        self._drop_replaced_watchers()
+        # The replaced keys' data_bind watchers stay on this footer until `compact`
+        # changes (Textualize/textual#6666): dropped, as Textual's own check would.
+        drop_detached_watchers(self, "compact")
 
     async def on_resize(self, event: events.Resize) -> None:
         await self.recompose()  # only if the width changed which keys fit
-
-    def _drop_replaced_watchers(self) -> None:
-        """The replaced keys' data_bind watchers stay on this footer until `compact`
-        changes (Textualize/textual#6666); drop them, as Textual's own check would."""
-        try:
-            watchers = getattr(self, "__watchers", {}).get("compact")
-            if watchers:
-                watchers[:] = [(node, callback) for node, callback in watchers if node.is_attached]
-        except Exception:
-            pass  # another Textual stores watchers otherwise: the leak returns, the app stays

@@ -1,0 +1,188 @@
+"""Each touch of Textual's internals (tui/textual_compat.py), exercised against the
+installed Textual and textual-serve.
+
+The first test fails on any version but the one each touch was checked on: whoever
+upgrades re-reads each touch in tui/textual_compat.py, runs the rest, then moves
+CHECKED_ON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from importlib.metadata import version
+
+import pytest
+from rich.color import ColorSystem
+from rich.style import Style
+from textual import on
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.command import CommandList, Hit
+from textual.command import CommandPalette as TextualCommandPalette
+from textual.css.query import NoMatches
+from textual.screen import Screen
+from textual.strip import Strip
+from textual.widgets import Button, Footer
+from textual.widgets.option_list import Option
+from textual_serve.app_service import AppService
+from textual_serve.download_manager import DownloadManager
+
+from tui import textual_compat
+from tui.screens.palette import CommandPalette
+
+
+def test_checked_on_the_installed_versions():
+    installed = {name: version(name) for name in textual_compat.CHECKED_ON}
+    assert installed == textual_compat.CHECKED_ON, (
+        f"Textual is now {installed}; tui/textual_compat.py's touches were checked on "
+        f"{textual_compat.CHECKED_ON}: re-check each against the new source, then move CHECKED_ON"
+    )
+
+
+class Hooked(textual_compat.TextualErrorHook, App):
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[Exception] = []
+
+    def survives_textual_error(self, error: Exception) -> bool:
+        self.asked.append(error)
+        return True
+
+
+async def test_textuals_exception_handler_asks_the_app_first():
+    """A worker with exit_on_error failing ends the app in Textual's handler: asked first."""
+    app = Hooked()
+
+    async def failing():
+        raise LookupError("inside a worker of Textual's")
+
+    async with app.run_test() as pilot:
+        app.run_worker(failing(), exit_on_error=True)
+        await pilot.pause(0.2)
+        assert app.is_running and app.return_code is None
+        assert [type(e).__name__ for e in app.asked] == ["WorkerFailed"]
+
+
+async def test_an_error_raised_in_the_command_palette_is_known_as_its():
+    palette = TextualCommandPalette()  # not mounted: its list lookup raises from its own source
+    with pytest.raises(NoMatches) as raised:
+        palette._action_command_list("cursor_down")
+    assert textual_compat.raised_in_command_palette(raised.value)
+    try:
+        Screen().query_one(CommandList)
+    except NoMatches as elsewhere:
+        assert not textual_compat.raised_in_command_palette(elsewhere)
+
+
+async def test_page_down_before_the_palettes_list_is_laid_out_does_nothing():
+    for palette_class, raises in ((TextualCommandPalette, True), (CommandPalette, False)):
+        app = App()
+        async with app.run_test():
+            palette = palette_class()
+            await app.push_screen(palette)
+            commands = palette.query_one(CommandList)
+            commands.add_options([Option(str(i)) for i in range(30)])
+            commands.highlighted = 0  # options, no layout yet: Textual's page down looks up its lines
+            if raises:
+                with pytest.raises(KeyError):
+                    palette._action_command_list("page_down")
+            else:
+                palette._action_command_list("page_down")
+
+
+async def test_a_palette_no_longer_on_top_runs_no_command():
+    app = App()
+    ran: list[str] = []
+    async with app.run_test() as pilot:
+        for on_top in (False, True):
+            palette = CommandPalette()
+            await app.push_screen(palette)
+            palette._selected_command = Hit(1, "command", lambda on_top=on_top: ran.append(on_top))
+            if not on_top:
+                await app.push_screen(Screen())
+            palette._select_or_command()
+            await pilot.pause()
+            if not on_top:
+                assert isinstance(app.screen, Screen) and app.screen is not palette
+                app.pop_screen()
+                await pilot.pause()
+                palette.dismiss()  # stays open: the next one goes on top of it
+        assert ran == [True]  # Textual's step ran the command where the palette was on top
+
+
+def test_the_escape_cache_shrinks_and_renders_the_same(monkeypatch):
+    monkeypatch.setattr(Strip, "render_ansi", Strip.render_ansi)  # put back after the test
+    textual_compat.shrink_escape_cache(64)
+    render_ansi = Strip.render_ansi.__func__
+    assert render_ansi.cache_parameters()["maxsize"] == 64
+    style = Style(bold=True, color="red")
+    assert Strip.render_ansi(style, ColorSystem.TRUECOLOR) == render_ansi.__wrapped__(Strip, style, ColorSystem.TRUECOLOR)
+    # A Textual without the lru_cache keeps its own: nothing happens.
+    monkeypatch.setattr(Strip, "render_ansi", classmethod(lambda cls, style, color_system: ""))
+    textual_compat.shrink_escape_cache(64)
+    assert Strip.render_ansi(style, ColorSystem.TRUECOLOR) == ""
+
+
+async def test_text_reaches_the_apps_terminal_driver():
+    app = App()
+    written: list[str] = []
+    async with app.run_test():
+        app._driver.write = written.append  # the headless driver draws nowhere: record
+        assert textual_compat.write_to_terminal(app, "\x1b]9;hello\x07")
+    assert written == ["\x1b]9;hello\x07"]
+    assert not textual_compat.write_to_terminal(App(), "never started: no driver")
+
+
+class WithFooter(App):
+    BINDINGS = [Binding("k", "kill", "Kill"), Binding("e", "edit", "Edit")]
+
+    def compose(self) -> ComposeResult:
+        yield Footer()
+
+
+async def test_the_footers_keys_readiness_and_replaced_watchers():
+    assert not textual_compat.footer_bindings_ready(Footer())  # not mounted: not ready
+    app = WithFooter()
+    async with app.run_test() as pilot:
+        await pilot.pause()
+        footer = app.query_one(Footer)
+        assert textual_compat.footer_bindings_ready(footer)
+        keys = [w for w in footer.children if textual_compat.is_footer_key(w)]
+        assert [key.action for key in keys] == ["kill", "edit", "command_palette"]
+        for _ in range(3):
+            footer.refresh(recompose=True)
+            await pilot.pause()
+        watchers = getattr(footer, "__watchers")["compact"]
+        assert any(not node.is_attached for node, _ in watchers)  # Textualize/textual#6666
+        textual_compat.drop_detached_watchers(footer, "compact")
+        assert watchers and all(node.is_attached for node, _ in getattr(footer, "__watchers")["compact"])
+    # Another shape of the store: left as it is, nothing raised.
+    odd = Footer()
+    setattr(odd, "__watchers", {"compact": [("not", "a", "pair")]})
+    textual_compat.drop_detached_watchers(odd, "compact")
+    assert getattr(odd, "__watchers")["compact"] == [("not", "a", "pair")]
+
+
+def test_on_handlers_are_told_apart():
+    @on(Button.Pressed)
+    def pressed(self, event) -> None: ...
+
+    def plain(self) -> None: ...
+
+    assert textual_compat.is_on_handler(pressed) and not textual_compat.is_on_handler(plain)
+
+
+async def test_textual_serves_app_process_is_reached():
+    async def ignore(*_) -> None: ...
+
+    service = AppService(f"{sys.executable} -c 'import time; time.sleep(30)'", write_bytes=ignore, write_str=ignore,
+                         close=ignore, download_manager=DownloadManager())  # fmt: skip
+    assert textual_compat.app_service_process(service) is None  # not started
+    await service.start(80, 24)
+    process = textual_compat.app_service_process(service)
+    try:
+        assert process is not None and process.returncode is None
+    finally:
+        process.kill()
+        await asyncio.wait_for(process.wait(), 10)

@@ -1,0 +1,123 @@
+"""Every touch of Textual's internals (and textual-serve's), in one module.
+
+The dashboard works around a few of Textual's behaviours by reaching names Textual keeps
+private. Each such name is reached here and nowhere else, so an upgrade has one file to
+re-read. Each touch was checked on the versions in CHECKED_ON:
+tests/tui/test_textual_compat.py fails on any other, so whoever upgrades re-checks each
+one (the test exercises each against the installed Textual), then moves CHECKED_ON.
+
+Every touch is written so that a Textual without the internal loses the workaround, not
+the dashboard. Textual itself is imported only inside the functions: `trackside serve`'s
+web server reaches textual-serve's internal through this module and never loads Textual.
+"""
+
+from __future__ import annotations
+
+import traceback
+from functools import lru_cache
+
+CHECKED_ON = {"textual": "8.2.8", "textual-serve": "1.1.3"}
+
+
+class TextualErrorHook:
+    """Mixed into an App, before Textual's: Textual's handler of an exception raised inside
+    Textual (`App._handle_exception`, private: it exits the app) asks the app's
+    `survives_textual_error(error)` first, and exits only where that says no."""
+
+    def survives_textual_error(self, error: Exception) -> bool:
+        return False
+
+    def _handle_exception(self, error: Exception) -> None:
+        if not self.survives_textual_error(error):
+            super()._handle_exception(error)  # type: ignore[misc]
+
+
+def raised_in_command_palette(error: BaseException) -> bool:
+    """Whether `error` was raised in the source of Textual's command palette."""
+    return any(frame.filename.replace("\\", "/").endswith("textual/command.py")
+               for frame in traceback.extract_tb(error.__traceback__))  # fmt: skip
+
+
+class CommandPaletteFixes:
+    """Mixed into a CommandPalette, before Textual's: two of its private steps made safe.
+
+    `_action_command_list` passes Page Down or Page Up to the palette's OptionList, which
+    raises KeyError while the list has options but no layout yet (the keys arrive in the
+    same breath as ctrl+p or a search letter): here the key does nothing, as it would on
+    an empty list. `_select_or_command` runs on Enter, and a palette closes by popping
+    whatever screen is on top: an Enter queued behind the one that ran a command popped
+    the screen under the palette, then no screen at all. Here a palette no longer on top
+    selects nothing. A Textual that renames either simply never calls these."""
+
+    def _action_command_list(self, action: str) -> None:
+        try:
+            super()._action_command_list(action)  # type: ignore[misc]
+        except KeyError:
+            pass  # the list is not laid out yet: nothing to move through
+
+    def _select_or_command(self, *args, **kwargs) -> None:
+        if self.app.screen is self:  # type: ignore[attr-defined]
+            super()._select_or_command(*args, **kwargs)  # type: ignore[misc]
+
+
+def shrink_escape_cache(maxsize: int) -> None:
+    """Shrink Textual's cache of a style's terminal escapes (`Strip.render_ansi`, an
+    lru_cache of 16,384 entries) to `maxsize`; a Textual that keeps it otherwise keeps its
+    own size."""
+    from textual.strip import Strip
+
+    try:
+        render_ansi = Strip.render_ansi.__func__
+        if render_ansi.cache_parameters()["maxsize"] > maxsize:
+            Strip.render_ansi = classmethod(lru_cache(maxsize)(render_ansi.__wrapped__))
+    except Exception:
+        return
+
+
+def write_to_terminal(app, text: str) -> bool:
+    """Write `text` to the terminal through the app's driver (`App._driver`: Textual writes
+    its own escapes, the clipboard's, that way, and offers no public handle); False where
+    there is none to write to."""
+    write = getattr(getattr(app, "_driver", None), "write", None)
+    if write is None:
+        return False
+    write(text)
+    return True
+
+
+def is_footer_key(widget) -> bool:
+    """Whether `widget` is one of the Footer's keys (`FooterKey`, which textual.widgets
+    does not export)."""
+    from textual.widgets._footer import FooterKey
+
+    return isinstance(widget, FooterKey)
+
+
+def footer_bindings_ready(footer) -> bool:
+    """Whether Textual's Footer has its bindings (`_bindings_ready`: until then its compose
+    yields nothing). A Textual without the flag: always ready."""
+    return getattr(footer, "_bindings_ready", True) is True
+
+
+def drop_detached_watchers(node, attribute: str) -> None:
+    """Drop the watchers of `node`'s reactive `attribute` whose widget is no longer in the
+    DOM (Textual's `__watchers` store keeps a recomposed child's data_bind watcher until
+    the attribute next changes, Textualize/textual#6666). Another store: left as it is."""
+    try:
+        watchers = getattr(node, "__watchers", {}).get(attribute)
+        if watchers:
+            watchers[:] = [(watcher, callback) for watcher, callback in watchers if watcher.is_attached]
+    except Exception:
+        pass
+
+
+def is_on_handler(function) -> bool:
+    """Whether `function` is decorated with Textual's `@on` (which marks it `_textual_on`
+    for its metaclass to register as written)."""
+    return hasattr(function, "_textual_on")
+
+
+def app_service_process(service):
+    """The process of textual-serve's AppService (`_process`, private): None where it keeps
+    none."""
+    return getattr(service, "_process", None)
