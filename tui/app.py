@@ -32,7 +32,7 @@ from backends.alerts import (
     COMMAND_TIMEOUT_S, Alert, AlertBook, HostFacts, RunFacts, Rules, run_command, underfed_since,
 )  # fmt: skip
 from tui.alerts import announce
-from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS
+from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS, action_allowed, refusal
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, OverlaysRead, RunsListed
 from tui.monitor import HostMonitor
 from tui.run_actions import RunActions
@@ -41,9 +41,6 @@ from tui.state import GpuTrace, HostState, HostStatus, RunState, run_key
 
 
 REPORT_EVERY_S = 30.0
-# What a read-only dashboard (`trackside serve --read-only`) never offers: everything that
-# changes a run, and attach, whose tmux session takes keystrokes into the run.
-READ_ONLY_HIDDEN = {"kill", "kill_relaunch", "edit", "relaunch", "attach"}
 GONE_KEEP_S = 60.0  # a run gone from its host's listing stays this long, seen to go, then leaves the fleet
 
 
@@ -413,34 +410,8 @@ class TracksideApp(TextualErrorHook, RunActions, App):
         return self.action_allowed(action, self.screen)
 
     def action_allowed(self, action: str, screen: Screen) -> bool | None:
-        """Whether a key of the app acts on `screen`: True, None (shown, disabled: the
-        selection cannot take it) or False (hidden: nothing here to act on, or a
-        read-only dashboard)."""
-        if self.read_only and action in READ_ONLY_HIDDEN:
-            return False
-        if action in RUN_ACTIONS:
-            if not hasattr(screen, "selected_run_key"):
-                return False
-            run = self.selected_run(screen)
-            if run is None or self.refusal(action, run):
-                return None  # shown disabled; pressed, it says why (on_key)
-        if action in ("log_focus", "filter"):
-            return hasattr(screen, f"action_{action}") or hasattr(screen, "selected_run_key")
-        return True
-
-    @staticmethod
-    def refusal(action: str, run: RunState) -> str | None:
-        """Why a run action cannot act on `run`, as the key says it; None where it can."""
-        if action in ("kill", "kill_relaunch"):
-            if run.info.this_dashboard:
-                return f"{run.key} is the tmux session this dashboard runs in: it is never stopped from here"
-            if run.info.state != runs.RunPhase.RUNNING:
-                return f"{run.key} has ended ({run.state_label}): nothing to stop"
-        if action in ("edit", "relaunch", "kill_relaunch") and not run.info.run_id:
-            return f"{run.key} was not launched by trackside: it has no launch record to edit or relaunch from"
-        if action == "attach" and (run.gone or not run.info.session_open):
-            return f"{run.key}'s tmux session {run.info.session} is gone: nothing to attach to"
-        return None
+        """Whether a key of the app acts on `screen` (`tui.keys.action_allowed`)."""
+        return action_allowed(action, screen, self.selected_run, read_only=self.read_only)
 
     def on_key(self, event: events.Key) -> None:
         # A run action's key that its binding, disabled for this run, let through: say why.
@@ -450,7 +421,7 @@ class TracksideApp(TextualErrorHook, RunActions, App):
             return
         for binding in KEYS:
             if binding.action in RUN_ACTIONS and event.key in binding.key.split(","):
-                if why := self.refusal(binding.action, run):
+                if why := refusal(binding.action, run):
                     self.notify(why, severity="warning", timeout=8)
                 return
 

@@ -1,12 +1,23 @@
-"""Every key of the dashboard, in one table: Footer, `?` help and the command palette read it.
+"""Every key of the dashboard, in one table, and where each acts: Footer, `?` help and the
+command palette read it.
 
 Ids let a user's keymap rebind a key without touching the code.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+
 from textual.binding import Binding
+
+from backends import runs
+from tui.state import RunState
 
 # Actions that act on the selected run; the app disables them where no run is selected.
 RUN_ACTIONS = {"kill", "edit", "relaunch", "kill_relaunch", "attach"}
+# What a read-only dashboard (`trackside serve --read-only`) never offers: everything that
+# changes a run, and attach, whose tmux session takes keystrokes into the run.
+READ_ONLY_HIDDEN = {"kill", "kill_relaunch", "edit", "relaunch", "attach"}
 
 KEYS = [
     Binding("k", "kill", "Kill", id="trackside.kill", tooltip="Stop the run's own processes, then verify its GPUs"),
@@ -40,3 +51,34 @@ DESCRIPTIONS = {
 # run's own actions, help (which lists every key) and quit outlast the rest; keys not
 # named here (a screen's chart toggles) go first. Every key stays in `?` and the palette.
 FOOTER_FIRST = ["kill", "edit", "relaunch", "kill_relaunch", "help", "quit", "back", "attach", "filter", "log_focus"]
+
+
+def action_allowed(action: str, screen, selected_run: Callable[[object], RunState | None], *, read_only: bool) -> bool | None:
+    """Whether a key of the app acts on `screen`: True, None (shown, disabled: the
+    selection, `selected_run(screen)`, cannot take it) or False (hidden: nothing here to
+    act on, or a read-only dashboard)."""
+    if read_only and action in READ_ONLY_HIDDEN:
+        return False
+    if action in RUN_ACTIONS:
+        if not hasattr(screen, "selected_run_key"):
+            return False
+        run = selected_run(screen)
+        if run is None or refusal(action, run):
+            return None  # shown disabled; pressed, it says why (the app's on_key)
+    if action in ("log_focus", "filter"):
+        return hasattr(screen, f"action_{action}") or hasattr(screen, "selected_run_key")
+    return True
+
+
+def refusal(action: str, run: RunState) -> str | None:
+    """Why a run action cannot act on `run`, as the key says it; None where it can."""
+    if action in ("kill", "kill_relaunch"):
+        if run.info.this_dashboard:
+            return f"{run.key} is the tmux session this dashboard runs in: it is never stopped from here"
+        if run.info.state != runs.RunPhase.RUNNING:
+            return f"{run.key} has ended ({run.state_label}): nothing to stop"
+    if action in ("edit", "relaunch", "kill_relaunch") and not run.info.run_id:
+        return f"{run.key} was not launched by trackside: it has no launch record to edit or relaunch from"
+    if action == "attach" and (run.gone or not run.info.session_open):
+        return f"{run.key}'s tmux session {run.info.session} is gone: nothing to attach to"
+    return None

@@ -23,7 +23,8 @@ import pytest
 from tests.conftest import end_tmux_server
 from tests.tui.cdp import Browser, find_chromium, terminal_text
 from tui import serve
-from tui.app import READ_ONLY_HIDDEN, TracksideApp, Watched
+from tui.app import TracksideApp, Watched
+from tui.keys import READ_ONLY_HIDDEN
 from tui.serve.server import ENDED, FULL
 
 REPO = Path(__file__).resolve().parents[2]

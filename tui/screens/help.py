@@ -11,8 +11,7 @@ from textual.screen import Screen
 from textual.widgets import Static
 
 from tui.screens.dialog import Dialog, DialogBody
-from tui.app import READ_ONLY_HIDDEN
-from tui.keys import DESCRIPTIONS, KEYS
+from tui.keys import DESCRIPTIONS, KEYS, READ_ONLY_HIDDEN
 
 
 def key_label(binding: Binding) -> str:
