@@ -36,6 +36,7 @@ from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS, action_allowed, refusal
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, OverlaysRead, RunsListed
 from tui.monitor import HostMonitor
 from tui.run_actions import RunActions
+from tui.screens.protocols import Filters, FocusesLog, SelectsRun, ShowsState
 from tui.textual_compat import TextualErrorHook, raised_in_command_palette
 from tui.state import GpuTrace, HostState, HostStatus, RunState, run_key
 
@@ -337,7 +338,7 @@ class TracksideApp(TextualErrorHook, RunActions, App):
         self._refresh_alerts()
         # Only the screen in view (under any dialog) repaints; the others catch up on resume.
         shown = self.shown_screen()
-        if hasattr(shown, "state_changed"):
+        if isinstance(shown, ShowsState):
             shown.state_changed(host=host, run=run, events=events, lines=lines)
 
     def shown_screen(self) -> Screen | None:
@@ -403,7 +404,8 @@ class TracksideApp(TextualErrorHook, RunActions, App):
     # --- actions --------------------------------------------------------------------
 
     def selected_run(self, screen: Screen | None = None) -> RunState | None:
-        key = getattr(screen or self.screen, "selected_run_key", lambda: None)()
+        screen = screen or self.screen
+        key = screen.selected_run_key() if isinstance(screen, SelectsRun) else None
         return self.runs.get(key) if key else None
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -482,13 +484,13 @@ class TracksideApp(TextualErrorHook, RunActions, App):
         self._open_list(HelpScreen, HelpScreen)
 
     def action_log_focus(self) -> None:
-        if hasattr(self.screen, "action_log_focus"):
+        if isinstance(self.screen, FocusesLog):
             self.screen.action_log_focus()
         elif run := self.selected_run():
             self.open_run(run.key, focus_log=True)
 
     def action_filter(self) -> None:
-        if hasattr(self.screen, "action_filter"):
+        if isinstance(self.screen, Filters):
             self.screen.action_filter()
 
     def open_run(self, key: str, *, focus_log: bool = False) -> None:

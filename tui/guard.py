@@ -20,6 +20,7 @@ import traceback
 from collections.abc import Callable
 
 from rich.text import Text
+from textual.app import App
 from textual.screen import Screen
 from textual.strip import Strip
 
@@ -50,7 +51,7 @@ def write_error(path: str, where: str, error: BaseException) -> None:
 
 def _report(owner: object, where: str, error: Exception) -> None:
     try:
-        app = owner if hasattr(owner, "report_error") else owner.app  # type: ignore[attr-defined]
+        app = owner if isinstance(owner, App) else owner.app  # type: ignore[attr-defined]
         app.report_error(where, error)
     except Exception:
         pass  # no app to tell (shutting down): the error dies here rather than the app

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from textual.binding import Binding
 
 from backends import runs
+from tui.screens.protocols import Filters, FocusesLog, SelectsRun
 from tui.state import RunState
 
 # Actions that act on the selected run; the app disables them where no run is selected.
@@ -18,6 +19,8 @@ RUN_ACTIONS = {"kill", "edit", "relaunch", "kill_relaunch", "attach"}
 # What a read-only dashboard (`trackside serve --read-only`) never offers: everything that
 # changes a run, and attach, whose tmux session takes keystrokes into the run.
 READ_ONLY_HIDDEN = {"kill", "kill_relaunch", "edit", "relaunch", "attach"}
+# Actions a screen does itself, by what it offers.
+SCREEN_ACTIONS = {"log_focus": FocusesLog, "filter": Filters}
 
 KEYS = [
     Binding("k", "kill", "Kill", id="trackside.kill", tooltip="Stop the run's own processes, then verify its GPUs"),
@@ -60,13 +63,13 @@ def action_allowed(action: str, screen, selected_run: Callable[[object], RunStat
     if read_only and action in READ_ONLY_HIDDEN:
         return False
     if action in RUN_ACTIONS:
-        if not hasattr(screen, "selected_run_key"):
+        if not isinstance(screen, SelectsRun):
             return False
         run = selected_run(screen)
         if run is None or refusal(action, run):
             return None  # shown disabled; pressed, it says why (the app's on_key)
-    if action in ("log_focus", "filter"):
-        return hasattr(screen, f"action_{action}") or hasattr(screen, "selected_run_key")
+    if action in SCREEN_ACTIONS:  # the screen's own, or the selected run's on its run screen
+        return isinstance(screen, (SCREEN_ACTIONS[action], SelectsRun))
     return True
 
 

@@ -26,7 +26,7 @@ def keys_table(app, screen: Screen) -> Table:
     table.add_column()
     for binding in KEYS:
         allowed = app.action_allowed(binding.action, screen)
-        if allowed is False and getattr(app, "read_only", False) and binding.action in READ_ONLY_HIDDEN:
+        if allowed is False and app.read_only and binding.action in READ_ONLY_HIDDEN:
             # Hidden from the footer and the palette, but a viewer looking for the key
             # learns why it is not there.
             table.add_row(Text(key_label(binding), style="dim"), Text.assemble(
@@ -39,7 +39,7 @@ def keys_table(app, screen: Screen) -> Table:
         if allowed is None:
             text.append("  (not for this selection)", style="dim italic")
         table.add_row(key_label(binding), text)
-    for binding in getattr(screen, "BINDINGS", []):
+    for binding in screen.BINDINGS:
         if isinstance(binding, Binding) and binding.show:
             table.add_row(key_label(binding), binding.tooltip or binding.description)
     table.add_row("ctrl+p", "Every action by name (the command palette)")

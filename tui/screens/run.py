@@ -48,7 +48,7 @@ def stats_text(run: RunState, now: float) -> Text:
     status = run.end.get("status") if run.end else None
     if run.end:
         text.append(f" ({status or ''})")
-    code = getattr(info, "exit_status", None)
+    code = info.exit_status
     if code is not None:
         if launcher_code(status, code):  # a footnote, not the run's failure
             text.append(f" launcher exit {code}", style="dim")

@@ -56,7 +56,7 @@ class Footer(Guarded, TextualFooter):
             yield widget
         # A read-only dashboard (`trackside serve --read-only`) says so where the missing
         # keys would be; not before the keys are ready, when the footer is empty.
-        if keys and getattr(self.app, "read_only", False):
+        if keys and self.app.read_only:
             self.styles.grid_size_columns = (self.styles.grid_size_columns or 0) + 1
             yield Label("read-only: no kill, edit, relaunch, attach", classes="read-only")
 
