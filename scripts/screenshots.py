@@ -5,7 +5,7 @@ PNG when cairosvg is installed).
 
     .venv/bin/python scripts/screenshots.py [NAME…]    (default: every one)
 
-The data are the snapshot tests' fixed fleet (tests/tui/sample.py), fed as monitor
+The data are the snapshot tests' fixed fleet (tui/sample.py), fed as monitor
 messages, with the llama3-8b drafter shape so the edit form predicts memory.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.tui.sample import FOREIGN_KEY, RUN_KEY, feed_foreign, kill_plan, make_app  # noqa: E402
 from training.config import PRESETS  # noqa: E402
+from tui.sample import FOREIGN_KEY, RUN_KEY, feed_foreign, kill_plan, make_app  # noqa: E402
 from tui.screens.edit import EditScreen  # noqa: E402
 from tui.screens.kill import KillConfirm  # noqa: E402
 
@@ -114,8 +114,8 @@ def plot_text() -> Path:
     import io
     import tempfile
 
-    from tests.tui.sample import CHILD_ID, RUN_ID, write_lineage
     from tui.plot import main as plot_main
+    from tui.sample import CHILD_ID, RUN_ID, write_lineage
 
     with tempfile.TemporaryDirectory() as tmp:
         write_lineage(Path(tmp, "runs"))
@@ -137,9 +137,9 @@ async def lineage_svg() -> Path:
 
     from backends.hosts import LocalHost
     from backends.runs import RunPhase
-    from tests.tui.sample import CHILD_ID, CHILD_PARAMS, NOW, child_metrics_events, frozen_clock, gpus, run_info, write_lineage
     from tui.app import TracksideApp, Watched
     from tui.messages import GpusPolled, MetricsBatch, RunsListed
+    from tui.sample import CHILD_ID, CHILD_PARAMS, NOW, child_metrics_events, frozen_clock, gpus, run_info, write_lineage
 
     with tempfile.TemporaryDirectory() as tmp:
         write_lineage(Path(tmp))
@@ -162,9 +162,9 @@ async def lineage_svg() -> Path:
 
 
 async def dflash_svg() -> Path:
-    """A DFlash run beside the sample run (tests/tui/sample.py): its loss at block positions
+    """A DFlash run beside the sample run (tui/sample.py): its loss at block positions
     1, 8 and 15 beside the total, and τ by the legend and in the stats."""
-    from tests.tui.sample import on_dflash_run
+    from tui.sample import on_dflash_run
 
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:

@@ -24,9 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.conftest import end_tmux_server  # noqa: E402
-from tests.tui.cdp import Browser, find_chromium  # noqa: E402
-from tests.tui.load_bench import write_smi_wrapper  # noqa: E402
+from scripts.browser import Browser, find_chromium  # noqa: E402
+from scripts.local_box import end_tmux_server, write_smi_wrapper  # noqa: E402
 
 OUT = REPO / "screenshots" / "serve.png"
 

@@ -20,6 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
+from scripts.local_box import end_tmux_server
 from tests.sshd import Sshd, sshd_available
 
 # The session's own HOME: a dashboard watching only SSH hosts writes its error log under
@@ -134,20 +135,4 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("summaries")
         for line in SUMMARIES:
             terminalreporter.write_line(line)
-
-
-def end_tmux_server(*tmux: str) -> None:
-    """Kill a test's tmux server and what its panes run. Run panes start under an sh that
-    traps SIGHUP (backends/runs/launch.py), and a program that outlives the hangup would go on
-    after the test: each pane's process group is killed first (a pane is a session
-    leader, its program in its group)."""
-    import signal
-
-    panes = subprocess.run([*tmux, "list-panes", "-a", "-F", "#{pane_pid}"], capture_output=True, text=True)
-    for pid in panes.stdout.split():
-        try:
-            os.killpg(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, ValueError):
-            pass
-    subprocess.run([*tmux, "kill-server"], capture_output=True)
 

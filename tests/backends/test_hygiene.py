@@ -10,7 +10,7 @@ import pwd
 import uuid
 
 from backends import tmux
-from tests.conftest import end_tmux_server
+from scripts.local_box import end_tmux_server
 
 
 async def test_ssh_sessions_get_the_sessions_own_home_and_tmux_dir(ssh_host):

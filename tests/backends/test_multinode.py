@@ -32,8 +32,8 @@ from backends.cli import _show_runs, main
 from backends.config import load_config
 from backends.hosts import LocalHost
 from backends.runs import NodeInfo, RunError, RunInfo, RunPhase
+from scripts.local_box import end_tmux_server
 from tests.backends.test_kill import FAKE_SMI
-from tests.conftest import end_tmux_server
 
 PY = sys.executable
 ARGS = ["--synthetic", "--steps", "100000", "--max-seq-len", "256", "--ttt-steps", "3", "--save-every", "0",

@@ -21,7 +21,7 @@ import pytest
 from backends import runs, tmux
 from backends.hosts import LocalHost
 from backends.runs import RunPhase
-from tests.conftest import end_tmux_server
+from scripts.local_box import end_tmux_server
 from training.contract import WRITING_MARKER
 
 PY = sys.executable

@@ -18,7 +18,7 @@ from backends import runs
 from backends.alerts import AlertBook, Rules
 from backends.hosts import LocalHost
 from backends.watch import Watched, watch
-from tests.conftest import end_tmux_server
+from scripts.local_box import end_tmux_server
 
 # A stand-in trainer: launched as the host's train command, it is given `--out RUN_DIR`
 # and writes step events to the run dir's metrics.jsonl as the real one does.

@@ -11,7 +11,7 @@ import pytest
 
 from backends import runs
 from backends.hosts import LocalHost
-from tests.conftest import end_tmux_server
+from scripts.local_box import end_tmux_server
 
 TRAIN = [sys.executable, "-m", "training", "train", "--synthetic"]
 

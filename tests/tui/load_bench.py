@@ -49,7 +49,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTS = 8
-GPUS = 8
 LINES_PER_S = 2000
 STEPS_PER_S = 10
 HISTORY_STEPS = 5000  # written before the run "starts": the loss chart's buffer is full from the first second
@@ -129,16 +128,6 @@ def percentile(values: list[float], q: float) -> float:
 
 def phase_medians(phases: list[dict]) -> dict:
     return {name: round(statistics.median(p[name] for p in phases) * 1000, 1) for name in phases[0]} if phases else {}
-
-
-def write_smi_wrapper(directory: Path) -> str:
-    """nvidia-smi for every host: the fake with eight H200s under load (the env must reach
-    the remote command, and a wrapper carries it whatever the host's prefix)."""
-    path = directory / "nvidia-smi"
-    fake = REPO / "tests" / "fake_nvidia_smi.py"
-    path.write_text(f'#!/bin/sh\nFAKE_NVIDIA_SMI_GPUS={GPUS} FAKE_NVIDIA_SMI_STATE=load exec {sys.executable} -S {fake} "$@"\n')
-    path.chmod(0o755)
-    return str(path)
 
 
 def make_app_class():
@@ -282,6 +271,7 @@ async def wait_until(condition, timeout: float, what: str):
 
 async def bench(seconds: float, trace: bool, gc_freeze: bool) -> dict:
     from backends import runs
+    from scripts.local_box import write_smi_wrapper
     from tests.sshd import Sshd, sshd_available
     from tui.app import Watched
     from tui.screens.run import RunScreen

@@ -32,8 +32,8 @@ import aiohttp
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from scripts.local_box import write_smi_wrapper  # noqa: E402
 from tests.sshd import Sshd  # noqa: E402
-from tests.tui.load_bench import write_smi_wrapper  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

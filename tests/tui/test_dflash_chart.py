@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from tests.tui.sample import (
+from tui.curves import Curves, positions_shown
+from tui.sample import (
     DFLASH_KEY,
     dflash_events,
     dflash_info,
@@ -13,7 +14,6 @@ from tests.tui.sample import (
     metrics_events,
     run_info,
 )
-from tui.curves import Curves, positions_shown
 from tui.screens.fleet import run_cells
 from tui.screens.run import stats_text
 from tui.state import HostState, RunState

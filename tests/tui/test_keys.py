@@ -5,8 +5,8 @@ from __future__ import annotations
 from textual import events
 from textual.widgets import DataTable, Log
 
-from tests.tui.sample import RUN_KEY, feed, make_app, on_run
 from tui.keys import KEYS
+from tui.sample import RUN_KEY, feed, make_app, on_run
 from tui.screens.help import HelpScreen
 from tui.screens.run import RunScreen
 from tui.widgets.loss_chart import LossChart

@@ -2,7 +2,7 @@
 node under it, its run screen showing every node's GPUs and every rank's peak, and `k`
 naming every node's PIDs, exactly the plan's.
 
-The fast tests feed the app each host's listing as its monitor would (tests/tui/sample.py);
+The fast tests feed the app each host's listing as its monitor would (tui/sample.py);
 the slow one runs the real thing: a 2-node × 1-process gloo run on CPU over this machine
 and the test sshd on 127.0.0.1 (tests/backends/test_multinode.py's hosts), watched by the
 app, stopped with `k`, and relaunched with `r`.
@@ -21,11 +21,11 @@ from backends.runs import RunPhase
 from tests.backends.test_kill import FAKE_SMI
 from tests.backends.test_multinode import ARGS, two_hosts  # noqa: F401 (a fixture)
 from tests.tui.conftest import screen_text, wait_for
-from tests.tui.sample import (
-    MULTI_HOSTS, MULTI_ID, MULTI_KEY, NOW, feed_multinode, gpus, make_multinode_app, multinode_parts, multinode_plan,
-)  # fmt: skip
 from tui.app import TracksideApp, Watched
 from tui.messages import GpusPolled, RunsListed
+from tui.sample import (
+    MULTI_HOSTS, MULTI_ID, MULTI_KEY, NOW, feed_multinode, gpus, make_multinode_app, multinode_parts, multinode_plan,
+)  # fmt: skip
 from tui.screens.fleet import FleetScreen
 from tui.screens.kill import KillConfirm, KillReportScreen, plan_text
 from tui.screens.run import RunScreen

@@ -15,9 +15,9 @@ import pytest
 
 from backends import runs
 from tests.tui.conftest import wait_for
-from tests.tui.sample import metrics_events, run_info
 from tui.app import TracksideApp, Watched
 from tui.predict import Basis
+from tui.sample import metrics_events, run_info
 from tui.screens.edit import EditScreen
 from tui.state import RunState, RunStatus
 

@@ -18,8 +18,8 @@ import pytest
 
 from backends import runs
 from backends.hosts import LocalHost
+from scripts.local_box import end_tmux_server
 from tui.cli import main
-from tests.conftest import end_tmux_server
 
 TRAIN = [sys.executable, "-m", "training", "train", "--synthetic", "--steps", "12", "--max-seq-len", "128", "--ttt-steps", "2"]
 # A program of someone else's: it prints its loss, and stays in its pane to be read.

@@ -11,7 +11,9 @@ import pytest
 
 from backends.runs import RunPhase
 from tests.tui.conftest import screen_text
-from tests.tui.sample import (
+from tui.app import GONE_KEEP_S
+from tui.messages import RunsListed
+from tui.sample import (
     FOREIGN_KEY,
     NOW,
     RUN_KEY,
@@ -22,8 +24,6 @@ from tests.tui.sample import (
     make_app,
     run_info,
 )
-from tui.app import GONE_KEEP_S
-from tui.messages import RunsListed
 from tui.screens.fleet import FleetScreen
 from tui.screens.pick_run import PickRun
 from tui.screens.run import RunScreen

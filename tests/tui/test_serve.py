@@ -20,8 +20,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.conftest import end_tmux_server
-from tests.tui.cdp import Browser, find_chromium, terminal_text
+from scripts.browser import Browser, find_chromium, terminal_text
+from scripts.local_box import end_tmux_server
 from tui import serve
 from tui.app import TracksideApp, Watched
 from tui.keys import READ_ONLY_HIDDEN

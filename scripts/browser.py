@@ -1,6 +1,6 @@
 """Headless Chromium (Debian's `chromium`), driven over the Chrome DevTools protocol.
 
-For `trackside serve`'s tests and its screenshot (scripts/serve_screenshot.py): open a
+For `trackside serve`'s screenshot (scripts/serve_screenshot.py) and its tests: open a
 page, wait on JavaScript conditions, press keys, read what the page's websocket received,
 take screenshots. The browser resolves no name but 127.0.0.1 and makes no background
 requests, so it talks to the test's server only.

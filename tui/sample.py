@@ -1,4 +1,5 @@
-"""A fixed fleet fed to the app as monitor messages: the snapshot tests' and screenshots' data.
+"""A fixed fleet fed to the app as monitor messages: the data of the screenshots
+(scripts/screenshots.py) and of the snapshot and Pilot tests.
 
 Figures follow the story in DESIGN.md: eight H200s drawing 250 W of 600 W at 100 % util
 (an under-fed run), a container host that refuses our key, and a laptop with no GPU.
