@@ -1,14 +1,21 @@
 """Checkpoints that a kill -9 at any moment cannot corrupt.
 
     checkpoints/step-<N>/model.safetensors   the drafter's weights (not the embedding), d2t/t2d
+    checkpoints/step-<N>/state.safetensors   the state's tensors: optimizer moments, RNG
+    checkpoints/step-<N>/state.json          the rest of the state: step, data position,
+                                             scheduler, optimizer groups; tensors by key
     checkpoints/step-<N>/config.json         drafter shape and data facts, for export
-    checkpoints/step-<N>/state.pt            optimizer, scheduler, data position, RNG
     checkpoints/latest                       "step-<N>", repointed last
 
 Tensors are whole, whatever the sharding of the run that wrote them (training/loop.py
 gathers them to rank 0), and the optimizer state is keyed by parameter name: a checkpoint
 resumes at another world size, under DDP or FSDP. One written before that keyed it by
 the optimizer's parameter order; `optimizer_by_name` reads both.
+
+Every tensor is in a safetensors file, nothing is pickled: a stopping trainer's files can
+be laid out in RAM ahead of time and published by a process without torch
+(training/mirror.py, training/durable.py). Checkpoints from before kept the state in one
+pickled `state.pt`; `load` still reads them.
 
 A step directory is written whole under a temporary name, fsynced, then renamed, and
 `latest` repointed after that (training/durable.py, which also hands that half to a writer
@@ -27,39 +34,66 @@ from torch import Tensor
 
 from training import durable
 
+WEIGHTS, STATE_TENSORS, STATE_JSON, CONFIG = (
+    "model.safetensors", "state.safetensors", "state.json", "config.json")
+LEGACY_STATE = "state.pt"
+# state.json's stand-ins for what JSON has no word for
+TENSOR, TUPLE = "__tensor__", "__tuple__"
 
 
-def save(root: Path, step: int, tensors: dict[str, Tensor], state: dict,
+def tensor_files(weights: dict[str, Tensor], state: dict) -> tuple[dict[str, dict[str, Tensor]], dict]:
+    """A checkpoint's tensor files (file name → key → tensor, wherever the tensors are)
+    and state.json's content, which names each of the state's tensors by its key."""
+    state_tensors: dict[str, Tensor] = {}
+    skeleton = _to_json(state, "", state_tensors)
+    return {WEIGHTS: weights, STATE_TENSORS: state_tensors}, skeleton
+
+
+def _to_json(tree, path: str, tensors: dict[str, Tensor]):
+    if torch.is_tensor(tree):
+        tensors[path] = tree
+        return {TENSOR: path}
+    if isinstance(tree, dict):
+        if not all(isinstance(k, str) for k in tree):
+            raise TypeError(f"checkpoint state {path or '/'}: keys must be strings")
+        return {k: _to_json(v, f"{path}/{k}".lstrip("/"), tensors) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        items = [_to_json(v, f"{path}/{i}".lstrip("/"), tensors) for i, v in enumerate(tree)]
+        return {TUPLE: items} if isinstance(tree, tuple) else items
+    return tree
+
+
+def _from_json(tree, tensors: dict[str, Tensor]):
+    if isinstance(tree, dict):
+        if TENSOR in tree:
+            return tensors[tree[TENSOR]]
+        if TUPLE in tree:
+            return tuple(_from_json(v, tensors) for v in tree[TUPLE])
+        return {k: _from_json(v, tensors) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_from_json(v, tensors) for v in tree]
+    return tree
+
+
+def save(root: Path, step: int, weights: dict[str, Tensor], state: dict,
          config: dict) -> Path:
     """Write step-<step> atomically, repoint `latest`, prune to the newest KEEP."""
-    return durable.publish(stage(root, step, tensors, state, config), root, step)
+    files, skeleton = tensor_files(weights, state)
+    return durable.publish(stage(root, step, files, skeleton, config), root, step)
 
 
-def stage(root: Path, step: int, tensors: dict[str, Tensor], state: dict, config: dict,
-          ram: bool = False) -> Path:
+def stage(root: Path, step: int, files: dict[str, dict[str, Tensor]], skeleton: dict,
+          config: dict, ram: bool = False) -> Path:
     """Write step-<step>'s files, unsynced, where durable.publish takes them from (with
-    `ram`, in /dev/shm if it has room); the directory they are in."""
-    size = sum(t.numel() * t.element_size() for t in _tensors([tensors, state])) if ram else None
-    staged = durable.stage_dir(root, step, ram_bytes=size)
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
-              staged / "model.safetensors")
-    # A stopping trainer's state.pt without its CRC32s: computing them was half the time of
-    # writing it (torch.load reads it either way; durability is the publish's rename).
-    torch.serialization.set_crc32_options(not ram)
-    try:
-        torch.save(state, staged / "state.pt")
-    finally:
-        torch.serialization.set_crc32_options(True)
-    (staged / "config.json").write_text(json.dumps(config, indent=1))
+    `ram`, in /dev/shm if it has room); the directory they are in. `files` may be
+    empty: their images are then handed to publish apart (training/mirror.py)."""
+    size = sum(t.numel() * t.element_size() for f in files.values() for t in f.values())
+    staged = durable.stage_dir(root, step, ram_bytes=size if ram else None)
+    for name, tensors in files.items():
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, staged / name)
+    (staged / STATE_JSON).write_text(json.dumps(skeleton))
+    (staged / CONFIG).write_text(json.dumps(config, indent=1))
     return staged
-
-
-def _tensors(tree) -> list[Tensor]:
-    if torch.is_tensor(tree):
-        return [tree]
-    if isinstance(tree, dict):
-        tree = list(tree.values())
-    return [t for item in tree for t in _tensors(item)] if isinstance(tree, (list, tuple)) else []
 
 
 def latest(root: Path) -> Path | None:
@@ -73,13 +107,17 @@ def latest(root: Path) -> Path | None:
 
 
 def load(path: Path) -> tuple[dict[str, Tensor], dict, dict]:
-    """(tensors, state, config) of one checkpoint directory."""
-    tensors = load_file(path / "model.safetensors")
-    # On the CPU first: every rank resumes on its own GPU, and load_state_dict moves the
-    # optimizer state to each parameter's device.
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
-    config = json.loads((path / "config.json").read_text())
-    return tensors, state, config
+    """(weights, state, config) of one checkpoint directory, on the CPU: every rank
+    resumes on its own GPU, and load_state_dict moves the optimizer state to each
+    parameter's device."""
+    weights = load_file(path / WEIGHTS)
+    if (path / LEGACY_STATE).exists():
+        state = torch.load(path / LEGACY_STATE, map_location="cpu", weights_only=False)
+    else:
+        state = _from_json(json.loads((path / STATE_JSON).read_text()),
+                           load_file(path / STATE_TENSORS))
+    config = json.loads((path / CONFIG).read_text())
+    return weights, state, config
 
 
 def optimizer_by_name(saved: dict, names: list[str]) -> dict:

@@ -99,14 +99,18 @@ def stage_dir(root: Path, step: int, ram_bytes: int | None = None) -> Path:
     return staged
 
 
-def publish(staged: Path, root: Path, step: int) -> Path:
+def publish(staged: Path, root: Path, step: int, images: dict[str, int] | None = None) -> Path:
     """Make the staged files checkpoint step-<step>: fsynced, renamed in, `latest`
-    repointed, pruned to the newest KEEP. The staging is gone after."""
+    repointed, pruned to the newest KEEP. `images`: more of its files, each an open file
+    (a name → its descriptor: training/mirror.py's images in RAM), closed here. The
+    staging is gone after."""
     final = root / f"step-{step}"
     tmp = root / f"{TMP_PREFIX}step-{step}"
     if staged != tmp:
         shutil.copytree(staged, tmp)
         shutil.rmtree(staged)
+    for name, fd in (images or {}).items():
+        _copy_out(fd, tmp / name)
     for f in tmp.iterdir():
         _fsync_path(f)
     _fsync_path(tmp)
@@ -126,6 +130,22 @@ def publish(staged: Path, root: Path, step: int) -> Path:
     return final
 
 
+def _copy_out(fd: int, path: Path) -> None:
+    """The whole of open file `fd` into a new file at `path`, in the kernel (sendfile),
+    then `fd` closed."""
+    try:
+        size = os.fstat(fd).st_size
+        with open(path, "wb") as out:
+            offset = 0
+            while offset < size:
+                sent = os.sendfile(out.fileno(), fd, offset, size - offset)
+                if sent == 0:
+                    raise OSError(f"{path.name}: its image ended at {offset} of {size} bytes")
+                offset += sent
+    finally:
+        os.close(fd)
+
+
 def _discard(step_dir: Path) -> None:
     # Renamed away first, so a kill during the deletion leaves no half step directory.
     doomed = step_dir.with_name(f"{TMP_PREFIX}old-{step_dir.name}")
@@ -133,18 +153,20 @@ def _discard(step_dir: Path) -> None:
     shutil.rmtree(doomed)
 
 
-def hand_off(staged: Path, root: Path, step: int, metrics: Path | None) -> int | None:
-    """Start the writer that publishes `staged` and writes the checkpoint event to
-    `metrics`; its pid once its marker is locked, or None if it did not get that far
-    (the caller then publishes itself)."""
+def hand_off(staged: Path, root: Path, step: int, metrics: Path | None,
+             images: dict[str, int] | None = None) -> int | None:
+    """Start the writer that publishes `staged` (and `images`, open files it inherits)
+    and writes the checkpoint event to `metrics`; its pid once its marker is locked, or
+    None if it did not get that far (the caller then publishes itself)."""
+    images = images or {}
     package = str(Path(__file__).resolve().parents[1])  # wherever this trainer's code is
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (package, os.environ.get("PYTHONPATH")) if p)}
     writer = subprocess.Popen(
         [sys.executable, "-m", "training.durable", str(staged), str(root), str(step),
-         str(metrics or "")],
+         str(metrics or ""), *(f"{name}={fd}" for name, fd in images.items())],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True, env=env,
-        bufsize=0)
+        bufsize=0, pass_fds=tuple(images.values()))
     # A writer that is not ready soon is killed and the caller publishes: a trainer never
     # waits on it for long, nor leaves two publishing one step.
     said, deadline = b"", time.monotonic() + READY_S
@@ -224,6 +246,7 @@ def _name_process(name: str) -> None:
 def main(argv: list[str]) -> int:
     """The writer: publish a staged checkpoint, whatever happens to the trainer's pane."""
     staged, root, step, metrics = Path(argv[0]), Path(argv[1]), int(argv[2]), argv[3]
+    images = {name: int(fd) for name, fd in (image.split("=") for image in argv[4:])}
     for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     _name_process(WRITER_NAME)
@@ -232,7 +255,7 @@ def main(argv: list[str]) -> int:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the trainer stops reading
     started = time.perf_counter()
     try:
-        path = publish(staged, root, step)
+        path = publish(staged, root, step, images)
     except OSError as error:
         if staged.parent != root:
             shutil.rmtree(staged, ignore_errors=True)  # not to hold RAM in /dev/shm

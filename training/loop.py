@@ -40,6 +40,7 @@ from training.config import DFlashConfig, DrafterConfig
 from training.contract import EXIT_OK, EXIT_OOM
 from training.data import Dataset, Loader, Position
 from training.metrics import MetricsWriter
+from training.mirror import Mirror
 from training.model import Eagle3Drafter, StepLoss
 from training.packing import PackedBatch
 from training.vocab import build_draft_vocab
@@ -283,30 +284,39 @@ def shard(model: nn.Module, layers, device: torch.device, world: int) -> nn.Modu
     return model
 
 
+def live_state(drafter: nn.Module, optimizer: torch.optim.Optimizer
+               ) -> tuple[dict[str, torch.Tensor], dict]:
+    """The drafter's weights (not the verifier's embedding; a frozen head, which an export
+    needs, too) and its optimizer state keyed by parameter name: the live tensors, not
+    copies. Unsharded runs only: any rank holds it all."""
+    frozen = {n for n, p in drafter.named_parameters() if not p.requires_grad}
+    weights = {n: t.detach() for n, t in drafter.state_dict().items() if n not in frozen}
+    weights.update(_frozen_kept(drafter))
+    names = [n for n, p in drafter.named_parameters() if p.requires_grad]  # its order
+    return weights, checkpoint.optimizer_by_name(optimizer.state_dict(), names)
+
+
+def _frozen_kept(drafter: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach() for n, p in drafter.named_parameters()
+            if not p.requires_grad and n != "embed_tokens.weight"}
+
+
 def gather_state(drafter: nn.Module, optimizer: torch.optim.Optimizer, sharded: bool
                  ) -> tuple[dict[str, torch.Tensor], dict]:
-    """The drafter's weights (not the verifier's embedding; a frozen head, which an export
-    needs, too) and its optimizer state keyed by parameter name, whole, on the CPU.
-    Sharded, every rank calls it (FSDP gathers the shards) and rank 0 gets the result;
-    else any rank holds it all already."""
-    frozen = {n for n, p in drafter.named_parameters() if not p.requires_grad}
-    if sharded:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions, get_model_state_dict, get_optimizer_state_dict)
-        whole = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-        weights = get_model_state_dict(drafter, options=whole)
-        optimizer_state = get_optimizer_state_dict(drafter, optimizer, options=whole)
-    else:
-        weights = {n: t.detach().cpu() for n, t in drafter.state_dict().items()
-                   if n not in frozen}
-        saved = optimizer.state_dict()
-        saved["state"] = {i: {k: v.detach().cpu() if torch.is_tensor(v) else v
-                              for k, v in s.items()} for i, s in saved["state"].items()}
-        names = [n for n, p in drafter.named_parameters() if p.requires_grad]  # its order
-        optimizer_state = checkpoint.optimizer_by_name(saved, names)
-    weights.update({n: p for n, p in drafter.named_parameters()
-                    if n in frozen and n != "embed_tokens.weight"})
-    return weights, optimizer_state
+    """live_state, whole and on the CPU. Sharded, every rank calls it (FSDP gathers the
+    shards) and rank 0 gets the result."""
+    if not sharded:
+        weights, optimizer_state = live_state(drafter, optimizer)
+        return ({n: t.cpu() for n, t in weights.items()},
+                {**optimizer_state, "state": {
+                    n: {k: v.cpu() if torch.is_tensor(v) else v for k, v in s.items()}
+                    for n, s in optimizer_state["state"].items()}})
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions, get_model_state_dict, get_optimizer_state_dict)
+    whole = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    weights = get_model_state_dict(drafter, options=whole)
+    weights.update({n: t.cpu() for n, t in _frozen_kept(drafter).items()})
+    return weights, get_optimizer_state_dict(drafter, optimizer, options=whole)
 
 
 def restore_state(drafter: nn.Module, optimizer: torch.optim.Optimizer,
@@ -469,41 +479,63 @@ def train(cfg: TrainConfig) -> int:
                   f"device={device.type} start_step={step}", flush=True)
         last_saved = step
 
+        def state(optimizer_state: dict) -> dict:
+            return {"step": step, "data": position.state_dict(), "rng": _rng_state(),
+                    "optimizer": optimizer_state, "scheduler": scheduler.state_dict()}
+
+        # A stop's release-first save copies into this, built after the first step
+        # (training/mirror.py); rank 0 of an unsharded run, which holds the whole state.
+        mirror = None
+        mirrored = cfg.sharding != "fsdp" and rank == 0 and cfg.export is None
+
         def save(release_first: bool = False) -> None:
-            """Checkpoint this step. `release_first` (stopping): stage the state, in RAM
-            where there is room, and leave the durable write to a writer process, so this
-            one can exit and free the device before the write is done (training/durable.py)."""
+            """Checkpoint this step. `release_first` (stopping): get the state off the
+            device into RAM (the mirror where it is built), and leave the durable write to
+            a writer process, so this one can exit and free the device before the write is
+            done (training/durable.py)."""
             nonlocal last_saved
             sharded = cfg.sharding == "fsdp"
             # FSDP gathers on every rank; unsharded, rank 0 holds it all and the others
             # would copy the whole state to the CPU for nothing.
             if last_saved != step and (sharded or rank == 0):
                 started = time.perf_counter()
-                tensors, optimizer_state = gather_state(drafter, optimizer, sharded)
-                gather_s = time.perf_counter() - started
+                images = None
+                if release_first and mirror is not None:
+                    weights, optimizer_state = live_state(drafter, optimizer)
+                    files, skeleton = checkpoint.tensor_files(weights, state(optimizer_state))
+                    images = mirror.fill(files)
+                if images is None:
+                    if release_first and mirror is not None:
+                        print("train: stopping the ordinary way: the RAM for it "
+                              + (f"was not made ready ({mirror.failed})" if mirror.failed
+                                 else "is not ready yet"), flush=True)
+                    weights, optimizer_state = gather_state(drafter, optimizer, sharded)
+                    files, skeleton = checkpoint.tensor_files(weights, state(optimizer_state))
+                else:
+                    files = {}  # they are the mirror's images
+                off_device_s = time.perf_counter() - started
                 if rank == 0:
-                    state = {"step": step, "data": position.state_dict(),
-                             "rng": _rng_state(), "optimizer": optimizer_state,
-                             "scheduler": scheduler.state_dict()}
-                    staged = checkpoint.stage(ckpt_root, step, tensors, state, {
+                    staged = checkpoint.stage(ckpt_root, step, files, skeleton, {
                         "drafter": cfg.drafter.to_dict(), "layers": dataset.info["layers"],
                         "num_layers": dataset.info["num_layers"],
                         "max_seq_len": cfg.max_seq_len, "ttt_steps": cfg.ttt_steps,
                         "freeze_lm_head": cfg.freeze_lm_head,
                         **({} if cfg.dflash is None else {"dflash": cfg.to_dict()["dflash"]})},
                         ram=release_first)
-                    del tensors, optimizer_state, state
+                    del weights, optimizer_state, files
                     stage_s = time.perf_counter() - started
-                    writer = (durable.hand_off(staged, ckpt_root, step, cfg.run_dir / "metrics.jsonl")
+                    writer = (durable.hand_off(staged, ckpt_root, step,
+                                               cfg.run_dir / "metrics.jsonl", images)
                               if release_first else None)
                     if writer is None:
-                        path = durable.publish(staged, ckpt_root, step)
+                        path = durable.publish(staged, ckpt_root, step, images)
                         metrics.write(contract.CHECKPOINT, step=step, path=str(path))
                     else:
                         metrics.write(contract.STAGED, step=step, writer=writer,
                                       stage_s=round(stage_s, 3))
-                        print(f"train: step {step}'s state written to {staged.parent} in "
-                              f"{stage_s:.2f} s ({gather_s:.2f} s of it off the device), "
+                        where = "RAM made ready for it" if images else staged.parent
+                        print(f"train: step {step}'s state written to {where} in "
+                              f"{stage_s:.2f} s ({off_device_s:.2f} s of it off the device), "
                               f"{stop.since()}; checkpoint writer pid {writer} makes it "
                               "durable", flush=True)
             last_saved = step
@@ -571,6 +603,15 @@ def train(cfg: TrainConfig) -> int:
                 break
             if cfg.save_every and step % cfg.save_every == 0:
                 save()
+            if mirrored and mirror is None:
+                weights, optimizer_state = live_state(drafter, optimizer)
+                files, _ = checkpoint.tensor_files(weights, state(optimizer_state))
+                mirror = Mirror.start(files, device)
+                del weights, optimizer_state, files
+                print(f"train: for a stop, {mirror.nbytes / 2**30:.2f} GiB of RAM "
+                      + (f"not made ready ({mirror.failed})" if mirror.failed else
+                         "being made ready (mapped"
+                         + (", page-locked)" if device.type == "cuda" else ")")), flush=True)
         # An export reads the checkpoint as soon as the loop ends: written here, then.
         save(release_first=status == contract.STOPPED and cfg.export is None)
     except torch.OutOfMemoryError as error:
