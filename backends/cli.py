@@ -17,7 +17,9 @@ import sys
 
 from backends import gpu, kill, nodes, params, runs, tmux
 from backends.alerts import format_duration
-from backends.config import Config, ConfigError, load_config
+from backends.config import Config, ConfigError, HostConfig, load_config
+from backends.deliver import Delivery, Sent
+from backends.ship import ShipError
 from backends.hosts import Host, HostError
 from backends.logparse import Progress
 from backends.runs.status import describe
@@ -82,6 +84,9 @@ def _parser() -> _Parser:
     launch.add_argument("--nproc-per-node", type=_count, metavar="N", help="with --hosts: processes per host (default 1)")
     launch.add_argument("--rdzv-host", type=_address, metavar="ADDR",
                         help="with --hosts: the address the other hosts reach the first by (default: its configured address)")
+    ship_help = ("send the local training package to the host first (to <runs_root>/code/<hash>/, only what changed) "
+                 "and run the trainer from it, and the host's [[sync]] directories (default: the host's `ship` setting)")
+    launch.add_argument("--ship", action=argparse.BooleanOptionalAction, help=ship_help)
     command("runs", "List runs and every other tmux session on the host.")
     command("gpus", "Read the host's GPUs once: power against its limit, memory, utilisation, "
                     "temperature, and the processes holding memory (what the dashboard's GPU panel shows).")
@@ -97,6 +102,9 @@ def _parser() -> _Parser:
     again.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                        help=f"change a parameter ({', '.join(params.PARAMS)})")  # fmt: skip
     again.add_argument("--resume", action="store_true", help="start from the parent's latest checkpoint")
+    again.add_argument("--ship", action=argparse.BooleanOptionalAction,
+                       help="send the code here again first, from where the parent's came (else as `launch --ship`); "
+                            "without, the child runs the parent's code (default: the host's `ship` setting)")
     return parser
 
 
@@ -117,6 +125,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
             raise UsageError(f"trackside launch: {given[0]} goes with --hosts")
     if args.subcommand == "launch" and args.hosts is not None and args.host is not None:
         raise UsageError("trackside launch: --host and --hosts: give one")
+    if args.subcommand == "launch" and args.hosts is not None and args.ship:
+        raise UsageError("trackside launch: --ship is for a run on one host, not --hosts")
     if getattr(args, "session", None) is not None:
         try:
             tmux.check_session_name(args.session)
@@ -149,20 +159,36 @@ def _check_nodes(args, config: Config, hosts: dict[str, Host]) -> None:
             raise UsageError(f"trackside launch: --hosts: {e}") from None
 
 
-def _launched(info: runs.RunInfo, relaunch: bool) -> dict:
+async def _delivered(host: Host, delivery: Delivery, trainer: bool) -> Sent:
+    """The code sent and put in place before a launch (nothing was stopped for it); a
+    command other than the trainer takes its synced directories only."""
+    sent = await (delivery if trainer else delivery.without_package()).send(host)
+    await sent.put_in_place(host)
+    return sent
+
+
+def _ships(args, entry: HostConfig) -> bool:
+    return entry.ship if args.ship is None else args.ship
+
+
+def _launched(info: runs.RunInfo, relaunch: bool, sent: Sent | None = None) -> dict:
     shape = {"run_id": info.run_id, "host": info.host, "session": info.session, "run_dir": info.run_dir}
     if info.nodes:
         shape["nodes"] = [{"host": n.host, "session": n.session, "run_dir": n.run_dir} for n in info.nodes]
+    if sent is not None:
+        shape["shipped"] = sent.to_json()
     return {**shape, "parent": info.parent} if relaunch else shape
 
 
-def _show_launched(doc: dict, judged: str) -> str:
-    """What was launched where, and how its start was judged (backends.runs.launch)."""
+def _show_launched(doc: dict, judged: str, sent: Sent | None = None) -> str:
+    """What was shipped, what was launched where, and how its start was judged
+    (backends.runs.launch)."""
     parent = f" (from {doc['parent']})" if doc.get("parent") else ""
+    shipped = "".join(f"shipped {line}\n" for line in sent.said()) if sent is not None else ""
     if doc.get("nodes"):
         where = "".join(f"\nnode {i} on {n['host']}: tmux session {n['session']}, run dir {n['run_dir']}" for i, n in enumerate(doc["nodes"]))
         return f"launched {doc['run_id']}{parent} on {len(doc['nodes'])} hosts{where}\n{judged}"
-    return f"launched {doc['run_id']}{parent} on {doc['host']} in tmux session {doc['session']}\nrun dir: {doc['run_dir']}\n{judged}"
+    return f"{shipped}launched {doc['run_id']}{parent} on {doc['host']} in tmux session {doc['session']}\nrun dir: {doc['run_dir']}\n{judged}"
 
 
 def _show_progress(p: Progress) -> str:
@@ -308,6 +334,7 @@ async def _run(args) -> tuple[object, str, list[str]]:
     try:
         if args.subcommand == "launch":
             entry = config.host(args.host) if args.host else config.hosts[0]
+            sent = None
             if args.hosts:
                 _check_nodes(args, config, hosts)
                 info = await nodes.launch_nodes(
@@ -315,9 +342,13 @@ async def _run(args) -> tuple[object, str, list[str]]:
                     train_commands=train_commands, rdzv_host=args.rdzv_host,
                 )  # fmt: skip
             else:
-                info = await runs.launch(hosts[entry.name], args.command, session=args.session, train_command=entry.train_command)
-            doc = _launched(info, relaunch=False)
-            return doc, _show_launched(doc, info.judged), []
+                host = hosts[entry.name]
+                if _ships(args, entry):
+                    trainer = runs.train_args_start(args.command, entry.train_command) is not None
+                    sent = await _delivered(host, entry.delivery(), trainer)
+                info = await runs.launch(host, args.command, session=args.session, train_command=entry.train_command, sent=sent)
+            doc = _launched(info, relaunch=False, sent=sent)
+            return doc, _show_launched(doc, info.judged, sent), []
         if args.subcommand == "runs":
 
             def gpu_pids(host: Host):
@@ -357,14 +388,21 @@ async def _run(args) -> tuple[object, str, list[str]]:
             grace = args.grace if args.grace is not None else config.defaults.get("grace_s", 30.0)
             report = await kill.kill_run(host, target, grace_s=grace, smi=entry.nvidia_smi, hosts=hosts, smis=smis)
             return report.to_json(), _show_kill(report), []
-        if len((await runs.read_manifest(host, args.run)).get("nodes") or []) > 1:
+        parent = await runs.read_manifest(host, args.run)
+        sent = None
+        if len(parent.get("nodes") or []) > 1:
             if args.resume:
                 raise UsageError("trackside relaunch: --resume: a multi-node run's checkpoint is on one node only")
+            if args.ship:
+                raise UsageError("trackside relaunch: --ship is for a run on one host: this one spans several")
             info = await nodes.relaunch_nodes(hosts, host, args.run, args.changes, train_commands=train_commands)
         else:
-            info = await runs.relaunch(host, args.run, args.changes, args.resume, train_command=entry.train_command)
-        doc = _launched(info, relaunch=True)
-        return doc, _show_launched(doc, info.judged), []
+            if _ships(args, entry):
+                trainer = runs.train_args_start(parent["argv"], entry.train_command) is not None
+                sent = await _delivered(host, Delivery.of_manifest(parent) or entry.delivery(), trainer)
+            info = await runs.relaunch(host, args.run, args.changes, args.resume, train_command=entry.train_command, sent=sent)
+        doc = _launched(info, relaunch=True, sent=sent)
+        return doc, _show_launched(doc, info.judged, sent), []
     finally:
         await asyncio.gather(*(h.close() for h in hosts.values()))
 
@@ -373,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     failures: dict[type, int] = {
         UsageError: EXIT_USAGE, ConfigError: EXIT_USAGE, params.ParamError: EXIT_USAGE, kill.SelfKill: EXIT_USAGE,
-        HostError: EXIT_FAILURE, runs.RunError: EXIT_FAILURE, kill.KillError: EXIT_FAILURE,
+        HostError: EXIT_FAILURE, runs.RunError: EXIT_FAILURE, kill.KillError: EXIT_FAILURE, ShipError: EXIT_FAILURE,
     }  # fmt: skip
     try:
         args = _parse(argv)

@@ -21,6 +21,15 @@
     known_hosts = "~/.ssh/known_hosts"
     identity_file = "~/.ssh/id_ed25519"
     max_channels = 8        # SSH channels at once; streams take all but 2
+    ship = true             # launch/relaunch send the local training package (--no-ship: not)
+    ship_from = "~/src/trackside/training"   # that package (default: this trackside's)
+    python = "/opt/venv/bin/python"          # what runs it there (default python3; needs torch)
+
+    [[hosts.gpu1.sync]]     # a directory sent before a shipping launch or relaunch
+    from = "~/work/dflash"  # here
+    to = "/root/dflash"     # on the host (inside its prefix)
+    exclude = [".git", "checkpoints", "data"]   # names never sent nor touched (this default
+    max_mib = 64            # and __pycache__, *.pyc); the most it may hold after excludes
 
     [alerts]
     command = ["curl", "-sS", "--data-binary", "@-", "https://hooks.example.org/x"]
@@ -28,8 +37,8 @@
     stall_floor_s = 300     # no step for 10x the step time, never sooner than this
     underfed_s = 60         # a GPU under half its power at >90% util this long
 
-Host tables may also set runs_root, train_command, nvidia_smi, user, known_hosts and
-identity_file in [defaults]. Without a file, the one host is this machine. Every mistake
+Host tables may also set runs_root, train_command, nvidia_smi, user, known_hosts,
+identity_file, ship, ship_from and python in [defaults]. Without a file, the one host is this machine. Every mistake
 is a ConfigError naming the key: `hosts.gpu1.port: expected an integer 1-65535, got "abc"`.
 """
 
@@ -43,9 +52,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backends import alerts
+from backends import alerts, sync
+from backends.deliver import Delivery
 from backends.gpu import DEFAULT_SMI
 from backends.hosts import DEFAULT_RUNS_ROOT, Host, LocalHost, SSHHost
+from backends.ship import local_package
 from training.contract import local_runs_root
 
 
@@ -99,6 +110,49 @@ def _int(low: int, high: int | None):
     return check
 
 
+def _bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(key, f"expected true or false, got {_show(value)}")
+
+
+def _mib(key: str, value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    raise ConfigError(key, f"expected a size in MiB > 0, got {_show(value)}")
+
+
+def _names(key: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, list) and all(isinstance(v, str) and v and "/" not in v for v in value):
+        return tuple(value)
+    raise ConfigError(key, f"expected a list of file or directory names (globs, no '/'), got {_show(value)}")
+
+
+# [[hosts.X.sync]]: a directory of this machine's, where it goes on the host.
+_SYNC = {
+    "from": (_string, None),
+    "to": (_string, None),
+    "exclude": (_names, sync.DEFAULT_EXCLUDE),
+    "max_mib": (_mib, sync.DEFAULT_MAX_MIB),
+}
+
+
+def _syncs(key: str, value: Any) -> list[sync.SyncEntry]:
+    if not isinstance(value, list):
+        raise ConfigError(key, f"expected [[{key}]] tables, got {_show(value)}")
+    entries = []
+    for i, table in enumerate(value):
+        given = _check_table(f"{key}[{i}]", table, _SYNC)
+        for needed in ("from", "to"):
+            if needed not in given:
+                raise ConfigError(f"{key}[{i}].{needed}", "missing: a sync names the directory here (from) and there (to)")
+        if not given["to"].startswith(("/", "~")):
+            raise ConfigError(f"{key}[{i}].to", f"expected an absolute path on the host (or ~/…), got {_show(given['to'])}")
+        entries.append(sync.SyncEntry(given["from"], given["to"], given.get("exclude", sync.DEFAULT_EXCLUDE),
+                                      given.get("max_mib", sync.DEFAULT_MAX_MIB)))  # fmt: skip
+    return entries
+
+
 def _seconds(key: str, value: Any) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
         return float(value)
@@ -120,6 +174,9 @@ _SHARED = {
     "user": (_string, None),
     "known_hosts": (_string, None),
     "identity_file": (_string, None),
+    "ship": (_bool, False),
+    "ship_from": (_string, None),
+    "python": (_string, "python3"),
 }
 _DEFAULTS = {
     **_SHARED,
@@ -133,6 +190,7 @@ _HOST = {
     "jump": (_string, None),
     "prefix": (_argv, []),
     "max_channels": (_int(1, None), 8),
+    "sync": (_syncs, []),
 }
 
 # [alerts]: where alerts go beyond the screen, and when they are called.
@@ -158,7 +216,16 @@ class HostConfig:
     known_hosts: str | None = None
     identity_file: str | None = None
     max_channels: int = 8
+    ship: bool = False  # launches and relaunches ship code unless told not to
+    ship_from: str | None = None  # the package to ship; None: this trackside's own
+    python: str = "python3"  # the interpreter that runs shipped code on the host
+    sync: list[sync.SyncEntry] = field(default_factory=list)
     jump_config: HostConfig | None = field(default=None, repr=False, compare=False)
+
+    def delivery(self) -> Delivery:
+        """What a shipping launch takes to this host (backends.deliver)."""
+        package = Path(self.ship_from).expanduser() if self.ship_from else local_package()
+        return Delivery(package, self.python, tuple(self.sync))
 
     @property
     def is_local(self) -> bool:
@@ -255,7 +322,7 @@ def parse_config(data: dict[str, Any]) -> Config:
             settings["runs_root"] = local_runs_root()
         hosts.append(HostConfig(name=name, **settings))
     if not hosts:
-        hosts = [HostConfig("local", **{key: defaults[key] for key in ("runs_root", "train_command", "nvidia_smi")})]
+        hosts = [HostConfig("local", **{key: defaults[key] for key in ("runs_root", "train_command", "nvidia_smi", "ship", "ship_from", "python")})]
         if "runs_root" not in given_defaults:
             hosts[0].runs_root = local_runs_root()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from backends import console, panes, runs, tmux
@@ -49,6 +49,7 @@ class Series:
     parent: str | None = None
     events: tuple[dict, ...] = ()  # step records in order; a pane's have only step and loss
     start_time: float | None = None
+    code: dict | None = None  # the code it ran, where trackside shipped or synced it (runs.code_of)
 
     def curve(self, metric: str, x: str = "step") -> list[tuple[float, float]]:
         """(x, value) points of `metric` against `x` (the step, tokens seen so far, or
@@ -164,9 +165,9 @@ async def of_run(host: Host, run_id: str) -> Series:
     directory = manifest.get("run_dir") or await runs.run_dir(host, run_id)
     known = {"params": manifest.get("params") or {}, "parent": manifest.get("parent")}
     series = from_metrics(run_id, host.name, await runs.read_file(host, f"{directory}/metrics.jsonl", READ_S) or "", **known)
-    if series.events:
-        return series
-    return from_console(run_id, host.name, await runs.read_file(host, f"{directory}/console.log", READ_S) or "", **known)
+    if not series.events:
+        series = from_console(run_id, host.name, await runs.read_file(host, f"{directory}/console.log", READ_S) or "", **known)
+    return replace(series, code=runs.code_of(manifest))
 
 
 async def of_session(host: Host, session: str) -> Series:
@@ -203,11 +204,24 @@ async def ancestors(host: Host, parent: str | None, depth: int = ANCESTORS) -> l
     return line
 
 
-def changed(before: dict, after: dict) -> str:
-    """How `after`'s params differ from `before`'s, as `ttt_steps 3 → 5, lr 3e-4 → 1e-4`."""
+def changed(before: dict, after: dict, before_code: dict | None = None, after_code: dict | None = None) -> str:
+    """How `after`'s params differ from `before`'s, as `ttt_steps 3 → 5, lr 3e-4 → 1e-4`,
+    and its code from `before`'s where it does (runs.code_of): `code 1a2b3c4 → 5d6e7f8`."""
     keys = [k for k in {**before, **after} if before.get(k) != after.get(k)]
-    return ", ".join(f"{k} {_shown(before.get(k))} → {_shown(after.get(k))}" for k in keys) or "same params"
+    said = [f"{k} {_shown(before.get(k))} → {_shown(after.get(k))}" for k in keys]
+    if runs.code_differs(before_code, after_code):
+        said.append(f"code {_code(before_code)} → {_code(after_code)}")
+    return ", ".join(said) or "same params"
 
 
 def _shown(value) -> str:
     return "unset" if value is None else str(value)
+
+
+def _code(code: dict | None) -> str:
+    """A run's code in a legend: its package's short hash (else its first synced
+    directory's); the host's own trainer where trackside recorded none."""
+    if code is None:
+        return "host's"
+    digest = code["hash"] or next((s["hash"] for s in code["synced"]), None) or "?"
+    return digest[:7]

@@ -13,7 +13,7 @@ from backends.runs.launch import (
     resolve_program,
     train_args_start,
 )
-from backends.runs.listing import NodeInfo, RunInfo, RunPhase, launcher_code, list_runs
+from backends.runs.listing import NodeInfo, RunInfo, RunPhase, code_differs, code_of, launcher_code, list_runs
 from backends.runs.rundir import (
     RunError,
     manifest_exit_status,
@@ -32,6 +32,8 @@ __all__ = [
     "RunError",
     "RunInfo",
     "RunPhase",
+    "code_differs",
+    "code_of",
     "launch",
     "launch_command",
     "launcher_code",

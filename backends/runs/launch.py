@@ -14,6 +14,8 @@ from dataclasses import dataclass, fields
 
 from backends import params as run_params
 from backends import tmux
+from backends.deliver import Sent
+from backends.ship import Shipped
 from backends.hosts import Host
 from backends.logparse import parse_metrics_line
 from backends.runs.listing import RunInfo, RunPhase
@@ -109,6 +111,7 @@ async def launch(
     wrap: Callable[[list[str]], list[str]] | None = None,
     extra: dict | None = None,
     on_started: Callable[[RunInfo], None] | None = None,
+    sent: Sent | None = None,
 ) -> Launched:
     """Start argv in a new detached tmux session with a run dir. Its items reach the
     program as they are (run as `"$@"` under the status-recording sh, never parsed), the
@@ -126,6 +129,9 @@ async def launch(
 
     A node of a multi-node run (backends/nodes.py) passes the run id its nodes share,
     `wrap` (the resolved command → the torchrun that runs it) and `extra` manifest fields.
+
+    `sent` (backends.deliver), code already on the host and in place: the trainer runs
+    from its shipped package, and the manifest records what the run runs.
     """
     argv = list(argv)
     if not argv:
@@ -139,7 +145,13 @@ async def launch(
         if not is_train:
             raise RunError("only trainer runs can resume from a checkpoint")
         argv = [*_without_resume(argv), "--resume-from", resume_from]
-    command = await resolve_program(host, launch_command(argv, params, directory, train_command))
+    run_argv, run_train = argv, train_command
+    if sent is not None and sent.code is not None:
+        if not is_train:
+            raise RunError("only the trainer runs a shipped package: sync the program's directory instead")
+        run_train = sent.code.train_command()
+        run_argv = run_train + argv[train_args_start(argv, train_command) :]
+    command = await resolve_program(host, launch_command(run_argv, params, directory, run_train))
     if wrap is not None:
         command = wrap(command)
     manifest = {
@@ -157,6 +169,7 @@ async def launch(
         "ended": None,
         "exit_status": None,
         "pane_pid": None,
+        **(sent.manifest() if sent is not None else {}),
         **(extra or {}),
     }
     await write_manifest(host, manifest)
@@ -266,28 +279,37 @@ async def _last_lines(host: Host, session: str) -> list[str]:
 
 
 async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False, *, train_command: Sequence[str] | None = None,
-                   on_started: Callable[[RunInfo], None] | None = None) -> RunInfo:
+                   on_started: Callable[[RunInfo], None] | None = None, sent: Sent | None = None) -> RunInfo:
     """The parent's argv with changed params, in a new run dir linked to its parent.
 
     With `resume`, the new run starts from the parent's latest checkpoint (the trainer's
     `--resume-from` the parent's checkpoints), one still being written included.
+    With `sent`, it runs that code (backends.deliver); without, the code its parent ran:
+    the parent's shipped package where it had one, else the host's trainer.
     """
     parent = await read_manifest(host, run_id)
     if len(parent.get("nodes") or []) > 1:  # one node alone would wait for the others forever
         spans = ", ".join(n["host"] for n in parent["nodes"])
         raise RunError(f"run {run_id} spans hosts {spans}: relaunch every node together (backends.nodes.relaunch_nodes)")
     argv = _without_resume(parent["argv"])
-    if train_args_start(argv, train_command) is None:
-        raise RunError(f"run {run_id} is not a trainer run ({' '.join(argv)}): its parameters cannot be changed")
     resume_from = None
-    if resume:
-        resume_from = await checkpoints_to_resume(host, parent["run_dir"])
-        if resume_from is None:
-            raise RunError(f"run {run_id} has no checkpoint to resume from in {parent['run_dir']}/checkpoints")
-    argv, params = run_params.edited(argv, parent.get("params", {}), changes)
+    if train_args_start(argv, train_command) is None:
+        # Another program (a trainer of the user's, its directory synced): the same argv
+        # again, the one thing a relaunch can do with a command it cannot read.
+        if changes or resume:
+            raise RunError(f"run {run_id} is not a trainer run ({' '.join(argv)}): its parameters cannot be changed")
+        params = parent.get("params") or {}
+    else:
+        if resume:
+            resume_from = await checkpoints_to_resume(host, parent["run_dir"])
+            if resume_from is None:
+                raise RunError(f"run {run_id} has no checkpoint to resume from in {parent['run_dir']}/checkpoints")
+        argv, params = run_params.edited(argv, parent.get("params", {}), changes)
+    if sent is None and parent.get("code"):
+        sent = Sent(Shipped.of_record(parent["code"]))
     return await launch(
         host, argv, params=params, parent=run_id,
-        train_command=train_command, resume_from=resume_from, on_started=on_started,
+        train_command=train_command, resume_from=resume_from, on_started=on_started, sent=sent,
     )  # fmt: skip
 
 

@@ -93,6 +93,10 @@ class RunInfo:
     eval_loss: float | None = None  # its latest evaluation's, apart from the training loss
     pane: str | None = None
     recorded_since: float | None = None
+    # What a run launched with shipped or synced code runs (code_of), and whether that
+    # differs from what its parent ran (None: either ran code trackside did not record).
+    code: dict | None = None
+    code_changed: bool | None = None
 
     def to_json(self) -> dict:
         shown = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "console"}
@@ -108,6 +112,27 @@ def _metrics(lines: list[str]) -> MetricsRecord:
         if (event := parse_metrics_line(line)) is not None:
             record.add(event)
     return record
+
+
+def code_of(manifest: dict) -> dict | None:
+    """The code a run runs, as its manifest records it (backends.deliver): the shipped
+    package's hash and `git describe`, each synced directory's; None if it recorded none."""
+    code, synced = manifest.get("code"), manifest.get("synced") or []
+    if not code and not synced:
+        return None
+    return {
+        "hash": code.get("hash") if code else None, "describe": code.get("describe") if code else None,
+        "synced": [{k: s.get(k) for k in ("to", "hash", "describe")} for s in synced],
+    }  # fmt: skip
+
+
+def code_differs(before: dict | None, after: dict | None) -> bool | None:
+    """Whether two runs' code (code_of) differs: the package, or a directory both synced;
+    the host's own trainer against recorded code does; None when neither recorded any."""
+    if before is None or after is None:
+        return None if before is after else True
+    synced = {s["to"]: s["hash"] for s in before["synced"]}
+    return before["hash"] != after["hash"] or any(synced.get(s["to"], s["hash"]) != s["hash"] for s in after["synced"])
 
 
 def launcher_code(end_status: str | None, exit_status: int | None) -> bool:
@@ -195,9 +220,13 @@ async def list_runs(
                 [] if ended else alive, manifest.get("run_dir"), manifest.get("parent"), manifest.get("started"),
                 metrics.end_status, this_dashboard=session in dashboard, session_open=bool(own), nodes=nodes,
                 tokens_per_s=None if ended else metrics.value("tokens_per_s"), tau=metrics.value("tau"),
-                eta_s=None if ended else metrics.eta_s(manifest["params"]),
+                eta_s=None if ended else metrics.eta_s(manifest["params"]), code=code_of(manifest),
             )  # fmt: skip
         )
+    by_id = {info.run_id: info for info in infos}
+    for info in infos:
+        if (parent := by_id.get(info.parent)) is not None:
+            info.code_changed = code_differs(parent.code, info.code)
     # A run of ours with no step events (a program other than the trainer, or the trainer
     # still loading) is known by its console.log, as the screen knows it.
     recordings = recordings or Recordings()
