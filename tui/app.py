@@ -202,7 +202,7 @@ class TracksideApp(TextualErrorHook, RunActions, App):
         # or a lost host would flap between offline and ok.
         if message.snapshot.ok:
             self._host_answered(host, message.time)
-        for reading in getattr(message.snapshot, "gpus", ()):
+        for reading in message.snapshot.gpus:
             trace = host.traces.setdefault(reading.index, GpuTrace())
             trace.power_w.append(reading.power_w or 0.0)
             trace.mem_mib.append(reading.mem_used_mib or 0)

@@ -6,9 +6,9 @@ the newest matters); batches of lines never replace each other (no line may be l
 
 from __future__ import annotations
 
-from typing import Any
-
 from textual.message import Message
+
+from backends.gpu import GpuSnapshot
 
 
 class HostMessage(Message):
@@ -18,7 +18,7 @@ class HostMessage(Message):
 
 
 class GpusPolled(HostMessage):
-    def __init__(self, host: str, snapshot: Any, time: float) -> None:
+    def __init__(self, host: str, snapshot: GpuSnapshot, time: float) -> None:
         super().__init__(host)
         self.snapshot = snapshot
         self.time = time

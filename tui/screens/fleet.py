@@ -31,7 +31,7 @@ COLUMNS = [
 
 def power_summary(host: HostState) -> Text | str:
     """Each card's draw, red under half its limit, then the limit: `250 257 … /600 W`."""
-    readings = getattr(host.gpus, "gpus", None) or []
+    readings = host.gpus.gpus if host.gpus else ()
     if not readings:
         return "—"
     text = Text()
