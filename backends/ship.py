@@ -182,14 +182,16 @@ def _tar(tree: Tree, send: Iterable[str], copies: Mapping[str, str]) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
 
-        def add(path: str, data: bytes, mode: int = 0o644) -> None:
+        def add(path: str, data: bytes, mode: int = 0o644, mtime: float = 0) -> None:
             info = tarfile.TarInfo(path)
-            info.size, info.mode = len(data), mode
+            info.size, info.mode, info.mtime = len(data), mode, mtime
             tar.addfile(info, io.BytesIO(data))
 
         for path in send:
             local = tree.local(path)
-            add(path, local.read_bytes(), local.stat().st_mode & 0o777)
+            # Its own time, not the epoch: Python trusts a cached .pyc whose source has the
+            # size and time it was compiled from, and an edit that keeps the size would run stale.
+            add(path, local.read_bytes(), local.stat().st_mode & 0o777, local.stat().st_mtime)
         add(FILES, tree.listing.encode())
         add(COPIES, "".join(f"{source}\t{path}\n" for path, source in copies.items()).encode())
     return buffer.getvalue()

@@ -51,13 +51,16 @@ df -Pk "$t" | awk 'NR == 2 { print $4 }'
 cd "$t" && find . "$@" -type f -print0 | xargs -0 -r sha256sum
 """
 
-# The staged files of "$1" moved over their places under "$2", then "$1" removed.
+# The staged files of "$1" moved over their places under "$2", then "$1" removed. A
+# module's cached bytecode goes with its old source: Python checks a .pyc against its
+# source's size and time to the second, which an edit can keep.
 _PUT = f"""set -e
 cd "$1"
 rm -f {ship.FILES}
 find . -type f | while IFS= read -r f; do
   mkdir -p "$(dirname "$2/$f")"
   mv -f "$f" "$2/$f"
+  case $f in *.py) rm -f "$(dirname "$2/$f")/__pycache__/$(basename "$f" .py)".*.pyc ;; esac
 done
 cd /
 rm -rf "$1"
