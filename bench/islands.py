@@ -1,16 +1,17 @@
 """The trainer's compiled elementwise islands, one at a time, against the memory bandwidth.
 
-A profile of a llama3-8b 8192 × TTT 5 step (docs/benchmarks.md, round 6) has the compiled
-islands at ~10 % of the kernel time, and its rope kernels at 170-320 µs a call for 128 MB
-read and written, several times what an H200's bandwidth allows. Each island here runs at
-one cell's shapes, as the trainer calls it (bf16 activations, fp32 weights and tables),
-three ways: as the trainer compiles it (training/compiled.py: only the dims that change
-with the row symbolic), with every size symbolic (dynamic=True, how the trainer compiled
-them until session 8) and with static shapes; the diagonal-key fold and the loss chunk,
-no compiled islands (Triton kernels on CUDA), once, as the trainer runs them. Each row:
-the median time of a call, forward (and forward + backward where the trainer takes a
-gradient), the bytes the call must read and write, and the bandwidth that makes against a
-device-to-device copy measured in the same run.
+A profile of a llama3-8b 8192 × TTT 5 step (docs/benchmarks.md, "An 8192 × TTT 5 step by
+kernel kind") has the compiled islands at ~10 % of the kernel time, and its rope kernels
+at 170-320 µs a call for 128 MB read and written, several times what an H200's bandwidth
+allows. Each island here runs at one cell's shapes, as the trainer calls it (bf16
+activations, fp32 weights and tables), three ways: as the trainer compiles it
+(training/compiled.py: only the dims that change with the row symbolic), with every size
+symbolic (dynamic=True, how the trainer compiled them before docs/benchmarks.md,
+"Compiled islands: which sizes are symbols") and with static shapes; the diagonal-key
+fold and the loss chunk, no compiled islands (Triton kernels on CUDA), once, as the
+trainer runs them. Each row: the median time of a call, forward (and forward + backward
+where the trainer takes a gradient), the bytes the call must read and write, and the
+bandwidth that makes against a device-to-device copy measured in the same run.
 
     python bench/islands.py                               # H200: llama3-8b at 8192
     python bench/islands.py --cell kimi-k2:65536:5

@@ -119,12 +119,13 @@ GPU = Mode("gpu", "eagle3", "llama3-8b", ("--data", DATA_DIR), "cuda", {"max_seq
 SMOKE = Mode("smoke", "eagle3", "tiny", ("--synthetic",), "cpu", {"max_seq_len": 256, "ttt_steps": 2},
              None, None, 5, 4.0, length_cap=512)  # fmt: skip
 # Qwen3-8B's shape at 8K tokens, 512 anchors of 16 (26 GiB, ~0.2 s a step on an H200, its
-# first ~47 s: docs/benchmarks.md), then 1,024 anchors: twice the block positions. 200 W:
-# well above the idle card's 80-125 W, below the 500 W an EAGLE-3 step draws, should the
-# loader (48 KiB of hidden states a token) keep the card waiting. lr 3e-4: at the 40th step
-# of the warm-up, the 1e-4 at which the benchmark's loss fell. 285 s: data ~20 s, launch
-# to 40 points ~60 s, two kills each saving a 12 GB checkpoint, the relaunch's first step;
-# the flow and its watchdog end within 5 minutes.
+# first ~47 s: docs/benchmarks-archive.md, "DFlash on the H200 against speculators"), then
+# 1,024 anchors: twice the block positions. 200 W: well above the idle card's 80-125 W,
+# below the 500 W an EAGLE-3 step draws, should the loader (48 KiB of hidden states a
+# token) keep the card waiting. lr 3e-4: at the 40th step of the warm-up, the 1e-4 at
+# which the benchmark's loss fell. 285 s: data ~20 s, launch to 40 points ~60 s, two kills
+# each saving a 12 GB checkpoint, the relaunch's first step; the flow and its watchdog end
+# within 5 minutes.
 DFLASH_GPU = Mode("gpu", "dflash", "qwen3-8b", ("--data", DFLASH_DATA_DIR), "cuda",
                   {"max_seq_len": 8192, "max_anchors": 512}, 200.0, 10.0, 40, None,
                   ("--steps", "3000", "--lr", "3e-4"), relaunch={"max_anchors": 1024}, budget_s=285.0,
