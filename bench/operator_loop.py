@@ -78,6 +78,18 @@ def wait_for(run_dir: str, what, timeout: float, label: str, *, ended: bool = Fa
     raise SystemExit(f"{label}: not within {timeout:.0f}s ({run_dir})")
 
 
+def stop_ready(run_dir: str, timeout: float = 300) -> str:
+    """The trainer's line saying whether its RAM for a stop is ready (training/mirror.py),
+    once it is said: a run killed before that would take the slower way."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in Path(run_dir, "console.log").read_text(errors="replace").splitlines():
+            if line.startswith("train: for a stop,"):
+                return line
+        time.sleep(0.1)
+    raise SystemExit(f"the trainer said nothing of its RAM for a stop within {timeout:.0f}s ({run_dir})")
+
+
 def steps(seen: list[dict]) -> list[dict]:
     return [e for e in seen if e.get("event") == "step"]
 
@@ -135,10 +147,12 @@ def loop(drafter: str, smoke: bool, work: Path) -> dict:
         launched_at = time.time()
         parent = cli(config, "launch", "--", *argv)
         seen = wait_for(parent["run_dir"], lambda s: len(steps(s)) >= WARM_STEPS, 600, "the first run's steps")
+        parent_ready = stop_ready(parent["run_dir"])
         # R: kill, and relaunch afresh at a new length once the GPU is free.
         r = asyncio.run(r_key(work / "runs", parent["run_id"], r_length, train))
         child, stopped_at = r["child"], r["stopped_at"]
         seen_child = wait_for(child["run_dir"], lambda s: len(steps(s)) >= WARM_STEPS, 600, "R's run's steps")
+        child_ready = stop_ready(child["run_dir"])
         # The CLI: kill the child, relaunch it at another new length from its checkpoint.
         killed_at = time.time()
         report = cli(config, "kill", child["run_id"], "--grace", "120")
@@ -162,14 +176,17 @@ def loop(drafter: str, smoke: bool, work: Path) -> dict:
                       "launch_to_first_step_s": steps(seen)[0]["time"] - launched_at},
         "R": {"max_seq_len": r_length, "gpu_released_s": r["report"]["gpu_released_s"],
               "checkpoint": r["report"]["checkpoint"], "checkpoint_durable_s": r["report"]["checkpoint_durable_s"],
-              "to_start_s": r_start["time"] - stopped_at, "to_first_step_s": r_step["time"] - stopped_at},
+              "process_started_s": r_start["process_started"] - stopped_at, "startup_s": r_start["startup_s"],
+              "to_start_s": r_start["time"] - stopped_at, "to_first_step_s": r_step["time"] - stopped_at,
+              "stopped_run_ready": parent_ready},
         "kill": {"command_s": kill_s, "gpu_released_s": report["gpu_released_s"], "checkpoint": report["checkpoint"],
                  "checkpoint_step": report["checkpoint_step"], "checkpoint_durable_s": report["checkpoint_durable_s"],
                  "bystander": report["other_holders"], "gpus": report["gpus"]},
         "stopped_at_step": last_step,
+        "stopped_run_ready": child_ready,
         "stopped_run_said": [line for line in said if line.startswith("train:")][-3:],
         "resumed": {"max_seq_len": resumed_length, "resumed_from_step": start["config"].get("resumed_from_step"),
-                    "first_step": step["step"], "command_s": relaunch_s,
+                    "first_step": step["step"], "command_s": relaunch_s, "startup_s": start["startup_s"],
                     "to_start_s": start["time"] - relaunched_at, "to_first_step_s": step["time"] - relaunched_at},
         "bystander_untouched": bystander_alive,
     }  # fmt: skip

@@ -1,6 +1,9 @@
 """`python -m training train …`: the trainer without the dashboard's entry point."""
 import sys
 
-from training.cli import main
+from training.cli import exit_process, main
 
-sys.exit(main())
+code = main()
+if sys.argv[1:2] == ["train"]:
+    exit_process(code)
+sys.exit(code)

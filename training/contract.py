@@ -62,7 +62,7 @@ STAGED = "staged"
 COMPLETED, STOPPED, ENDED_OOM, FAILED = "completed", "stopped", "oom", "failed"
 CLEAN_ENDS = (COMPLETED, STOPPED)
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
-    START: ("config", "steps_per_epoch", "world_size", "process_started"),
+    START: ("config", "steps_per_epoch", "world_size", "process_started", "startup_s"),
     STEP: ("step", "epoch", "loss", "loss_ttt", "acc_ttt", "lr", "grad_norm", "tokens",
            "tokens_per_s", "samples_per_row", "pad_frac", "peak_mem_gib"),
     CHECKPOINT: ("step", "path"),

@@ -384,6 +384,16 @@ def train(cfg: TrainConfig) -> int:
             min(1.0, cfg.gpu_mem_gib * 2**30 / total), device)
     torch.manual_seed(cfg.seed)
 
+    # Where a start-up's seconds went, in the start event: imports and the device (to
+    # here), the data, the model, the resume.
+    phases, phase_began = {}, time.time()
+    phases["imports_device"] = phase_began - contract.PROCESS_STARTED
+
+    def phase_done(name: str) -> None:
+        nonlocal phase_began
+        now = time.time()
+        phases[name], phase_began = now - phase_began, now
+
     # --- data ---
     dataset = Dataset(cfg.data)
     loader = Loader(dataset, cfg.max_seq_len, cfg.batch_rows, seed=cfg.seed, rank=rank,
@@ -398,6 +408,7 @@ def train(cfg: TrainConfig) -> int:
     # Out of memory anywhere from here (placing the model, a resumed optimizer state, a
     # step) is an `oom` event and exit 3.
     try:
+        phase_done("data")
         # --- model, optimizer ---
         # Built and filled on the device: initialising a 1B-parameter drafter on the CPU
         # and copying it over took most of a relaunch's start-up.
@@ -432,6 +443,7 @@ def train(cfg: TrainConfig) -> int:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
                                                       warmup_cosine(warmup, total_steps))
 
+        phase_done("model")
         # --- resume ---
         ckpt_root = cfg.run_dir / "checkpoints"
         step, position = 0, Position()
@@ -466,11 +478,13 @@ def train(cfg: TrainConfig) -> int:
         elif source is not None and rank == 0:
             print(f"train: --resume: no checkpoint in {source}: starting at step 0", flush=True)
 
+        phase_done("resume")
         config = {**cfg.to_dict(), "total_steps": total_steps, "warmup_steps": warmup,
                   "global_batch_rows": cfg.batch_rows * world, "resumed_from_step": step,
                   "precision": precision(device),
                   "data_layers": dataset.info["layers"]}
         metrics.write(contract.START, config=config, process_started=contract.PROCESS_STARTED,
+                      startup_s={k: round(v, 3) for k, v in phases.items()},
                       steps_per_epoch=loader.steps_per_epoch,
                       world_size=world)
         if rank == 0:
@@ -487,6 +501,15 @@ def train(cfg: TrainConfig) -> int:
         # (training/mirror.py); rank 0 of an unsharded run, which holds the whole state.
         mirror = None
         mirrored = cfg.sharding != "fsdp" and rank == 0 and cfg.export is None
+
+        def mirror_said(built) -> None:
+            what = f"train: for a stop, {built.nbytes / 2**30:.2f} GiB of RAM"
+            if built.failed:
+                print(f"{what} not made ready ({built.failed}): a stop copies the state "
+                      "the slower way", flush=True)
+            else:
+                print(f"{what} ready in {built.build_s:.2f} s (mapped"
+                      + (", page-locked)" if device.type == "cuda" else ")"), flush=True)
 
         def save(release_first: bool = False) -> None:
             """Checkpoint this step. `release_first` (stopping): get the state off the
@@ -606,12 +629,10 @@ def train(cfg: TrainConfig) -> int:
             if mirrored and mirror is None:
                 weights, optimizer_state = live_state(drafter, optimizer)
                 files, _ = checkpoint.tensor_files(weights, state(optimizer_state))
-                mirror = Mirror.start(files, device)
+                mirror = Mirror.start(files, device, on_done=mirror_said)
                 del weights, optimizer_state, files
-                print(f"train: for a stop, {mirror.nbytes / 2**30:.2f} GiB of RAM "
-                      + (f"not made ready ({mirror.failed})" if mirror.failed else
-                         "being made ready (mapped"
-                         + (", page-locked)" if device.type == "cuda" else ")")), flush=True)
+                if mirror.failed:
+                    mirror_said(mirror)
         # An export reads the checkpoint as soon as the loop ends: written here, then.
         save(release_first=status == contract.STOPPED and cfg.export is None)
     except torch.OutOfMemoryError as error:

@@ -6,7 +6,8 @@ every event the moment it exists. Only rank 0 writes; other ranks get a writer t
 drops everything, so the loop needs no `if rank == 0` around each event.
 
 Events and fields:
-  start       time, config, steps_per_epoch, world_size, process_started (the process's start)
+  start       time, config, steps_per_epoch, world_size, process_started (the process's start),
+              startup_s (seconds of each phase before it: imports_device, data, model, resume)
   step        time, step, epoch, loss, loss_ttt, acc_ttt, lr, grad_norm, tokens,
               tokens_per_s, samples_per_row, pad_frac, peak_mem_gib (rank 0's);
               with world_size > 1 also peak_mem_gib_ranks (every rank's, by rank)

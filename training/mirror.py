@@ -23,6 +23,7 @@ import mmap
 import os
 import struct
 import threading
+import time
 
 import torch
 from torch import Tensor
@@ -103,19 +104,23 @@ class Mirror:
     """Built in the background from the live tensor files (training/checkpoint.py's
     `tensor_files` of the state as it is after a step); `fill` at the stop."""
 
-    def __init__(self, files: dict[str, dict[str, Tensor]], device: torch.device):
+    def __init__(self, files: dict[str, dict[str, Tensor]], device: torch.device, on_done):
         self.layouts = {name: _layout(tensors) for name, tensors in files.items()}
         self.nbytes = sum(size for _, _, size in self.layouts.values())
         self.images: dict[str, _Image] = {}
         self.ready = threading.Event()
         self.failed: str | None = None
+        self.build_s: float | None = None
+        self._on_done = on_done
         self._pin = device.type == "cuda"
         self._build = threading.Thread(target=self._make, name="stop-mirror", daemon=True)
 
     @classmethod
-    def start(cls, files: dict[str, dict[str, Tensor]], device: torch.device) -> "Mirror":
-        """A mirror of `files`, building; `failed` says why there is none (RAM short)."""
-        mirror = cls(files, device)
+    def start(cls, files: dict[str, dict[str, Tensor]], device: torch.device,
+              on_done=lambda mirror: None) -> "Mirror":
+        """A mirror of `files`, building; `failed` says why there is none (RAM short).
+        `on_done(mirror)` is called from the building thread when it ends."""
+        mirror = cls(files, device, on_done)
         available = _available_ram()
         if available < mirror.nbytes * SPARE:
             mirror.failed = (f"{mirror.nbytes / 2**30:.1f} GiB of RAM needed, "
@@ -125,6 +130,7 @@ class Mirror:
         return mirror
 
     def _make(self) -> None:
+        began = time.perf_counter()
         try:
             for name, (head, slots, size) in self.layouts.items():
                 self.images[name] = _Image(name, head, slots, size, self._pin)
@@ -134,8 +140,10 @@ class Mirror:
                 image.release()
                 os.close(image.fd)
             self.images = {}
-            return
-        self.ready.set()
+        else:
+            self.build_s = time.perf_counter() - began
+            self.ready.set()
+        self._on_done(self)
 
     def fill(self, files: dict[str, dict[str, Tensor]]) -> dict[str, int] | None:
         """Every tensor of `files` copied into its slot, the copies waited for; each

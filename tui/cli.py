@@ -58,5 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     return dashboard_main(argv)
 
 
+def program() -> int:
+    """The `trackside` program: main, and a trainer's process ended the quick way once
+    its work is written (training.cli.exit_process)."""
+    code = main()
+    if sys.argv[1:2] == ["train"]:
+        from training.cli import exit_process
+
+        exit_process(code)
+    return code
+
+
 if __name__ == "__main__":
     sys.exit(main())
