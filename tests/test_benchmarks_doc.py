@@ -82,3 +82,11 @@ def test_code_cites_a_heading_not_a_round(folder):
             assert title in (current if page == "benchmarks" else archive) or any(
                 h.startswith(title) for h in (current if page == "benchmarks" else archive)
             ), (path, title)
+
+
+def test_the_readme_cites_headings_not_sessions():
+    readme = (ROOT / "README.md").read_text()
+    assert not re.search(r"\bsessions? \d", readme, re.IGNORECASE)
+    current = headings(CURRENT)
+    cited = re.findall(r'\[docs/benchmarks\.md\]\(docs/benchmarks\.md\)\s+"([^"]+)"', readme)
+    assert cited and [title for title in cited if not any(h.startswith(title) for h in current)] == []
