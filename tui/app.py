@@ -23,26 +23,24 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.worker import Worker, WorkerFailed, WorkerState
 
-from backends import gpu, logparse, nodes, runs, series
+from backends import gpu, runs, series
+from backends.alerts import COMMAND_TIMEOUT_S, Alert, AlertBook, Rules, run_command
 from backends.hosts import Host
 from training.contract import local_runs_root
+from tui.alerts import announce
 from tui.escape_cache import bound_escape_cache
 from tui.guard import error_log_path, guarded_callback, write_error
-from backends.alerts import (
-    COMMAND_TIMEOUT_S, Alert, AlertBook, HostFacts, RunFacts, Rules, run_command, underfed_since,
-)  # fmt: skip
-from tui.alerts import announce
 from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS, action_allowed, refusal
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, OverlaysRead, RunsListed
 from tui.monitor import HostMonitor
 from tui.run_actions import RunActions
 from tui.screens.protocols import Filters, FocusesLog, SelectsRun, ShowsState
+from tui.state import RunState
+from tui.store import Store
 from tui.textual_compat import TextualErrorHook, raised_in_command_palette
-from tui.state import GpuTrace, HostState, HostStatus, RunState, run_key
 
 
 REPORT_EVERY_S = 30.0
-GONE_KEEP_S = 60.0  # a run gone from its host's listing stays this long, seen to go, then leaves the fleet
 
 
 @dataclass
@@ -68,6 +66,15 @@ class TracksideApp(TextualErrorHook, RunActions, App):
     TITLE = "trackside"
     BINDINGS = KEYS
 
+    # The store's state, as the screens and the operator's actions read it.
+    hosts = property(lambda self: self.store.hosts)
+    runs = property(lambda self: self.store.runs)
+    pending = property(lambda self: self.store.pending)
+    alert_book = property(lambda self: self.store.alert_book)
+    alerts = property(lambda self: self.store.alerts)
+    kill_alerts = property(lambda self: self.store.kill_alerts)
+    stopped_runs = property(lambda self: self.store.stopped_runs)
+
     def __init__(
         self,
         watched: list[Watched],
@@ -91,23 +98,15 @@ class TracksideApp(TextualErrorHook, RunActions, App):
         self.demo_run: runs.RunInfo | None = None  # the demo's run, once launched
         self.clock = clock
         self.grace_s = grace_s
-        self.hosts: dict[str, HostState] = {name: HostState(name) for name in self.watched}
-        self.runs: dict[str, RunState] = {}
-        self.listings: dict[str, list[runs.RunInfo]] = {}  # each host's latest, merged into runs
-        self.alert_book = AlertBook(since=clock(), rules=alert_rules)
+        self.store = Store(self.watched, AlertBook(since=clock(), rules=alert_rules))
         self.alert_command = alert_command  # run with each new alert as JSON on its stdin
         self.alert_timeout_s = alert_timeout_s
-        self.alerts: dict[str, Alert] = {}  # up now, in the alert bar's order
-        self.kill_alerts: dict[str, Alert] = {}
-        self.stopped_runs: set[str] = set()  # stopped from here: a node the kill took is no lost node
-        self.pending: dict[str, dict] = {}  # edited params per run, applied by relaunch
         self.monitors: dict[str, HostMonitor] = {}
         if monitor:
             self.monitors = {
                 name: HostMonitor(self, w.host, smi=w.smi, interval=poll_interval, clock=clock)
                 for name, w in self.watched.items()
             }
-        self.selected: set[str] = set()  # runs open on a run screen: followed even when exited
         local = next((w.host for w in watched if w.host.is_local), None)
         self.error_log = error_log_path(local.runs_root if local else local_runs_root())
         self.errors = 0  # unexpected errors caught since start
@@ -187,87 +186,38 @@ class TracksideApp(TextualErrorHook, RunActions, App):
             self.push_screen(RunScreen(None, waiting=f"starting the demo run in tmux session {self.demo.session}…"))
             self.run_worker(self._launch_demo(), group="actions", exit_on_error=False)
 
-    # --- state from messages ---------------------------------------------------------
-
-    def _host_answered(self, host: HostState, time: float) -> None:
-        if host.status.lost:
-            self.notify(f"{host.name} is back", title="host back")
-        host.status, host.message, host.last_ok = HostStatus.OK, "", time
+    # --- state from messages: the store's transitions, then what the app says of them --
 
     def on_gpus_polled(self, message: GpusPolled) -> None:
-        host = self.hosts[message.host]
-        host.gpus = message.snapshot
-        # GPUs read means the host answered. A GPU error may be the host's own loss (the
-        # stream reports it as state): whether the host is up is the listings' to say,
-        # or a lost host would flap between offline and ok.
-        if message.snapshot.ok:
-            self._host_answered(host, message.time)
-        for reading in message.snapshot.gpus:
-            trace = host.traces.setdefault(reading.index, GpuTrace())
-            trace.power_w.append(reading.power_w or 0.0)
-            trace.mem_mib.append(reading.mem_used_mib or 0)
-            trace.underfed_since = underfed_since(reading, trace.underfed_since, message.time)
-        self._changed(host=host.name)
+        self._host_back(message.host, self.store.gpus_polled(message.host, message.snapshot, message.time))
+        self._changed(host=message.host)
 
     def on_host_failed(self, message: HostFailed) -> None:
-        host = self.hosts[message.host]
-        host.status, host.message = HostStatus(message.status), message.message
-        self._changed(host=host.name)
+        self.store.host_failed(message.host, message.status, message.message)
+        self._changed(host=message.host)
 
     def on_runs_listed(self, message: RunsListed) -> None:
-        host = self.hosts[message.host]
-        self._host_answered(host, message.time)
-        # A multi-node run is listed by each of its hosts, each knowing its own node: the
-        # fleet's latest listings are merged into one entry per run (a host that cannot
-        # be listed keeps its last listing, as its runs stay shown).
-        self.listings[host.name] = message.runs
-        listed = {}
-        for info in nodes.merge([info for infos in self.listings.values() for info in infos]):
-            home = self.home_of(info)
-            listed[run_key(home, info)] = home, info
-        for key, (home, info) in listed.items():
-            run = self.runs.get(key)
-            if run is None:
-                self.runs[key] = run = RunState(key, info.host, info, home=home)
-            run.info, run.host, run.gone, run.gone_since = info, info.host, False, None
-        for key, run in list(self.runs.items()):
-            if key not in listed and host.name in run.hosts:
-                run.gone = True
-                run.gone_since = run.gone_since or message.time
-                if message.time - run.gone_since > GONE_KEEP_S and key not in self.selected:
-                    del self.runs[key]
-                    self.pending.pop(key, None)
+        self._host_back(message.host, self.store.runs_listed(message.host, message.runs, message.time))
         # Every host's: a multi-node run's metrics move to the node found to hold rank 0.
         for name in self.monitors:
             self._follow_runs(name)
-        self._changed(host=host.name)
+        self._changed(host=message.host)
 
-    def home_of(self, info: runs.RunInfo) -> str:
-        """The host a run is filed under (its key's): a multi-node run's first node on a
-        watched host, so its key holds while its metrics' host is still being found."""
-        return next((n.host for n in info.nodes if n.host in self.hosts), info.host)
+    def _host_back(self, name: str, back: bool) -> None:
+        if back:
+            self.notify(f"{name} is back", title="host back")
 
     def on_metrics_batch(self, message: MetricsBatch) -> None:
-        run = self.runs.get(message.key)
-        if run is None:
-            return
-        for event in message.events:
-            run.add_event(event)
-        run.garbled += message.garbled
-        self._changed(run=run.key, events=message.events)
+        if self.store.metrics_batch(message.key, message.events, message.garbled):
+            self._changed(run=message.key, events=message.events)
 
     def on_console_batch(self, message: ConsoleBatch) -> None:
-        run = self.runs.get(message.key)
-        if run is None:
-            return
-        lines = [logparse.visible_text(line) for line in message.lines]
-        run.log.extend(lines)
-        # What the console says (loss, step, progress, the curve) is read until step events
-        # arrive: then metrics.jsonl says it, and the console's lines are only shown. Once
-        # a listing has read the run's output (`info.console`), its lines are only shown.
-        if not run.steps and run.info.console is None:
-            run.own_console.add_recorded("\n".join(message.lines))  # console.log is the pane's bytes
-        self._changed(run=run.key, lines=lines)
+        lines = self.store.console_batch(message.key, message.lines)
+        if lines is not None:
+            self._changed(run=message.key, lines=lines)
+
+    def home_of(self, info: runs.RunInfo) -> str:
+        return self.store.home_of(info)
 
     def read_overlays(self, key: str, picked: str | None = None) -> None:
         """Read, in a worker, what run `key`'s chart draws behind it: its parent's and
@@ -302,26 +252,14 @@ class TracksideApp(TextualErrorHook, RunActions, App):
         self.post_message(OverlaysRead(key, overlays))
 
     def on_overlays_read(self, message: OverlaysRead) -> None:
-        run = self.runs.get(message.key)
-        if run is None:
-            return
-        overlays = {k: o for k, o in run.overlays.items() if k != message.drop}
-        overlays.update(message.overlays)
-        run.overlays = overlays
-        self._changed(run=run.key)
+        if self.store.overlays_read(message.key, message.overlays, message.drop):
+            self._changed(run=message.key)
 
     def _follow_runs(self, host_name: str) -> None:
         monitor = self.monitors.get(host_name)
         if monitor is None:
             return
-        # A run on screen stays followed even while it reads as gone, so a listing that
-        # raced its launch cannot restart its stream.
-        wanted = {
-            key: run
-            for key, run in self.runs.items()
-            if run.host == host_name
-            and (key in self.selected or (not run.gone and run.info.run_dir and run.info.state.name == "RUNNING"))
-        }
+        wanted = self.store.followed(host_name)
         for key, run in wanted.items():
             if monitor.follow(key, run.info.run_dir, run.info.session):
                 run.reset_streams()  # a new follower replays the files from their start
@@ -347,35 +285,11 @@ class TracksideApp(TextualErrorHook, RunActions, App):
 
     def _refresh_alerts(self) -> None:
         now = self.clock()
-        hosts = [
-            HostFacts(
-                host.name,
-                host.message if host.status.lost else None,
-                [(r, host.traces[r.index].underfed_since) for r in (host.gpus.gpus if host.gpus else ()) if r.index in host.traces],
-            )
-            for host in self.hosts.values()
-        ]
-        listed = [RunFacts(run.key, run.info, run.steps, run.oom) for run in self.runs.values() if not run.gone]
-        for alert in self.alert_book.evaluate(hosts, listed, now, [*self.kill_alerts.values(), *self._lost_nodes(listed)]):
+        for alert in self.store.new_alerts(now):
             self.notify(alert.text, severity=alert.severity, timeout=8)
             announce(self, alert)
             if self.alert_command:
                 self.run_worker(self._send_alert(alert, now), group="alerts", exit_on_error=False)
-        self.alerts = {alert.key: alert for alert in self.alert_book.current}
-
-    def _lost_nodes(self, listed: list[RunFacts]) -> list[Alert]:
-        """A multi-node run with a dead node, named. Only said: stopping the nodes left
-        waiting on it is `trackside watch`'s, which supervises whether a dashboard is open
-        or not (a dashboard's poll is a read that never stops anything)."""
-        parents = {run.info.parent for run in listed if run.info.parent}
-        found = []
-        for run in listed:
-            if not run.info.nodes or run.key in self.stopped_runs or run.info.run_id in parents:
-                continue  # the operator stopped or relaunched it: its end is no news
-            alert = nodes.node_alert(run.info)
-            if alert is not None and self.alert_book.watches(run):
-                found.append(alert)
-        return found
 
     async def _send_alert(self, alert: Alert, raised: float) -> None:
         problem = await run_command(self.alert_command, alert, raised, self.alert_timeout_s)
@@ -500,12 +414,12 @@ class TracksideApp(TextualErrorHook, RunActions, App):
         self.push_screen(RunScreen(key, focus_log=focus_log))
 
     def select(self, key: str) -> None:
-        self.selected.add(key)
+        self.store.selected.add(key)
         if run := self.runs.get(key):
             self._follow_runs(run.host)
 
     def deselect(self, key: str) -> None:
-        self.selected.discard(key)
+        self.store.selected.discard(key)
         if run := self.runs.get(key):
             self._follow_runs(run.host)
 

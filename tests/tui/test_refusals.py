@@ -11,7 +11,7 @@ import pytest
 
 from backends.runs import RunPhase
 from tests.tui.conftest import screen_text
-from tui.app import GONE_KEEP_S
+from tui.store import GONE_KEEP_S
 from tui.messages import RunsListed
 from tui.sample import (
     FOREIGN_KEY,
