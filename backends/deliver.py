@@ -29,8 +29,11 @@ class Delivery:
 
     @classmethod
     def of_manifest(cls, manifest: dict) -> Delivery | None:
-        """What a run took, to take again (from where it came): None if it took nothing."""
+        """What a run took that can be taken again from here (its local directories are
+        here: a dashboard on another machine has none of them); None if nothing."""
         code, synced = manifest.get("code"), manifest.get("synced") or []
+        code = code if code and Path(code["source"]).is_dir() else None
+        synced = [s for s in synced if Path(s["from"]).expanduser().is_dir()]
         if not code and not synced:
             return None
         return cls(

@@ -15,6 +15,7 @@ from textual.app import SuspendNotSupported
 
 from backends import attach, kill, nodes, runs
 from backends.alerts import kill_alert
+from backends.deliver import Delivery, Sent
 from backends.hosts import Host, HostError
 from tui.guard import Guarded
 from tui.state import RunState, run_key
@@ -89,16 +90,54 @@ class RunActions(Guarded):
             self.notify(f"cannot list {run.key}'s processes: {error}", severity="error", timeout=10)
             return
 
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.run_worker(self._kill(run, plan, relaunch), name=f"kill {run.key}", group="actions", exit_on_error=False)
+        try:
+            offer = await self._ship_offer(run) if relaunch else None
+        except Exception as error:  # a tree over its cap, a host that cannot be listed: nothing is stopped
+            self.notify(f"cannot compare {run.key}'s code with the code here: {error}", severity="error", timeout=10)
+            return
 
-        self.push_screen(KillConfirm(run.key, plan, self.pending.get(run.key, {}) if relaunch else None), answered)
+        def confirm_kill(delivery: Delivery | None) -> None:
+            def answered(yes: bool | None) -> None:
+                if yes:
+                    self.run_worker(self._kill(run, plan, relaunch, delivery), name=f"kill {run.key}", group="actions", exit_on_error=False)
 
-    async def _kill(self, run: RunState, plan: kill.KillPlan, relaunch: bool) -> None:
+            self.push_screen(KillConfirm(run.key, plan, self.pending.get(run.key, {}) if relaunch else None), answered)
+
+        if offer is None:
+            confirm_kill(None)
+            return
+        from tui.screens.ship import SHIP, ShipRelaunch
+
+        delivery, differing = offer
+        self.push_screen(ShipRelaunch(run.key, differing),
+                         lambda answer: confirm_kill(delivery if answer == SHIP else None) if answer else None)  # fmt: skip
+
+    async def _ship_offer(self, run: RunState) -> tuple[Delivery, list[tuple[str, list[str]]]] | None:
+        """For R on a run that shipped or synced code: what it took, if the code here now
+        differs from it, with the files that differ; else None."""
+        if not run.info.run_id or len(run.info.nodes) > 1:
+            return None
+        host = self.watched[run.host].host
+        manifest = await runs.read_manifest(host, run.info.run_id)
+        delivery = Delivery.of_manifest(manifest)
+        if delivery is None:
+            return None
+        differing = await delivery.changes(host, manifest)
+        return (delivery, differing) if differing else None
+
+    async def _kill(self, run: RunState, plan: kill.KillPlan, relaunch: bool, delivery: Delivery | None = None) -> None:
         from tui.screens.kill import KillReportScreen
 
         watched = self.watched[run.host]
+        sent = None
+        if delivery is not None:  # the code arrives whole before anything is stopped
+            self.notify(f"shipping the code here to {run.host}…", timeout=3)
+            try:
+                sent = await delivery.send(watched.host)
+            except Exception as error:
+                self.notify(f"could not ship to {run.host}, {run.key} left running: {error}", severity="error", timeout=15)
+                return
+            self.notify("shipped " + "; ".join(sent.said()), timeout=5)
         self.notify(f"stopping {run.key}…", timeout=3)
         self.alert_book.stopped(run.key)
         self.stopped_runs.add(run.key)
@@ -110,7 +149,7 @@ class RunActions(Guarded):
             freed = f"{run.key}: GPU released in {time.monotonic() - signalled:.1f}s"
             self.notify(freed + ("; relaunching…" if relaunch else "; its checkpoint is being made durable"), timeout=5)
             if relaunch:
-                self.run_worker(self._relaunch(run), name=f"relaunch {run.key}", group="actions", exit_on_error=False)
+                self.run_worker(self._relaunch(run, sent), name=f"relaunch {run.key}", group="actions", exit_on_error=False)
 
         try:
             report = await kill.kill_run(watched.host, plan, grace_s=self.grace_s, smi=watched.smi, on_released=released)
@@ -166,12 +205,16 @@ class RunActions(Guarded):
 
         self.push_screen(Confirm(question, "Yes, run both", text_id="relaunch-question"), answered)
 
-    async def _relaunch(self, run: RunState) -> None:
+    async def _relaunch(self, run: RunState, sent: Sent | None = None) -> None:
+        """Relaunch `run`; with `sent` (R's ship), the code sent before the kill, put in
+        place now that the run has stopped."""
         changes = self.pending.get(run.key, {})
         watched = self.watched[run.host]
         described = ", ".join(f"{k}={v}" for k, v in changes.items()) or "unchanged parameters"
         self.notify(f"relaunching {run.key} with {described}…", timeout=3)
         try:
+            if sent is not None:
+                await sent.put_in_place(watched.host)
             if len(run.info.nodes) > 1:  # every node again, together: one alone would wait for the rest
                 info = await nodes.relaunch_nodes(
                     {name: w.host for name, w in self.watched.items()}, watched.host, run.info.run_id, changes,
@@ -181,7 +224,7 @@ class RunActions(Guarded):
                 # Shown as soon as its session exists, reading `starting` while it loads;
                 # the launch returns once its start is judged.
                 info = await runs.relaunch(watched.host, run.info.run_id, changes, train_command=watched.train_command,
-                                           on_started=lambda started: self._show_relaunched(run, started))  # fmt: skip
+                                           on_started=lambda started: self._show_relaunched(run, started), sent=sent)  # fmt: skip
         except Exception as error:
             self.notify(f"could not relaunch {run.key}: {error}", severity="error", timeout=10)
             return
