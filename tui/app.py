@@ -1,5 +1,6 @@
-"""The dashboard app: folds monitor messages into state, raises alerts, and decides which
-keys act where.
+"""The dashboard app: hands each monitor message to the store (`tui.store`, the reducer),
+tells the screen in view what changed, speaks the alerts raised, and asks `tui.keys`
+which keys act where; what becomes of an error is `tui.guard.ErrorPolicy`'s.
 
 Screens render from `app.hosts` / `app.runs` and are told what changed; the actions that
 reach a host (kill, relaunch, launch: `tui.run_actions`) run in workers and report back as
@@ -17,11 +18,9 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from textual import events
-from textual.app import App, ScreenStackError, SystemCommand
+from textual.app import App, SystemCommand
 from textual.binding import Binding
-from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.worker import Worker, WorkerFailed, WorkerState
 
 from backends import gpu, runs, series
 from backends.alerts import COMMAND_TIMEOUT_S, Alert, AlertBook, Rules, run_command
@@ -29,7 +28,7 @@ from backends.hosts import Host
 from training.contract import local_runs_root
 from tui.alerts import announce
 from tui.escape_cache import bound_escape_cache
-from tui.guard import error_log_path, guarded_callback, write_error
+from tui.guard import ErrorPolicy, error_log_path
 from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS, action_allowed, refusal
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, OverlaysRead, RunsListed
 from tui.monitor import HostMonitor
@@ -37,10 +36,7 @@ from tui.run_actions import RunActions
 from tui.screens.protocols import Filters, FocusesLog, SelectsRun, ShowsState
 from tui.state import RunState
 from tui.store import Store
-from tui.textual_compat import TextualErrorHook, raised_in_command_palette
 
-
-REPORT_EVERY_S = 30.0
 
 
 @dataclass
@@ -61,7 +57,7 @@ class Demo:
     params: dict = field(default_factory=dict)
 
 
-class TracksideApp(TextualErrorHook, RunActions, App):
+class TracksideApp(ErrorPolicy, RunActions, App):
     CSS_PATH = "trackside.tcss"
     TITLE = "trackside"
     BINDINGS = KEYS
@@ -109,66 +105,6 @@ class TracksideApp(TextualErrorHook, RunActions, App):
             }
         local = next((w.host for w in watched if w.host.is_local), None)
         self.error_log = error_log_path(local.runs_root if local else local_runs_root())
-        self.errors = 0  # unexpected errors caught since start
-        self.textual_errors = 0  # failures of Textual's own workers, survived
-        self._reported: dict[tuple[str, type], float] = {}  # when each cause was last shown
-
-    # --- unexpected errors ----------------------------------------------------------
-
-    def report_error(self, where: str, error: Exception) -> None:
-        """An error in our own code: logged with its traceback, shown, and survived.
-
-        A broken render fails on every frame: each place and kind of error is logged and
-        shown once per REPORT_EVERY_S, the rest only counted."""
-        self.errors += 1
-        now, cause = time.monotonic(), (where, type(error))
-        if now - self._reported.get(cause, -REPORT_EVERY_S) < REPORT_EVERY_S:
-            return
-        self._reported[cause] = now
-        write_error(self.error_log, where, error)
-        self.notify(
-            f"internal error in {where}: {type(error).__name__}: {error} — the dashboard goes on; "
-            f"traceback in {self.error_log}",
-            title="internal error",
-            severity="error",
-            timeout=15,
-        )
-
-    def survives_textual_error(self, error: Exception) -> bool:
-        # Asked by Textual's own handler (which exits the app). Errors in our code never
-        # get here (tui.guard; our workers don't exit on error). A worker of Textual's own
-        # failing (its command palette's search, when the palette closes under it) stops
-        # only that worker, no message pump with it: logged, survived. Anything else from
-        # inside Textual is logged before Textual exits.
-        if isinstance(error, WorkerFailed):
-            self.textual_errors += 1
-            write_error(self.error_log, "a worker of Textual's (survived)", error.error)
-            return True
-        if isinstance(error, NoMatches) and raised_in_command_palette(error):
-            # The palette looking up its own list after the list is gone (its "no matches"
-            # countdown ending as it closes): only that callback is dropped, its screen's
-            # message pump goes on. Logged, survived.
-            self.textual_errors += 1
-            write_error(self.error_log, "Textual's command palette (survived)", error)
-            return True
-        if isinstance(error, ScreenStackError) and not self.screen_stack:
-            # A key still queued as the app closes meets no screen in Textual's handler:
-            # the app is ending anyway, and ends as it was asked to, not on an error.
-            write_error(self.error_log, "Textual, while closing (ignored)", error)
-            return True
-        write_error(self.error_log, "Textual", error)
-        return False
-
-    def push_screen(self, screen, callback=None, *args, **kwargs):
-        # A dialog's answer runs our code outside any handler: guard it like one.
-        if callback is not None:
-            callback = guarded_callback(self, callback, f"{type(screen).__name__}'s answer")
-        return super().push_screen(screen, callback, *args, **kwargs)
-
-    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        # Workers run with exit_on_error=False: a failure would otherwise pass unseen.
-        if event.state == WorkerState.ERROR and event.worker.error is not None:
-            self.report_error(f"worker {event.worker.name or event.worker.group}", event.worker.error)
 
     def on_mount(self) -> None:
         from tui.screens.fleet import FleetScreen

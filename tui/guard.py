@@ -6,8 +6,9 @@ needs the dashboard alive, so every handler, action, render and callback of ours
 wrapped: the error is logged with its traceback (`error_log`) and shown as an alert
 naming where it happened, and the handler returns as if it had done nothing.
 
-Exceptions raised inside Textual itself still reach Textual's handler; the app logs them
-there too before Textual exits (`TracksideApp.survives_textual_error`).
+Exceptions raised inside Textual itself still reach Textual's handler: the app's
+`ErrorPolicy` logs each, survives those that stop only a part of Textual's own, and lets
+Textual exit on the rest.
 """
 
 from __future__ import annotations
@@ -20,11 +21,15 @@ import traceback
 from collections.abc import Callable
 
 from rich.text import Text
-from textual.app import App
+from textual.app import ScreenStackError
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.strip import Strip
+from textual.worker import Worker, WorkerFailed, WorkerState
 
-from tui.textual_compat import is_on_handler
+from tui.textual_compat import TextualErrorHook, is_on_handler, raised_in_command_palette
+
+REPORT_EVERY_S = 30.0  # each place and kind of error is shown at most this often
 
 # What Textual calls on our classes: handlers, actions, keys, watchers, renders, and the
 # screens' state hook. Generators (compose) are left alone: a half-composed screen is
@@ -51,7 +56,7 @@ def write_error(path: str, where: str, error: BaseException) -> None:
 
 def _report(owner: object, where: str, error: Exception) -> None:
     try:
-        app = owner if isinstance(owner, App) else owner.app  # type: ignore[attr-defined]
+        app = owner if isinstance(owner, ErrorPolicy) else owner.app  # type: ignore[attr-defined]
         app.report_error(where, error)
     except Exception:
         pass  # no app to tell (shutting down): the error dies here rather than the app
@@ -134,3 +139,71 @@ class Guarded:
                 continue  # @on handlers are registered by Textual's metaclass as written
             if name in _GUARDED_NAMES or name.startswith(_GUARDED_PREFIXES):
                 setattr(cls, name, guard(value, f"{cls.__name__}.{name}"))
+
+
+class ErrorPolicy(TextualErrorHook, Guarded):
+    """Mixed into the App: what becomes of an error, ours or Textual's. The app sets
+    `error_log`, where the tracebacks go."""
+
+    error_log: str
+    errors = 0  # unexpected errors caught since start
+    textual_errors = 0  # failures inside Textual, survived
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._reported: dict[tuple[str, type], float] = {}  # when each cause was last shown
+
+    def report_error(self, where: str, error: Exception) -> None:
+        """An error in our own code: logged with its traceback, shown, and survived.
+
+        A broken render fails on every frame: each place and kind of error is logged and
+        shown once per REPORT_EVERY_S, the rest only counted."""
+        self.errors += 1
+        now, cause = time.monotonic(), (where, type(error))
+        if now - self._reported.get(cause, -REPORT_EVERY_S) < REPORT_EVERY_S:
+            return
+        self._reported[cause] = now
+        write_error(self.error_log, where, error)
+        self.notify(  # type: ignore[attr-defined]
+            f"internal error in {where}: {type(error).__name__}: {error} — the dashboard goes on; "
+            f"traceback in {self.error_log}",
+            title="internal error",
+            severity="error",
+            timeout=15,
+        )
+
+    def survives_textual_error(self, error: Exception) -> bool:
+        # Asked by Textual's own handler (which exits the app). Errors in our code never
+        # get here (the guard above; our workers don't exit on error). A worker of
+        # Textual's own failing (its command palette's search, when the palette closes
+        # under it) stops only that worker, no message pump with it: logged, survived.
+        # Anything else from inside Textual is logged before Textual exits.
+        if isinstance(error, WorkerFailed):
+            self.textual_errors += 1
+            write_error(self.error_log, "a worker of Textual's (survived)", error.error)
+            return True
+        if isinstance(error, NoMatches) and raised_in_command_palette(error):
+            # The palette looking up its own list after the list is gone (its "no matches"
+            # countdown ending as it closes): only that callback is dropped, its screen's
+            # message pump goes on. Logged, survived.
+            self.textual_errors += 1
+            write_error(self.error_log, "Textual's command palette (survived)", error)
+            return True
+        if isinstance(error, ScreenStackError) and not self.screen_stack:  # type: ignore[attr-defined]
+            # A key still queued as the app closes meets no screen in Textual's handler:
+            # the app is ending anyway, and ends as it was asked to, not on an error.
+            write_error(self.error_log, "Textual, while closing (ignored)", error)
+            return True
+        write_error(self.error_log, "Textual", error)
+        return False
+
+    def push_screen(self, screen, callback=None, *args, **kwargs):
+        # A dialog's answer runs our code outside any handler: guard it like one.
+        if callback is not None:
+            callback = guarded_callback(self, callback, f"{type(screen).__name__}'s answer")
+        return super().push_screen(screen, callback, *args, **kwargs)  # type: ignore[misc]
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        # Workers run with exit_on_error=False: a failure would otherwise pass unseen.
+        if event.state == WorkerState.ERROR and event.worker.error is not None:
+            self.report_error(f"worker {event.worker.name or event.worker.group}", event.worker.error)
