@@ -38,7 +38,6 @@ from tui.state import RunState
 from tui.store import Store
 
 
-
 @dataclass
 class Watched:
     """A host the dashboard watches, with the settings its config gave it."""
@@ -153,6 +152,8 @@ class TracksideApp(ErrorPolicy, RunActions, App):
             self._changed(run=message.key, lines=lines)
 
     def home_of(self, info: runs.RunInfo) -> str:
+        """The host a run is filed under (`Store.home_of`): the operator's actions file a
+        run they launched by it."""
         return self.store.home_of(info)
 
     def read_overlays(self, key: str, picked: str | None = None) -> None:
