@@ -118,7 +118,7 @@ def describe(root: Path) -> str | None:
     """`git describe --always --dirty` of the checkout holding `root`; None when it is none."""
     try:
         result = subprocess.run(["git", "-C", str(root), "describe", "--always", "--dirty"],
-                                capture_output=True, text=True, timeout=10)  # fmt: skip
+                                capture_output=True, text=True, timeout=10, check=False)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return None
     return result.stdout.strip() or None if result.returncode == 0 else None

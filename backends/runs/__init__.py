@@ -13,7 +13,15 @@ from backends.runs.launch import (
     resolve_program,
     train_args_start,
 )
-from backends.runs.listing import NodeInfo, RunInfo, RunPhase, code_differs, code_of, launcher_code, list_runs
+from backends.runs.listing import (
+    NodeInfo,
+    RunInfo,
+    RunPhase,
+    code_differs,
+    code_of,
+    launcher_code,
+    list_runs,
+)
 from backends.runs.rundir import (
     RunError,
     manifest_exit_status,

@@ -15,7 +15,6 @@ from dataclasses import dataclass, fields
 from backends import params as run_params
 from backends import tmux
 from backends.deliver import Sent
-from backends.ship import Shipped
 from backends.hosts import Host
 from backends.logparse import parse_metrics_line
 from backends.runs.listing import RunInfo, RunPhase
@@ -31,6 +30,7 @@ from backends.runs.rundir import (
     run_dir,
     write_manifest,
 )
+from backends.ship import Shipped
 from training.contract import new_run_id
 
 TRAIN_COMMAND = ["trackside", "train"]

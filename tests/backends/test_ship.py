@@ -159,7 +159,9 @@ def test_what_goes_wrong_is_one_line_and_nothing_is_launched(capsys, tmp_path, s
         assert not [p for p in Path(runs_root).iterdir() if p.name != "code"], "a run was launched"
         return err
 
-    table = lambda **settings: host_table(sshd, runs_root, tmux_dir, ship_from=str(source), ship=True, **settings)  # noqa: E731
+    def table(**settings) -> str:
+        return host_table(sshd, runs_root, tmux_dir, ship_from=str(source), ship=True, **settings)
+
     err = fails(table(python=fake("old-python", "echo 3 8 True")), "launch")
     assert err == f"trackside: gpu: {fakes}/old-python is Python 3.8; the trainer needs 3.11 or newer (the host's `python` setting)\n"
     err = fails(table(python=fake("bare-python", "echo 3 12 False")), "launch")
@@ -185,7 +187,7 @@ def test_a_failed_ship_leaves_the_parent_running_and_launches_nothing(capsys, tm
     first = cli_ok(capsys, "launch", "--config", config, "--ship", *TRAIN)
     (source / "weights.bin").write_bytes(b"\0" * ((ship.PACKAGE_MAX_MIB + 1) * ship.MIB))
     code, out, err = cli(capsys, "relaunch", first["run_id"], "--config", config, "--ship")
-    assert code == 1 and "over the cap" in err
+    assert (code, out) == (1, "") and "over the cap" in err
     [listed] = cli_ok(capsys, "runs", "--config", config)
     assert listed["run_id"] == first["run_id"] and listed["state"] == "running"
 

@@ -99,8 +99,8 @@ async def test_a_ship_that_fails_stops_nothing(tmp_path, box, sshd):
         await open_run_when(pilot, key, lambda run: run.info.state is RunPhase.RUNNING, "the shipped run")
         await ship_kill(pilot)
         said = await wait_for(pilot, lambda: [t for t in told if t.startswith("could not ship")], 30, "the ship's failure")
-        assert said == [f"could not ship to gpu, {key} left running: gpu: no room for training in {host.runs_root}/code: "
-                        "it takes 0.0 MiB, 0.1 MiB free"], said  # fmt: skip
+        assert said == [(f"could not ship to gpu, {key} left running: gpu: no room for training in {host.runs_root}/code: "
+                         "it takes 0.0 MiB, 0.1 MiB free")], said  # fmt: skip
         assert not [t for t in told if t.startswith("stopping")] and not children(app, parent)
     [listed] = [r for r in await runs.list_runs(host) if r.run_id == parent.run_id]
     assert listed.state is RunPhase.RUNNING and listed.pids
