@@ -1,7 +1,8 @@
 """`R` on a run whose code here has changed since it was shipped (issue 36, item 3): the
 dashboard offers "ship and relaunch" with the files that differ, sends them before the
-kill, and the child runs the edited code while the parent ran the old; a ship that fails
-stops nothing. Over the real sshd, through a container-like prefix."""
+kill, and the child runs the edited code while the parent ran the old; a synced directory
+of another trainer likewise; a ship that fails stops nothing. Over the real sshd, through a
+container-like prefix."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import pytest
 from backends import runs
 from backends.deliver import Delivery
 from backends.runs import RunPhase
+from backends.sync import SyncEntry
 from tests.backends.test_runs import tmux_dir  # noqa: F401 (fixture)
 from tests.backends.test_ship import package, set_value, start_value
+from tests.backends.test_sync import box_dir, printed, work_dir
 from tests.tui.conftest import screen_text, wait_for
 from tests.tui.test_operator_keys import children, open_run_when
 from tui.app import TracksideApp, Watched
@@ -105,3 +108,24 @@ async def test_a_ship_that_fails_stops_nothing(tmp_path, box, sshd):
     [listed] = [r for r in await runs.list_runs(host) if r.run_id == parent.run_id]
     assert listed.state is RunPhase.RUNNING and listed.pids
 
+
+
+async def test_R_syncs_a_foreign_trainers_directory_and_relaunches_its_command(tmp_path, box, sshd):
+    """A trainer trackside did not write, launched with its directory synced: R offers the
+    directory's changed files, and the child runs the same command over the new files."""
+    host, _ = box
+    work, place = work_dir(tmp_path), box_dir(tmp_path)
+    sent = await Delivery(syncs=(SyncEntry(str(work), str(place)),)).send(host)
+    await sent.put_in_place(host)
+    parent = await runs.launch(host, [str(sshd.python), str(place / "train.py")], sent=sent)
+    (work / "settings.py").write_text("VALUE = 'new'\n")
+    app = TracksideApp([Watched(host, smi="nvidia-smi-absent")], poll_interval=0.2, grace_s=5)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_run_when(pilot, f"gpu/{parent.run_id}", lambda run: run.info.state is RunPhase.RUNNING, "the run")
+        offer, _ = await ship_kill(pilot)
+        assert offer.differing == [(f"{work} → gpu:{place}", ["M settings.py"])]
+        [child_key] = await wait_for(pilot, lambda: children(app, parent), 60, "the relaunched run")
+        child = await wait_for(pilot, lambda: app.runs[child_key].info.run_dir, 30, "its run dir")
+        await wait_for(pilot, lambda: "value=" in printed(child), 30, "its first line")
+    assert "value=new" in printed(child) and "value=old" in printed(parent.run_dir)
+    assert (place / "checkpoints/step-1/model.bin").read_text() == "host's"
