@@ -385,7 +385,12 @@ def exit_process(code: int) -> NoReturn:
     """End the trainer's process now that everything it writes is written: the
     interpreter's own teardown with torch loaded (its modules, atexit handlers, inductor's
     compile workers) took 0.5-0.8 s, which a stopped run's GPU waited out, as the device is
-    freed only when the process is gone."""
+    freed only when the process is gone. Under a profiler (`python -m cProfile -o …`),
+    which writes its file at the normal exit, the normal exit."""
+    monitoring = getattr(sys, "monitoring", None)  # where Python 3.12's cProfile hooks in
+    if sys.getprofile() is not None or (
+            monitoring is not None and monitoring.get_tool(monitoring.PROFILER_ID) is not None):
+        sys.exit(code)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -163,3 +163,13 @@ def test_resume_with_no_checkpoint_says_it_starts_at_step_0(tmp_path, cache, cap
     code = main(["train", "--synthetic", "--steps", "1", "--max-seq-len", "128", "--out", str(tmp_path / "run"), "--resume"])
     out = capsys.readouterr().out
     assert code == 0 and f"--resume: no checkpoint in {tmp_path / 'run' / 'checkpoints'}: starting at step 0" in out
+
+
+def test_the_trainer_ends_quickly_but_a_profiler_still_gets_its_file(tmp_path):
+    # training.cli.exit_process skips the interpreter's teardown; cProfile writes at it.
+    profile = tmp_path / "train.prof"
+    done = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "training", "train",
+                           "--synthetic", "--steps", "2", "--max-seq-len", "128", "--out", str(tmp_path / "run")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert profile.stat().st_size > 0
