@@ -41,7 +41,7 @@ fi
 # The tests run from a copy outside the tree, so that `import tui` finds the installed
 # package, not this checkout.
 mkdir "$tmp/work"
-cp -r "$repo/tests" "$repo/pyproject.toml" "$tmp/work/"
+cp -r "$repo/tests" "$repo/scripts" "$repo/pyproject.toml" "$tmp/work/"
 cd "$tmp/work"
 TRACKSIDE_TRAINER_PYTHON=$trainer_python \
   "$tmp/venv/bin/python" -m pytest -p no:cacheprovider -q tests/tui/test_no_torch.py "$@"
