@@ -183,7 +183,7 @@ class TracksideApp(ErrorPolicy, RunActions, App):
             return
         # Named by how this run differs from it, where both have launch params to compare.
         overlays = {
-            k: series.Overlay(f"{name}: {series.changed(s.params, run.info.params)}" if s.params else name, s)
+            k: series.Overlay(f"{name}: {series.changed(s.params, run.info.params, s.code, run.info.code)}" if s.params else name, s)
             for k, name, s in read
         }
         self.post_message(OverlaysRead(key, overlays))

@@ -70,7 +70,7 @@ async def read(args) -> list[series.Series]:
 def label(s: series.Series, plotted: dict[str, series.Series]) -> str:
     """The run's name, and what it changed when its parent is plotted beside it."""
     parent = plotted.get(s.parent or "")
-    return f"{s.name} ({series.changed(parent.params, s.params)})" if parent else s.name
+    return f"{s.name} ({series.changed(parent.params, s.params, parent.code, s.code)})" if parent else s.name
 
 
 def chart(names: list[str], panels: list[tuple[str, list[list[tuple[float, float]]]]], x: str, width: int, height: int, color: bool) -> str:

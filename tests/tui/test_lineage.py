@@ -4,6 +4,7 @@ tokens seen, and any run of the fleet picked to join them (a foreign one from it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from rich.text import Text
 
+from backends import runs
 from backends.runs import RunInfo, RunPhase
 from backends.series import Overlay, from_metrics
 from tests.tui.conftest import launch_and_wait_ended, TRAIN, screen_text, wait_for
@@ -184,3 +186,27 @@ async def test_r_relaunches_a_real_run_and_its_child_shows_the_parent_behind_it(
         await wait_for(pilot, lambda: app.screen.run_key == child, timeout=10, what="the screen on the child")
         await wait_for(pilot, lambda: "┄┄ parent: ttt_steps 2 → 3" in screen_text(app), timeout=10, what="the parent's legend")
         await wait_for(pilot, lambda: braille(chart_styles(app).get(OVERLAY_COLORS[0], "")) > 10, timeout=60, what="the parent's curve (drawn over the child's own range, which grows as it trains)")
+
+
+async def test_the_legend_says_when_the_code_changed_between_parent_and_child(local_host):
+    # A relaunch that shipped an edited training package (backends/ship.py): its parent's
+    # curve is named by the code's change as well as the params'.
+    root = Path(local_host.runs_root)
+    code = {CHILD: "9f8e7d6c5b4a", PARENT: "1a2b3c4d5e6f", GRANDPARENT: "1a2b3c4d5e6f"}
+    infos = []
+    for run_id in (CHILD, PARENT, GRANDPARENT):
+        info = write_run(root, run_id)
+        manifest_path = root / run_id / "manifest.json"
+        manifest = json.loads(manifest_path.read_text())
+        manifest["code"] = {"hash": code[run_id], "describe": None}
+        manifest_path.write_text(json.dumps(manifest))
+        infos.append(dataclasses.replace(info, code=runs.code_of(manifest)))
+    app = TracksideApp([Watched(local_host)], monitor=False, clock=lambda: T0 + 200)
+    async with app.run_test(size=(140, 44)) as pilot:
+        app.post_message(RunsListed("local", infos, T0 + 200))
+        app.post_message(MetricsBatch("local", f"local/{CHILD}", steps(CHILD, 60), garbled=0))
+        await pilot.pause()
+        app.open_run(f"local/{CHILD}")
+        await wait_for(pilot, lambda: "┄┄ parent: ttt_steps 3 → 5, code 1a2b3c4 → 9f8e7d6" in screen_text(app),
+                       timeout=10, what="the parent's legend naming the code's change")  # fmt: skip
+        assert "┄┄ grandparent: max_seq_len 8192 → 16384, ttt_steps 3 → 5, code 1a2b3c4 → 9f8e7d6" in screen_text(app)
