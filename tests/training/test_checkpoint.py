@@ -108,7 +108,7 @@ def test_kill_9_at_random_moments_then_resume_continues_exactly(tmp_path, tmp_pa
     mid_checkpoint_kills = 0
     proc = start(run_dir, environ)
     assert wait_for(lambda: checkpoint.latest(ckpt) is not None, 60)
-    for trial in range(6):  # half of them aimed at a checkpoint being written
+    for trial in range(20):  # half of them aimed at a checkpoint being written
         if trial % 2:  # aim at the window where a checkpoint is being written
             wait_for(lambda: writing(ckpt), 10, poll=0.0005)
         else:

@@ -38,7 +38,7 @@ DFLASH = [*TRAIN, "--drafter", "dflash", "--steps", "3", "--max-seq-len", "128",
 # that (from the palette), and the palette.
 MAX_SCREENS = 6
 PILOT_KEYS = int(os.environ.get("TRACKSIDE_MONKEY_KEYS", 2000))
-TMUX_KEYS = int(os.environ.get("TRACKSIDE_MONKEY_TMUX_KEYS", 1000))
+TMUX_KEYS = int(os.environ.get("TRACKSIDE_MONKEY_TMUX_KEYS", 1500))
 
 
 def background(pids: list[int]) -> None:
