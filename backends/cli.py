@@ -78,7 +78,7 @@ def _parser() -> _Parser:
         return sub
 
     launch = command("launch", "Run a command (given after --) in a new tmux session with a run directory.")
-    launch.add_argument("--session", help="tmux session name (default ts-<run id>)")
+    launch.add_argument("--session", help=f"tmux session name (default {runs.session_name('<run id>')})")
     launch.add_argument("--hosts", type=_names, metavar="H1,H2,…",
                         help="run the trainer on every one of these hosts as one torchrun job (c10d rendezvous on the first)")
     launch.add_argument("--nproc-per-node", type=_count, metavar="N", help="with --hosts: processes per host (default 1)")
@@ -92,7 +92,7 @@ def _parser() -> _Parser:
                     "temperature, and the processes holding memory (what the dashboard's GPU panel shows).")
     stop = command("kill", "Stop a run's own process tree, then verify its GPU memory is released.")
     stop.add_argument("target", metavar="RUN_OR_SESSION")
-    stop.add_argument("--grace", type=_grace, help="seconds between SIGTERM and SIGKILL (default from config, 30)")
+    stop.add_argument("--grace", type=_grace, help=f"seconds between SIGTERM and SIGKILL (default from config, {kill.GRACE_S:g})")
     stop.epilog = (
         "Exits 1 when the run had already ended (its exit status is named; nothing is stopped or closed), "
         "2 when RUN_OR_SESSION is the tmux session this trackside itself runs in (refused)."
@@ -385,7 +385,7 @@ async def _run(args) -> tuple[object, str, list[str]]:
         name = args.host or await _holder(target, names, hosts)
         host, entry = hosts[name], config.host(name)
         if args.subcommand == "kill":
-            grace = args.grace if args.grace is not None else config.defaults.get("grace_s", 30.0)
+            grace = args.grace if args.grace is not None else config.defaults.grace_s
             report = await kill.kill_run(host, target, grace_s=grace, smi=entry.nvidia_smi, hosts=hosts, smis=smis)
             return report.to_json(), _show_kill(report), []
         parent = await runs.read_manifest(host, args.run)

@@ -48,14 +48,16 @@ import json
 import os
 import shlex
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from backends import alerts, sync
-from backends.deliver import Delivery
+from backends.deliver import DEFAULT_PYTHON, Delivery
 from backends.gpu import DEFAULT_SMI
-from backends.hosts import DEFAULT_RUNS_ROOT, Host, LocalHost, SSHHost
+from backends.hosts import DEFAULT_RUNS_ROOT, MAX_CHANNELS, Host, LocalHost, SSHHost
+from backends.kill import GRACE_S
+from backends.runs import TRAIN_COMMAND
 from backends.ship import local_package
 from training.contract import local_runs_root
 
@@ -129,12 +131,8 @@ def _names(key: str, value: Any) -> tuple[str, ...]:
 
 
 # [[hosts.X.sync]]: a directory of this machine's, where it goes on the host.
-_SYNC = {
-    "from": (_string, None),
-    "to": (_string, None),
-    "exclude": (_names, sync.DEFAULT_EXCLUDE),
-    "max_mib": (_mib, sync.DEFAULT_MAX_MIB),
-}
+# (Its built-in values are sync.SyncEntry's.)
+_SYNC = {"from": _string, "to": _string, "exclude": _names, "max_mib": _mib}
 
 
 def _syncs(key: str, value: Any) -> list[sync.SyncEntry]:
@@ -148,8 +146,7 @@ def _syncs(key: str, value: Any) -> list[sync.SyncEntry]:
                 raise ConfigError(f"{key}[{i}].{needed}", "missing: a sync names the directory here (from) and there (to)")
         if not given["to"].startswith(("/", "~")):
             raise ConfigError(f"{key}[{i}].to", f"expected an absolute path on the host (or ~/…), got {_show(given['to'])}")
-        entries.append(sync.SyncEntry(given["from"], given["to"], given.get("exclude", sync.DEFAULT_EXCLUDE),
-                                      given.get("max_mib", sync.DEFAULT_MAX_MIB)))  # fmt: skip
+        entries.append(sync.SyncEntry(given.pop("from"), given.pop("to"), **given))
     return entries
 
 
@@ -166,59 +163,70 @@ def _timeout(key: str, value: Any) -> float:
     return seconds
 
 
-# Settings a host table may take from [defaults], with their checks and built-in values.
-_SHARED = {
-    "runs_root": (_string, DEFAULT_RUNS_ROOT),
-    "train_command": (_command, ["trackside", "train"]),
-    "nvidia_smi": (_string, DEFAULT_SMI),
-    "user": (_string, None),
-    "known_hosts": (_string, None),
-    "identity_file": (_string, None),
-    "ship": (_bool, False),
-    "ship_from": (_string, None),
-    "python": (_string, "python3"),
+# Each setting's check; its built-in value is its dataclass field's (below).
+SHARED_SCHEMA = {
+    "runs_root": _string,
+    "train_command": _command,
+    "nvidia_smi": _string,
+    "user": _string,
+    "known_hosts": _string,
+    "identity_file": _string,
+    "ship": _bool,
+    "ship_from": _string,
+    "python": _string,
 }
-_DEFAULTS = {
-    **_SHARED,
-    "grace_s": (_seconds, 30.0),
-    "poll_ms": (_int(50, None), 1000),
-}
-_HOST = {
-    **_SHARED,
-    "address": (_string, None),
-    "port": (_int(1, 65535), None),
-    "jump": (_string, None),
-    "prefix": (_argv, []),
-    "max_channels": (_int(1, None), 8),
-    "sync": (_syncs, []),
+DEFAULTS_SCHEMA = {**SHARED_SCHEMA, "grace_s": _seconds, "poll_ms": _int(50, None)}
+HOST_SCHEMA = {
+    **SHARED_SCHEMA,
+    "address": _string,
+    "port": _int(1, 65535),
+    "jump": _string,
+    "prefix": _argv,
+    "max_channels": _int(1, None),
+    "sync": _syncs,
 }
 
 # [alerts]: where alerts go beyond the screen, and when they are called.
-_ALERTS = {
-    "command": (_command, None),
-    "timeout_s": (_timeout, alerts.COMMAND_TIMEOUT_S),
-    "stall_floor_s": (_seconds, alerts.Rules.stall_floor_s),
-    "underfed_s": (_seconds, alerts.Rules.underfed_s),
-}
+ALERTS_SCHEMA = {"command": _command, "timeout_s": _timeout, "stall_floor_s": _seconds, "underfed_s": _seconds}
+
+
+def _alerts_built_in() -> dict[str, Any]:
+    """[alerts] as a file that sets none of it: backends.alerts' own values."""
+    return {"command": None, "timeout_s": alerts.COMMAND_TIMEOUT_S,
+            "stall_floor_s": alerts.Rules.stall_floor_s, "underfed_s": alerts.Rules.underfed_s}  # fmt: skip
+
+
+@dataclass(kw_only=True)
+class Shared:
+    """The settings a host table may take from [defaults], each default written here alone."""
+
+    runs_root: str = DEFAULT_RUNS_ROOT
+    train_command: list[str] = field(default_factory=lambda: list(TRAIN_COMMAND))
+    nvidia_smi: str = DEFAULT_SMI
+    user: str | None = None
+    known_hosts: str | None = None
+    identity_file: str | None = None
+    ship: bool = False  # launches and relaunches ship code unless told not to
+    ship_from: str | None = None  # the package to ship; None: this trackside's own
+    python: str = DEFAULT_PYTHON  # the interpreter that runs shipped code on the host
+
+
+@dataclass(kw_only=True)
+class Defaults(Shared):
+    """[defaults]: what every host takes unless its table says, and the dashboard's own."""
+
+    grace_s: float = GRACE_S
+    poll_ms: int = 1000
 
 
 @dataclass
-class HostConfig:
+class HostConfig(Shared):
     name: str
     address: str | None = None  # None: this machine
-    user: str | None = None
     port: int | None = None
     jump: str | None = None  # the name of another host of the file
     prefix: list[str] = field(default_factory=list)
-    runs_root: str = DEFAULT_RUNS_ROOT
-    train_command: list[str] = field(default_factory=lambda: ["trackside", "train"])
-    nvidia_smi: str = DEFAULT_SMI
-    known_hosts: str | None = None
-    identity_file: str | None = None
-    max_channels: int = 8
-    ship: bool = False  # launches and relaunches ship code unless told not to
-    ship_from: str | None = None  # the package to ship; None: this trackside's own
-    python: str = "python3"  # the interpreter that runs shipped code on the host
+    max_channels: int = MAX_CHANNELS
     sync: list[sync.SyncEntry] = field(default_factory=list)
     jump_config: HostConfig | None = field(default=None, repr=False, compare=False)
 
@@ -254,9 +262,9 @@ class HostConfig:
 @dataclass
 class Config:
     hosts: list[HostConfig]
-    defaults: dict[str, Any]
+    defaults: Defaults = field(default_factory=Defaults)
     path: str | None = None
-    alerts: dict[str, Any] = field(default_factory=lambda: {key: built_in for key, (_, built_in) in _ALERTS.items()})
+    alerts: dict[str, Any] = field(default_factory=_alerts_built_in)
 
     @property
     def alert_rules(self) -> alerts.Rules:
@@ -295,7 +303,7 @@ def _check_table(prefix: str, table: Any, schema: dict) -> dict[str, Any]:
     for key, value in table.items():
         if key not in schema:
             raise ConfigError(f"{prefix}.{key}", f"unknown setting (known: {', '.join(sorted(schema))})")
-        checked[key] = schema[key][0](f"{prefix}.{key}", value)
+        checked[key] = schema[key](f"{prefix}.{key}", value)
     return checked
 
 
@@ -304,25 +312,26 @@ def parse_config(data: dict[str, Any]) -> Config:
     for key in data:
         if key not in ("defaults", "hosts", "alerts"):
             raise ConfigError(key, "unknown table (known: alerts, defaults, hosts)")
-    given_defaults = _check_table("defaults", data.get("defaults", {}), _DEFAULTS)
-    defaults = {key: given_defaults.get(key, built_in) for key, (_, built_in) in _DEFAULTS.items()}
+    given_defaults = _check_table("defaults", data.get("defaults", {}), DEFAULTS_SCHEMA)
+    defaults = Defaults(**given_defaults)
+    shared = {f.name: getattr(defaults, f.name) for f in fields(Shared)}
 
     tables = data.get("hosts", {})
     if not isinstance(tables, dict):
         raise ConfigError("hosts", f"expected a table of host tables, got {_show(tables)}")
     hosts = []
     for name, table in tables.items():
-        given = _check_table(f"hosts.{name}", table, _HOST)
-        settings = {key: given.get(key, defaults.get(key, built_in)) for key, (_, built_in) in _HOST.items()}
-        if settings["address"] is None:
+        given = _check_table(f"hosts.{name}", table, HOST_SCHEMA)
+        settings = {**shared, **given}
+        if settings.get("address") is None:
             for remote_only in ("port", "jump", "user", "known_hosts", "identity_file"):
                 if remote_only in given:
                     raise ConfigError(f"hosts.{name}.{remote_only}", "only for remote hosts: set address too")
-        if settings["address"] is None and "runs_root" not in given and "runs_root" not in given_defaults:
+        if settings.get("address") is None and "runs_root" not in given and "runs_root" not in given_defaults:
             settings["runs_root"] = local_runs_root()
         hosts.append(HostConfig(name=name, **settings))
     if not hosts:
-        hosts = [HostConfig("local", **{key: defaults[key] for key in ("runs_root", "train_command", "nvidia_smi", "ship", "ship_from", "python")})]
+        hosts = [HostConfig("local", **{key: shared[key] for key in ("runs_root", "train_command", "nvidia_smi", "ship", "ship_from", "python")})]
         if "runs_root" not in given_defaults:
             hosts[0].runs_root = local_runs_root()
 
@@ -345,8 +354,8 @@ def parse_config(data: dict[str, Any]) -> Config:
                 raise ConfigError(f"hosts.{host.name}.jump", f"jump hosts loop: {' -> '.join(seen + [hop.name])}")
             seen.append(hop.name)
             hop = hop.jump_config
-    given_alerts = _check_table("alerts", data.get("alerts", {}), _ALERTS)
-    return Config(hosts, defaults, alerts={key: given_alerts.get(key, built_in) for key, (_, built_in) in _ALERTS.items()})
+    given_alerts = _check_table("alerts", data.get("alerts", {}), ALERTS_SCHEMA)
+    return Config(hosts, defaults, alerts={**_alerts_built_in(), **given_alerts})
 
 
 def load_config(path: str | None = None) -> Config:

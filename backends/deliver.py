@@ -17,6 +17,8 @@ from pathlib import Path
 from backends import ship, sync
 from backends.hosts import Host
 
+DEFAULT_PYTHON = "python3"  # what runs shipped code on a host that names no other
+
 
 @dataclass(frozen=True)
 class Delivery:
@@ -24,7 +26,7 @@ class Delivery:
     interpreter to run it, and directories to sync."""
 
     package: Path | None = None
-    python: str = "python3"
+    python: str = DEFAULT_PYTHON
     syncs: tuple[sync.SyncEntry, ...] = ()
 
     @classmethod
@@ -37,7 +39,7 @@ class Delivery:
         if not code and not synced:
             return None
         return cls(
-            Path(code["source"]) if code else None, code["python"] if code else "python3",
+            Path(code["source"]) if code else None, code["python"] if code else DEFAULT_PYTHON,
             tuple(sync.SyncEntry.of_record(s) for s in synced),
         )  # fmt: skip
 

@@ -224,6 +224,8 @@ async def _read_all(process: asyncssh.SSHClientProcess) -> tuple[str, str]:
 # following many runs must still answer the listings, kills and launches that say whether
 # it is up. A stream beyond its share waits for one to close.
 COMMAND_CHANNELS = 2
+# SSH channels at once (commands and streams together), within sshd's MaxSessions (10).
+MAX_CHANNELS = 8
 # The first wait after a failed connect: short, as a dropped connection is usually remade
 # at once (sshd restarted, a NAT entry expired).
 CONNECT_RETRY_S = 0.25
@@ -256,7 +258,7 @@ class SSHHost(Host):
         runs_root: str = DEFAULT_RUNS_ROOT,
         connect_timeout: float = 10.0,
         keepalive: float = 15.0,
-        max_channels: int = 8,
+        max_channels: int = MAX_CHANNELS,
         backoff_cap: float = 30.0,
     ):
         super().__init__(name, prefix=prefix, runs_root=runs_root)

@@ -59,6 +59,7 @@ echo $same
 # "PID ARGS" for each pid given: the command lines, to find a torchrun agent in a tree;
 # whole (-ww), whatever $COLUMNS says (ps cuts them to it: a long venv path hid torchrun).
 _ARGS = ["ps", "-ww", "-o", "pid=,args=", "-p"]
+GRACE_S = 30.0  # between SIGTERM and SIGKILL: a trainer saves its checkpoint in it
 KILL_WAIT_S = 10.0  # after SIGKILL only uninterruptible sleep keeps a process alive
 DURABLE_WAIT_S = 120.0  # for a stopped trainer's checkpoint writer, once the run is gone
 PANE_EXIT_WAIT_S = 5.0  # tmux marks a pane dead as soon as its pty closes
@@ -401,7 +402,7 @@ async def _verify_release(host, smi, nvml, pids, timeout, poll_s) -> tuple[gpu.G
 async def kill_run(
     host: Host,
     plan: KillPlan | str,
-    grace_s: float = 30.0,
+    grace_s: float = GRACE_S,
     poll_s: float = 0.05,
     smi: str = gpu.DEFAULT_SMI,
     gpu_timeout_s: float = 10.0,

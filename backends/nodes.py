@@ -45,6 +45,7 @@ from backends.runs import (
     read_manifest,
     resolve_program,
     run_dir,
+    session_name,
     train_args_start,
 )
 from training.contract import new_run_id
@@ -142,7 +143,7 @@ async def launch_nodes(
         raise RunError(f"a multi-node run runs the trainer (trackside train …), not {argv[0]}")
     params = run_params.check(params) if params is not None else run_params.read(argv)
     run_id = new_run_id()
-    session = session or f"ts-{run_id}"
+    session = session or session_name(run_id)
     dirs = [await run_dir(h, run_id) for h in hosts]
     first = await resolve_program(hosts[0], launch_command(argv, params, dirs[0], commands[names[0]]))
     endpoint = f"{rdzv_host or rendezvous_host(hosts)}:{await _free_port(hosts[0], _python(first))}"
@@ -272,7 +273,7 @@ def _how(status: int) -> str:
 
 
 async def stop_orphans(
-    infos: Sequence[RunInfo], hosts: Mapping[str, Host], *, grace_s: float = 30.0, smis: Mapping[str, str] | None = None
+    infos: Sequence[RunInfo], hosts: Mapping[str, Host], *, grace_s: float = kill.GRACE_S, smis: Mapping[str, str] | None = None
 ) -> dict[str, kill.KillReport]:
     """Stop the live nodes of every multi-node run (of a merged listing) with a node that
     died: they would wait on it in their next collective. The kill reports, by run id.

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from backends import alerts, gpu, logparse, nodes, runs
+from backends import alerts, gpu, kill, logparse, nodes, runs
 from backends.config import ConfigError, load_config
 from backends.hosts import Host, HostError
 from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
@@ -116,7 +116,7 @@ async def watch(
     command: list[str] | None = None,
     timeout_s: float = alerts.COMMAND_TIMEOUT_S,
     interval_s: float = 5.0,
-    grace_s: float = 30.0,
+    grace_s: float = kill.GRACE_S,
     once: bool = False,
     say: Callable[[str], None] = print,
     clock: Callable[[], float] = time.time,
@@ -183,7 +183,7 @@ def main(argv: list[str]) -> int:
     try:
         return asyncio.run(
             watch(hosts, book, command=settings["command"], timeout_s=settings["timeout_s"],
-                  interval_s=args.interval, grace_s=config.defaults.get("grace_s", 30.0), once=args.once,
+                  interval_s=args.interval, grace_s=config.defaults.grace_s, once=args.once,
                   say=lambda line: print(line, flush=True))
         )  # fmt: skip
     except KeyboardInterrupt:

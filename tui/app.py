@@ -22,7 +22,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from backends import gpu, runs, series
+from backends import gpu, kill, runs, series
 from backends.alerts import COMMAND_TIMEOUT_S, Alert, AlertBook, Rules, run_command
 from backends.hosts import Host
 from training.contract import local_runs_root
@@ -78,7 +78,7 @@ class TracksideApp(ErrorPolicy, RunActions, App):
         monitor: bool = True,
         clock: Callable[[], float] = time.time,
         poll_interval: float = 1.0,
-        grace_s: float = 30.0,
+        grace_s: float = kill.GRACE_S,
         alert_rules: Rules = Rules(),
         alert_command: list[str] | None = None,
         alert_timeout_s: float = COMMAND_TIMEOUT_S,

@@ -7,10 +7,13 @@ here.
 
 from backends.runs.launch import (
     STARTUP_S,
+    TRAIN_COMMAND,
+    Launched,
     launch,
     launch_command,
     relaunch,
     resolve_program,
+    session_name,
     train_args_start,
 )
 from backends.runs.listing import (
@@ -36,6 +39,8 @@ from training.contract import RUN_ID
 __all__ = [
     "RUN_ID",
     "STARTUP_S",
+    "TRAIN_COMMAND",
+    "Launched",
     "NodeInfo",
     "RunError",
     "RunInfo",
@@ -54,5 +59,6 @@ __all__ = [
     "relaunch",
     "resolve_program",
     "run_dir",
+    "session_name",
     "train_args_start",
 ]

@@ -33,7 +33,7 @@ from backends.runs.rundir import (
 from backends.ship import Shipped
 from training.contract import new_run_id
 
-TRAIN_COMMAND = ["trackside", "train"]
+TRAIN_COMMAND = ["trackside", "train"]  # the trainer, where a host configures no other
 # A launch is judged by how its program starts. The trainer's start is its first metrics
 # event, written once it has loaded its model and data and begun the loop: a pane that dies
 # before it, at whatever second, failed to start; one still loading after START_WAIT_S is
@@ -66,6 +66,11 @@ class Launched(RunInfo):
     def to_json(self) -> dict:
         listed = RunInfo(**{f.name: getattr(self, f.name) for f in fields(RunInfo)})
         return {**listed.to_json(), "judged": self.judged}
+
+
+def session_name(run_id: str) -> str:
+    """The tmux session a run is launched in unless it is given one."""
+    return f"ts-{run_id}"
 
 
 def train_args_start(argv: Sequence[str], train_command: Sequence[str] | None = None) -> int | None:
@@ -137,7 +142,7 @@ async def launch(
     if not argv:
         raise RunError("nothing to launch: the command is empty")
     run_id = check_run_id(run_id) if run_id else new_run_id()
-    session = tmux.check_session_name(session or f"ts-{run_id}")
+    session = tmux.check_session_name(session or session_name(run_id))
     is_train = train_args_start(argv, train_command) is not None
     params = run_params.check(params) if params is not None else (run_params.read(argv) if is_train else {})
     directory = await run_dir(host, run_id)

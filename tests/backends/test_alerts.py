@@ -253,7 +253,7 @@ def test_the_readmes_example_shows_every_alerts_setting():
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     example = readme.split("```toml\n", 1)[1].split("```", 1)[0]
     alerts_table = example.split("\n[alerts]", 1)[1]
-    for key in module._ALERTS:
+    for key in module.ALERTS_SCHEMA:
         assert f"\n{key} = " in alerts_table, key
 
 

@@ -19,7 +19,7 @@ def test_no_config_is_one_local_host(tmp_path, monkeypatch):
     config = load_config(None)
     assert [h.name for h in config.hosts] == ["local"]
     assert isinstance(config.hosts[0].make_host(), LocalHost)
-    assert config.defaults["grace_s"] == 30.0
+    assert config.defaults.grace_s == 30.0
 
 
 def test_default_place_is_read(tmp_path, monkeypatch):
@@ -65,7 +65,7 @@ prefix = ["docker", "exec", "trainer"]
     assert gpu1.train_command == ["/opt/venv/bin/python", "-m", "training", "train"]
     assert (gpu1.user, gpu1.port, gpu1.runs_root) == ("root", 2222, "/data/runs")
     assert config.host("gpu2").user == "ops"
-    assert config.defaults["grace_s"] == 5.0 and config.defaults["poll_ms"] == 1000
+    assert config.defaults.grace_s == 5.0 and config.defaults.poll_ms == 1000
 
     hosts = config.make_hosts()
     assert isinstance(hosts["here"], LocalHost)
@@ -149,9 +149,9 @@ def test_the_readmes_example_is_a_valid_config_using_every_key(tmp_path):
     config = load_config(write(tmp_path, example))
     gpu1 = config.host("gpu1")
     assert gpu1.prefix == ["pct", "exec", "129", "--"] and gpu1.jump == "bastion" and gpu1.user == "root"
-    assert config.defaults["poll_ms"] == 1000
+    assert config.defaults.poll_ms == 1000
     # Every key the config accepts appears in the example, so the README tells them all.
     from backends import config as module
 
-    for key in {*module._DEFAULTS, *module._HOST}:
+    for key in {*module.DEFAULTS_SCHEMA, *module.HOST_SCHEMA}:
         assert f"\n{key} = " in example, key
