@@ -1,6 +1,6 @@
 """Render the real app to screenshots/: the run screen mid-training, the fleet (with a run
 trackside did not launch and the dashboard's own session), that foreign run's screen, the
-kill dialog, the refused self-kill, the edit form and a DFlash run's screen, as SVG (and
+kill dialog, the refused self-kill, R's offer to ship the code here, the edit form and a DFlash run's screen, as SVG (and
 PNG when cairosvg is installed).
 
     .venv/bin/python scripts/screenshots.py [NAME…]    (default: every one)
@@ -22,6 +22,7 @@ from training.config import PRESETS  # noqa: E402
 from tui.sample import FOREIGN_KEY, RUN_KEY, feed_foreign, kill_plan, make_app  # noqa: E402
 from tui.screens.edit import EditScreen  # noqa: E402
 from tui.screens.kill import KillConfirm  # noqa: E402
+from tui.screens.ship import ShipRelaunch  # noqa: E402
 
 OUT = REPO / "screenshots"
 SIZE = (160, 48)
@@ -57,6 +58,14 @@ async def shoot(wanted) -> list[Path]:
         await pilot.pause()
         save("kill")
         app.pop_screen()
+        # R on a run whose training package here differs from the code it runs (README's
+        # loop: fix here, R, watch the first steps); the files echo the design story's
+        # chunked soft-KL fix.
+        app.push_screen(ShipRelaunch(RUN_KEY, [("~/src/trackside/training → h200-box",
+                                                ["M training/dflash/loss.py", "M training/loss.py"])]))
+        await pilot.pause()
+        save("ship-relaunch")
+        app.pop_screen()
         run = app.runs[RUN_KEY]
         form = EditScreen(run, app.hosts[run.host], {"max_seq_len": 98304, "ttt_steps": 5})
         app.push_screen(form)
@@ -83,7 +92,7 @@ def to_png(svgs: list[Path]) -> bool:
     return True
 
 
-NAMES = ("fleet", "foreign-run", "self-kill-refused", "run", "kill", "edit", "plot", "run-lineage", "dflash-run")
+NAMES = ("fleet", "foreign-run", "self-kill-refused", "run", "kill", "ship-relaunch", "edit", "plot", "run-lineage", "dflash-run")
 
 
 def main(argv: list[str]) -> int:
