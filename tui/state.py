@@ -263,12 +263,26 @@ class RunState:
     def state_label(self) -> str:
         """The status in a few words: its label, what ended it, or a loading phase. Our
         trainer's run (it has params) reads `starting` until its start event, then
-        `first step…` (set up; compiling, on a GPU) until its first step: the phases of a
-        relaunch, as they happen."""
+        `compiling` on a GPU (`first step…` elsewhere) until its first step: the phases of
+        a relaunch, as they happen."""
         if (self.status is RunStatus.RUNNING and self.params and not self.steps and self.info.last_step is None
                 and self.progress is None):  # a console's own loading bar says more
-            return "starting" if self.start is None else "first step…"
+            if self.start is None:
+                return "starting"
+            # On a GPU the wait is the compiler's: a new process traces its compiled parts
+            # again before the first step (docs/benchmarks.md, "The operator's loop").
+            return "compiling" if (self.start.get("config") or {}).get("device") == "cuda" else "first step…"
         return status_words(self.status, self.info.exit_status, None if self.steps else self.progress)
+
+    def startup_said(self) -> str:
+        """Where the start-up's seconds went, from the start event (`imports and CUDA 3.8,
+        data 0.0, model 0.4`, a resume's load where there was one); empty if it does not say."""
+        phases = (self.start or {}).get("startup_s")
+        if not isinstance(phases, dict):
+            return ""
+        names = {"imports_device": "imports and CUDA", "data": "data", "model": "model", "resume": "resume"}
+        return ", ".join(f"{names[k]} {v:.1f}" for k, v in phases.items()
+                         if k in names and isinstance(v, (int, float)) and (k != "resume" or v > 0))
 
     def first_step_s(self) -> tuple[float, float] | None:
         """(its first step, its start event) in seconds after its trainer's process started,

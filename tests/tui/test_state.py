@@ -115,3 +115,18 @@ def test_a_new_trainer_run_reads_starting_then_its_first_step_then_when_that_cam
     assert run.state_label == "running"
     assert "first step 12.5 s after its process started (start event at 4.2 s)" in stats_text(run, NOW).plain
     assert RunState("h/s", "h", dataclasses.replace(run_info(), params={})).state_label == "running"  # not our trainer
+
+
+def test_on_a_gpu_the_wait_for_the_first_step_reads_compiling_and_the_start_up_is_itemised():
+    """A GPU trainer's first step after its start event is its compiler's work (a new
+    process traces its compiled parts again): `compiling`; the stats then say where the
+    start-up's seconds went, from the start event's `startup_s`."""
+    run = RunState("h/r", "h", dataclasses.replace(run_info(), last_step=None, last_loss=None))
+    [start, first, *_] = metrics_events(3)
+    startup = {"imports_device": 3.75, "data": 0.02, "model": 0.39, "resume": 0.0}
+    run.add_event({**start, "config": {**start["config"], "device": "cuda"}, "time": 1000.0 + 5.7,
+                   "process_started": 1000.0, "startup_s": startup})  # fmt: skip
+    assert run.state_label == "compiling"
+    run.add_event({**first, "time": 1000.0 + 14.6})
+    assert ("first step 14.6 s after its process started (start event at 5.7 s: "
+            "imports and CUDA 3.8, data 0.0, model 0.4)") in stats_text(run, NOW).plain

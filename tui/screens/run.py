@@ -75,7 +75,8 @@ def stats_text(run: RunState, now: float) -> Text:
         text.append(f"τ {format_number(run.tau, 3)}", style="bold")
         text.append(f"   {acceptance(last.get('acc_pos'))}\n")
     if (first := run.first_step_s()) is not None:
-        text.append(f"first step {first[0]:.1f} s after its process started (start event at {first[1]:.1f} s)\n", style="dim")
+        phases = f": {said}" if (said := run.startup_said()) else ""
+        text.append(f"first step {first[0]:.1f} s after its process started (start event at {first[1]:.1f} s{phases})\n", style="dim")
     if run.steps:
         text.append(
             f"samples/row {format_number(last.get('samples_per_row'), 3)}   pad {format_number(last.get('pad_frac'), 2)}"
