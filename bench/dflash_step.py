@@ -197,7 +197,7 @@ def predicted_gib(spec: dict, precision: str) -> float:
 
 
 def child(spec: dict) -> dict:
-    from training.loop import use_cuda_allocator_settings
+    from training.device import use_cuda_allocator_settings
 
     trainer = spec["trainer"]
     if trainer == "trackside":  # speculators runs under the allocator it is given

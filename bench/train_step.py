@@ -53,7 +53,7 @@ import torch.utils.checkpoint  # noqa: E402
 from bench.random_data import prompt_len  # noqa: E402
 from bench.timing import median_seconds  # noqa: E402
 from training.config import PRESETS, DrafterConfig  # noqa: E402
-from training.loop import use_cuda_allocator_settings  # noqa: E402
+from training.device import use_cuda_allocator_settings  # noqa: E402
 
 # trackside takes its options as suffixes, in this order: +frozen (--freeze-lm-head, its
 # draft head kept at the verifier's as speculators keeps it: the same work as speculators,

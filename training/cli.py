@@ -252,7 +252,7 @@ def _holds_a_run(out: Path, device: str) -> bool:
         return (out / "metrics.jsonl").exists()
     import torch.distributed as dist
 
-    from training.loop import join_processes
+    from training.distributed import join_processes
 
     join_processes(device)
     seen = [(out / "metrics.jsonl").exists() if dist.get_rank() == 0 else None]
@@ -266,7 +266,7 @@ def train_main(argv: list[str]) -> int:
         raise UsageError("--resume continues this run, --resume-from starts from another's: give one")
     import torch
 
-    from training.loop import leave_processes
+    from training.distributed import leave_processes
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import random
 import re
-import resource
 import signal
 import sys
 import time
@@ -33,12 +31,14 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from training import checkpoint, contract, durable
 from training.config import DFlashConfig, DrafterConfig
 from training.contract import EXIT_OK, EXIT_OOM
 from training.data import Dataset, Loader, Position
+from training.device import autocast, peak_mem_gib, precision
+from training.distributed import (all_reduce, gather_state, join_processes, leave_processes,
+                                  live_state, restore_state, spread)
 from training.metrics import MetricsWriter
 from training.mirror import Mirror
 from training.model import Eagle3Drafter, StepLoss
@@ -158,13 +158,6 @@ def warmup_cosine(warmup: int, total: int, floor: float = 0.1):
     return factor
 
 
-def peak_mem_gib(device: torch.device) -> float:
-    """CUDA: torch's peak allocated bytes. CPU: the process's peak resident set (RSS)."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-
-
 def _rng_state() -> dict:
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
@@ -184,28 +177,6 @@ def _tried_gib(error: Exception) -> float | None:
     if not m:
         return None
     return float(m.group(1)) / {"GiB": 1, "MiB": 1024, "KiB": 1024**2}[m.group(2)]
-
-
-def _all_reduce(values: list[float], device: torch.device, world: int) -> list[float]:
-    if world == 1:
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return t.tolist()
-
-
-def precision(device: torch.device) -> str:
-    """bf16 autocast on CUDA (as forward_backward runs it), fp32 on CPU."""
-    return "bf16" if device.type == "cuda" else "fp32"
-
-
-def use_cuda_allocator_settings() -> None:
-    """Expandable segments: the caching allocator grows a segment in place instead of
-    keeping a block per request size: the same speed, less memory held beyond the peak
-    (docs/benchmarks.md, round 5). CUDA reads the setting when it
-    starts, so the trainer, `fit --probe` and the bench call this first; a
-    PYTORCH_CUDA_ALLOC_CONF the user set wins."""
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 
 def _folds_clip(optimizer: torch.optim.Optimizer) -> bool:
@@ -229,9 +200,9 @@ def forward_backward(model: nn.Module, batch: PackedBatch, ttt_steps: int, ttt_d
     """Backward through Σ_k decay^k · (TTT step k's mean loss over the global batch).
     Returns each TTT step's losses and its scored positions over all ranks."""
     device = batch.input_ids.device
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision(device) == "bf16"):
+    with autocast(device):
         per_step = Unroll.step_losses(model(batch, ttt_steps, loss_chunk, checkpoint))
-    counts = _all_reduce([float(s.losses.shape[0]) for s in per_step], device, world)
+    counts = all_reduce([float(s.losses.shape[0]) for s in per_step], device, world)
     # Each rank's share of the global mean; DDP averages gradients over ranks.
     loss = sum(ttt_decay ** k * s.total * (world / max(n, 1))
                for k, (s, n) in enumerate(zip(per_step, counts)))
@@ -263,73 +234,6 @@ def optimizer_step(optimizer: torch.optim.Optimizer, params, grad_clip: float) -
     return grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
 
 
-def shard(model: nn.Module, layers, device: torch.device, world: int) -> nn.Module:
-    """FSDP2 over every rank: each of `layers` its own group (gathered for its forward and
-    again for its backward, then freed), the rest of `model` one group, gathered for the
-    whole step. Frozen parameters (the verifier's embedding, a frozen draft head) stay
-    whole on every rank: they take no gradient and no optimizer state, so sharding them
-    would save nothing and cost a gather each step. Parameters are gathered in fp32 and
-    autocast casts them, as under DDP: the same numbers, and the same dtypes the compiled
-    islands and the Triton loss were written for."""
-    # FSDP, DTensor and torch.distributed.checkpoint (gather_state, restore_state) are
-    # imported where used: at module level they added ~1.2 s to every trainer's start.
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh(device.type, (world,))
-    frozen = {p for p in model.parameters() if not p.requires_grad}
-    for layer in layers:
-        fully_shard(layer, mesh=mesh, ignored_params=frozen)
-    fully_shard(model, mesh=mesh, ignored_params=frozen)
-    return model
-
-
-def live_state(drafter: nn.Module, optimizer: torch.optim.Optimizer
-               ) -> tuple[dict[str, torch.Tensor], dict]:
-    """The drafter's weights (not the verifier's embedding; a frozen head, which an export
-    needs, too) and its optimizer state keyed by parameter name: the live tensors, not
-    copies. Unsharded runs only: any rank holds it all."""
-    frozen = {n for n, p in drafter.named_parameters() if not p.requires_grad}
-    weights = {n: t.detach() for n, t in drafter.state_dict().items() if n not in frozen}
-    weights.update(_frozen_kept(drafter))
-    names = [n for n, p in drafter.named_parameters() if p.requires_grad]  # its order
-    return weights, checkpoint.optimizer_by_name(optimizer.state_dict(), names)
-
-
-def _frozen_kept(drafter: nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach() for n, p in drafter.named_parameters()
-            if not p.requires_grad and n != "embed_tokens.weight"}
-
-
-def gather_state(drafter: nn.Module, optimizer: torch.optim.Optimizer, sharded: bool
-                 ) -> tuple[dict[str, torch.Tensor], dict]:
-    """live_state, whole and on the CPU. Sharded, every rank calls it (FSDP gathers the
-    shards) and rank 0 gets the result."""
-    if not sharded:
-        weights, optimizer_state = live_state(drafter, optimizer)
-        return ({n: t.cpu() for n, t in weights.items()},
-                {**optimizer_state, "state": {
-                    n: {k: v.cpu() if torch.is_tensor(v) else v for k, v in s.items()}
-                    for n, s in optimizer_state["state"].items()}})
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions, get_model_state_dict, get_optimizer_state_dict)
-    whole = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-    weights = get_model_state_dict(drafter, options=whole)
-    weights.update({n: t.cpu() for n, t in _frozen_kept(drafter).items()})
-    return weights, get_optimizer_state_dict(drafter, optimizer, options=whole)
-
-
-def restore_state(drafter: nn.Module, optimizer: torch.optim.Optimizer,
-                  weights: dict[str, torch.Tensor], optimizer_state: dict) -> None:
-    """Whole tensors, as gather_state made them, into this run's parameters and optimizer,
-    each rank taking its shard under FSDP: a checkpoint resumes at any world size."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions, set_model_state_dict, set_optimizer_state_dict)
-    whole = StateDictOptions(full_state_dict=True, strict=False)
-    set_model_state_dict(drafter, weights, options=whole)
-    set_optimizer_state_dict(drafter, optimizer, optimizer_state, options=whole)
-
-
 def record_oom(metrics: MetricsWriter, cfg: TrainConfig, device: torch.device,
                error: torch.OutOfMemoryError) -> int:
     """The `oom` and `end` events and the message for an OOM; the exit code."""
@@ -345,34 +249,6 @@ def record_oom(metrics: MetricsWriter, cfg: TrainConfig, device: torch.device,
     print(f"train: CUDA out of memory at max_seq_len={cfg.max_seq_len} "
           f"{said}: {error}", file=sys.stderr, flush=True)
     return EXIT_OOM
-
-
-def join_processes(device_type: str, sharding: str = "ddp") -> tuple[torch.device, int, int]:
-    """This process's device, rank and world size; under torchrun (WORLD_SIZE > 1) the
-    process group joined, once: the CLI joins before it decides whether --out is free,
-    train() finds it joined. FSDP's device mesh needs a group even for one process, which
-    then makes one of its own (FSDP alone shards nothing, but it runs, so a run relaunched
-    on one GPU keeps its argv and the sharded path can be tried on a single card)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    if device_type == "cuda":
-        use_cuda_allocator_settings()
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend)
-    elif sharding == "fsdp" and not dist.is_initialized():
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    return device, rank, world
-
-
-def leave_processes() -> None:
-    """Leave the process group, where this process joined one."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def train(cfg: TrainConfig) -> int:
@@ -428,15 +304,12 @@ def train(cfg: TrainConfig) -> int:
 
             drafter, unroll = dflash.build(cfg.drafter, cfg.dflash, dataset, device,
                                            (rank, world))
-        if cfg.sharding == "fsdp":
-            # EAGLE-3's one layer is the root group's: it runs once per TTT step and
-            # model.py reads its down_proj weight before its forward (once per unroll),
-            # where a group of its own would not yet be gathered; and one layer is most of
-            # the drafter, gathered whole either way. DFlash's layers run once each.
-            shard(unroll, () if cfg.dflash is None else drafter.layers, device, world)
-        elif world > 1:
-            unroll = DistributedDataParallel(unroll, device_ids=[device.index]
-                                             if device.type == "cuda" else None)
+        # EAGLE-3's one layer is the root group's: it runs once per TTT step and
+        # model.py reads its down_proj weight before its forward (once per unroll),
+        # where a group of its own would not yet be gathered; and one layer is most of
+        # the drafter, gathered whole either way. DFlash's layers run once each.
+        unroll = spread(unroll, () if cfg.dflash is None else drafter.layers, cfg.sharding,
+                        device, world)
         # After sharding: fully_shard puts sharded parameters in the modules' place.
         trainable = {n: p for n, p in drafter.named_parameters() if p.requires_grad}
         optimizer = make_optimizer(trainable.values(), cfg.lr, device, cfg.weight_decay)
@@ -590,7 +463,7 @@ def train(cfg: TrainConfig) -> int:
             # Every step's loss and agreement sums in one read from the device, not 2K
             per_step_sums = torch.stack([s.losses.sum().double() for s in per_step]
                                         + [s.agree.sum().double() for s in per_step]).tolist()
-            sums = _all_reduce(
+            sums = all_reduce(
                 per_step_sums
                 + [tokens, batch.num_samples, batch.pad_tokens, float(stop.requested)]
                 + peaks,

@@ -17,6 +17,7 @@ import torch
 
 from training import loop, memory
 from training.config import DrafterConfig
+from training.device import precision, use_cuda_allocator_settings
 from training.memory import Calibration, GiB, Measurement, StepShape
 from training.model import Eagle3Drafter, StepLoss
 from training.packing import PackedBatch
@@ -93,7 +94,7 @@ class Trainer:
         self.model = loop.Unroll(self.drafter)
         self.params = [p for p in self.drafter.parameters() if p.requires_grad]
         self.optimizer = loop.make_optimizer(self.params, loop.TrainConfig.lr, device)
-        self.precision = loop.precision(device)
+        self.precision = precision(device)
         self.dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
 
     def forward_backward(self, batch: PackedBatch, ttt_steps: int,
@@ -227,7 +228,7 @@ def run_probe(cfg: DrafterConfig, shape: StepShape, *, points=None,
     """Calibrate the memory model with one real step (after a warm-up step) per point."""
     if trainer is None:
         if device is None:
-            loop.use_cuda_allocator_settings()  # the trainer's allocator, so its slack is measured
+            use_cuda_allocator_settings()  # the trainer's allocator, so its slack is measured
             if not torch.cuda.is_available():
                 raise ProbeError("--probe needs a CUDA GPU (none is visible)")
             device = torch.device("cuda", torch.cuda.current_device())

@@ -246,7 +246,7 @@ def test_a_frozen_draft_head_stays_the_verifiers_and_is_exported(tmp_path, cache
 
 EXPANDABLE = """
 import torch  # first, as the trainer imports it: the setting still counts after the import
-from training.loop import use_cuda_allocator_settings
+from training.device import use_cuda_allocator_settings
 torch.cuda.is_available()  # as the command line asks before train() sets it
 use_cuda_allocator_settings()
 x = torch.ones(2**20, device="cuda")

@@ -9,8 +9,9 @@ from torch import Tensor, nn
 
 from training.config import DFlashConfig
 from training.data import Dataset
+from training.device import autocast
 from training.dflash.model import DFlashDrafter, position_weights
-from training.loop import _all_reduce, precision
+from training.distributed import all_reduce
 from training.packing import PackedBatch
 
 
@@ -77,10 +78,10 @@ def forward_backward(model: nn.Module, batch: PackedBatch, cfg: DFlashConfig,
     Returns, per block offset 1..block_size - 1, its positions' losses and their count
     over all ranks (the shape training/loop.py reports TTT steps in)."""
     device = batch.input_ids.device
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision(device) == "bf16"):
+    with autocast(device):
         out = model(batch, loss_chunk)
     local = out.counts
-    counts = _all_reduce([float(n) for n in local], device, world)
+    counts = all_reduce([float(n) for n in local], device, world)
     norm = _weighted_count(counts, cfg, training)
     # Each rank's share of the global mean; DDP averages gradients over ranks.
     (out.total * (world / max(norm, 1e-12))).backward()
