@@ -21,7 +21,7 @@ import pytest
 
 from tests.training.test_checkpoint import ROOT, env, events, wait_for
 from training import checkpoint, durable
-from training.contract import WRITING_MARKER
+from training.contract import WRITER_NAME, WRITING_MARKER
 
 RUN = ["train", "--synthetic", "--steps", "5000", "--max-seq-len", "128", "--ttt-steps", "2",
        "--save-every", "25"]
@@ -52,6 +52,24 @@ def writer_pid(ckpt: Path) -> int | None:
         return json.loads((ckpt / WRITING_MARKER).read_text())["pid"]
     except (OSError, ValueError):
         return None
+
+
+def signal_writer(pid: int, sig: int) -> bool:
+    """Signal checkpoint writer `pid`, only if that pid is still a checkpoint writer (a pid
+    reused since the marker was read would be some other process); whether it was sent."""
+    try:
+        handle = os.pidfd_open(pid)  # from here on, this very process or nothing
+    except ProcessLookupError:
+        return False
+    try:
+        if Path(f"/proc/{pid}/comm").read_text().strip() != WRITER_NAME:
+            return False
+        signal.pidfd_send_signal(handle, sig)
+        return True
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    finally:
+        os.close(handle)
 
 
 def staged_step(run_dir: Path) -> int | None:
@@ -93,10 +111,8 @@ def test_the_trainer_exits_before_its_checkpoint_is_durable_and_resume_waits_for
         proc.send_signal(signal.SIGTERM)
         assert wait_for(lambda: writer_pid(ckpt) is not None, 30, poll=0.0002)
         writer = writer_pid(ckpt)
-        try:
-            os.kill(writer, signal.SIGSTOP)
-        except ProcessLookupError:
-            pass  # done already (a small state is written in milliseconds): not caught, below
+        # Not sent: done already (a small state is written in milliseconds): not caught, below.
+        signal_writer(writer, signal.SIGSTOP)
         try:
             # the trainer exits, its writer stopped
             assert proc.wait(timeout=30) == 0, said(proc)
@@ -117,10 +133,7 @@ def test_the_trainer_exits_before_its_checkpoint_is_durable_and_resume_waits_for
             time.sleep(1.0)
             assert len(events(run_dir)) == before  # it reads nothing while the writer writes
         finally:
-            try:
-                os.kill(writer, signal.SIGCONT)
-            except ProcessLookupError:  # killed by its trainer, not ready in time
-                pass
+            signal_writer(writer, signal.SIGCONT)  # not sent: its trainer killed it, not ready in time
         # The writer finishes; the waiting resume then takes its checkpoint.
         assert wait_for(lambda: len(events(run_dir)) > before + 2, 60), events(run_dir)[before:]
         resumed = [e for e in events(run_dir)[before:] if e["event"] != "checkpoint"]
@@ -149,13 +162,8 @@ def test_kill_9_of_the_trainer_while_staging_or_of_the_writer_mid_write_leaves_w
             assert wait_for(lambda: writer_pid(ckpt) is not None, 30, poll=0.0002)
             writer = writer_pid(ckpt)
             time.sleep(rng.uniform(0, 0.01))
-            # Read once, before the pause: a marker gone meanwhile gave `0`, and kill(0)
-            # signals this whole process group, the test runner with it.
-            if writer is not None:
-                try:
-                    os.kill(writer, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass  # done already: this trial's write was not cut
+            if writer is not None:  # None: done already, this trial's write not cut (nor if not sent)
+                signal_writer(writer, signal.SIGKILL)
             proc.wait(timeout=30)
         else:  # the trainer, from its stop to its hand-over
             time.sleep(rng.uniform(0, 0.05))
