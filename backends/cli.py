@@ -22,6 +22,7 @@ from backends.deliver import Delivery, Sent
 from backends.ship import ShipError
 from backends.hosts import Host, HostError
 from backends.logparse import Progress
+from backends.relaunch import relaunch
 from backends.runs.status import describe
 from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, RUN_ID_EXAMPLE, UsageError
 
@@ -160,9 +161,8 @@ def _check_nodes(args, config: Config, hosts: dict[str, Host]) -> None:
 
 
 async def _delivered(host: Host, delivery: Delivery, trainer: bool) -> Sent:
-    """The code sent and put in place before a launch (nothing was stopped for it); a
-    command other than the trainer takes its synced directories only."""
-    sent = await (delivery if trainer else delivery.without_package()).send(host)
+    """The code sent and put in place before a launch (nothing was stopped for it)."""
+    sent = await delivery.send_for(host, trainer=trainer)
     await sent.put_in_place(host)
     return sent
 
@@ -388,19 +388,9 @@ async def _run(args) -> tuple[object, str, list[str]]:
             grace = args.grace if args.grace is not None else config.defaults.grace_s
             report = await kill.kill_run(host, target, grace_s=grace, smi=entry.nvidia_smi, hosts=hosts, smis=smis)
             return report.to_json(), _show_kill(report), []
-        parent = await runs.read_manifest(host, args.run)
-        sent = None
-        if len(parent.get("nodes") or []) > 1:
-            if args.resume:
-                raise UsageError("trackside relaunch: --resume: a multi-node run's checkpoint is on one node only")
-            if args.ship:
-                raise UsageError("trackside relaunch: --ship is for a run on one host: this one spans several")
-            info = await nodes.relaunch_nodes(hosts, host, args.run, args.changes, train_commands=train_commands)
-        else:
-            if _ships(args, entry):
-                trainer = runs.train_args_start(parent["argv"], entry.train_command) is not None
-                sent = await _delivered(host, Delivery.of_manifest(parent) or entry.delivery(), trainer)
-            info = await runs.relaunch(host, args.run, args.changes, args.resume, train_command=entry.train_command, sent=sent)
+        ship = entry.delivery() if _ships(args, entry) else None
+        info, sent = await relaunch(hosts, host, args.run, args.changes, args.resume, train_commands=train_commands,
+                                    ship=ship, ship_asked=bool(args.ship))  # fmt: skip
         doc = _launched(info, relaunch=True, sent=sent)
         return doc, _show_launched(doc, info.judged, sent), []
     finally:

@@ -64,6 +64,11 @@ class Delivery:
                 found.append((f"{entry.source} → {host.name}:{compared.to}", compared.changes))
         return found
 
+    async def send_for(self, host: Host, *, trainer: bool) -> Sent:
+        """Sent for a command: the trainer takes the package and the directories, another
+        program its directories only."""
+        return await (self if trainer else self.without_package()).send(host)
+
     async def send(self, host: Host) -> Sent:
         """Everything on the host and checked, nothing yet in a place a run uses."""
         shipped = await ship.ship(host, self.package, self.python) if self.package is not None else None

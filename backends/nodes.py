@@ -34,6 +34,7 @@ from backends.alerts import Alert
 from backends.hosts import Host, HostError
 from backends.runs import (
     STARTUP_S,
+    Launched,
     NodeInfo,
     RunError,
     RunInfo,
@@ -126,7 +127,7 @@ async def launch_nodes(
     session: str | None = None,
     rdzv_host: str | None = None,
     startup_s: float = STARTUP_S,
-) -> RunInfo:
+) -> Launched:
     """Start the trainer argv on every host as one torchrun job: one run id, the same
     params and parent on every node. The listing entry of node 0, with every node.
 
@@ -177,8 +178,8 @@ async def relaunch_nodes(
     run_id: str,
     changes: dict,
     *,
-    train_commands: Mapping[str, Sequence[str]] | None = None,
-) -> RunInfo:
+    train_commands: Mapping[str, Sequence[str] | None] | None = None,
+) -> Launched:
     """A multi-node run (read on `host`, one of its nodes) launched again on the same
     hosts with changed params, its parent named: what the dashboard's `r` calls for a run
     whose listing has `nodes`. Resuming is not offered: the checkpoint lives on the node

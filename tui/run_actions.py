@@ -13,10 +13,11 @@ import time
 from rich.text import Text
 from textual.app import SuspendNotSupported
 
-from backends import attach, kill, nodes, runs
+from backends import attach, kill, runs
 from backends.alerts import kill_alert
 from backends.deliver import Delivery, Sent
 from backends.hosts import Host, HostError
+from backends.relaunch import relaunch
 from tui.guard import Guarded
 from tui.state import RunState, run_key
 
@@ -213,25 +214,19 @@ class RunActions(Guarded):
         described = ", ".join(f"{k}={v}" for k, v in changes.items()) or "unchanged parameters"
         self.notify(f"relaunching {run.key} with {described}…", timeout=3)
         try:
-            if sent is not None:
-                await sent.put_in_place(watched.host)
-            if len(run.info.nodes) > 1:  # every node again, together: one alone would wait for the rest
-                info = await nodes.relaunch_nodes(
-                    {name: w.host for name, w in self.watched.items()}, watched.host, run.info.run_id, changes,
-                    train_commands={name: w.train_command for name, w in self.watched.items()},
-                )  # fmt: skip
-            else:
-                # Shown as soon as its session exists, reading `starting` while it loads;
-                # the launch returns once its start is judged.
-                info = await runs.relaunch(watched.host, run.info.run_id, changes, train_command=watched.train_command,
-                                           on_started=lambda started: self._show_relaunched(run, started), sent=sent)  # fmt: skip
+            # A run on one host is shown as soon as its session exists, reading `starting`
+            # while it loads; the launch returns once its start is judged.
+            info, _ = await relaunch(
+                {name: w.host for name, w in self.watched.items()}, watched.host, run.info.run_id, changes,
+                train_commands={name: w.train_command for name, w in self.watched.items()}, sent=sent,
+                on_started=lambda started: self._show_relaunched(run, started),
+            )  # fmt: skip
         except Exception as error:
             self.notify(f"could not relaunch {run.key}: {error}", severity="error", timeout=10)
             return
         new = self._show_relaunched(run, info)
         self.pending.pop(run.key, None)
-        judged = getattr(info, "judged", "")  # a single run's launch says how its start was judged
-        self.notify(f"relaunched as {new.key}" + (f": {judged}" if judged else ""), title="relaunch")
+        self.notify(f"relaunched as {new.key}" + (f": {info.judged}" if info.judged else ""), title="relaunch")
 
     def _show_relaunched(self, run: RunState, info) -> RunState:
         """The relaunched run, adopted; the screen that showed its parent shows it."""

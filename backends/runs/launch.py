@@ -284,7 +284,7 @@ async def _last_lines(host: Host, session: str) -> list[str]:
 
 
 async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False, *, train_command: Sequence[str] | None = None,
-                   on_started: Callable[[RunInfo], None] | None = None, sent: Sent | None = None) -> RunInfo:
+                   on_started: Callable[[RunInfo], None] | None = None, sent: Sent | None = None) -> Launched:
     """The parent's argv with changed params, in a new run dir linked to its parent.
 
     With `resume`, the new run starts from the parent's latest checkpoint (the trainer's

@@ -1,0 +1,58 @@
+"""One relaunch for any run: backends.relaunch reads the run's manifest and relaunches one
+run on its host or every node of a multi-node run, so the CLI and the dashboard never
+decide it themselves."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from backends import runs
+from backends.deliver import Delivery
+from backends.hosts import LocalHost
+from backends.relaunch import relaunch
+from backends.runs.rundir import write_manifest
+from training.contract import UsageError, new_run_id
+from tests.backends.test_runs import tmux_dir  # noqa: F401  (a tmux server of the test's own)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def host(tmux_dir, runs_root):  # noqa: F811
+    return LocalHost(runs_root=runs_root)
+
+
+async def test_a_run_on_one_host_is_relaunched_there_with_its_parent_named(host):
+    parent = await runs.launch(host, ["sleep", "30"])
+    child, sent = await relaunch({host.name: host}, host, parent.run_id, {})
+    assert sent is None and child.parent == parent.run_id and child.host == host.name
+    assert (await runs.read_manifest(host, child.run_id))["argv"] == ["sleep", "30"]
+    assert child.judged  # how its start was judged, as a launch says
+
+
+async def test_a_multi_node_run_goes_to_every_node_and_refuses_what_one_node_cannot_take(host):
+    run_id = new_run_id()
+    directory = await runs.run_dir(host, run_id)
+    nodes = [{"host": name, "session": f"s-{i}", "run_dir": directory} for i, name in enumerate(["gpu1", "gpu2"])]
+    await write_manifest(host, {"run_id": run_id, "run_dir": directory, "argv": ["trackside", "train"], "params": {},
+                                "nodes": nodes, "node": 0, "nproc_per_node": 1, "rdzv_endpoint": "10.0.0.1:29500"})  # fmt: skip
+    with pytest.raises(UsageError, match="--resume: a multi-node run's checkpoint is on one node only"):
+        await relaunch({host.name: host}, host, run_id, {}, resume=True)
+    with pytest.raises(UsageError, match="--ship is for a run on one host"):
+        await relaunch({host.name: host}, host, run_id, {}, ship=Delivery(), ship_asked=True)
+    # Taken to its nodes, which are not hosts here: nothing is launched anywhere.
+    with pytest.raises(runs.RunError, match="has nodes on gpu1, gpu2, not hosts of the config"):
+        await relaunch({host.name: host}, host, run_id, {})
+    assert sorted(p.name for p in Path(host.runs_root).iterdir()) == [run_id]
+
+
+def test_only_backends_relaunch_chooses_between_one_node_and_many():
+    callers = {
+        str(path.relative_to(ROOT))
+        for package in ("tui", "backends") for path in (ROOT / package).rglob("*.py")
+        if re.search(r"(?<!def )\b(?:runs\.relaunch|relaunch_nodes)\(", path.read_text(encoding="utf-8"))
+    }  # fmt: skip
+    assert callers == {"backends/relaunch.py"}
