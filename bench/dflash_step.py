@@ -96,10 +96,10 @@ def verifier_weights(spec: dict, device: torch.device) -> tuple[torch.Tensor, to
 
 
 def trackside_step(spec: dict, row: dict, device: torch.device):
-    from training import loop
-    from training.dflash import run
     from training.dflash.loss import verifier_tokens
     from training.dflash.model import DFlashDrafter
+    from training.drafters import dflash as run
+    from training.optimizer import make_optimizer, optimizer_step
     from training.packing import PackedBatch
 
     if spec.get("loss_pass") == "eager":  # the A/B against the Triton pass, and the story's
@@ -114,7 +114,7 @@ def trackside_step(spec: dict, row: dict, device: torch.device):
     drafter.load_verifier(*verifier_weights(spec, device))
     model = run.DFlashStep(drafter, training, layers, (0, 1)).to(device)
     params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = loop.make_optimizer(params, LR, device)
+    optimizer = make_optimizer(params, LR, device)
     batch = PackedBatch(row["input_ids"], row["position_ids"], row["doc_ids"], row["loss_mask"],
                         row["aux_hidden"], row["final_hidden"], num_samples=row["num_samples"],
                         num_truncated=0, pad_tokens=0)
@@ -128,7 +128,7 @@ def trackside_step(spec: dict, row: dict, device: torch.device):
     def step() -> float:
         per_offset, counts = run.forward_backward(model, batch, cfg, training,
                                                   spec["loss_chunk"])
-        loop.optimizer_step(optimizer, params, 1.0)
+        optimizer_step(optimizer, params, 1.0)
         total = torch.stack([o.losses.sum() for o in per_offset]).sum()
         return float(total) / max(sum(counts), 1)
     return step

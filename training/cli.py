@@ -135,7 +135,7 @@ def _flag(dest: str) -> str:
 
 def _dflash_config(args, dataset, max_seq_len: int):
     from training.config import DFLASH_PRESETS, DFLASH_TRAINING_PRESETS, DFlashConfig
-    from training.dflash.run import DFlashTraining
+    from training.drafters.dflash import DFlashTraining
 
     if args.model_config is not None:
         try:
@@ -282,7 +282,8 @@ def train_main(argv: list[str]) -> int:
 
 def _train(args, device: str, argv: list[str]) -> int:
     from training.data import Dataset, DatasetError
-    from training.loop import ResumeError, TrainConfig, train
+    from training.loop import TrainConfig, train
+    from training.resume import ResumeError
 
     run_dir = _run_dir(args, device)
     if args.synthetic:

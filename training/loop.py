@@ -1,16 +1,13 @@
-"""The training loop, top to bottom: set-up, resume, steps, checkpoints, the end.
+"""The training loop, top to bottom: set-up, resume, steps, checkpoints, the end; the same
+for both drafters, whose own parts (building one, its step's forward and backward, its
+step fields) are training/drafters/.
 
-One process per GPU under torchrun (gloo on CPU, NCCL on CUDA), or one process alone.
-Each rank trains on its slice of the global batch; the loss is normalised by the global
-count of scored positions per TTT step, so N ranks compute exactly what one process with
-the whole global batch would. `sharding` says how ranks hold the drafter: "ddp" replicates
-it (DistributedDataParallel), "fsdp" shards its trained parameters, their gradients and
-AdamW state over the ranks (FSDP2's fully_shard, `shard`). Rank 0 writes metrics and
+One process per GPU under torchrun, or one process alone (training/distributed.py). Each
+rank trains on its slice of the global batch; the loss is normalised by the global count
+of scored positions per TTT step (DFlash: per block offset), so N ranks compute exactly
+what one process with the whole global batch would. Rank 0 writes metrics and
 checkpoints; a checkpoint holds the whole drafter and its optimizer state by parameter
-name, gathered from every rank, so it resumes at any world size and either sharding. The
-step itself
-(make_optimizer, forward_backward, optimizer_step) is also what `trackside fit --probe`
-measures.
+name, gathered from every rank, so it resumes at any world size and either sharding.
 
 Exit codes: 0 done or stopped by SIGTERM/SIGINT (after a checkpoint), 3 CUDA out of memory
 (placing the model, resuming or in a step).
@@ -18,35 +15,31 @@ Exit codes: 0 done or stopped by SIGTERM/SIGINT (after a checkpoint), 3 CUDA out
 from __future__ import annotations
 
 import dataclasses
-import math
-import random
 import re
-import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from training import checkpoint, contract, durable
 from training.config import DFlashConfig, DrafterConfig
 from training.contract import EXIT_OK, EXIT_OOM
-from training.data import Dataset, Loader, Position
-from training.device import autocast, peak_mem_gib, precision
+from training.data import Dataset, Loader
+from training.device import peak_mem_gib, precision
 from training.distributed import (all_reduce, gather_state, join_processes, leave_processes,
-                                  live_state, restore_state, spread)
+                                  live_state, spread)
+from training.drafters import Drafter
+from training.drafters.dflash import DFlash, DFlashTraining
+from training.drafters.eagle3 import Eagle3
 from training.metrics import MetricsWriter
 from training.mirror import Mirror
-from training.model import Eagle3Drafter, StepLoss
-from training.packing import PackedBatch
-from training.vocab import build_draft_vocab
+from training.optimizer import make_optimizer, optimizer_step, warmup_cosine
+from training.resume import ResumeError, resume, rng_state
+from training.stop import StopRequest
 
-if TYPE_CHECKING:
-    from training.dflash.run import DFlashTraining
 
 @dataclass
 class TrainConfig:
@@ -84,92 +77,12 @@ class TrainConfig:
         return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}
 
 
-class ResumeError(ValueError):
-    """The checkpoint to resume does not fit the run as now configured."""
-
-
-class Unroll(nn.Module):
-    """The drafter's per-step losses as a forward(), so DDP and FSDP see the call they
-    sync; `step_losses` reads them back. Plain tensors: FSDP hooks its gradient
-    reduction on the outputs it finds, and torch 2.11's looks for them by pytree, which
-    does not look inside a StepLoss (2.13's does): the reduction never ran and every
-    sharded parameter's gradient was None after backward (H200, one process)."""
-
-    def __init__(self, drafter: Eagle3Drafter):
-        super().__init__()
-        self.drafter = drafter
-
-    def forward(self, batch: PackedBatch, ttt_steps: int, loss_chunk: int,
-                checkpoint: int = 0) -> tuple[torch.Tensor, ...]:
-        return tuple(t for s in self.drafter.step_losses(batch, ttt_steps, loss_chunk,
-                                                         checkpoint)
-                     for t in (s.total, s.losses, s.agree, s.index))
-
-    @staticmethod
-    def step_losses(outputs: tuple[torch.Tensor, ...]) -> list[StepLoss]:
-        return [StepLoss(*outputs[i:i + 4]) for i in range(0, len(outputs), 4)]
-
-
-class _StopRequest:
-    """SIGTERM / SIGINT ask for a clean stop after the current step.
-
-    Once a stop is under way (this rank was asked, or another rank was and the step's
-    all-reduce said so), SIGTERM is ignored until the process exits: torchrun's agent and
-    a kill that signals every node send it again while the rank saves, writes its end
-    event and leaves the process group, and its default action then would kill the rank
-    mid-exit (ignored, it does not interrupt a system call either). SIGKILL remains the
-    hard stop; SIGINT gets its handler back, so a second Ctrl-C at the terminal still
-    interrupts."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self):
-        self.requested = False  # this process was signalled
-        self.requested_at: float | None = None  # time.monotonic() of the first signal
-        self._stopping = False
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
-
-    def _handle(self, signum, frame) -> None:
-        self.requested = True
-        self.requested_at = self.requested_at or time.monotonic()
-
-    def since(self) -> str:
-        """Seconds since this process was signalled, for the stop path's lines."""
-        return f"{time.monotonic() - self.requested_at:.2f} s after the signal" if self.requested_at else "(signalled elsewhere)"
-
-    def under_way(self) -> None:
-        """Every rank stops after this step."""
-        self._stopping = True
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            if sig == signal.SIGTERM and (self._stopping or self.requested):
-                handler = signal.SIG_IGN
-            signal.signal(sig, handler)
-
-
-def warmup_cosine(warmup: int, total: int, floor: float = 0.1):
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-    return factor
-
-
-def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+def drafter_of(cfg: TrainConfig) -> Drafter:
+    """The drafter cfg trains: DFlash where cfg.dflash is set, else EAGLE-3."""
+    if cfg.dflash is None:
+        return Eagle3(cfg.drafter, cfg.ttt_steps, cfg.ttt_decay, cfg.checkpoint_ttt,
+                      cfg.freeze_lm_head)
+    return DFlash(cfg.drafter, cfg.dflash)
 
 
 def _tried_gib(error: Exception) -> float | None:
@@ -179,69 +92,10 @@ def _tried_gib(error: Exception) -> float | None:
     return float(m.group(1)) / {"GiB": 1, "MiB": 1024, "KiB": 1024**2}[m.group(2)]
 
 
-def _folds_clip(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether optimizer takes GradScaler's grad_scale (torch's fused Adam and AdamW; a
-    private attribute, so its absence means the plain clip, never no clip)."""
-    return (getattr(optimizer, "_step_supports_amp_scaling", False)
-            and hasattr(torch.nn.utils, "get_total_norm"))  # torch >= 2.6
-
-
-def make_optimizer(params, lr: float, device: torch.device,
-                   weight_decay: float = 0.0) -> torch.optim.AdamW:
-    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay,
-                             fused=device.type == "cuda")
-
-
-# A training step is forward_backward then optimizer_step; two functions, because
-# `trackside fit --probe` measures the peak memory of each phase on its own.
-def forward_backward(model: nn.Module, batch: PackedBatch, ttt_steps: int, ttt_decay: float,
-                     loss_chunk: int, world: int = 1, checkpoint: int = 0
-                     ) -> tuple[list[StepLoss], list[float]]:
-    """Backward through Σ_k decay^k · (TTT step k's mean loss over the global batch).
-    Returns each TTT step's losses and its scored positions over all ranks."""
-    device = batch.input_ids.device
-    with autocast(device):
-        per_step = Unroll.step_losses(model(batch, ttt_steps, loss_chunk, checkpoint))
-    counts = all_reduce([float(s.losses.shape[0]) for s in per_step], device, world)
-    # Each rank's share of the global mean; DDP averages gradients over ranks.
-    loss = sum(ttt_decay ** k * s.total * (world / max(n, 1))
-               for k, (s, n) in enumerate(zip(per_step, counts)))
-    loss.backward()
-    return per_step, counts
-
-
-def optimizer_step(optimizer: torch.optim.Optimizer, params, grad_clip: float) -> torch.Tensor:
-    """Clip, step, drop the gradients; returns the norm before clipping."""
-    params = list(params)
-    grads = [p.grad for p in params if p.grad is not None]
-    # sharded gradients (DTensors) take clip_grad_norm_, which reduces the norm over ranks
-    if _folds_clip(optimizer) and not any(hasattr(g, "full_tensor") for g in grads):
-        grad_norm = torch.nn.utils.get_total_norm(grads)
-        # Fused AdamW divides every gradient by grad_scale as it reads them (the protocol
-        # torch.amp.GradScaler drives), so the clip costs no pass of its own over the
-        # gradients. clip_grad_norm_ scales by grad_clip / (norm + 1e-6) when below 1.
-        optimizer.grad_scale = ((grad_norm + 1e-6) / grad_clip).clamp(min=1.0)
-        try:
-            optimizer.step()
-        finally:
-            del optimizer.grad_scale
-    else:
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    # Sharded gradients give a DTensor norm, already reduced over the ranks: its value is
-    # the whole drafter's norm, as DDP's is.
-    return grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-
-
 def record_oom(metrics: MetricsWriter, cfg: TrainConfig, device: torch.device,
                error: torch.OutOfMemoryError) -> int:
     """The `oom` and `end` events and the message for an OOM; the exit code."""
-    if cfg.dflash is None:
-        params = {"ttt_steps": cfg.ttt_steps}
-    else:
-        params = {"ttt_steps": None, "block_size": cfg.drafter.block_size,
-                  "max_anchors": cfg.dflash.max_anchors}
+    params = drafter_of(cfg).oom_params()
     metrics.write(contract.OOM, max_seq_len=cfg.max_seq_len, **params,
                   tried_gib=_tried_gib(error), peak_mem_gib=peak_mem_gib(device))
     metrics.write(contract.END, status=contract.ENDED_OOM)
@@ -276,8 +130,7 @@ def train(cfg: TrainConfig) -> int:
                     world_size=world, pin_memory=device.type == "cuda")
     total_steps = cfg.steps or cfg.epochs * loader.steps_per_epoch
     warmup = max(1, min(100, total_steps // 10))
-    if cfg.dflash is None:  # DFlash drafts over the verifier's whole vocabulary
-        d2t, t2d = build_draft_vocab(dataset.token_counts(), cfg.drafter.draft_vocab_size)
+    drafting = drafter_of(cfg)
 
     metrics = MetricsWriter(cfg.run_dir / "metrics.jsonl" if rank == 0 else None)
     stop, batches, status = None, None, contract.COMPLETED
@@ -286,30 +139,8 @@ def train(cfg: TrainConfig) -> int:
     try:
         phase_done("data")
         # --- model, optimizer ---
-        # Built and filled on the device: initialising a 1B-parameter drafter on the CPU
-        # and copying it over took most of a relaunch's start-up.
-        if cfg.dflash is None:
-            with torch.device(device):
-                drafter = Eagle3Drafter(cfg.drafter)
-            # Handed over as read from disk: the drafter moves the embedding and only the
-            # head's draft-vocabulary rows (a quarter of it for llama3-8b) to the device.
-            verifier = dataset.verifier()
-            drafter.load_verifier(verifier["embed_tokens"], verifier["lm_head"], d2t, t2d)
-            del verifier
-            if cfg.freeze_lm_head:
-                drafter.freeze_lm_head()
-            unroll = Unroll(drafter)
-        else:
-            from training.dflash import run as dflash
-
-            drafter, unroll = dflash.build(cfg.drafter, cfg.dflash, dataset, device,
-                                           (rank, world))
-        # EAGLE-3's one layer is the root group's: it runs once per TTT step and
-        # model.py reads its down_proj weight before its forward (once per unroll),
-        # where a group of its own would not yet be gathered; and one layer is most of
-        # the drafter, gathered whole either way. DFlash's layers run once each.
-        unroll = spread(unroll, () if cfg.dflash is None else drafter.layers, cfg.sharding,
-                        device, world)
+        drafter, unroll = drafting.build(dataset, device, (rank, world))
+        unroll = spread(unroll, drafting.own_groups(drafter), cfg.sharding, device, world)
         # After sharding: fully_shard puts sharded parameters in the modules' place.
         trainable = {n: p for n, p in drafter.named_parameters() if p.requires_grad}
         optimizer = make_optimizer(trainable.values(), cfg.lr, device, cfg.weight_decay)
@@ -319,38 +150,9 @@ def train(cfg: TrainConfig) -> int:
         phase_done("model")
         # --- resume ---
         ckpt_root = cfg.run_dir / "checkpoints"
-        step, position = 0, Position()
         source = cfg.resume_from or (ckpt_root if cfg.resume else None)
-        if source is not None:  # after the start-up above, which overlaps a writer still writing
-            try:
-                durable.wait_for_writer(source, lambda said: rank == 0 and print(
-                    f"train: --resume: {said}", flush=True))
-            except durable.WriterBusy as busy:
-                raise ResumeError(str(busy)) from None
-        found = checkpoint.latest(source) if source is not None else None
-        if found is not None:
-            tensors, state, saved = checkpoint.load(found)
-            missing = set(trainable) - set(tensors)
-            if missing:
-                raise ResumeError(f"checkpoint {found} lacks {sorted(missing)[:3]}")
-            if saved.get("freeze_lm_head", False) != cfg.freeze_lm_head:
-                raise ResumeError(f"checkpoint {found} was trained with"
-                                  f"{'' if saved.get('freeze_lm_head') else 'out'} "
-                                  "--freeze-lm-head: resume it the same way")
-            # A sharded parameter's shape is its whole tensor's, as saved.
-            for n, p in trainable.items():
-                if tensors[n].shape != p.shape:
-                    raise ResumeError(f"checkpoint {found} does not fit this drafter: {n} "
-                                      f"is {tuple(tensors[n].shape)} there, "
-                                      f"{tuple(p.shape)} here")
-            restore_state(drafter, optimizer, {n: tensors[n] for n in trainable},
-                          checkpoint.optimizer_by_name(state["optimizer"], list(trainable)))
-            scheduler.load_state_dict(state["scheduler"])
-            step, position = state["step"], Position(**state["data"])
-            _set_rng_state(state["rng"])
-        elif source is not None and rank == 0:
-            print(f"train: --resume: no checkpoint in {source}: starting at step 0", flush=True)
-
+        step, position = resume(source, rank, drafter, trainable, optimizer, scheduler,
+                                cfg.freeze_lm_head)
         phase_done("resume")
         config = {**cfg.to_dict(), "total_steps": total_steps, "warmup_steps": warmup,
                   "global_batch_rows": cfg.batch_rows * world, "resumed_from_step": step,
@@ -367,7 +169,7 @@ def train(cfg: TrainConfig) -> int:
         last_saved = step
 
         def state(optimizer_state: dict) -> dict:
-            return {"step": step, "data": position.state_dict(), "rng": _rng_state(),
+            return {"step": step, "data": position.state_dict(), "rng": rng_state(),
                     "optimizer": optimizer_state, "scheduler": scheduler.state_dict()}
 
         # A stop's release-first save copies into this, built after the first step
@@ -416,7 +218,7 @@ def train(cfg: TrainConfig) -> int:
                         "num_layers": dataset.info["num_layers"],
                         "max_seq_len": cfg.max_seq_len, "ttt_steps": cfg.ttt_steps,
                         "freeze_lm_head": cfg.freeze_lm_head,
-                        **({} if cfg.dflash is None else {"dflash": cfg.to_dict()["dflash"]})},
+                        **drafting.checkpoint_extras()},
                         ram=release_first)
                     del weights, optimizer_state, files
                     stage_s = time.perf_counter() - started
@@ -439,18 +241,13 @@ def train(cfg: TrainConfig) -> int:
                 dist.barrier()
 
         # --- the steps ---
-        stop, batches = _StopRequest(), loader.iterate(position)
+        stop, batches = StopRequest(), loader.iterate(position)
         while step < total_steps:
             started = time.perf_counter()
             batch, epoch, next_position = next(batches)
             batch = batch.to(device, non_blocking=True)
-            if cfg.dflash is None:
-                per_step, counts = forward_backward(unroll, batch, cfg.ttt_steps,
-                                                    cfg.ttt_decay, cfg.loss_chunk, world,
-                                                    cfg.checkpoint_ttt)
-            else:  # per block offset where EAGLE-3 has per TTT step
-                per_step, counts = dflash.forward_backward(unroll, batch, cfg.drafter,
-                                                           cfg.dflash, cfg.loss_chunk, world)
+            # Positions are scored in units: TTT steps (EAGLE-3), block offsets (DFlash).
+            scored, counts = drafting.forward_backward(unroll, batch, cfg.loss_chunk, world)
             grad_norm = optimizer_step(optimizer, trainable.values(), cfg.grad_clip)
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
@@ -460,28 +257,24 @@ def train(cfg: TrainConfig) -> int:
             # Each rank's peak in its own slot: the same all-reduce gathers them all.
             peaks = [0.0] * world
             peaks[rank] = peak_mem_gib(device)
-            # Every step's loss and agreement sums in one read from the device, not 2K
-            per_step_sums = torch.stack([s.losses.sum().double() for s in per_step]
-                                        + [s.agree.sum().double() for s in per_step]).tolist()
+            # Every unit's loss and agreement sums in one read from the device, not 2K
+            unit_sums = torch.stack([s.losses.sum().double() for s in scored]
+                                    + [s.agree.sum().double() for s in scored]).tolist()
             sums = all_reduce(
-                per_step_sums
+                unit_sums
                 + [tokens, batch.num_samples, batch.pad_tokens, float(stop.requested)]
                 + peaks,
                 device, world)
             peaks, stop_requested = sums[-world:], sums[-world - 1]
-            K = len(per_step)
-            loss_ttt = [sums[k] / max(counts[k], 1) for k in range(K)]
-            acc_ttt = [sums[K + k] / max(counts[k], 1) for k in range(K)]
-            if cfg.dflash is None:
-                losses = dict(loss=sum(cfg.ttt_decay ** k * v for k, v in enumerate(loss_ttt)),
-                              loss_ttt=loss_ttt, acc_ttt=acc_ttt)
-            else:
-                losses = dflash.step_fields(loss_ttt, acc_ttt, counts, cfg.drafter, cfg.dflash)
+            K = len(scored)
+            unit_loss = [sums[k] / max(counts[k], 1) for k in range(K)]
+            unit_acc = [sums[K + k] / max(counts[k], 1) for k in range(K)]
+            fields = drafting.step_fields(unit_loss, unit_acc, counts)
             tokens, samples, pad = sums[2 * K:2 * K + 3]
             rows = cfg.batch_rows * world
             elapsed = time.perf_counter() - started
             record = dict(
-                step=step, epoch=epoch, **losses, lr=lr, grad_norm=grad_norm.item(),
+                step=step, epoch=epoch, **fields, lr=lr, grad_norm=grad_norm.item(),
                 tokens=int(tokens), tokens_per_s=tokens / elapsed,
                 samples_per_row=samples / rows, pad_frac=pad / (rows * cfg.max_seq_len),
                 peak_mem_gib=peaks[0])
@@ -490,7 +283,7 @@ def train(cfg: TrainConfig) -> int:
             metrics.write(contract.STEP, **record)
             if rank == 0:
                 print(f"step={step} epoch={epoch} loss={record['loss']:.4f} "
-                      f"acc_0={acc_ttt[0]:.3f} lr={lr:.3e} grad_norm={record['grad_norm']:.3f} "
+                      f"acc_0={unit_acc[0]:.3f} lr={lr:.3e} grad_norm={record['grad_norm']:.3f} "
                       f"tokens_per_s={record['tokens_per_s']:.0f} "
                       f"peak_mem_gib={record['peak_mem_gib']:.2f}", flush=True)
             if stop_requested > 0:  # any rank was asked to stop

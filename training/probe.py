@@ -18,7 +18,9 @@ import torch
 from training import loop, memory
 from training.config import DrafterConfig
 from training.device import precision, use_cuda_allocator_settings
+from training.drafters.eagle3 import Unroll, forward_backward
 from training.memory import Calibration, GiB, Measurement, StepShape
+from training.optimizer import make_optimizer, optimizer_step
 from training.model import Eagle3Drafter, StepLoss
 from training.packing import PackedBatch
 
@@ -91,20 +93,20 @@ class Trainer:
                                        torch.arange(D), torch.arange(V) < D)
         if freeze_lm_head:
             self.drafter.freeze_lm_head()
-        self.model = loop.Unroll(self.drafter)
+        self.model = Unroll(self.drafter)
         self.params = [p for p in self.drafter.parameters() if p.requires_grad]
-        self.optimizer = loop.make_optimizer(self.params, loop.TrainConfig.lr, device)
+        self.optimizer = make_optimizer(self.params, loop.TrainConfig.lr, device)
         self.precision = precision(device)
         self.dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
 
     def forward_backward(self, batch: PackedBatch, ttt_steps: int,
                          loss_chunk: int) -> list[StepLoss]:
-        per_step, _ = loop.forward_backward(self.model, batch, ttt_steps, self.ttt_decay,
+        per_step, _ = forward_backward(self.model, batch, ttt_steps, self.ttt_decay,
                                             loss_chunk, checkpoint=self.checkpoint_ttt)
         return per_step
 
     def optimizer_step(self) -> None:
-        loop.optimizer_step(self.optimizer, self.params, loop.TrainConfig.grad_clip)
+        optimizer_step(self.optimizer, self.params, loop.TrainConfig.grad_clip)
 
     def measure(self, max_seq_len: int, ttt_steps: int, *, batch_rows: int = 1,
                 loss_chunk: int = 2048, steps: int = 2) -> StepPeak:

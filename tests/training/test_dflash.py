@@ -23,7 +23,7 @@ from training.dflash.anchors import sample_anchors, valid_anchors
 from training.dflash.loss import block_loss, verifier_tokens
 from training.dflash.mask import BlockLayout, block_attention
 from training.dflash.model import DFlashDrafter
-from training.dflash.run import DFlashTraining, step_fields
+from training.drafters.dflash import DFlashTraining, step_fields
 from training.loop import EXIT_OOM, TrainConfig, record_oom
 from training.metrics import MetricsWriter
 from training.packing import collate

@@ -27,7 +27,7 @@ from training import checkpoint
 from training.cli import main
 from training.config import DFLASH_PRESETS, PRESETS
 from training.dflash.model import DFlashDrafter
-from training.loop import make_optimizer
+from training.optimizer import make_optimizer
 from training.memory import dflash as dflash_memory
 from training.model import Eagle3Drafter
 

@@ -17,9 +17,9 @@ from training.checkpoint import latest
 from training.config import PRESETS
 from training.data import Dataset, Loader, Position
 from training.export import export_drafter
-from training.loop import (EXIT_OOM, TrainConfig, _tried_gib, optimizer_step, record_oom,
-                           train)
+from training.loop import EXIT_OOM, TrainConfig, _tried_gib, record_oom, train
 from training.metrics import EVENT_FIELDS, MetricsWriter
+from training.optimizer import optimizer_step
 from training.synthetic import synthetic_dataset
 
 ROOT = Path(__file__).resolve().parents[2]

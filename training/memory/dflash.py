@@ -72,7 +72,7 @@ def parameter_counts(cfg: DFlashConfig) -> dict[str, int]:
 
 
 def gathered_parameters(cfg: DFlashConfig) -> int:
-    """Under FSDP (training/loop.shard), the parameters whole at once: FSDP's root group
+    """Under FSDP (training/distributed.shard), the parameters whole at once: FSDP's root group
     (fc and the norms around the layers) for the whole step, and two layers — the one
     running and the next, whose gather FSDP2 issues early to overlap it, in forward and
     in backward."""

@@ -9,7 +9,7 @@ from training.memory.calibrate import Calibration
 from training.memory.terms import FP32, GROUPS, GiB, StepShape, analytic_phases, optimizer_phase
 
 # What the caching allocator holds beyond the allocated peak, with the trainer's expandable
-# segments (loop.use_cuda_allocator_settings): recorded H200 steps of 8K-32K tokens held
+# segments (device.use_cuda_allocator_settings): recorded H200 steps of 8K-32K tokens held
 # 0.8-1.9 % more reserved than allocated (without them, 6.3-9.1 %). A probe's small steps
 # give their slack as an absolute amount (Calibration.reserved_slack), not as a ratio to
 # extrapolate to the large steps that decide a fit.

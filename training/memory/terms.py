@@ -62,7 +62,7 @@ def trained_state(trainable: int, gathered: int, world_size: int, sharding: str
     """What one rank holds of the trained parameters through a step, either drafter.
 
     DDP: the fp32 weights and AdamW's two fp32 moments whole, and at a world size above
-    one its gradient buckets beside .grad. FSDP (training/loop.shard): a 1/world_size
+    one its gradient buckets beside .grad. FSDP (training/distributed.shard): a 1/world_size
     shard of the weights and moments, and `gathered` parameters whole at once, in fp32
     (autocast casts them, as under DDP), from their group's forward to its backward —
     at a world size of one too: FSDP2 gathers into buffers of its own even then."""
@@ -255,7 +255,7 @@ def analytic_phases(cfg: DrafterConfig, shape: StepShape
     """Each forward+backward phase's terms in bytes, grouped by how they grow."""
     counts = parameter_counts(cfg, shape.freeze_lm_head)
     p = counts["trainable"]
-    # EAGLE-3's one layer is in FSDP's root group (training/loop.py): every trained
+    # EAGLE-3's one layer is in FSDP's root group (training/drafters/eagle3.py): every trained
     # parameter is gathered for the whole step.
     state = {**trained_state(p, p, shape.world_size, shape.sharding),
              "frozen": frozen_bytes(cfg)}

@@ -1,7 +1,9 @@
 """The DFlash drafter inside the training loop (training/loop.py): its training knobs,
-building it on the verifier, one step's forward and backward, and its step fields."""
+building it on the verifier, one step's forward and backward, and its step fields (a loss
+and accuracy per block offset, and tau)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +14,7 @@ from training.data import Dataset
 from training.device import autocast
 from training.dflash.model import DFlashDrafter, position_weights
 from training.distributed import all_reduce
+from training.drafters import Drafter
 from training.packing import PackedBatch
 
 
@@ -25,7 +28,7 @@ class DFlashTraining:
 
 @dataclass
 class OffsetLoss:
-    """One block offset's scored positions, where training/loop.py reads a TTT step's."""
+    """One block offset's scored positions: DFlash's unit (training/drafters/)."""
     losses: Tensor  # [P] float32
     agree: Tensor  # [P] bool
 
@@ -55,16 +58,6 @@ class DFlashStep(nn.Module):
                             self.share)
 
 
-def build(cfg: DFlashConfig, training: DFlashTraining, dataset: Dataset,
-          device: torch.device, share: tuple[int, int]) -> tuple[DFlashDrafter, DFlashStep]:
-    # Built and filled on the device, as the EAGLE-3 drafter is.
-    with torch.device(device):
-        drafter = DFlashDrafter(cfg)
-    verifier = dataset.verifier()
-    drafter.load_verifier(verifier["embed_tokens"], verifier["lm_head"])
-    return drafter, DFlashStep(drafter, training, dataset.info["layers"], share).to(device)
-
-
 def _weighted_count(counts: list[float], cfg: DFlashConfig, training: DFlashTraining
                     ) -> float:
     """Σ over offsets of weight × scored positions: what the loss's sum is divided by."""
@@ -76,7 +69,7 @@ def forward_backward(model: nn.Module, batch: PackedBatch, cfg: DFlashConfig,
                      ) -> tuple[list[OffsetLoss], list[float]]:
     """Backward through the weighted mean loss over the global batch's scored positions.
     Returns, per block offset 1..block_size - 1, its positions' losses and their count
-    over all ranks (the shape training/loop.py reports TTT steps in)."""
+    over all ranks."""
     device = batch.input_ids.device
     with autocast(device):
         out = model(batch, loss_chunk)
@@ -103,3 +96,37 @@ def step_fields(loss_pos: list[float], acc_pos: list[float], counts: list[float]
         run *= acc
         tau += run
     return dict(loss=loss, loss_pos=loss_pos, acc_pos=acc_pos, tau=tau)
+
+
+class DFlash(Drafter):
+    def __init__(self, cfg: DFlashConfig, training: DFlashTraining):
+        self.cfg, self.training = cfg, training
+
+    def build(self, dataset: Dataset, device: torch.device, share: tuple[int, int]
+              ) -> tuple[DFlashDrafter, DFlashStep]:
+        # Built and filled on the device, as the EAGLE-3 drafter is.
+        with torch.device(device):
+            drafter = DFlashDrafter(self.cfg)
+        verifier = dataset.verifier()
+        drafter.load_verifier(verifier["embed_tokens"], verifier["lm_head"])
+        step = DFlashStep(drafter, self.training, dataset.info["layers"], share).to(device)
+        return drafter, step
+
+    def own_groups(self, drafter: DFlashDrafter) -> nn.ModuleList:
+        """Each draft layer: each runs once a step."""
+        return drafter.layers
+
+    def forward_backward(self, step: nn.Module, batch: PackedBatch, loss_chunk: int,
+                         world: int) -> tuple[list[OffsetLoss], list[float]]:
+        return forward_backward(step, batch, self.cfg, self.training, loss_chunk, world)
+
+    def step_fields(self, losses: list[float], accuracies: list[float], counts: list[float]
+                    ) -> dict:
+        return step_fields(losses, accuracies, counts, self.cfg, self.training)
+
+    def checkpoint_extras(self) -> dict:
+        return {"dflash": dataclasses.asdict(self.training)}
+
+    def oom_params(self) -> dict:
+        return {"ttt_steps": None, "block_size": self.cfg.block_size,
+                "max_anchors": self.training.max_anchors}

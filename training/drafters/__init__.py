@@ -1,0 +1,59 @@
+"""What the training loop asks of a drafter, so training/loop.py reads once for EAGLE-3
+(drafters/eagle3.py) and DFlash (drafters/dflash.py): build it on the verifier with the
+module a step runs, run a step's forward and backward, turn the step's sums into its event's
+fields, and say what its checkpoints and its `oom` event add.
+
+A step scores positions in units: EAGLE-3's are TTT steps, DFlash's block offsets. The loop
+sums each unit's losses and agreements over the ranks and hands the means to
+`step_fields`."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from training.data import Dataset
+from training.packing import PackedBatch
+
+
+class Scored(Protocol):
+    """One unit's scored positions on this rank."""
+    losses: Tensor  # [P] float32
+    agree: Tensor  # [P] bool: the drafter's top token is the target
+
+
+class Drafter(ABC):
+    @abstractmethod
+    def build(self, dataset: Dataset, device: torch.device, share: tuple[int, int]
+              ) -> tuple[nn.Module, nn.Module]:
+        """The drafter, built and filled on the device on the verifier's weights, and the
+        module a step runs: the one DDP wraps and FSDP's root group holds. `share`: this
+        process's (rank, world size)."""
+
+    def own_groups(self, drafter: nn.Module) -> Sequence[nn.Module]:
+        """The drafter's modules FSDP gathers as groups of their own; the rest is the
+        root group's."""
+        return ()
+
+    @abstractmethod
+    def forward_backward(self, step: nn.Module, batch: PackedBatch, loss_chunk: int,
+                         world: int) -> tuple[list[Scored], list[float]]:
+        """Backward through the step's loss over the global batch. Returns each unit's
+        scored positions on this rank and their count over all ranks."""
+
+    @abstractmethod
+    def step_fields(self, losses: list[float], accuracies: list[float], counts: list[float]
+                    ) -> dict:
+        """The step event's `loss` and the drafter's own fields, from each unit's mean
+        loss, accuracy and count over the global batch (training/metrics.py)."""
+
+    def checkpoint_extras(self) -> dict:
+        """What its checkpoints' config.json holds beside the run's."""
+        return {}
+
+    @abstractmethod
+    def oom_params(self) -> dict:
+        """The parameters an `oom` event names beside max_seq_len; None: not this drafter's."""

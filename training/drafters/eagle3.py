@@ -1,0 +1,100 @@
+"""The EAGLE-3 drafter inside the training loop (training/loop.py): building it on the
+verifier with its draft vocabulary, one step's unrolled forward and backward, and its step
+fields (a loss and accuracy per TTT step). `forward_backward` is also what
+`trackside fit --probe` measures (training/probe.py)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from training.config import DrafterConfig
+from training.data import Dataset
+from training.device import autocast
+from training.distributed import all_reduce
+from training.drafters import Drafter
+from training.model import Eagle3Drafter, StepLoss
+from training.packing import PackedBatch
+from training.vocab import build_draft_vocab
+
+
+class Unroll(nn.Module):
+    """The drafter's per-step losses as a forward(), so DDP and FSDP see the call they
+    sync; `step_losses` reads them back. Plain tensors: FSDP hooks its gradient
+    reduction on the outputs it finds, and torch 2.11's looks for them by pytree, which
+    does not look inside a StepLoss (2.13's does): the reduction never ran and every
+    sharded parameter's gradient was None after backward (H200, one process)."""
+
+    def __init__(self, drafter: Eagle3Drafter):
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, batch: PackedBatch, ttt_steps: int, loss_chunk: int,
+                checkpoint: int = 0) -> tuple[torch.Tensor, ...]:
+        return tuple(t for s in self.drafter.step_losses(batch, ttt_steps, loss_chunk,
+                                                         checkpoint)
+                     for t in (s.total, s.losses, s.agree, s.index))
+
+    @staticmethod
+    def step_losses(outputs: tuple[torch.Tensor, ...]) -> list[StepLoss]:
+        return [StepLoss(*outputs[i:i + 4]) for i in range(0, len(outputs), 4)]
+
+
+# A training step is forward_backward then optimizer_step (training/optimizer.py); two
+# functions, because `trackside fit --probe` measures the peak memory of each phase on its
+# own.
+def forward_backward(model: nn.Module, batch: PackedBatch, ttt_steps: int, ttt_decay: float,
+                     loss_chunk: int, world: int = 1, checkpoint: int = 0
+                     ) -> tuple[list[StepLoss], list[float]]:
+    """Backward through Σ_k decay^k · (TTT step k's mean loss over the global batch).
+    Returns each TTT step's losses and its scored positions over all ranks."""
+    device = batch.input_ids.device
+    with autocast(device):
+        per_step = Unroll.step_losses(model(batch, ttt_steps, loss_chunk, checkpoint))
+    counts = all_reduce([float(s.losses.shape[0]) for s in per_step], device, world)
+    # Each rank's share of the global mean; DDP averages gradients over ranks.
+    loss = sum(ttt_decay ** k * s.total * (world / max(n, 1))
+               for k, (s, n) in enumerate(zip(per_step, counts)))
+    loss.backward()
+    return per_step, counts
+
+
+class Eagle3(Drafter):
+    def __init__(self, cfg: DrafterConfig, ttt_steps: int, ttt_decay: float,
+                 checkpoint_ttt: int, freeze_lm_head: bool):
+        self.cfg, self.ttt_steps, self.ttt_decay = cfg, ttt_steps, ttt_decay
+        self.checkpoint_ttt, self.freeze_lm_head = checkpoint_ttt, freeze_lm_head
+
+    def build(self, dataset: Dataset, device: torch.device, share: tuple[int, int]
+              ) -> tuple[Eagle3Drafter, Unroll]:
+        d2t, t2d = build_draft_vocab(dataset.token_counts(), self.cfg.draft_vocab_size)
+        # Built and filled on the device: initialising a 1B-parameter drafter on the CPU
+        # and copying it over took most of a relaunch's start-up.
+        with torch.device(device):
+            drafter = Eagle3Drafter(self.cfg)
+        # Handed over as read from disk: the drafter moves the embedding and only the
+        # head's draft-vocabulary rows (a quarter of it for llama3-8b) to the device.
+        verifier = dataset.verifier()
+        drafter.load_verifier(verifier["embed_tokens"], verifier["lm_head"], d2t, t2d)
+        del verifier
+        if self.freeze_lm_head:
+            drafter.freeze_lm_head()
+        return drafter, Unroll(drafter)
+
+    # own_groups: none. Its one layer is the root group's: it runs once per TTT step and
+    # model.py reads its down_proj weight before its forward (once per unroll), where a
+    # group of its own would not yet be gathered; and one layer is most of the drafter,
+    # gathered whole either way.
+
+    def forward_backward(self, step: nn.Module, batch: PackedBatch, loss_chunk: int,
+                         world: int) -> tuple[list[StepLoss], list[float]]:
+        return forward_backward(step, batch, self.ttt_steps, self.ttt_decay, loss_chunk,
+                                world, self.checkpoint_ttt)
+
+    def step_fields(self, losses: list[float], accuracies: list[float], counts: list[float]
+                    ) -> dict:
+        """The loss the backward took (each TTT step's mean, decayed), loss_ttt, acc_ttt."""
+        return dict(loss=sum(self.ttt_decay ** k * v for k, v in enumerate(losses)),
+                    loss_ttt=losses, acc_ttt=accuracies)
+
+    def oom_params(self) -> dict:
+        return {"ttt_steps": self.ttt_steps}
