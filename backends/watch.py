@@ -1,4 +1,5 @@
-"""`trackside watch`: the dashboard's alerts without a UI (in its own tmux session, in cron).
+"""The dashboard's alerts without a UI (`trackside watch`, tui/commands/watch.py: in its
+own tmux session, in cron).
 
 Each poll lists every host's runs, reads its GPUs and the metrics tail of each run it
 watches, and applies backends.alerts' rules: each alert raised or cleared is one line on
@@ -7,25 +8,22 @@ stdout, and a raised one is handed to the `[alerts] command`.
 It is also where a multi-node run that lost a node has its other nodes stopped
 (backends.nodes.stop_orphans), named in a `node:` alert: the watcher is the supervisor
 that runs unattended and already acts on what it sees, while a listing (`trackside runs`,
-the dashboard's poll) must stay a read that never stops anything. Exit status: 0, or with
-`--once` 1 when any alert is up; 2 for a bad argument or config (naming the key).
+the dashboard's poll) must stay a read that never stops anything.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from backends import alerts, gpu, kill, logparse, nodes, runs
-from backends.config import ConfigError, load_config
 from backends.hosts import Host, HostError
-from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from training.contract import EXIT_FAILURE, EXIT_OK
 
 POLL_TIMEOUT_S = 20.0
+INTERVAL_S = 5.0  # between polls
 
 # The last lines of metrics.jsonl in each run dir given, each run after a record separator.
 _TAILS = 'n=$1; shift; for d; do printf "\\036%s\\n" "$d"; tail -n "$n" "$d/metrics.jsonl" 2>/dev/null; done'
@@ -115,7 +113,7 @@ async def watch(
     *,
     command: list[str] | None = None,
     timeout_s: float = alerts.COMMAND_TIMEOUT_S,
-    interval_s: float = 5.0,
+    interval_s: float = INTERVAL_S,
     grace_s: float = kill.GRACE_S,
     once: bool = False,
     say: Callable[[str], None] = print,
@@ -148,43 +146,3 @@ async def watch(
             await asyncio.gather(*sent)
             return EXIT_FAILURE if book.active else EXIT_OK
         await asyncio.sleep(interval_s)
-
-
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return value
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="trackside watch",
-        description="Print the dashboard's alerts as lines, and run the config's [alerts] command on each.",
-    )
-    parser.add_argument("--config", metavar="PATH", help="config file (default ~/.config/trackside/config.toml)")
-    parser.add_argument("--host", action="append", help="a host of the config file (repeatable; default: all)")
-    parser.add_argument("--once", action="store_true", help="poll once, print what is up, exit 1 if anything is")
-    parser.add_argument("--interval", type=_interval, default=5.0, metavar="S", help="seconds between polls (default 5)")
-    args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config)
-        entries = [config.host(name) for name in args.host] if args.host else config.hosts
-    except ConfigError as error:
-        print(f"trackside watch: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    made = config.make_hosts()
-    hosts = [Watched(made[entry.name], entry.nvidia_smi) for entry in entries]
-    book = alerts.AlertBook(rules=config.alert_rules)
-    settings = config.alerts
-    try:
-        return asyncio.run(
-            watch(hosts, book, command=settings["command"], timeout_s=settings["timeout_s"],
-                  interval_s=args.interval, grace_s=config.defaults.grace_s, once=args.once,
-                  say=lambda line: print(line, flush=True))
-        )  # fmt: skip
-    except KeyboardInterrupt:
-        return EXIT_OK

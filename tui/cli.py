@@ -1,4 +1,5 @@
-"""The `trackside` command: one entry point that hands each subcommand to its layer.
+"""The `trackside` command: one entry point that hands each subcommand to its module of
+tui/commands/, and `train|extract|fit` to the trainer's (training/cli.py).
 
 Imports are deferred so that `trackside train` on a GPU box needs torch only, and the
 headless commands never load textual.
@@ -15,7 +16,10 @@ from training.contract import EXIT_FAILURE
 TRAINING_COMMANDS = {"train", "extract", "fit"}
 # What the trainer's commands import, which the dashboard's install (no `train` extra) lacks.
 NEEDS = {"train": ("torch",), "extract": ("torch", "transformers", "safetensors")}
-BACKEND_COMMANDS = {"launch", "runs", "gpus", "kill", "relaunch"}
+# The headless commands, each its module of tui/commands/ (imported when asked for: the
+# headless ones never load textual).
+HEADLESS = {"launch", "runs", "gpus", "kill", "relaunch"}
+OWN_COMMANDS = {"plot", "watch", "serve"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,29 +35,19 @@ def main(argv: list[str] | None = None) -> int:
             from training.cli import main as training_main
 
             return training_main(argv)
-        if command == "plot":
-            from tui.plot import main as plot_main
+        if command in HEADLESS:
+            from tui.commands.headless import main as headless_main
 
-            return plot_main(argv[1:])
-        if command in BACKEND_COMMANDS:
-            from backends.cli import main as backends_main
-
-            return backends_main(argv)
-        if command == "watch":
-            from backends.watch import main as watch_main
-
-            return watch_main(argv[1:])
-        if command == "serve":
-            from tui.serve import main as serve_main
-
-            return serve_main(argv[1:])
+            return headless_main(argv)
+        if command in OWN_COMMANDS:
+            return importlib.import_module(f"tui.commands.{command}").main(argv[1:])
     except BrokenPipeError:
         # The reader went away (`trackside runs | head -1`): stop without a traceback, as
         # other command-line tools do; what is still buffered goes to /dev/null, so the
         # interpreter's exit does not fail on it again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILURE
-    from tui.app_cli import main as dashboard_main
+    from tui.commands.dashboard import main as dashboard_main
 
     return dashboard_main(argv)
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from backends import gpu, runs
-from backends.cli import _show_runs, main
 from tests.backends.test_kill import FAKE_SMI
 from tests.backends.test_runs import PY, eventually, fake_trainer, tmux_dir, written  # noqa: F401 (fixtures)
+from tui.commands.headless import main
+from tui.commands.runs import show_runs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -192,7 +193,7 @@ def test_the_installed_command_routes_here(config, tmp_path):
 def test_a_clean_stop_whose_launcher_exits_1_reads_as_a_clean_stop():
     stopped = runs.RunInfo("r1", "s1", "local", runs.RunPhase.EXITED, 1, end_status="stopped")
     failed = runs.RunInfo("r2", "s2", "local", runs.RunPhase.EXITED, 1, end_status="failed")
-    shown = _show_runs([stopped, failed])
+    shown = show_runs([stopped, failed])
     # The fleet's words: the trainer's own clean stop, the launcher's code a footnote.
     assert "stopped (launcher exit 1)" in shown and "failed (1)" in shown
 
@@ -203,7 +204,7 @@ def test_runs_shows_what_the_fleet_shows_of_a_run():
     dflash = runs.RunInfo("r1", "s1", "local", runs.RunPhase.RUNNING, last_step=240, last_loss=2.807,
                           tokens_per_s=37449.2, tau=2.5714, eta_s=27130.0, params={"max_anchors": 1024})
     eagle = runs.RunInfo("r2", "s2", "local", runs.RunPhase.EXITED, 0, last_step=9, tokens_per_s=812.0, eta_s=5.0)
-    header, first, second = _show_runs([dflash, eagle]).splitlines()
+    header, first, second = show_runs([dflash, eagle]).splitlines()
     at = header.index("TOK/S")  # the columns are aligned: read each row from there
     assert header[at:].split()[:3] == ["TOK/S", "τ", "ETA"]
     assert first[at:].split()[:3] == ["37,449", "2.57", "7h32m"]

@@ -13,9 +13,9 @@ import tempfile
 
 import pytest
 
-from backends.cli import main
 from tests.backends.test_kill import FAKE_SMI
 from tests.backends.test_runs import fake_trainer, tmux_dir  # noqa: F401 (fixture)
+from tui.commands.headless import main
 
 SLEEPER = ["sh", "-c", "echo step=1 loss=2.5; sleep 600"]
 

@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 
 from backends import runs
-from backends.cli import main
 from tests.backends.test_kill import FAKE_SMI, SAVES_ON_TERM, gpu_procs, ready_pids  # noqa: F401 (fixtures)
 from tests.backends.test_runs import PY, TRAIN, eventually, host, tmux_dir, written  # noqa: F401 (fixtures)
+from tui.commands.headless import main
 
 
 def events(run_dir: str) -> list[dict]:

@@ -28,12 +28,13 @@ from pathlib import Path
 import pytest
 
 from backends import alerts, kill, nodes, watch
-from backends.cli import _show_runs, main
 from backends.config import load_config
 from backends.hosts import LocalHost
 from backends.runs import NodeInfo, RunError, RunInfo, RunPhase
 from scripts.local_box import end_tmux_server
 from tests.backends.test_kill import FAKE_SMI
+from tui.commands.headless import main
+from tui.commands.runs import show_runs
 
 PY = sys.executable
 ARGS = ["--synthetic", "--steps", "100000", "--max-seq-len", "256", "--ttt-steps", "3", "--save-every", "0",
@@ -257,7 +258,7 @@ def test_a_runs_nodes_merge_into_one_entry_with_rank_0s_metrics():
     assert [(n.host, n.state, n.exit_status, n.pids) for n in run.nodes] == [("gpu1", "running", None, [7]), ("gpu2", "exited", -9, [])]
     alert = nodes.node_alert(run)
     assert alert.key == "node:20261201-1200-abcd" and "node 1 on gpu2 killed by SIGKILL" in alert.text
-    shown = _show_runs([run])
+    shown = show_runs([run])
     assert "node 0 on gpu1  running" in shown and "node 1 on gpu2  exited (-9)" in shown
     # a clean stop: torchrun's exit 1 after the trainer's own `stopped` is no death
     stopped = nodes.merge([node_part("gpu1", 0, RunPhase.EXITED, 0, metrics=True, end="stopped"), node_part("gpu2", 1, RunPhase.EXITED, 1)])[0]

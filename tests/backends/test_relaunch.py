@@ -14,8 +14,8 @@ from backends.deliver import Delivery
 from backends.hosts import LocalHost
 from backends.relaunch import relaunch
 from backends.runs.rundir import write_manifest
-from training.contract import UsageError, new_run_id
 from tests.backends.test_runs import tmux_dir  # noqa: F401  (a tmux server of the test's own)
+from training.contract import UsageError, new_run_id
 
 ROOT = Path(__file__).resolve().parents[2]
 

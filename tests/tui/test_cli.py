@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tui.app_cli import dashboard, main
+from tui.commands.dashboard import dashboard, main
 
 
 def test_missing_config_file_names_the_flag(capsys, tmp_path):

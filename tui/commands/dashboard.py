@@ -1,0 +1,90 @@
+"""`trackside [--config PATH] [--read-only]` and `trackside demo`: build the hosts, open the
+app, and after it, say how it ended (a demo run stopped or left going)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+from backends import kill
+from backends.config import ConfigError, load_config
+from backends.hosts import LocalHost
+from backends.runs import RunInfo
+from training.contract import EXIT_USAGE, local_runs_root
+from tui.app import Demo, TracksideApp, Watched
+
+DEMO_PARAMS = {"max_seq_len": 256, "ttt_steps": 3, "steps": 20000, "lr": 3e-3}
+DEMO_GRACE_S = 10.0  # the CPU trainer checkpoints and exits within a second of SIGTERM
+
+
+def demo_argv(params: dict) -> list[str]:
+    """The trainer on synthetic data, run by this Python (so the venv's torch is used)."""
+    from backends import params as run_params
+
+    return run_params.apply([sys.executable, "-m", "training", "train", "--synthetic"], params)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="trackside",
+        description="The dashboard over the configured hosts; `trackside demo` shows it on a small CPU run.",
+    )
+    parser.add_argument("command", nargs="?", choices=["demo"], help="demo: launch a small CPU run and watch it")
+    parser.add_argument("--config", metavar="PATH", help="hosts file (default ~/.config/trackside/config.toml)")
+    parser.add_argument("--keep-run", action="store_true", help="demo: leave its training run going on quit")
+    parser.add_argument(
+        "--read-only", action="store_true", help="no kill, edit, relaunch or attach (what `trackside serve --read-only` runs)"
+    )
+    return parser.parse_args(argv)
+
+
+def dashboard(config_path: str | None, *, read_only: bool = False) -> TracksideApp:
+    """The app over the config's hosts (without a file: this machine)."""
+    config = load_config(config_path)
+    hosts = config.make_hosts()
+    watched = [Watched(hosts[hc.name], hc.nvidia_smi, hc.train_command) for hc in config.hosts]
+    return TracksideApp(
+        watched, poll_interval=config.defaults.poll_ms / 1000, grace_s=config.defaults.grace_s,
+        alert_rules=config.alert_rules, alert_command=config.alerts["command"], alert_timeout_s=config.alerts["timeout_s"],
+        read_only=read_only,
+    )  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.command == "demo":
+        demo = Demo(demo_argv(DEMO_PARAMS), f"trackside-demo-{time.strftime('%H%M%S')}", dict(DEMO_PARAMS))
+        app = TracksideApp([Watched(LocalHost(runs_root=local_runs_root()))], demo=demo, read_only=args.read_only)
+    else:
+        try:
+            app = dashboard(args.config, read_only=args.read_only)
+        except ConfigError as error:
+            print(f"trackside: {error}", file=sys.stderr)
+            return EXIT_USAGE
+    app.run()
+    if app.return_code:
+        print(f"trackside: the dashboard stopped on an error; traceback in {app.error_log}", file=sys.stderr)
+    if app.demo_run is not None:
+        end_demo_run(app.watched[app.demo_run.host].host, app.demo_run, keep=args.keep_run)
+    return app.return_code or 0
+
+
+def end_demo_run(host: LocalHost, run: RunInfo, *, keep: bool) -> None:
+    """The demo's CPU run would train on (a core each, every demo another): stop it, and
+    say so either way."""
+    if keep:
+        print(f"the demo run {run.run_id} goes on in tmux session {run.session}; "
+              f"stop it with: trackside kill {run.run_id}")  # fmt: skip
+        return
+    print(f"stopping the demo run {run.run_id} (tmux session {run.session})…", flush=True)
+    try:
+        report = asyncio.run(kill.kill_run(host, run.run_id, grace_s=DEMO_GRACE_S))
+    except kill.AlreadyEnded:
+        print("it had already ended")
+        return
+    except Exception as error:  # the user is leaving: a message, never a traceback
+        print(f"could not stop it ({error}); stop it with: trackside kill {run.run_id}", file=sys.stderr)
+        return
+    print(f"stopped in {report.seconds:.1f}s; its run dir stays: {run.run_dir}")
