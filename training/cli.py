@@ -16,7 +16,7 @@ from training import contract, register
 from training.bytecode import keep_bytecode
 from training.contract import EXIT_OK, EXIT_USAGE, UsageError
 from training.memory.terms import SHARDINGS
-from training.params import EXCLUSIVE, PARAMS, add_param_flag
+from training.params import EXCLUSIVE, PARAMS, add_param_flag, anchor_room
 
 
 def _typed(kind, check, what: str):
@@ -64,8 +64,8 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="run directory (default: a new one under "
                    "$TRACKSIDE_RUNS_ROOT or ~/.trackside/runs)")
     add_param_flag(p, "max_seq_len", help="tokens per packed row (default 2048; 512 with --synthetic)")
-    add_param_flag(p, "ttt_steps", help=f"default {DEFAULT_TTT_STEPS}")
-    add_param_flag(p, "ttt_decay", help=f"default {DEFAULT_TTT_DECAY}")
+    add_param_flag(p, "ttt_steps", help=f"default {PARAMS['ttt_steps'].default}")
+    add_param_flag(p, "ttt_decay", help=f"default {PARAMS['ttt_decay'].default}")
     [(steps, epochs)] = EXCLUSIVE
     length = p.add_mutually_exclusive_group()
     add_param_flag(length, steps)
@@ -106,23 +106,19 @@ def train_parser() -> argparse.ArgumentParser:
                    help="an anchor and block_size - 1 tokens drafted at once (default the preset's)")
     add_param_flag(dflash, "max_anchors",
                    help=f"blocks drawn per packed row (default the preset's, else "
-                   f"{DEFAULT_MAX_ANCHORS}, at most max_seq_len)")
+                   f"{PARAMS['max_anchors'].default}, at most max_seq_len)")
     add_param_flag(dflash, "dflash_gamma",
                    help="block offset k weighs exp(-(k-1)/gamma) (default the preset's, else "
-                   f"{DEFAULT_GAMMA})")
+                   f"{PARAMS['dflash_gamma'].default})")
     add_param_flag(dflash, "soft_kl",
                    help="share of KL to the verifier's distribution blended into the cross-entropy "
-                   "(default the preset's, else 0)")
+                   f"(default the preset's, else {PARAMS['soft_kl'].default:g})")
     add_param_flag(dflash, "num_layers", help="draft layers")
     dflash.add_argument("--target-layers", type=_layer_list,
                         help="verifier layers read as context, a,b,… (default the data's)")
     return p
 
 
-DEFAULT_TTT_STEPS = 3
-DEFAULT_TTT_DECAY = 0.8
-DEFAULT_MAX_ANCHORS = 512
-DEFAULT_GAMMA = 7.0
 # Each drafter's own flags, which the other would silently ignore: the parameter table's
 # (training/params.py), and DFlash's --target-layers beside them.
 _EAGLE3_ONLY = tuple(name for name, p in PARAMS.items() if p.drafter == "eagle3")
@@ -176,8 +172,9 @@ def _dflash_config(args, dataset, max_seq_len: int):
     if block > longest:
         raise UsageError(f"--block-size {block} exceeds the longest sample "
                          f"({longest} tokens as packed): no block would fit in one")
-    room = max_seq_len - block + 1  # the anchors a row of one sample can hold
-    anchors = args.max_anchors or min(knobs.get("max_anchors", DEFAULT_MAX_ANCHORS), room)
+    room = anchor_room(max_seq_len, block)
+    anchors = args.max_anchors or min(knobs.get("max_anchors", PARAMS["max_anchors"].default),
+                                      room)
     if anchors > room:
         raise UsageError(f"--max-anchors {anchors}: a row of max_seq_len {max_seq_len} holds "
                          f"at most {room} blocks of {block} tokens")
@@ -189,8 +186,9 @@ def _dflash_config(args, dataset, max_seq_len: int):
         raise UsageError(f"{flag}: {exc}") from None
     training = DFlashTraining(
         target_layers=target, max_anchors=anchors,
-        gamma=args.dflash_gamma or knobs.get("gamma", DEFAULT_GAMMA),
-        soft_kl=knobs.get("soft_kl", 0.0) if args.soft_kl is None else args.soft_kl)
+        gamma=args.dflash_gamma or knobs.get("gamma", PARAMS["dflash_gamma"].default),
+        soft_kl=knobs.get("soft_kl", PARAMS["soft_kl"].default) if args.soft_kl is None
+        else args.soft_kl)
     return cfg, training
 
 
@@ -310,11 +308,11 @@ def _train(args, device: str, argv: list[str]) -> int:
     cfg = TrainConfig(
         data=Path(data), run_dir=run_dir, drafter=drafter, dflash=dflash,
         steps=args.steps, epochs=None if args.steps else (args.epochs or 1),
-        max_seq_len=max_seq_len, ttt_steps=args.ttt_steps or DEFAULT_TTT_STEPS,
-        ttt_decay=args.ttt_decay or DEFAULT_TTT_DECAY,
+        max_seq_len=max_seq_len, ttt_steps=args.ttt_steps or PARAMS["ttt_steps"].default,
+        ttt_decay=args.ttt_decay or PARAMS["ttt_decay"].default,
         lr=args.lr or (3e-3 if args.synthetic else 1e-4), batch_rows=args.batch_rows,
         device=device, resume=args.resume, resume_from=args.resume_from, loss_chunk=args.loss_chunk,
-        checkpoint_ttt=min(args.checkpoint_ttt, args.ttt_steps or DEFAULT_TTT_STEPS),
+        checkpoint_ttt=min(args.checkpoint_ttt, args.ttt_steps or PARAMS["ttt_steps"].default),
         freeze_lm_head=args.freeze_lm_head, sharding=args.sharding,
         gpu_mem_gib=args.gpu_mem_gib, save_every=args.save_every, seed=args.seed,
         # A DFlash drafter is exported here, after the run, in speculators' layout.

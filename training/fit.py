@@ -16,7 +16,7 @@ from training import memory
 from training.config import DFLASH_PRESETS, PRESETS, DFlashConfig, DrafterConfig
 from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError
 from training.memory import Calibration, GiB, Measurement, StepShape
-from training.params import add_param_flag
+from training.params import PARAMS, add_param_flag, anchor_room
 
 TABLE_LENGTHS = (4096, 8192, 16384, 24576, 32768, 65536)
 TABLE_TTT = (1, 3, 5, 7)
@@ -75,9 +75,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     dflash = p.add_argument_group("DFlash (--drafter dflash)")
     add_param_flag(dflash, "max_anchors", help="blocks per packed row (default: the run's, "
-                   "the preset's, else 512)")
+                   f"the preset's, else {PARAMS['max_anchors'].default})")
     add_param_flag(dflash, "block_size", help="default: the run's or the preset's")
-    add_param_flag(dflash, "soft_kl", help="default: the run's, the preset's, else 0")
+    add_param_flag(dflash, "soft_kl", help="default: the run's, the preset's, else "
+                   f"{PARAMS['soft_kl'].default:g}")
     try:
         args = p.parse_args(argv)
     except SystemExit as e:  # argparse already printed the message (or the help)
@@ -116,7 +117,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 _EAGLE3_ONLY = ("ttt_steps", "checkpoint_ttt", "freeze_lm_head", "probe", "calibration")
 _DFLASH_ONLY = ("max_anchors", "block_size", "soft_kl")
 DFLASH_MAX_SEQ_LEN = 8192
-DFLASH_MAX_ANCHORS = 512
 
 
 def dflash_fit(args: argparse.Namespace) -> dict:
@@ -161,14 +161,14 @@ def dflash_fit(args: argparse.Namespace) -> dict:
     length = pick("max_seq_len", DFLASH_MAX_SEQ_LEN)
     if cfg.block_size > length:
         raise UsageError(f"--block-size {cfg.block_size} exceeds the row's {length} tokens")
-    room = length - cfg.block_size + 1
-    anchors = pick("max_anchors", min(DFLASH_MAX_ANCHORS, room))
+    room = anchor_room(length, cfg.block_size)
+    anchors = pick("max_anchors", min(PARAMS["max_anchors"].default, room))
     if anchors > room:
         raise UsageError(f"--max-anchors {anchors}: a row of max_seq_len {length} holds at "
                          f"most {room} blocks of {cfg.block_size} tokens")
     try:
         shape = memory.DFlashShape(
-            max_seq_len=length, max_anchors=anchors, soft_kl=pick("soft_kl", 0.0),
+            max_seq_len=length, max_anchors=anchors, soft_kl=pick("soft_kl", PARAMS["soft_kl"].default),
             batch_rows=pick("batch_rows", 1), loss_chunk=pick("loss_chunk", 2048),
             precision=pick("precision", "bf16"), world_size=pick("world_size", 1),
             sharding=pick("sharding", "ddp"))

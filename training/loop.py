@@ -37,6 +37,7 @@ from training.drafters.eagle3 import Eagle3
 from training.metrics import MetricsWriter
 from training.mirror import Mirror
 from training.optimizer import make_optimizer, optimizer_step, warmup_cosine
+from training.params import PARAMS
 from training.resume import ResumeError, resume, rng_state
 from training.stop import StopRequest
 
@@ -49,8 +50,8 @@ class TrainConfig:
     steps: int | None = None  # exactly one of steps and epochs
     epochs: int | None = None
     max_seq_len: int = 2048
-    ttt_steps: int = 3
-    ttt_decay: float = 0.8
+    ttt_steps: int = PARAMS["ttt_steps"].default
+    ttt_decay: float = PARAMS["ttt_decay"].default
     lr: float = 1e-4
     batch_rows: int = 1  # rows per rank per step
     device: str = "cpu"

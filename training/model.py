@@ -17,6 +17,7 @@ from training.compiled import cuda_compiled
 from training.config import DrafterConfig
 from training.loss import soft_cross_entropy, verifier_targets
 from training.packing import PackedBatch
+from training.params import PARAMS
 
 
 class RMSNorm(nn.Module):
@@ -327,7 +328,7 @@ class Eagle3Drafter(nn.Module):
             results.append(StepLoss(total, losses, agree, index))
         return results
 
-    def forward(self, batch: PackedBatch, ttt_steps: int, ttt_decay: float = 0.8,
+    def forward(self, batch: PackedBatch, ttt_steps: int, ttt_decay: float = PARAMS["ttt_decay"].default,
                 loss_chunk: int = 2048, checkpoint: int = 0) -> DraftOutput:
         steps = self.step_losses(batch, ttt_steps, loss_chunk, checkpoint)
         loss = 0.0

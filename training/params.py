@@ -47,6 +47,9 @@ class Param:
     bare: int | None = None
     meaning: str | None = None  # what the number counts, where its name does not say
     drafter: str | None = None  # "eagle3" or "dflash": the one drafter that takes it; None: both
+    # The trainer's value where the flag is not given (and, for a DFlash knob, the preset
+    # gives none); None: another rule decides (training/cli.py).
+    default: int | float | None = None
 
     @property
     def flag(self) -> str:
@@ -128,8 +131,8 @@ PARAMS: dict[str, Param] = {
     p.name: p
     for p in [
         Param("max_seq_len", int, 128, 1048576),
-        Param("ttt_steps", int, 1, MAX_TTT_STEPS, drafter="eagle3"),
-        Param("ttt_decay", float, 0, 1, low_open=True, drafter="eagle3"),
+        Param("ttt_steps", int, 1, MAX_TTT_STEPS, drafter="eagle3", default=3),
+        Param("ttt_decay", float, 0, 1, low_open=True, drafter="eagle3", default=0.8),
         # AdamW's rate: past 1 no drafter trains, it diverges in its first steps
         Param("lr", float, 0, 1, low_open=True),
         Param("steps", int, 1),
@@ -144,17 +147,24 @@ PARAMS: dict[str, Param] = {
         Param("checkpoint_ttt", int, 0, MAX_TTT_STEPS, bare=MAX_TTT_STEPS, meaning="TTT steps recomputed", drafter="eagle3"),
         Param("freeze_lm_head", bool, drafter="eagle3"),
         # DFlash's (trackside train --drafter dflash); the block and the anchors must also
-        # fit a row of max_seq_len, which the trainer checks once it knows both
-        # (backends/params.py's conflicts tells an edit the same).
+        # fit a row of max_seq_len (anchor_room), which the trainer checks once it knows
+        # both (backends/params.py's conflicts tells an edit the same). The default anchors
+        # are at most the row's room.
         Param("block_size", int, 2, 1048576, meaning="the anchor and the tokens drafted with it", drafter="dflash"),
-        Param("max_anchors", int, 1, 1048576, meaning="blocks drawn per packed row", drafter="dflash"),
-        Param("dflash_gamma", float, 0, None, low_open=True, drafter="dflash"),
-        Param("soft_kl", float, 0, 1, meaning="share of KL in the loss", drafter="dflash"),
+        Param("max_anchors", int, 1, 1048576, meaning="blocks drawn per packed row", drafter="dflash", default=512),
+        Param("dflash_gamma", float, 0, None, low_open=True, drafter="dflash", default=7.0),
+        Param("soft_kl", float, 0, 1, meaning="share of KL in the loss", drafter="dflash", default=0.0),
         Param("num_layers", int, 1, drafter="dflash"),
     ]
 }
 # Parameters a run takes one of: the trainer's parser refuses both.
 EXCLUSIVE = (("steps", "epochs"),)
+
+
+def anchor_room(max_seq_len: int, block_size: int) -> int:
+    """The blocks of block_size a row of max_seq_len tokens can anchor: a block's last
+    token lies in the row, so the last anchor is block_size - 1 from its end."""
+    return max_seq_len - block_size + 1
 
 
 def add_param_flag(parser, name: str, **kwargs) -> None:

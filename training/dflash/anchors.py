@@ -4,15 +4,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from training.params import anchor_room
+
 
 def valid_anchors(loss_mask: Tensor, doc_ids: Tensor, block_size: int) -> Tensor:
     """[B, L] bool: position p may anchor a block if it bears loss and the block's last
     position p + block_size - 1 lies in the same sample (a block never reads or scores
     tokens of the next sample or padding)."""
     B, L = doc_ids.shape
+    room = anchor_room(L, block_size)
     end = torch.full_like(doc_ids, -1)
-    if block_size <= L:
-        end[:, :L - block_size + 1] = doc_ids[:, block_size - 1:]
+    if room > 0:
+        end[:, :room] = doc_ids[:, block_size - 1:]
     return loss_mask & (end == doc_ids) & (doc_ids >= 0)
 
 

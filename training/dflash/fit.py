@@ -9,6 +9,7 @@ from training.config import DFlashConfig
 from training.memory import GiB, fits
 from training.memory import dflash as model
 from training.memory.dflash import DFlashShape
+from training.params import anchor_room
 
 TABLE_ANCHORS = (256, 512, 1024, 2048, 4096)
 TABLE_BLOCKS = (8, 16, 24, 32)
@@ -20,7 +21,7 @@ def report(cfg: DFlashConfig, shape: DFlashShape, gpu_mem_gib: float, headroom_g
     table = []
     for anchors in sorted({shape.max_anchors, *TABLE_ANCHORS}):
         for block in sorted({cfg.block_size, *TABLE_BLOCKS}):
-            if anchors > shape.max_seq_len - block + 1:
+            if anchors > anchor_room(shape.max_seq_len, block):
                 continue
             p = model.predict(dataclasses.replace(cfg, block_size=block),
                               dataclasses.replace(shape, max_anchors=anchors), scale)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from training.config import FLEX_BLOCK, DFlashConfig
 from training.memory.peak import DEFAULT_HEADROOM_GIB, Prediction, fits
 from training.memory.terms import BF16, FP32, INDEX, PRECISIONS, SHARDINGS, trained_state
+from training.params import anchor_room
 
 
 @dataclass(frozen=True)
@@ -220,8 +221,8 @@ def largest_max_anchors(cfg: DFlashConfig, shape: DFlashShape, gpu_mem_gib: floa
                         scale: float = 1.0, multiple: int = 64,
                         headroom_gib: float = DEFAULT_HEADROOM_GIB) -> int:
     """The largest max_anchors, a multiple of `multiple` (or the most a row holds,
-    max_seq_len - block_size + 1), whose step fits; 0 if none does."""
-    room = shape.max_seq_len - cfg.block_size + 1
+    training.params.anchor_room), whose step fits; 0 if none does."""
+    room = anchor_room(shape.max_seq_len, cfg.block_size)
 
     def fits_at(n: int) -> bool:
         at = dataclasses.replace(shape, max_anchors=n)
@@ -245,7 +246,7 @@ def largest_block_size(cfg: DFlashConfig, shape: DFlashShape, gpu_mem_gib: float
     max_anchors; 0 if not even a block of 2 does."""
     best = 0
     for bs in range(2, min(most, shape.max_seq_len) + 1):
-        if shape.max_anchors > shape.max_seq_len - bs + 1:
+        if shape.max_anchors > anchor_room(shape.max_seq_len, bs):
             break
         if not fits(predict(dataclasses.replace(cfg, block_size=bs), shape, scale),
                     gpu_mem_gib, headroom_gib):
