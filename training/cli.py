@@ -5,8 +5,6 @@ argv includes the subcommand as argv[0], as tui/cli.py hands it over.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import os
 import sys
 from pathlib import Path
@@ -16,7 +14,7 @@ from training import contract, register
 from training.bytecode import keep_bytecode
 from training.contract import EXIT_OK, EXIT_USAGE, UsageError
 from training.memory.terms import SHARDINGS
-from training.params import EXCLUSIVE, PARAMS, add_param_flag, anchor_room
+from training.params import EXCLUSIVE, PARAMS, add_param_flag
 
 
 def _typed(kind, check, what: str):
@@ -129,101 +127,6 @@ def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def _dflash_config(args, dataset, max_seq_len: int):
-    from training.config import DFLASH_PRESETS, DFLASH_TRAINING_PRESETS, DFlashConfig
-    from training.drafters.dflash import DFlashTraining
-
-    if args.model_config is not None:
-        try:
-            base = DFlashConfig.from_dict(json.loads(args.model_config.read_text()))
-        except (OSError, ValueError, TypeError) as exc:
-            raise UsageError(f"--model-config {args.model_config}: {exc}") from None
-        flag, knobs = "--model-config", {}
-    else:
-        name = args.preset or "tiny"
-        if name not in DFLASH_PRESETS:
-            raise UsageError(f"--preset {name} is an EAGLE-3 shape; DFlash's are "
-                             + ", ".join(sorted(DFLASH_PRESETS)))
-        base, flag, knobs = DFLASH_PRESETS[name], "--preset", DFLASH_TRAINING_PRESETS.get(
-            name, {})
-    if base.hidden_size != dataset.hidden_size:
-        raise UsageError(f"{flag}: the drafter's hidden size {base.hidden_size} differs from "
-                         f"the data's {dataset.hidden_size} (the verifier's)")
-    verifier_layers, data_layers = dataset.info["num_layers"], dataset.info["layers"]
-    if not data_layers:
-        raise UsageError("--data: its dataset.json names no captured verifier layers, which "
-                         "DFlash reads as context; make it with `trackside extract`")
-    target = args.target_layers or tuple(data_layers)
-    outside = [layer for layer in target if not 0 <= layer < verifier_layers]
-    if outside:
-        raise UsageError(f"--target-layers {outside} lie outside the verifier's layers "
-                         f"0..{verifier_layers - 1}")
-    missing = [layer for layer in target if layer not in data_layers]
-    if missing:
-        raise UsageError(f"--target-layers: the data carries layers {data_layers}, not "
-                         f"{missing}; capture them with `trackside extract --layers`")
-    block = args.block_size or base.block_size
-    if not 2 <= block <= max_seq_len:
-        raise UsageError(f"--block-size {block}: a block is the anchor and at least one "
-                         f"drafted token, within a row of max_seq_len {max_seq_len}")
-    # A block never crosses samples: one longer than every sample (as packed, cut to
-    # max_seq_len) has nowhere to go.
-    longest = min(max(dataset.lengths), max_seq_len)
-    if block > longest:
-        raise UsageError(f"--block-size {block} exceeds the longest sample "
-                         f"({longest} tokens as packed): no block would fit in one")
-    room = anchor_room(max_seq_len, block)
-    anchors = args.max_anchors or min(knobs.get("max_anchors", PARAMS["max_anchors"].default),
-                                      room)
-    if anchors > room:
-        raise UsageError(f"--max-anchors {anchors}: a row of max_seq_len {max_seq_len} holds "
-                         f"at most {room} blocks of {block} tokens")
-    try:
-        cfg = dataclasses.replace(base, vocab_size=dataset.vocab_size, block_size=block,
-                                  num_target_layers=len(target),
-                                  num_layers=args.num_layers or base.num_layers)
-    except ValueError as exc:
-        raise UsageError(f"{flag}: {exc}") from None
-    training = DFlashTraining(
-        target_layers=target, max_anchors=anchors,
-        gamma=args.dflash_gamma or knobs.get("gamma", PARAMS["dflash_gamma"].default),
-        soft_kl=knobs.get("soft_kl", PARAMS["soft_kl"].default) if args.soft_kl is None
-        else args.soft_kl)
-    return cfg, training
-
-
-def _drafter_config(args, dataset):
-    from training.config import PRESETS, DrafterConfig
-    from training.vocab import default_draft_vocab_size
-
-    if args.model_config is not None:
-        try:
-            base = DrafterConfig.from_dict(json.loads(args.model_config.read_text()))
-        except (OSError, ValueError, TypeError) as exc:
-            raise UsageError(f"--model-config {args.model_config}: {exc}") from None
-        flag = "--model-config"
-    else:
-        name = args.preset or "tiny"
-        if name not in PRESETS:
-            raise UsageError(f"--preset {name} is a DFlash shape (--drafter dflash); "
-                             "EAGLE-3's are " + ", ".join(sorted(PRESETS)))
-        base, flag = PRESETS[name], "--preset"
-    if base.hidden_size != dataset.hidden_size:
-        raise UsageError(f"{flag}: the drafter's hidden size {base.hidden_size} differs from "
-                         f"the data's {dataset.hidden_size} (the verifier's)")
-    layers = dataset.info["layers"]
-    if layers and len(layers) != 3:
-        raise UsageError(f"--data: EAGLE-3 reads 3 verifier layers, the data carries "
-                         f"{len(layers)} ({layers}); extract 3, or train --drafter dflash")
-    vocab = dataset.vocab_size
-    draft = args.draft_vocab_size or min(base.draft_vocab_size,
-                                         default_draft_vocab_size(vocab))
-    if draft > vocab:
-        raise UsageError(f"--draft-vocab-size {draft} exceeds the verifier's vocabulary "
-                         f"of {vocab}")
-    return dataclasses.replace(base, vocab_size=vocab, draft_vocab_size=draft)
-
-
 def _run_dir(args, device: str) -> Path:
     if args.out is None:
         if args.resume:
@@ -296,15 +199,19 @@ def _train(args, device: str, argv: list[str]) -> int:
         raise UsageError(f"--data: {exc}") from None
     max_seq_len = args.max_seq_len or (512 if args.synthetic else 2048)
     if args.drafter == "dflash":
+        from training.drafters.dflash import config_from_flags
+
         given = [_flag(d) for d in _EAGLE3_ONLY if getattr(args, d)]
         if given:
             raise UsageError(f"{', '.join(given)}: EAGLE-3's, not for --drafter dflash")
-        drafter, dflash = _dflash_config(args, dataset, max_seq_len)
+        drafter, dflash = config_from_flags(args, dataset, max_seq_len)
     else:
+        from training.drafters.eagle3 import config_from_flags
+
         given = [_flag(d) for d in _DFLASH_ONLY if getattr(args, d) is not None]
         if given:
             raise UsageError(f"{given[0]} needs --drafter dflash")
-        drafter, dflash = _drafter_config(args, dataset), None
+        drafter, dflash = config_from_flags(args, dataset), None
     cfg = TrainConfig(
         data=Path(data), run_dir=run_dir, drafter=drafter, dflash=dflash,
         steps=args.steps, epochs=None if args.steps else (args.epochs or 1),

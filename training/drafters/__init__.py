@@ -8,6 +8,8 @@ sums each unit's losses and agreements over the ranks and hands the means to
 `step_fields`."""
 from __future__ import annotations
 
+import argparse
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Protocol
@@ -15,6 +17,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from training.contract import UsageError
 from training.data import Dataset
 from training.packing import PackedBatch
 
@@ -57,3 +60,26 @@ class Drafter(ABC):
     @abstractmethod
     def oom_params(self) -> dict:
         """The parameters an `oom` event names beside max_seq_len; None: not this drafter's."""
+
+
+def base_shape(args: argparse.Namespace, dataset: Dataset, kind, presets: dict,
+               other: str, own: str):
+    """The drafter shape `trackside train`'s flags name (--model-config's JSON, else
+    --preset, else tiny) as a `kind` config, and that flag; refused where it is the other
+    drafter's preset or its hidden size is not the data's."""
+    if args.model_config is not None:
+        try:
+            base = kind.from_dict(json.loads(args.model_config.read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise UsageError(f"--model-config {args.model_config}: {exc}") from None
+        flag = "--model-config"
+    else:
+        name = args.preset or "tiny"
+        if name not in presets:
+            raise UsageError(f"--preset {name} is {other}; {own}'s are "
+                             + ", ".join(sorted(presets)))
+        base, flag = presets[name], "--preset"
+    if base.hidden_size != dataset.hidden_size:
+        raise UsageError(f"{flag}: the drafter's hidden size {base.hidden_size} differs from "
+                         f"the data's {dataset.hidden_size} (the verifier's)")
+    return base, flag

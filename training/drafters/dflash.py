@@ -1,21 +1,24 @@
-"""The DFlash drafter inside the training loop (training/loop.py): its training knobs,
-building it on the verifier, one step's forward and backward, and its step fields (a loss
+"""The DFlash drafter inside the training loop (training/loop.py): its shape and training
+knobs from the flags, building it on the verifier, one step's forward and backward, and its step fields (a loss
 and accuracy per block offset, and tau)."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from training.config import DFlashConfig
+from training.config import DFLASH_PRESETS, DFLASH_TRAINING_PRESETS, DFlashConfig
+from training.contract import UsageError
 from training.data import Dataset
 from training.device import autocast
 from training.dflash.model import DFlashDrafter, position_weights
 from training.distributed import all_reduce
-from training.drafters import Drafter
+from training.drafters import Drafter, base_shape
 from training.packing import PackedBatch
+from training.params import PARAMS, anchor_room
 
 
 @dataclass(frozen=True)
@@ -130,3 +133,55 @@ class DFlash(Drafter):
     def oom_params(self) -> dict:
         return {"ttt_steps": None, "block_size": self.cfg.block_size,
                 "max_anchors": self.training.max_anchors}
+
+
+def config_from_flags(args: argparse.Namespace, dataset: Dataset, max_seq_len: int
+                      ) -> tuple[DFlashConfig, DFlashTraining]:
+    """The shape and knobs `trackside train`'s flags ask for (a knob not given: the
+    preset's, else the parameter table's default), fitted to the data; a flag that does
+    not fit the data or the row is refused, named."""
+    base, flag = base_shape(args, dataset, DFlashConfig, DFLASH_PRESETS,
+                            "an EAGLE-3 shape", "DFlash")
+    knobs = ({} if args.model_config is not None
+             else DFLASH_TRAINING_PRESETS.get(args.preset or "tiny", {}))
+    verifier_layers, data_layers = dataset.info["num_layers"], dataset.info["layers"]
+    if not data_layers:
+        raise UsageError("--data: its dataset.json names no captured verifier layers, which "
+                         "DFlash reads as context; make it with `trackside extract`")
+    target = args.target_layers or tuple(data_layers)
+    outside = [layer for layer in target if not 0 <= layer < verifier_layers]
+    if outside:
+        raise UsageError(f"--target-layers {outside} lie outside the verifier's layers "
+                         f"0..{verifier_layers - 1}")
+    missing = [layer for layer in target if layer not in data_layers]
+    if missing:
+        raise UsageError(f"--target-layers: the data carries layers {data_layers}, not "
+                         f"{missing}; capture them with `trackside extract --layers`")
+    block = args.block_size or base.block_size
+    if not 2 <= block <= max_seq_len:
+        raise UsageError(f"--block-size {block}: a block is the anchor and at least one "
+                         f"drafted token, within a row of max_seq_len {max_seq_len}")
+    # A block never crosses samples: one longer than every sample (as packed, cut to
+    # max_seq_len) has nowhere to go.
+    longest = min(max(dataset.lengths), max_seq_len)
+    if block > longest:
+        raise UsageError(f"--block-size {block} exceeds the longest sample "
+                         f"({longest} tokens as packed): no block would fit in one")
+    room = anchor_room(max_seq_len, block)
+    anchors = args.max_anchors or min(knobs.get("max_anchors", PARAMS["max_anchors"].default),
+                                      room)
+    if anchors > room:
+        raise UsageError(f"--max-anchors {anchors}: a row of max_seq_len {max_seq_len} holds "
+                         f"at most {room} blocks of {block} tokens")
+    try:
+        cfg = dataclasses.replace(base, vocab_size=dataset.vocab_size, block_size=block,
+                                  num_target_layers=len(target),
+                                  num_layers=args.num_layers or base.num_layers)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+    training = DFlashTraining(
+        target_layers=target, max_anchors=anchors,
+        gamma=args.dflash_gamma or knobs.get("gamma", PARAMS["dflash_gamma"].default),
+        soft_kl=knobs.get("soft_kl", PARAMS["soft_kl"].default) if args.soft_kl is None
+        else args.soft_kl)
+    return cfg, training

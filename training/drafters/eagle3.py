@@ -1,20 +1,24 @@
-"""The EAGLE-3 drafter inside the training loop (training/loop.py): building it on the
-verifier with its draft vocabulary, one step's unrolled forward and backward, and its step
-fields (a loss and accuracy per TTT step). `forward_backward` is also what
+"""The EAGLE-3 drafter inside the training loop (training/loop.py): its shape from the
+flags, building it on the verifier with its draft vocabulary, one step's unrolled forward
+and backward, and its step fields (a loss and accuracy per TTT step). `forward_backward` is also what
 `trackside fit --probe` measures (training/probe.py)."""
 from __future__ import annotations
+
+import argparse
+import dataclasses
 
 import torch
 from torch import nn
 
-from training.config import DrafterConfig
+from training.config import PRESETS, DrafterConfig
+from training.contract import UsageError
 from training.data import Dataset
 from training.device import autocast
 from training.distributed import all_reduce
-from training.drafters import Drafter
+from training.drafters import Drafter, base_shape
 from training.model import Eagle3Drafter, StepLoss
 from training.packing import PackedBatch
-from training.vocab import build_draft_vocab
+from training.vocab import build_draft_vocab, default_draft_vocab_size
 
 
 class Unroll(nn.Module):
@@ -98,3 +102,21 @@ class Eagle3(Drafter):
 
     def oom_params(self) -> dict:
         return {"ttt_steps": self.ttt_steps}
+
+
+def config_from_flags(args: argparse.Namespace, dataset: Dataset) -> DrafterConfig:
+    """The shape `trackside train`'s flags ask for, fitted to the data's vocabulary and
+    draft vocabulary; a flag that does not fit the data is refused, named."""
+    base, flag = base_shape(args, dataset, DrafterConfig, PRESETS,
+                            "a DFlash shape (--drafter dflash)", "EAGLE-3")
+    layers = dataset.info["layers"]
+    if layers and len(layers) != 3:
+        raise UsageError(f"--data: EAGLE-3 reads 3 verifier layers, the data carries "
+                         f"{len(layers)} ({layers}); extract 3, or train --drafter dflash")
+    vocab = dataset.vocab_size
+    draft = args.draft_vocab_size or min(base.draft_vocab_size,
+                                         default_draft_vocab_size(vocab))
+    if draft > vocab:
+        raise UsageError(f"--draft-vocab-size {draft} exceeds the verifier's vocabulary "
+                         f"of {vocab}")
+    return dataclasses.replace(base, vocab_size=vocab, draft_vocab_size=draft)
