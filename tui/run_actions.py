@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Coroutine
+from functools import cached_property
 
 from rich.text import Text
-from textual.app import SuspendNotSupported
+from textual.app import App, SuspendNotSupported
+from textual.worker import Worker
 
 from backends import attach, kill, runs
 from backends.alerts import kill_alert
@@ -19,9 +22,34 @@ from backends.deliver import Delivery, Sent
 from backends.hosts import Host, HostError
 from backends.relaunch import relaunch
 from tui.guard import Guarded
+from tui.screens.run import RunScreen
 from tui.state import RunState, run_key
 
 QUIT_AGAIN_S = 5.0  # a second q within this quits while a kill is under way
+PLAN_KILL, KILL, RELAUNCH = "plan-kill", "kill", "relaunch"
+
+
+class InFlight:
+    """The operator's actions under way, each known by what it does and to which run
+    (`kill`, a run's key) from the moment it is started until its worker is done: the
+    guard of an action done once, and what q warns of."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self._workers: dict[tuple[str, str], Worker] = {}
+
+    def start(self, action: str, key: str, work: Coroutine) -> None:
+        self._workers = {k: w for k, w in self._workers.items() if not w.is_finished}
+        # The name says what it was in an error's report; the registry is what is read.
+        self._workers[action, key] = self.app.run_worker(work, name=f"{action} {key}".strip(), group="actions", exit_on_error=False)
+
+    def under_way(self, action: str, key: str = "") -> bool:
+        worker = self._workers.get((action, key))
+        return worker is not None and not worker.is_finished
+
+    def keys(self, action: str) -> list[str]:
+        """The runs `action` is under way for, in the order it was started."""
+        return [key for (doing, key), worker in self._workers.items() if doing == action and not worker.is_finished]
 
 
 class RunActions(Guarded):
@@ -30,11 +58,15 @@ class RunActions(Guarded):
 
     _quit_asked = float("-inf")  # when q last met a kill under way
 
+    @cached_property
+    def in_flight(self) -> InFlight:
+        return InFlight(self)
+
     async def action_quit(self) -> None:
         # Quitting ends the kill under way between its SIGTERM and its SIGKILL: a run that
         # ignores SIGTERM would live on, its release never checked. Said first; q again
         # within 5 s quits anyway.
-        stopping = [w.name.removeprefix("kill ") for w in self.workers if w.name.startswith("kill ") and w.is_running]
+        stopping = self.in_flight.keys(KILL)
         if stopping and time.monotonic() - self._quit_asked > QUIT_AGAIN_S:
             self._quit_asked = time.monotonic()
             self.notify(f"stopping {', '.join(stopping)} is under way (its SIGKILL and release check would not happen): "
@@ -54,21 +86,17 @@ class RunActions(Guarded):
             return
         # One dialog at a time: keys that come while the plan is still being read (a double
         # press, a key's repeat) stacked a dialog each, for the same run.
-        if self._worker_under_way("plan-kill"):
+        if self.in_flight.under_way(PLAN_KILL):
             return
         # A run being stopped (a trainer checkpoints on SIGTERM: tens of seconds) is not
         # offered again: a second R while the first stopped it relaunched it twice.
         if self._being_stopped(run):
             return
-        self.run_worker(self._plan_kill(run, relaunch), name="plan-kill", group="actions", exit_on_error=False)
-
-    def _worker_under_way(self, name: str) -> bool:
-        """Whether a worker of that name is under way: the guard of an action done once."""
-        return any(worker.name == name and worker.is_running for worker in self.workers)
+        self.in_flight.start(PLAN_KILL, "", self._plan_kill(run, relaunch))
 
     def _being_stopped(self, run: RunState) -> bool:
         """Whether a kill of this run is under way (and say so)."""
-        if self._worker_under_way(f"kill {run.key}"):
+        if self.in_flight.under_way(KILL, run.key):
             self.notify(f"{run.key} is being stopped", timeout=4)
             return True
         return False
@@ -100,7 +128,7 @@ class RunActions(Guarded):
         def confirm_kill(delivery: Delivery | None) -> None:
             def answered(yes: bool | None) -> None:
                 if yes:
-                    self.run_worker(self._kill(run, plan, relaunch, delivery), name=f"kill {run.key}", group="actions", exit_on_error=False)
+                    self.in_flight.start(KILL, run.key, self._kill(run, plan, relaunch, delivery))
 
             self.push_screen(KillConfirm(run.key, plan, self.pending.get(run.key, {}) if relaunch else None), answered)
 
@@ -150,7 +178,7 @@ class RunActions(Guarded):
             freed = f"{run.key}: GPU released in {time.monotonic() - signalled:.1f}s"
             self.notify(freed + ("; relaunching…" if relaunch else "; its checkpoint is being made durable"), timeout=5)
             if relaunch:
-                self.run_worker(self._relaunch(run, sent), name=f"relaunch {run.key}", group="actions", exit_on_error=False)
+                self.in_flight.start(RELAUNCH, run.key, self._relaunch(run, sent))
 
         try:
             report = await kill.kill_run(watched.host, plan, grace_s=self.grace_s, smi=watched.smi, on_released=released)
@@ -182,13 +210,12 @@ class RunActions(Guarded):
         if run is None:
             return
         # One relaunch of a run at a time: a double press on an ended run launched two copies.
-        relaunching = f"relaunch {run.key}"
-        if self._worker_under_way(relaunching):
+        if self.in_flight.under_way(RELAUNCH, run.key):
             return
         if self._being_stopped(run):  # R's relaunch may follow; r again once it has ended
             return
         if run.info.state != runs.RunPhase.RUNNING:
-            self.run_worker(self._relaunch(run), name=relaunching, group="actions", exit_on_error=False)
+            self.in_flight.start(RELAUNCH, run.key, self._relaunch(run))
             return
         # A second copy beside a live original doubles its GPU memory: say so, default No.
         question = Text()
@@ -202,7 +229,7 @@ class RunActions(Guarded):
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.run_worker(self._relaunch(run), name=relaunching, group="actions", exit_on_error=False)
+                self.in_flight.start(RELAUNCH, run.key, self._relaunch(run))
 
         self.push_screen(Confirm(question, "Yes, run both", text_id="relaunch-question"), answered)
 
@@ -232,7 +259,7 @@ class RunActions(Guarded):
         """The relaunched run, adopted; the screen that showed its parent shows it."""
         new = self._adopt(info)
         shown = self.shown_screen()
-        if getattr(shown, "run_key", None) == run.key:
+        if isinstance(shown, RunScreen) and shown.run_key == run.key:
             shown.show_run(new.key)
         return new
 
@@ -264,7 +291,7 @@ class RunActions(Guarded):
         self.demo_run = info
         run = self._adopt(info)
         shown = self.shown_screen()
-        if getattr(shown, "run_key", "") is None:
+        if isinstance(shown, RunScreen) and shown.run_key is None:  # the demo's screen, waiting for it
             shown.show_run(run.key)
 
     def action_edit(self) -> None:

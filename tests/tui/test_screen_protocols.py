@@ -13,10 +13,9 @@ from tui.screens.run import RunScreen
 
 TUI = Path(__file__).resolve().parents[2] / "tui"
 # Probes by name left, each with its reason: textual_compat reaches Textual's private
-# names by definition; tui/run_actions.py (`run_key`, `judged`: issue 36 is changing that
-# module) and tui/monitor.py (a snapshot that may be None) are not yet typed; tui/guard.py
-# asks a function whether functools.wraps already wrapped it.
-PROBES_LEFT = {"textual_compat.py": 6, "guard.py": 1, "run_actions.py": 2, "monitor.py": 1}
+# names by definition; tui/monitor.py (a snapshot that may be None) is not yet typed;
+# tui/guard.py asks a function whether functools.wraps already wrapped it.
+PROBES_LEFT = {"textual_compat.py": 6, "guard.py": 1, "monitor.py": 1}
 
 
 def test_each_screen_offers_what_its_type_says():
