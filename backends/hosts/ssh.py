@@ -1,9 +1,5 @@
-"""Hosts: where commands run. Every command is an argv list; quoting happens once, here.
-
-`LocalHost` runs argv with asyncio subprocesses. `SSHHost` (asyncssh) keeps one connection
-per host and opens a channel per command. Both apply the host's command prefix (for
-containers: `pct exec 129 --`, `docker exec NAME`) to every argv.
-"""
+"""A host reached over SSH (asyncssh): one connection per host, a channel per command,
+reconnected with backoff after a drop, host keys checked."""
 
 from __future__ import annotations
 
@@ -12,195 +8,21 @@ import contextlib
 import os
 import shlex
 import time
-from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 
 import asyncssh
 
+from backends.hosts.base import (
+    CHUNK_BYTES,
+    DEFAULT_RUNS_ROOT,
+    AuthFailed,
+    CommandResult,
+    Host,
+    HostError,
+    HostKeyRejected,
+    HostUnreachable,
+)
 from backends.retry import Backoff
-from training.contract import RUNS_ROOT as DEFAULT_RUNS_ROOT
-
-CHUNK_BYTES = 1 << 16
-
-
-class HostError(Exception):
-    """A host could not do what was asked; the message names the host."""
-
-    def __init__(self, host: str, message: str):
-        super().__init__(f"{host}: {message}")
-        self.host = host
-        self.reason = message
-
-
-class HostUnreachable(HostError):
-    """No connection could be made (refused, timed out, dropped and not yet back)."""
-
-
-class HostKeyRejected(HostError):
-    """The host's key is unknown to known_hosts or does not match it."""
-
-
-class AuthFailed(HostError):
-    """The host refused our credentials."""
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0
-
-
-def check_argv(argv: Sequence[str]) -> list[str]:
-    """Commands are non-empty lists of strings; anything else is a programming error."""
-    argv = list(argv)
-    if not argv or not all(isinstance(a, str) for a in argv):
-        raise TypeError(f"argv must be a non-empty list of str, got {argv!r}")
-    if any("\x00" in a for a in argv):
-        raise ValueError("argv items may not contain NUL bytes")
-    return argv
-
-
-class Host(ABC):
-    """A machine that runs argv lists. Subclasses implement `run` and `chunks`."""
-
-    def __init__(self, name: str, *, prefix: Sequence[str] = (), runs_root: str = DEFAULT_RUNS_ROOT):
-        self.name = name
-        self.prefix = list(prefix)
-        self.runs_root = runs_root
-
-    @property
-    def is_local(self) -> bool:
-        return False
-
-    def full_argv(self, argv: Sequence[str]) -> list[str]:
-        return self.prefix + check_argv(argv)
-
-    def shell_command(self, argv: Sequence[str]) -> str:
-        """The one place argv becomes a shell string (for SSH and tmux)."""
-        return shlex.join(self.full_argv(argv))
-
-    @abstractmethod
-    async def run(
-        self, argv: Sequence[str], *, input: str | None = None, timeout: float | None = 30.0
-    ) -> CommandResult:
-        """Run argv to completion; raise HostError if the host cannot be reached."""
-
-    @abstractmethod
-    def chunks(self, argv: Sequence[str]) -> AsyncIterator[bytes]:
-        """Run argv and yield its stdout as raw byte chunks until it exits.
-
-        Closing the iterator stops the process. Raises HostError when the host is lost.
-        """
-
-    async def lines(self, argv: Sequence[str]) -> AsyncIterator[str]:
-        """Run argv and yield its stdout line by line (without the newline) until it exits.
-
-        A last line without a newline is yielded when the process exits. Closing the
-        iterator stops the process. Raises HostError when the host is lost.
-        """
-        pending = b""
-        async with contextlib.aclosing(self.chunks(argv)) as chunks:
-            async for chunk in chunks:
-                *complete, pending = (pending + chunk).split(b"\n")
-                for line in complete:
-                    yield line.decode(errors="replace")
-        if pending:
-            yield pending.decode(errors="replace")
-
-    async def home(self) -> str:
-        """The home directory on the host (inside the prefix's container), for `~` paths."""
-        result = await self.run(["sh", "-c", 'printf %s "$HOME"'])
-        if not result.ok or not result.stdout:
-            raise HostError(self.name, f"cannot read $HOME: {result.stderr.strip()}")
-        return result.stdout
-
-    async def expanded_runs_root(self) -> str:
-        """Its runs root as a path on the host (`~` made its home), with no trailing slash."""
-        root = self.runs_root
-        if root == "~" or root.startswith("~/"):
-            root = (await self.home()).rstrip("/") + root[1:]
-        return root.rstrip("/")
-
-    async def close(self) -> None:
-        return None
-
-
-class LocalHost(Host):
-    def __init__(self, name: str = "local", *, prefix: Sequence[str] = (), runs_root: str = DEFAULT_RUNS_ROOT):
-        super().__init__(name, prefix=prefix, runs_root=runs_root)
-
-    @property
-    def is_local(self) -> bool:
-        return not self.prefix
-
-    async def run(self, argv, *, input=None, timeout=30.0):
-        full = self.full_argv(argv)
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *full,
-                stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
-            )
-        except FileNotFoundError:
-            return CommandResult(127, "", f"{full[0]}: command not found")
-        try:
-            out, err = await asyncio.wait_for(
-                proc.communicate(input.encode() if input is not None else None), timeout
-            )
-        except asyncio.TimeoutError:
-            raise HostError(self.name, f"command timed out after {timeout}s: {shlex.join(full)}") from None
-        finally:
-            # Timed out or cancelled (a monitor stopping, the app quitting): the command
-            # must not outlive the call, nor its pipes be left for the loop's close.
-            await _killed(proc)
-        return CommandResult(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
-
-    async def chunks(self, argv):
-        full = self.full_argv(argv)
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *full,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        except FileNotFoundError:
-            raise HostError(self.name, f"{full[0]}: command not found")
-        try:
-            assert proc.stdout is not None
-            while chunk := await proc.stdout.read(CHUNK_BYTES):
-                yield chunk
-        finally:
-            await _killed(proc)
-
-
-async def _killed(proc: asyncio.subprocess.Process) -> None:
-    """Kill proc if it still runs and reap it, even through further cancellations (a
-    worker cancelled again while it cleans up, as the app quits): a process left unreaped
-    when the event loop closes is reported as an error, its pipes collected without a loop.
-    A SIGKILLed process is reaped within milliseconds; a cancellation that arrived
-    meanwhile is raised afterwards."""
-    if proc.returncode is None:
-        proc.kill()
-    cancelled = None
-    while True:
-        try:
-            await proc.wait()
-            break
-        except asyncio.CancelledError as error:
-            cancelled = error
-    if cancelled is not None:
-        raise cancelled
-
 
 # Runs argv with stdin from /dev/null; SIGTERMs it when our stdin (the channel) closes.
 # (A background job's stdin is /dev/null unless redirected, hence fd 3.) It goes before the

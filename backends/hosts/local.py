@@ -1,0 +1,87 @@
+"""This machine as a host: each argv run with an asyncio subprocess, never outliving
+the call."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from collections.abc import Sequence
+
+from backends.hosts.base import (
+    CHUNK_BYTES,
+    DEFAULT_RUNS_ROOT,
+    CommandResult,
+    Host,
+    HostError,
+)
+
+
+class LocalHost(Host):
+    def __init__(self, name: str = "local", *, prefix: Sequence[str] = (), runs_root: str = DEFAULT_RUNS_ROOT):
+        super().__init__(name, prefix=prefix, runs_root=runs_root)
+
+    @property
+    def is_local(self) -> bool:
+        return not self.prefix
+
+    async def run(self, argv, *, input=None, timeout=30.0):
+        full = self.full_argv(argv)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *full,
+                stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+        except FileNotFoundError:
+            return CommandResult(127, "", f"{full[0]}: command not found")
+        try:
+            out, err = await asyncio.wait_for(
+                proc.communicate(input.encode() if input is not None else None), timeout
+            )
+        except asyncio.TimeoutError:
+            raise HostError(self.name, f"command timed out after {timeout}s: {shlex.join(full)}") from None
+        finally:
+            # Timed out or cancelled (a monitor stopping, the app quitting): the command
+            # must not outlive the call, nor its pipes be left for the loop's close.
+            await _killed(proc)
+        return CommandResult(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    async def chunks(self, argv):
+        full = self.full_argv(argv)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *full,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except FileNotFoundError:
+            raise HostError(self.name, f"{full[0]}: command not found")
+        try:
+            assert proc.stdout is not None
+            while chunk := await proc.stdout.read(CHUNK_BYTES):
+                yield chunk
+        finally:
+            await _killed(proc)
+
+
+async def _killed(proc: asyncio.subprocess.Process) -> None:
+    """Kill proc if it still runs and reap it, even through further cancellations (a
+    worker cancelled again while it cleans up, as the app quits): a process left unreaped
+    when the event loop closes is reported as an error, its pipes collected without a loop.
+    A SIGKILLed process is reaped within milliseconds; a cancellation that arrived
+    meanwhile is raised afterwards."""
+    if proc.returncode is None:
+        proc.kill()
+    cancelled = None
+    while True:
+        try:
+            await proc.wait()
+            break
+        except asyncio.CancelledError as error:
+            cancelled = error
+    if cancelled is not None:
+        raise cancelled
