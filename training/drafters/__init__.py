@@ -1,7 +1,9 @@
 """What the training loop asks of a drafter, so training/loop.py reads once for EAGLE-3
 (drafters/eagle3.py) and DFlash (drafters/dflash.py): build it on the verifier with the
 module a step runs, run a step's forward and backward, turn the step's sums into its event's
-fields, and say what its checkpoints and its `oom` event add.
+fields, and say what its checkpoints and its `oom` event add. Each module also makes its
+drafter's shape and knobs from `trackside train`'s flags (`config_from_flags`, with
+`base_shape` here).
 
 A step scores positions in units: EAGLE-3's are TTT steps, DFlash's block offsets. The loop
 sums each unit's losses and agreements over the ranks and hands the means to
@@ -29,6 +31,8 @@ class Scored(Protocol):
 
 
 class Drafter(ABC):
+    """One drafter's part of the training loop, for one run's settings."""
+
     @abstractmethod
     def build(self, dataset: Dataset, device: torch.device, share: tuple[int, int]
               ) -> tuple[nn.Module, nn.Module]:
