@@ -7,7 +7,7 @@
     checkpoints/step-<N>/config.json         drafter shape and data facts, for export
     checkpoints/latest                       "step-<N>", repointed last
 
-Tensors are whole, whatever the sharding of the run that wrote them (training/loop.py
+Tensors are whole, whatever the sharding of the run that wrote them (training/distributed.py
 gathers them to rank 0), and the optimizer state is keyed by parameter name: a checkpoint
 resumes at another world size, under DDP or FSDP. One written before that keyed it by
 the optimizer's parameter order; `optimizer_by_name` reads both.

@@ -321,6 +321,8 @@ def train(cfg: TrainConfig) -> int:
     metrics.write(contract.END, status=status)
     metrics.close()
     leave_processes()
+    if mirror is not None:
+        mirror.unpin()  # now, faster than the exit would (Mirror.unpin)
     if status == contract.STOPPED and rank == 0:
         print(f"train: stopped; exiting {stop.since()}", flush=True)
     return EXIT_OK

@@ -96,3 +96,20 @@ def test_a_trainer_stopped_through_the_mirror_resumes_on_the_uninterrupted_curve
     assert len(resumed) >= 10
     for e in resumed:
         assert e["loss"] == pytest.approx(expected[e["step"]], rel=1e-6), e["step"]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_mirror_is_page_locked_filled_from_the_device_and_unpinned():
+    device = torch.device("cuda")
+    weights, state = state_like()
+    on_gpu = {k: t.to(device) for k, t in weights.items()}
+    files, _ = checkpoint.tensor_files(on_gpu, state)
+    mirror = Mirror.start(files, device)
+    assert mirror.ready.wait(60) and mirror.failed is None
+    assert all(image.pinned for image in mirror.images.values())
+    images = mirror.fill(files)
+    read = load_file(f"/proc/self/fd/{images[checkpoint.WEIGHTS]}")
+    assert all(torch.equal(read[k], t) for k, t in weights.items())
+    mirror.unpin()
+    assert not any(image.pinned for image in mirror.images.values())
+    assert torch.equal(load_file(f"/proc/self/fd/{images[checkpoint.WEIGHTS]}")["b.f32"], weights["b.f32"])
