@@ -111,15 +111,16 @@ async def watch(
     hosts: list[Watched],
     book: alerts.AlertBook,
     *,
+    say: Callable[[str], None],
     command: list[str] | None = None,
     timeout_s: float = alerts.COMMAND_TIMEOUT_S,
     interval_s: float = INTERVAL_S,
     grace_s: float = kill.GRACE_S,
     once: bool = False,
-    say: Callable[[str], None] = print,
     clock: Callable[[], float] = time.time,
 ) -> int:
-    """Poll until cancelled (or once); say each alert raised and cleared. A multi-node
+    """Poll until cancelled (or once); `say` each alert raised and cleared, a line each
+    (the command prints them). With `once`, 1 if any alert is up, else 0. A multi-node
     run's live nodes are stopped (SIGTERM, SIGKILL after `grace_s`) once one has died."""
     sent: set[asyncio.Task] = set()
 
