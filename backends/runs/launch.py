@@ -295,7 +295,7 @@ async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False,
     parent = await read_manifest(host, run_id)
     if len(parent.get("nodes") or []) > 1:  # one node alone would wait for the others forever
         spans = ", ".join(n["host"] for n in parent["nodes"])
-        raise RunError(f"run {run_id} spans hosts {spans}: relaunch every node together (backends.nodes.relaunch_nodes)")
+        raise RunError(f"run {run_id} spans hosts {spans}: relaunch every node together (backends.relaunch)")
     argv = _without_resume(parent["argv"])
     resume_from = None
     if train_args_start(argv, train_command) is None:
