@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from backends import gpu, kill, runs, tmux  # noqa: E402
+from backends import gpu, kill, procs, runs, tmux  # noqa: E402
 from backends.hosts import LocalHost  # noqa: E402
 
 # The lent machines need NVLink multicast off; every child inherits these from os.environ.
@@ -130,8 +130,8 @@ def step_events(metrics: Path) -> list[dict]:
 
 async def run_tree(host, root: int) -> dict[int, str]:
     """The live processes of root's tree: pid → start time (identity against pid reuse)."""
-    table = await kill.process_table(host)
-    return {pid: table[pid].started for pid in kill.descendants(table, {root})}
+    table = await procs.process_table(host)
+    return {pid: table[pid].started for pid in procs.descendants(table, {root})}
 
 
 @dataclass
@@ -310,16 +310,16 @@ async def kill_section(host, plan: Plan, budget: Budget) -> list[str]:
         steps = await wait_for_steps(host, info, 3, budget.left(240, floor=90))  # the kill is the point
         lines.append(f"- bystander: pid {bystander.pid}, `python3 -c` outside tmux, "
                      f"{BYSTANDER_MIB} MiB on GPU {plan.bystander_gpu}")
-        table = await kill.process_table(host)
+        table = await procs.process_table(host)
         tree = {pid: table[pid].started
-                for pid in kill.process_tree(table, await tmux.list_panes(host, info.session))}
+                for pid in procs.process_tree(table, await tmux.list_panes(host, info.session))}
         workers = sorted(pid for pid in tree if is_worker(pid))
         if plan.fake_procs:
             declare_fake_holders(plan, workers, bystander.pid)
         lines.append(f"- killing after {len(steps)} step events; the run's tree: {len(tree)} processes, "
                      f"workers (one per rank) {workers}")
         report = await kill.kill_run(host, info.run_id, grace_s=30, smi=plan.smi, nvml=plan.nvml)
-        after = await kill.process_table(host)
+        after = await procs.process_table(host)
         remaining = sorted(pid for pid, started in tree.items()
                            if pid in after and after[pid].started == started and not after[pid].zombie)
         end = [e for e in events(Path(info.run_dir, "metrics.jsonl")) if e["event"] in ("end", "checkpoint")]

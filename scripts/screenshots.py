@@ -123,7 +123,7 @@ def plot_text() -> Path:
     import io
     import tempfile
 
-    from tui.plot import main as plot_main
+    from tui.commands.plot import main as plot_main
     from tui.sample import CHILD_ID, RUN_ID, write_lineage
 
     with tempfile.TemporaryDirectory() as tmp:

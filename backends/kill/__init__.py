@@ -12,11 +12,6 @@ from backends.kill.stop import (
     PANE_EXIT_WAIT_S,
     kill_run,
 )
-from backends.procs import (  # scripts/multi_gpu.py reads them as kill.*
-    descendants,
-    process_table,
-    process_tree,
-)
 
 __all__ = [
     "DURABLE_WAIT_S",
@@ -29,10 +24,7 @@ __all__ = [
     "KillPlan",
     "KillReport",
     "SelfKill",
-    "descendants",
     "holding",
     "kill_run",
     "plan_kill",
-    "process_table",
-    "process_tree",
 ]

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from backends import kill, runs, streams, tmux
+from backends import kill, procs, runs, streams, tmux
 from backends.runs import RunPhase
 from tests.backends.test_kill import FAKE_SMI
 from tests.backends.test_runs import HOSTILE, argv_echo, eventually, tmux_dir, written  # noqa: F401 (fixture)
@@ -73,7 +73,7 @@ async def test_launch_stream_kill_relaunch_over_ssh(remote):
     assert all(len(e["loss_ttt"]) == 3 for e in steps(events))
 
     panes = await tmux.list_panes(remote, first.session)
-    (trainer,) = kill.process_tree(await kill.process_table(remote), panes) - {panes[0].pid}
+    (trainer,) = procs.process_tree(await procs.process_table(remote), panes) - {panes[0].pid}
     gpu_procs.write_text(json.dumps([{"pid": trainer, "gpu": 0, "used_mib": 4096}]))
     report = await kill.kill_run(remote, first.run_id, grace_s=60, smi=FAKE_SMI)
     # The trainer checkpoints on SIGTERM and exits 0 well within the grace period.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from backends import runs
 from tests.tui.conftest import screen_text, wait_for
-from tui.app_cli import dashboard
+from tui.commands.dashboard import dashboard
 from tui.screens.run import RunScreen
 
 PROGRESS = "Loading safetensors checkpoint shards:  19%|█▉        | 12/64 [00:10<00:42,  1.21it/s]"

@@ -22,7 +22,7 @@ import pytest
 
 from scripts.browser import Browser, find_chromium, terminal_text
 from scripts.local_box import end_tmux_server
-from tui import serve
+from tui.commands import serve
 from tui.app import TracksideApp, Watched
 from tui.keys import READ_ONLY_HIDDEN
 from tui.serve.server import ENDED, FULL
@@ -328,7 +328,7 @@ def test_a_port_in_use_and_a_missing_textual_serve_are_one_line(monkeypatch, cap
     err = capsys.readouterr().err
     assert "cannot listen on 127.0.0.1" in err and "--port" in err and "Traceback" not in err
     monkeypatch.setitem(sys.modules, "tui.serve.server", None)  # as if textual-serve were absent
-    monkeypatch.delattr(serve, "server", raising=False)
+    monkeypatch.delattr(sys.modules["tui.serve"], "server", raising=False)
     assert serve.main([]) == 1
     assert "pip install 'trackside[serve]'" in capsys.readouterr().err
 

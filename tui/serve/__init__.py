@@ -10,8 +10,3 @@ AppService, its terminal page's script and fonts. That way every request passes 
 guard (the token, the Host and Origin headers), the page reconnects by itself, and a
 browser that vanishes mid-stream ends its dashboard process.
 """
-
-from __future__ import annotations
-
-# The command, where tests/tui/test_serve.py reaches it (`from tui import serve`).
-from tui.commands.serve import TOKEN_ENV, main  # noqa: F401

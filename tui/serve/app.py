@@ -34,7 +34,7 @@ def die_with_parent() -> None:
 
 def main() -> int:
     die_with_parent()
-    from tui.app_cli import main as dashboard_main
+    from tui.commands.dashboard import main as dashboard_main
 
     return dashboard_main(sys.argv[1:])
 
