@@ -1,7 +1,7 @@
 """The operator's loop on a GPU, as the dashboard drives it: a run trains beside a
 bystander holding GPU memory; `R` stops it and relaunches it with a new max_seq_len the
-moment its GPU is free (backends.kill.kill_run and backends.runs.relaunch, as the app calls
-them), its checkpoint made durable meanwhile; then, through the CLI, `trackside kill` of
+moment its GPU is free (backends.kill.kill_run and backends.relaunch.relaunch, as the app
+calls them), its checkpoint made durable meanwhile; then, through the CLI, `trackside kill` of
 the child and `trackside relaunch --set max_seq_len=N --resume`, which must resume at the
 child's last step. Both drafters.
 
@@ -112,15 +112,16 @@ def bystander(smoke: bool) -> subprocess.Popen | None:
 async def r_key(runs_root: Path, run_id: str, max_seq_len: int, train: list[str]) -> dict:
     """R as the dashboard does it (tui/run_actions.py): the kill, and the relaunch (afresh,
     with the edit) started by the kill the moment the run's GPU is free."""
-    from backends import kill, runs
+    from backends import kill
     from backends.hosts import LocalHost
+    from backends.relaunch import relaunch
 
     host = LocalHost("local", runs_root=str(runs_root))
     relaunched: list[asyncio.Task] = []
     stopped_at = time.time()
     report = await kill.kill_run(host, run_id, grace_s=120, on_released=lambda: relaunched.append(asyncio.ensure_future(
-        runs.relaunch(host, run_id, {"max_seq_len": max_seq_len}, train_command=train))))  # fmt: skip
-    child = await relaunched[0]
+        relaunch({host.name: host}, host, run_id, {"max_seq_len": max_seq_len}, train_commands={host.name: train}))))  # fmt: skip
+    child, _ = await relaunched[0]
     return {"stopped_at": stopped_at, "report": report.to_json(), "child": child.to_json()}
 
 
