@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from training.params import EXCLUSIVE, PARAMS, Param, ParamError, count_recomputed, flag_index, has_value, read_params as read
+from training.params import EXCLUSIVE, PARAMS, Param, ParamError, anchor_room, count_recomputed, flag_index, has_value, read_params as read
 
 __all__ = ["PARAMS", "Param", "ParamError", "apply", "check", "conflicts", "parse_sets", "read", "set_flag"]
 
@@ -75,7 +75,7 @@ def conflicts(params: dict, drafter: str = "eagle3") -> list[ParamError]:
         return []
     if block is not None and block > length:
         return [ParamError("block_size", f"must be ≤ max_seq_len {_shown(length)} (got {_shown(block)})")]
-    room = length - block + 1 if block is not None else length
+    room = anchor_room(length, block) if block is not None else length
     anchors = params.get("max_anchors")
     if anchors is not None and anchors > room:
         blocks = f"the blocks of {block}" if block is not None else "the positions"

@@ -52,8 +52,9 @@ from bench.random_data import prompt_len  # noqa: E402
 from bench.train_step import (profile_steps, sample_lengths,  # noqa: E402
                               speculators_loss_implementation)
 from training.config import DFLASH_PRESETS, DFLASH_TRAINING_PRESETS  # noqa: E402
+from training.params import PARAMS  # noqa: E402
 
-GAMMA = 7.0
+GAMMA = PARAMS["dflash_gamma"].default  # both trainers at the trainer's default
 LR = 1e-4
 QWEN3 = {"preset": "qwen3-8b", "max_seq_len": 8192, "max_anchors": 512, "block_size": 16,
          "soft_kl": 0.0, "loss_chunk": 2048}

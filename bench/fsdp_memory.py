@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 from training import memory
 from training.config import DFLASH_PRESETS, DFLASH_TRAINING_PRESETS, PRESETS
 from training.memory import dflash as dflash_memory
+from training.params import anchor_room
 
 GiB = 2**30
 # The issue's drafters: Kimi-K2's EAGLE-3 head, and the story's five-layer DFlash drafter
@@ -203,8 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             data = ["--data", str(work / drafter)]
             if drafter == "dflash":
                 anchors = DFLASH_TRAINING_PRESETS["story"]["max_anchors"]
-                data += ["--max-anchors", str(min(anchors, args.max_seq_len
-                                                  - cfg.block_size + 1))]
+                data += ["--max-anchors", str(min(anchors, anchor_room(args.max_seq_len, cfg.block_size)))]
         for sharding in memory.SHARDINGS:
             rows.append(run_one(drafter, sharding, args, data, work))
             print(describe(rows[-1:]), flush=True)

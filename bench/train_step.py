@@ -54,6 +54,7 @@ from bench.random_data import prompt_len  # noqa: E402
 from bench.timing import median_seconds  # noqa: E402
 from training.config import PRESETS, DrafterConfig  # noqa: E402
 from training.device import use_cuda_allocator_settings  # noqa: E402
+from training.params import PARAMS  # noqa: E402
 
 # trackside takes its options as suffixes, in this order: +frozen (--freeze-lm-head, its
 # draft head kept at the verifier's as speculators keeps it: the same work as speculators,
@@ -78,7 +79,7 @@ def trackside_options(name: str) -> tuple[int, bool]:
 
 DEFAULT_CELLS = [f"llama3-8b:{L}:{K}" for L in (8192, 16384, 32768) for K in (3, 5, 7)]
 SAMPLE_LEN = (1536, 2560)
-TTT_DECAY = 0.8
+TTT_DECAY = PARAMS["ttt_decay"].default
 LR = 1e-4
 
 

@@ -1,6 +1,8 @@
-"""Each fact of the trainer's parameters is written once in training/: the DFlash anchor
-rule and the drafters' defaults live on the parameter table (training/params.py), and
-every other place reads them there. A second copy is a value that can drift from the first
+"""Each fact of the trainer's parameters is written once in the product (training/,
+backends/, tui/): the DFlash anchor rule and the drafters' defaults live on the parameter
+table (training/params.py), and every other place reads them there. Not counted:
+tui/sample.py's sample runs, and bench/'s cells, which pin the configuration they measure
+(512 anchors is the DFlash cell's, as much as its 8,192 tokens). A second copy is a value that can drift from the first
 (`trackside fit` predicting for 512 anchors while the trainer draws 1,024).
 
 Only code counts: comments and docstrings may quote a value to explain it. A statement is
@@ -18,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-TRAINING = Path(__file__).resolve().parents[2] / "training"
+ROOT = Path(__file__).resolve().parents[2]
+CODE = ("training", "backends", "tui")
+SAMPLE = ROOT / "tui" / "sample.py"
 
 # What is written once, and a pattern for a statement that writes it.
 FACTS = {
@@ -57,8 +61,8 @@ def statements(path: Path) -> list[tuple[int, str]]:
 
 def writings(pattern: str) -> list[str]:
     compiled = re.compile(pattern)
-    return [f"{path.relative_to(TRAINING.parent)}:{line}: {text}"
-            for path in sorted(TRAINING.rglob("*.py"))
+    return [f"{path.relative_to(ROOT)}:{line}: {text}"
+            for package in CODE for path in sorted((ROOT / package).rglob("*.py")) if path != SAMPLE
             for line, text in statements(path) if compiled.search(text)]
 
 
