@@ -17,9 +17,8 @@ RESULTS = ROOT / "bench" / "results"
 # A result file as the pages name it: with or without its folder, a glob or a {a,b} choice
 # standing for several, its extension left off where "and `.json`" follows.
 NAMED = re.compile(r"(?<![\w-])(h200-[A-Za-z0-9_.{},*\-]*[A-Za-z0-9_*}])")
-# The folders whose code must cite docs/benchmarks.md by heading, never by round; tui/,
-# backends/ and training/ join once their comments do (issue 34).
-CITING = ("bench", "scripts")
+# The folders whose code must cite docs/benchmarks.md by heading, never by round.
+CITING = ("tui", "backends", "training", "bench", "scripts", "tests")
 
 
 def headings(page: Path) -> list[str]:

@@ -132,7 +132,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
 def compiled_flex():
     # Dynamic shapes: one kernel for every row length, found in inductor's on-disk cache
     # by a relaunch with a new max_seq_len, whose first step then skips the compile
-    # (docs/benchmarks.md, "Launch to the first step at a new max_seq_len", rounds 4-8).
+    # (docs/benchmarks.md, "The first step at a new max_seq_len").
     return torch.compile(flex_attention, dynamic=True)
 
 
@@ -180,7 +180,7 @@ def flex_kernel_options(q: Tensor, divisible: bool = True) -> dict | None:
     (likely because a query whose sample starts inside its kv block has no key in the
     first block the kernel visits). On Hopper (sm90), for head_dim up to 128, the backward
     tiles a sweep found faster than inductor's default. Measured in docs/benchmarks.md,
-    rounds 6 and 8."""
+    "The diagonal-key fold in Triton, flex's sm90 tiles" and "flex told its rows are whole blocks"."""
     if not q.is_cuda:
         return None
     options = {"IS_DIVISIBLE": True} if divisible else {}
@@ -193,7 +193,7 @@ def flex_kernel_options(q: Tensor, divisible: bool = True) -> dict | None:
 def _fold_passes(q: Tensor):
     """The fold's forward and backward for q's device: Triton kernels on CUDA
     (training/fold_triton.py: inductor's compile of the functions above ran far below the
-    copy bandwidth; docs/benchmarks.md, round 8), those functions elsewhere."""
+    copy bandwidth; docs/benchmarks.md, "The diagonal-key fold in Triton, flex's sm90 tiles"), those functions elsewhere."""
     if q.is_cuda:
         from training import fold_triton  # imports Triton, which CUDA machines have
         return fold_triton.fold_forward, fold_triton.fold_backward

@@ -8,7 +8,7 @@ serves every row length and a relaunch with a new max_seq_len finds it in induct
 on-disk cache instead of compiling again. The model's own sizes (hidden, heads, head_dim,
 vocab) stay constants: with every size symbolic (dynamic=True) the kernels pay for index
 arithmetic on sizes that never change (bench/islands.py measures it; docs/benchmarks.md,
-round 7).
+"Compiled islands: which sizes are symbols").
 CPU tensors (the tests, the demo) run the same functions eagerly.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The diagonal-key fold (attention.with_diagonal_keys) as Triton kernels, for CUDA.
 
 Compiled by inductor, the fold ran at a small fraction of the GPU's copy bandwidth whether
-its graph was one or four (docs/benchmarks.md, rounds 7 and 8). Here each program takes one query
+its graph was one or four (docs/benchmarks.md, "The diagonal-key fold in Triton, flex's sm90 tiles"). Here each program takes one query
 head and a block of rows and loops over the S diagonal keys with the row's tile in
 registers: forward in two passes over the keys (the softmax's maximum and sum, then the
 weights and the mixed values), backward in one kernel per query head (the gradients of q,

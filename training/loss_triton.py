@@ -1,7 +1,7 @@
 """The loss's per-chunk pass (loss._chunk_losses) as one Triton kernel, for CUDA.
 
 Inductor compiled the pass as a looped reduction well below the GPU's copy bandwidth
-(docs/benchmarks.md, round 10). Each program takes one row: a first sweep over the
+(docs/benchmarks.md, "The loss's chunk pass in Triton, three copies gone"). Each program takes one row: a first sweep over the
 vocabulary keeps, per lane, a running maximum, sum of exponentials, first index of the
 maximum and sum of q * z, and folds the lanes once at the end; the second sweep writes
 the gradient, reading the row again while it is still in L2.

@@ -47,7 +47,8 @@ def side_by_side_norms(a: Tensor, b: Tensor, weight_a: Tensor, weight_b: Tensor,
     """[rms_norm(a) ; rms_norm(b)] in one island: the norms write the concatenation's
     halves, and backward takes its gradient whole. Two compiled norms and a cat wrote both
     halves twice, and each norm's backward, handed a strided half of the gradient, copied
-    it first: two [tokens x hidden] copies per TTT step (docs/benchmarks.md, round 10)."""
+    it first: two [tokens x hidden] copies per TTT step (docs/benchmarks.md,
+    "The loss's chunk pass in Triton, three copies gone")."""
     return torch.cat([_normalise(a, weight_a, eps), _normalise(b, weight_b, eps)], dim=-1)
 
 
@@ -55,7 +56,7 @@ def rotary_tables(positions: Tensor, head_dim: int, theta: float,
                   dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """cos and sin of the rotary angles at positions [B, L], [B, L, 1, head_dim / 2] each.
     Made once per TTT step for both q and k: computed inside rope, the transcendentals ran
-    per head and per rotated tensor (docs/benchmarks.md, round 6)."""
+    per head and per rotated tensor (docs/benchmarks.md, "RoPE from per-step tables")."""
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device,
                                        dtype=dtype) / head_dim)
     angles = positions[:, :, None, None].to(dtype) * inv_freq
@@ -89,7 +90,8 @@ class Attention(nn.Module):
         # [B, heads, L, D] views of token-major [B, L, heads, D] tensors: flex_attention
         # and the fold write their outputs and q's gradient in q's layout, so the heads
         # merge back into o_proj's input, and q's gradient into q_proj's, without a copy
-        # (head-major layout copied each of them per TTT step: docs/benchmarks.md, round 10).
+        # (head-major layout copied each of them per TTT step: docs/benchmarks.md,
+        # "The loss's chunk pass in Triton, three copies gone").
         q = rope(self.q_proj(x).view(B, L, -1, d), *rotary).transpose(1, 2)
         k = rope(self.k_proj(x).view(B, L, -1, d), *rotary).transpose(1, 2)
         v = self.v_proj(x).view(B, L, -1, d).transpose(1, 2)
@@ -111,7 +113,7 @@ class MLP(nn.Module):
         weight, SwiGLUDown (a Function: autocast's cache does not reach its backward) would
         cast it again in every step's backward and hand back an fp32 gradient per step to
         add: a [hidden x intermediate] copy per TTT step, where one cast and one gradient
-        serve the unroll (docs/benchmarks.md, round 9)."""
+        serve the unroll (docs/benchmarks.md, "down_proj cast once per unroll")."""
         weight, device = self.down_proj.weight, self.down_proj.weight.device.type
         if torch.is_autocast_enabled(device):
             return weight.to(torch.get_autocast_dtype(device))
@@ -320,7 +322,8 @@ class Eagle3Drafter(nn.Module):
             # Outside the checkpoint: the loss keeps its gradients, not its inputs, so a
             # recomputation would redo its three head matmuls for nothing. The positions
             # as whole rows of the flattened batch: indexed as hidden[rows, cols], CUDA
-            # gathered them element by element (docs/benchmarks.md, round 10).
+            # gathered them element by element (docs/benchmarks.md,
+            # "The loss's chunk pass in Triton, three copies gone").
             flat = rows * L + cols
             total, losses, agree = soft_cross_entropy(
                 self.norm(hidden.flatten(0, 1).index_select(0, flat)), self.lm_head.weight,

@@ -180,7 +180,7 @@ def test_the_loader_resumes_and_splits_global_batches_over_ranks(cache):
 @pytest.mark.gpu
 def test_the_loader_collates_into_pinned_memory_for_a_cuda_device(cache):
     # Pageable batches cost the loop 20 % of a llama3-8b 8192 × 5 step (docs/benchmarks.md,
-    # round 6): the device copy of pinned ones is fast and does not block the CPU.
+    # "Pinned batches in the training loop"): the device copy of pinned ones is fast and does not block the CPU.
     data = Dataset(synthetic_dataset(0))
     batches = []
     for pin in (True, False):
