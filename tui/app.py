@@ -24,6 +24,7 @@ from textual.screen import Screen
 
 from backends import gpu, kill, runs, series
 from backends.alerts import COMMAND_TIMEOUT_S, Alert, AlertBook, Rules, run_command
+from backends.deliver import Delivery
 from backends.hosts import Host
 from training.contract import local_runs_root
 from tui.alerts import announce
@@ -45,6 +46,8 @@ class Watched:
     host: Host
     smi: str = gpu.DEFAULT_SMI
     train_command: list[str] | None = None
+    # What a relaunch ships there when its run recorded none (the host's `ship = true`).
+    ship: Delivery | None = None
 
 
 @dataclass

@@ -142,16 +142,17 @@ class RunActions(Guarded):
                          lambda answer: confirm_kill(delivery if answer == SHIP else None) if answer else None)  # fmt: skip
 
     async def _ship_offer(self, run: RunState) -> tuple[Delivery, list[tuple[str, list[str]]]] | None:
-        """For R on a run that shipped or synced code: what it took, if the code here now
-        differs from it, with the files that differ; else None."""
+        """For R on a run that shipped or synced code, or on a host that ships by default:
+        what it would take, if the code here differs from what the run runs, with the
+        files that differ; else None."""
         if not run.info.run_id or len(run.info.nodes) > 1:
             return None
-        host = self.watched[run.host].host
-        manifest = await runs.read_manifest(host, run.info.run_id)
-        delivery = Delivery.of_manifest(manifest)
+        watched = self.watched[run.host]
+        manifest = await runs.read_manifest(watched.host, run.info.run_id)
+        delivery = Delivery.of_manifest(manifest) or watched.ship
         if delivery is None:
             return None
-        differing = await delivery.changes(host, manifest)
+        differing = await delivery.changes(watched.host, manifest)
         return (delivery, differing) if differing else None
 
     async def _kill(self, run: RunState, plan: kill.KillPlan, relaunch: bool, delivery: Delivery | None = None) -> None:

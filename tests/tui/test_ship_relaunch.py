@@ -89,6 +89,29 @@ async def test_R_ships_the_edited_code_before_the_kill_and_the_child_runs_it(tmp
     assert listed.code_changed is True
 
 
+async def test_R_on_a_host_that_ships_by_default_offers_the_code_here_for_a_run_of_its_own_trainer(tmp_path, box, sshd):
+    """A host with `ship = true` (Watched.ship) and a run of the trainer installed there,
+    launched before shipping was on: R offers the package here, every file new to the
+    host, and the child runs it."""
+    host, _ = box
+    source = package(tmp_path, "shipped")
+    # The host's own trainer (this checkout's, installed in the interpreter sshd runs).
+    parent = await runs.launch(host, [str(sshd.python), "-m", "training", "train", "--synthetic", "--steps", "100000"])
+    app = TracksideApp([Watched(host, smi="nvidia-smi-absent", ship=Delivery(source, str(sshd.python)))],
+                       poll_interval=0.2, grace_s=5)  # fmt: skip
+    async with app.run_test(size=(80, 24)) as pilot:
+        key = f"gpu/{parent.run_id}"
+        await open_run_when(pilot, key, lambda run: run.info.state is RunPhase.RUNNING, "the host's trainer's run")
+        offer, _ = await ship_kill(pilot)
+        assert offer.differing == [(f"{source} → gpu", ["A training/__init__.py", "A training/__main__.py",
+                                                        "A training/value.py"])]  # fmt: skip
+        [child_key] = await wait_for(pilot, lambda: children(app, parent), 60, "the relaunched run")
+        child = await wait_for(pilot, lambda: app.runs[child_key].info.run_dir, 30, "its run dir")
+        await wait_for(pilot, lambda: Path(child, "metrics.jsonl").exists(), 30, "its start event")
+    assert start_value(child) == "shipped"
+    assert json.loads(Path(child, "manifest.json").read_text())["code"]["source"] == str(source)
+
+
 async def test_a_ship_that_fails_stops_nothing(tmp_path, box, sshd):
     host, full = box
     _, parent = await shipped_run(tmp_path, host, sshd.python)
