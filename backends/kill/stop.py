@@ -184,10 +184,15 @@ async def kill_run(
         if waiting == 0 and on_released is not None:
             on_released()
 
+    # Every node sends its SIGTERM once all have read their GPUs: a node that read slower
+    # and signalled later found its workers already stopped by the others (the trainer's
+    # all-reduce ends every rank at the same step) and signalled torchrun's agent instead.
+    together = asyncio.Barrier(waiting)
+
     async def node(one: KillPlan) -> KillReport | AlreadyEnded:
         try:
             return await _kill_node(one.via or host, one, grace_s, poll_s, one.smi or smi, gpu_timeout_s, nvml,
-                                    durable_timeout_s, released)  # fmt: skip
+                                    durable_timeout_s, released, together)  # fmt: skip
         except AlreadyEnded as ended:  # ended meanwhile: the others are still to be stopped
             released()
             return ended
@@ -241,10 +246,14 @@ async def _wait_durable(host: Host, plan: KillPlan, exited: float, timeout: floa
             await asyncio.sleep(max(poll_s, 0.1))
 
 
-async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml, durable_timeout_s, released) -> KillReport:
-    """One host's part of a kill."""
+async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml, durable_timeout_s, released,
+                     together: asyncio.Barrier) -> KillReport:
+    """One host's part of a kill; its signals go out when `together` lets every node's."""
     started = time.monotonic()
-    before = await gpu.read_gpus(host, smi, nvml=nvml)
+    try:
+        before = await gpu.read_gpus(host, smi, nvml=nvml)
+    finally:
+        await together.wait()
     first = {pid: plan.tree[pid] for pid in plan.first}
     signalled = await _signal(host, "TERM", first or plan.tree)
     if first and not signalled:  # the workers are gone: the agent and its shell get it

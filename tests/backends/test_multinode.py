@@ -58,6 +58,12 @@ def two_hosts(sshd, tmp_path, monkeypatch):
     for name, value in LOOPBACK.items():
         monkeypatch.setenv(name, value)
     env = ["env", f"TMUX_TMPDIR={tmux_dirs[1]}", f"XDG_CACHE_HOME={cache}", *(f"{k}={v}" for k, v in LOOPBACK.items())]
+    # node2's GPUs are slower to read than this machine's, as a remote host's are: a kill
+    # that signalled each node once it had read its GPUs reached node2's worker after the
+    # all-reduce had stopped it, and signalled its torchrun agent instead (exit 1).
+    slow_smi = tmp_path / "slow-nvidia-smi"
+    slow_smi.write_text(f"#!/bin/sh\nsleep 1.5\nexec {FAKE_SMI} \"$@\"\n")
+    slow_smi.chmod(0o755)
     path = tmp_path / "config.toml"
     path.write_text(
         f"[defaults]\nnvidia_smi = {json.dumps(FAKE_SMI)}\n"
@@ -65,6 +71,7 @@ def two_hosts(sshd, tmp_path, monkeypatch):
         f"[hosts.node2]\naddress = {json.dumps(sshd.address)}\nport = {sshd.port}\nuser = {json.dumps(sshd.user)}\n"
         f"known_hosts = {json.dumps(str(sshd.known_hosts))}\nidentity_file = {json.dumps(str(sshd.client_key))}\n"
         f"prefix = {json.dumps(env)}\nruns_root = {json.dumps(str(roots[1]))}\n"
+        f"nvidia_smi = {json.dumps(str(slow_smi))}\n"
     )
     yield str(path), roots[0], roots[1]
     end_tmux_server("tmux")
