@@ -63,9 +63,9 @@ class Recordings:
         fresh = [pid for pid, tape in tapes.items() if not tape.started]
         # A pane first read here: what its scrollback held when its recording started, then
         # the older segment of the recording where it has turned, then (below) the live one.
-        first = [(pid, recs[pid].scrollback, 0, "-") for pid in fresh] + [(f"{pid}.1", f"{recs[pid].log}.1", 0, "-") for pid in fresh]
+        first = [(pid, recs[pid].scrollback, 0, "-") for pid in fresh] + [(pid + recording.OLDER, f"{recs[pid].log}.1", 0, "-") for pid in fresh]
         for got in await recording.read(host, first, max_bytes=1 << 26):
-            pid, older = got.key.removesuffix(".1"), got.key.endswith(".1")
+            pid, older = got.key.removesuffix(recording.OLDER), got.key.endswith(recording.OLDER)
             tape = tapes[pid]
             if older:
                 self._fold(tape, got.data)
@@ -105,12 +105,18 @@ class Recordings:
         while True:
             full = False
             for got in await recording.read(host, [(key, path, tape.offset, tape.inode) for key, (tape, path) in files.items()]):
-                key, old = got.key.removesuffix(".1"), got.key.endswith(".1")
+                lost = got.key.endswith(recording.LOST)
+                old = lost or got.key.endswith(recording.OLDER)
+                key = got.key.removesuffix(recording.LOST).removesuffix(recording.OLDER)
                 if key not in files or got.size < 0:
                     continue  # not written yet
-                tape = files[key][0]
+                tape, path = files[key]
                 if old:  # the rest of the segment it turned from: read whole, then the live one from 0
                     tape.offset, tape.inode = 0, "-"
+                if lost and path in self._since:
+                    # A segment went unread (this reader was slower than a whole one): the
+                    # lines are whole again only from the end of the older segment kept.
+                    self._since[path] = got.mtime
                 else:
                     full |= len(got.data) >= recording.READ_BYTES
                     tape.offset, tape.inode = got.start + len(got.data), got.inode

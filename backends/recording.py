@@ -28,6 +28,7 @@ from backends import tmux
 from backends.hosts import Host, HostError
 
 SEGMENT_BYTES = 4 << 20
+OLDER, LOST = ".1", ".lost"  # a read's key suffixes: the older segment; it, after a lost one
 READ_BYTES = 1 << 20  # read at most this much of one pane a listing: a flood waits its turn
 PANES_DIR = "panes"
 
@@ -64,12 +65,16 @@ done
 # For each (key, file, offset, inode) after "$1" (bytes at most): a header `key size start
 # count mtime inode`, then count bytes of the file from start. A live file that is no longer
 # the inode last read has turned: the rest of the older segment comes first, whole, under
-# the key with ".1" added (all of it, where it turned twice and a segment between is gone).
+# the key with ".1" added; where it turned twice, the segment read last is gone, and the
+# older one kept comes whole under the key with LOST added. A file is known by its inode
+# and its birth time: ext4 hands the next file the inode just freed, so two turns could
+# leave a live file with the inode last read.
 _READ = r"""max=$1; shift
+ID='%i.%.9W'  # a file: its inode and its birth (ext4 gives a file the inode the one before it freed)
 emit() {  # key, file, offset, and at most how many bytes
   # One open file for its size and its bytes: a turn (the rotator's mv) between reading
   # the two from the path would send fewer bytes than the header says.
-  { set -- "$@" $(stat -L -c '%s %Y %i' /dev/fd/3)
+  { set -- "$@" $(stat -L -c "%s %Y $ID" /dev/fd/3)
     o=$3; [ "$5" -lt "$o" ] && o=0
     n=$(( $5 - o )); [ "$n" -gt "$4" ] && n=$4
     printf '\n\036%s %s %s %s %s %s\n' "$1" "$5" "$o" "$n" "$6" "$7"
@@ -79,8 +84,8 @@ emit() {  # key, file, offset, and at most how many bytes
 }
 while [ $# -ge 4 ]; do
   k=$1 f=$2 o=$3 i=$4; shift 4
-  if [ "$i" != - ] && [ "$(stat -c %i "$f" 2>/dev/null)" != "$i" ]; then
-    if [ "$(stat -c %i "$f.1" 2>/dev/null)" = "$i" ]; then emit "$k.1" "$f.1" "$o" 1099511627776; else emit "$k.1" "$f.1" 0 1099511627776; fi
+  if [ "$i" != - ] && [ "$(stat -c "$ID" "$f" 2>/dev/null)" != "$i" ]; then
+    if [ "$(stat -c "$ID" "$f.1" 2>/dev/null)" = "$i" ]; then emit "$k.1" "$f.1" "$o" 1099511627776; else emit "$k.lost" "$f.1" 0 1099511627776; fi
     o=0
   fi
   emit "$k" "$f" "$o" "$max"
@@ -151,7 +156,8 @@ class Read:
 async def read(host: Host, files: list[tuple[str, str, int, str]], max_bytes: int = READ_BYTES) -> list[Read]:
     """The bytes of each (key, path, offset, inode last read or "-") since its offset, at
     most `max_bytes` each, in one host command; a recording that turned since gives the
-    rest of its older segment first (key + ".1")."""
+    rest of its older segment first (key + OLDER), or, where it turned twice since and a
+    segment's lines are gone, the older segment whole (key + LOST)."""
     if not files:
         return []
     argv = ["sh", "-c", _READ, "sh", str(max_bytes), *(str(part) for entry in files for part in entry)]

@@ -186,6 +186,38 @@ async def test_a_recording_turns_over_and_every_line_is_read_once_in_order(tmux_
 
 
 
+
+async def test_a_reader_slower_than_a_whole_segment_says_its_lines_are_whole_only_since_the_loss(tmux_dir, runs_root, monkeypatch):  # noqa: F811
+    """A reader that comes back after the recording turned twice: the segment it had not
+    read is gone, and it says so: its lines are whole only from the end of the older
+    segment kept (`since` moves there), never from the recording's start."""
+    monkeypatch.setattr(recording, "SEGMENT_BYTES", 4096)
+    host = LocalHost(runs_root=runs_root)
+    subprocess.run(["tmux", "new-session", "-d", "-s", "flood", "sh", "-c",
+                    'sleep 1; echo "step=0 loss=2.0"; sleep 3; i=0; while [ $i -lt 400 ]; do i=$((i+1)); echo "step=$i loss=1.5 padding-to-forty"; done; sleep 600'],
+                   check=True)  # fmt: skip
+    reader = panes.Recordings()
+    first = None
+    for _ in range(50):  # read until the first line is in: the reader follows the live file
+        [first] = (await reader.read(host, await tmux.list_panes(host))).values()
+        if first.summary.step == 0:
+            break
+        await asyncio.sleep(0.1)
+    began = first.since
+    assert began is not None and first.summary.step == 0
+    done = Path(runs_root, "panes")
+    for _ in range(100):  # the flood: 400 lines of 42 bytes, four segments of 4 KiB
+        logs = list(done.rglob("0.log"))
+        if logs and b"step=400 " in logs[0].read_bytes():
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(1.1)  # a later mtime than the recording's start, to the second
+    [after] = (await reader.read(host, await tmux.list_panes(host), drain=True)).values()
+    steps = [s for s, _ in after.summary.curve]
+    assert steps[0] == 0 and steps[-1] == 400 and steps[1] > 1  # a segment's lines are gone
+    assert after.since is not None and after.since > began
+
+
 def test_every_pane_is_read_and_the_run_is_the_pane_whose_text_gives_steps(config, tmp_path):
     """A trainer in window 0 while the user looks at window 2: the run is window 0's pane,
     named as such."""
