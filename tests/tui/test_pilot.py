@@ -39,9 +39,10 @@ async def test_launch_kill_edit_relaunch(local_host):
         await wait_for(pilot, lambda: getattr(app.focused, "id", None) == "no", 5, "No focused: the default answer")
         await pilot.press("y")
         # As long as kill_run may take: the grace, SIGKILL's wait, then the GPU check (10 s
-        # by default) beside the pane's exit status. Alone it takes a few seconds; once, in a
-        # loaded full suite, it took over 40.
-        bound = GRACE_S + kill.KILL_WAIT_S + max(10, kill.PANE_EXIT_WAIT_S)
+        # by default) beside the pane's exit status, then the wait for the stopped trainer's
+        # checkpoint to be durable (its writer's fsyncs, slow on a loaded disk). Alone it
+        # takes a few seconds; in a loaded full suite it took over 40 twice.
+        bound = GRACE_S + kill.KILL_WAIT_S + max(10, kill.PANE_EXIT_WAIT_S) + kill.DURABLE_WAIT_S
         report = await wait_for(pilot, lambda: isinstance(app.screen, KillReportScreen) and app.screen, bound, "the kill report")
         assert set(confirm.plan.pids) <= set(report.report.signalled)
         assert not report.report.survivors
