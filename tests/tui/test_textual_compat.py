@@ -176,7 +176,9 @@ def test_on_handlers_are_told_apart():
 async def test_textual_serves_app_process_is_reached():
     async def ignore(*_) -> None: ...
 
-    service = AppService(f"{sys.executable} -c 'import time; time.sleep(30)'", write_bytes=ignore, write_str=ignore,
+    # `exec`: textual-serve starts the command with a shell, and a shell that forked it
+    # instead would leave it holding the pipes the kill below waits to see closed.
+    service = AppService(f"exec {sys.executable} -c 'import time; time.sleep(30)'", write_bytes=ignore, write_str=ignore,
                          close=ignore, download_manager=DownloadManager())  # fmt: skip
     assert textual_compat.app_service_process(service) is None  # not started
     await service.start(80, 24)
