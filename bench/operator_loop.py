@@ -168,6 +168,11 @@ def loop(drafter: str, smoke: bool, work: Path) -> dict:
     finally:
         if held is not None:
             held.kill()
+        # A run left behind by a failure (a run that ended first, a timeout): its session
+        # goes too, whatever state it is in.
+        for manifest in (work / "runs").glob("*/manifest.json"):
+            session = json.loads(manifest.read_text())["session"]
+            subprocess.run(["tmux", "kill-session", "-t", f"={session}"], capture_output=True)
     r_start, r_step = first(seen_child, "start"), steps(seen_child)[0]
     start, step = first(seen_resumed, "start"), steps(seen_resumed)[0]
     said = Path(child["run_dir"], "console.log").read_text(errors="replace").splitlines()
