@@ -19,7 +19,6 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
 
-from training.compiled import call_traced
 from training.config import FLEX_BLOCK as BLOCK
 
 
@@ -98,26 +97,23 @@ def doc_causal_block_mask(doc_ids: Tensor) -> BlockMask:
         (n_partial_before + 1)[:, None].to(i32), kv_indices[:, None].to(i32),
         full_num[:, None].to(i32), full_indices[:, None].to(i32),
         BLOCK_SIZE=BLOCK, mask_mod=doc_causal_mask_mod(doc_ids), seq_lengths=(L, L))
-    return owning_block_tensors(mask)
+    return with_dynamic_block_counts(mask)
 
 
-def owning_block_tensors(mask: BlockMask) -> BlockMask:
-    """mask with each index tensor owning its storage: compiled_flex marks their block
-    counts dynamic, and a view is guarded on its base's strides too."""
+def with_dynamic_block_counts(mask: BlockMask) -> BlockMask:
+    """mask with its block counts marked dynamic. Left static, they would key the compiled
+    flex graphs to this row length: a launch at a new max_seq_len would compile flex again
+    instead of finding it in inductor's disk cache. A view is guarded on its base's
+    strides too, so each tensor marked must own its storage."""
     for name in _BLOCK_TENSORS:
         t = getattr(mask, name)
-        if t is not None and t._base is not None:
-            setattr(mask, name, t.clone())
+        if t is None:
+            continue
+        t = t.clone() if t._base is not None else t
+        for dim in range(2, t.dim()):
+            torch._dynamo.maybe_mark_dynamic(t, dim)
+        setattr(mask, name, t)
     return mask
-
-
-def mark_block_counts(mask: BlockMask) -> None:
-    """The mask's block counts marked dynamic. Left static, they would key the compiled
-    flex graphs to this row length: a launch at a new max_seq_len would compile flex again."""
-    for name in _BLOCK_TENSORS:
-        t = getattr(mask, name)
-        if t is not None:
-            torch._dynamo.maybe_mark_dynamic(t, list(range(2, t.dim())))
 
 
 def dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
@@ -137,12 +133,10 @@ def compiled_flex():
     # Dynamic shapes: one kernel for every row length, found in inductor's on-disk cache
     # by a relaunch with a new max_seq_len, whose first step then skips the compile
     # (docs/benchmarks.md, "The first step at a new max_seq_len").
-    flex = torch.compile(flex_attention, dynamic=True)
-
-    def call(*args, block_mask: BlockMask, **kwargs):
-        return call_traced(flex, lambda: mark_block_counts(block_mask), *args,
-                           block_mask=block_mask, **kwargs)
-    return call
+    # Traced anew by each launch, not kept with the islands (compiled.keep_traced_graphs):
+    # loading a saved flex asserts that its package is initialised twice (torch 2.11-2.13).
+    with torch._dynamo.config.patch(caching_precompile=False):
+        return torch.compile(flex_attention, dynamic=True)
 
 
 def _fold_forward(q: Tensor, out: Tensor, lse: Tensor, keys: Tensor,

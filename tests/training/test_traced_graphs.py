@@ -70,3 +70,28 @@ def test_a_new_launch_at_a_new_length_loads_the_traced_graphs_instead_of_tracing
     # before keep_traced_graphs moved Dynamo's counter), and is saved in turn.
     assert launch(cache, device, 200, "3d,2d") == {"3d": 0, "2d": 1}
     assert launch(cache, device, 333, "2d,3d") == {"2d": 0, "3d": 0}
+
+
+FLEX_CHILD = """
+import sys, torch
+from training import compiled
+from training.attention import DocLayout, compiled_flex
+compiled.keep_traced_graphs()
+L = int(sys.argv[1])
+g = torch.Generator().manual_seed(L)
+layout = DocLayout(torch.zeros(1, L, dtype=torch.long), use_flex=True)
+q, k, v = (torch.randn(1, h, L, 16, generator=g) for h in (4, 2, 2))
+compiled_flex()(q, k, v, block_mask=layout.mask(1), enable_gqa=True)
+compiled.save_traced_graphs()
+"""
+
+
+@pytest.mark.slow
+def test_flex_compiles_in_a_launch_after_one_that_saved_its_graphs(tmp_path):
+    """Flex is traced by each launch: a saved flex failed to load (an assertion in torch's
+    package code, the trainer's first step dead on it)."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    for length in (256, 384):
+        result = subprocess.run([sys.executable, "-c", FLEX_CHILD, str(length)], cwd=REPO,
+                                env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]

@@ -21,7 +21,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from training.attention import (compiled_flex, dense_attention, doc_starts,
-                                flex_kernel_options, owning_block_tensors)
+                                flex_kernel_options, with_dynamic_block_counts)
 from training.config import FLEX_BLOCK as BLOCK
 
 
@@ -86,7 +86,7 @@ def block_mask(doc_ids: Tensor, anchors: Tensor, block_size: int) -> BlockMask:
     mask = BlockMask.from_kv_blocks(*_ordered(partial), *_ordered(full), BLOCK_SIZE=BLOCK,
                                     mask_mod=block_mask_mod(doc_ids, anchors, block_size),
                                     seq_lengths=(Q, L + Q))
-    return owning_block_tensors(mask)
+    return with_dynamic_block_counts(mask)
 
 
 class BlockLayout:
