@@ -133,10 +133,7 @@ def compiled_flex():
     # Dynamic shapes: one kernel for every row length, found in inductor's on-disk cache
     # by a relaunch with a new max_seq_len, whose first step then skips the compile
     # (docs/benchmarks.md, "The first step at a new max_seq_len").
-    # Traced anew by each launch, not kept with the islands (compiled.keep_traced_graphs):
-    # loading a saved flex asserts that its package is initialised twice (torch 2.11-2.13).
-    with torch._dynamo.config.patch(caching_precompile=False):
-        return torch.compile(flex_attention, dynamic=True)
+    return torch.compile(flex_attention, dynamic=True)
 
 
 def _fold_forward(q: Tensor, out: Tensor, lse: Tensor, keys: Tensor,

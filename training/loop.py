@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from training import checkpoint, compiled, contract, durable
+from training import checkpoint, contract, durable
 from training.config import DFlashConfig, DrafterConfig
 from training.contract import EXIT_OK, EXIT_OOM
 from training.data import Dataset, Loader
@@ -109,8 +109,6 @@ def record_oom(metrics: MetricsWriter, cfg: TrainConfig, device: torch.device,
 def train(cfg: TrainConfig) -> int:
     # --- processes and device ---
     device, rank, world = join_processes(cfg.device, cfg.sharding)
-    if device.type == "cuda":
-        compiled.keep_traced_graphs()
     if device.type == "cuda" and cfg.gpu_mem_gib:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(
@@ -245,7 +243,6 @@ def train(cfg: TrainConfig) -> int:
 
         # --- the steps ---
         stop, batches = StopRequest(), loader.iterate(position)
-        first_step = step + 1
         while step < total_steps:
             started = time.perf_counter()
             batch, epoch, next_position = next(batches)
@@ -296,8 +293,6 @@ def train(cfg: TrainConfig) -> int:
                 break
             if cfg.save_every and step % cfg.save_every == 0:
                 save()
-            if step == first_step and device.type == "cuda" and not device.index:
-                compiled.save_traced_graphs()  # by each node's first process, for its disk
             if mirrored and mirror is None:
                 weights, optimizer_state = live_state(drafter, optimizer)
                 files, _ = checkpoint.tensor_files(weights, state(optimizer_state))
