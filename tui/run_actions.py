@@ -29,6 +29,13 @@ QUIT_AGAIN_S = 5.0  # a second q within this quits while a kill is under way
 PLAN_KILL, KILL, RELAUNCH = "plan-kill", "kill", "relaunch"
 
 
+def can_resume(run: RunState) -> bool:
+    """Whether R may relaunch `run` from its checkpoint: our trainer (its start event
+    read), on one host (a multi-node run's checkpoint is on one node only), past its first
+    step (the stop then saves one)."""
+    return bool(run.info.run_id) and not run.info.nodes and run.start is not None and bool(run.steps)
+
+
 class InFlight:
     """The operator's actions under way, each known by what it does and to which run
     (`kill`, a run's key) from the moment it is started until its worker is done: the
@@ -126,11 +133,13 @@ class RunActions(Guarded):
             return
 
         def confirm_kill(delivery: Delivery | None) -> None:
+            asked = KillConfirm(run.key, plan, self.pending.get(run.key, {}) if relaunch else None, resumable=can_resume(run))
+
             def answered(yes: bool | None) -> None:
                 if yes:
-                    self.in_flight.start(KILL, run.key, self._kill(run, plan, relaunch, delivery))
+                    self.in_flight.start(KILL, run.key, self._kill(run, plan, relaunch, delivery, asked.resume))
 
-            self.push_screen(KillConfirm(run.key, plan, self.pending.get(run.key, {}) if relaunch else None), answered)
+            self.push_screen(asked, answered)
 
         if offer is None:
             confirm_kill(None)
@@ -155,7 +164,8 @@ class RunActions(Guarded):
         differing = await delivery.changes(watched.host, manifest)
         return (delivery, differing) if differing else None
 
-    async def _kill(self, run: RunState, plan: kill.KillPlan, relaunch: bool, delivery: Delivery | None = None) -> None:
+    async def _kill(self, run: RunState, plan: kill.KillPlan, relaunch: bool, delivery: Delivery | None = None,
+                    resume: bool = False) -> None:
         from tui.screens.kill import KillReportScreen
 
         watched = self.watched[run.host]
@@ -174,12 +184,12 @@ class RunActions(Guarded):
         signalled = time.monotonic()
 
         def released() -> None:
-            # The GPU is free: R's relaunch (which starts afresh, reading no checkpoint)
-            # starts now, while the trainer's writer still makes its checkpoint durable.
+            # The GPU is free: R's relaunch starts now, while the trainer's writer still
+            # makes its checkpoint durable (a resuming trainer waits for the writer itself).
             freed = f"{run.key}: GPU released in {time.monotonic() - signalled:.1f}s"
             self.notify(freed + ("; relaunching…" if relaunch else "; its checkpoint is being made durable"), timeout=5)
             if relaunch:
-                self.in_flight.start(RELAUNCH, run.key, self._relaunch(run, sent))
+                self.in_flight.start(RELAUNCH, run.key, self._relaunch(run, sent, resume))
 
         try:
             report = await kill.kill_run(watched.host, plan, grace_s=self.grace_s, smi=watched.smi, on_released=released)
@@ -234,19 +244,20 @@ class RunActions(Guarded):
 
         self.push_screen(Confirm(question, "Yes, run both", text_id="relaunch-question"), answered)
 
-    async def _relaunch(self, run: RunState, sent: Sent | None = None) -> None:
+    async def _relaunch(self, run: RunState, sent: Sent | None = None, resume: bool = False) -> None:
         """Relaunch `run`; with `sent` (R's ship), the code sent before the kill, put in
-        place now that the run has stopped."""
+        place now that the run has stopped; with `resume`, from its latest checkpoint."""
         changes = self.pending.get(run.key, {})
         watched = self.watched[run.host]
-        described = ", ".join(f"{k}={v}" for k, v in changes.items()) or "unchanged parameters"
+        described = (", ".join(f"{k}={v}" for k, v in changes.items()) or "unchanged parameters") + (
+            ", from its checkpoint" if resume else "")
         self.notify(f"relaunching {run.key} with {described}…", timeout=3)
         try:
             # A run on one host is shown as soon as its session exists, reading `starting`
             # while it loads; the launch returns once its start is judged.
             info, _ = await relaunch(
                 {name: w.host for name, w in self.watched.items()}, watched.host, run.info.run_id, changes,
-                train_commands={name: w.train_command for name, w in self.watched.items()}, sent=sent,
+                resume, train_commands={name: w.train_command for name, w in self.watched.items()}, sent=sent,
                 on_started=lambda started: self._show_relaunched(run, started),
             )  # fmt: skip
         except Exception as error:

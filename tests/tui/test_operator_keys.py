@@ -570,3 +570,56 @@ async def test_R_relaunches_once_the_gpu_is_free_while_the_checkpoint_is_still_b
             app.pop_screen()  # the relaunched run's screen: the next R is on it
             info = app.runs[child].info
         pytest.fail("the writer was done before it could be held, four times")
+
+
+def plan_shown(dialog) -> str:
+    """What the kill dialog's scrolling body holds (at 80×24 its end is below the fold)."""
+    from textual.widgets import Static
+
+    return str(dialog.query_one("#kill-plan", Static).content)
+
+
+async def test_R_with_c_relaunches_the_edited_run_from_its_checkpoint_at_80x24(local_host):
+    """R's dialog on the real trainer at 80×24 offers to continue from the checkpoint; c
+    turns it on (and off again, and on): the relaunch, with the edit, resumes at the step
+    the stop saved, after waiting for its writer."""
+    import json
+    from pathlib import Path
+
+    argv = [*TRAIN, "--steps", "100000", "--max-seq-len", "128", "--ttt-steps", "2", "--save-every", "0"]
+    info = await runs.launch(local_host, argv, train_command=TRAIN[:4])
+    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent", train_command=TRAIN[:4])], poll_interval=0.2)
+    key = f"local/{info.run_id}"
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_run_when(pilot, key, lambda run: len(run.steps) >= 2, "the run's steps")
+        app.pending[key] = {"max_seq_len": 192}
+        await pilot.press("R")
+        dialog = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen, 15, "the kill dialog")
+        assert "afresh (c: continue from its checkpoint instead)" in plan_shown(dialog)
+        for _ in range(3):
+            await pilot.press("c")
+        assert dialog.resume and "continuing from its checkpoint" in plan_shown(dialog)
+        await pilot.press("y")
+        [child] = await wait_for(pilot, lambda: children(app, info), 60, "the relaunched run")
+        run_dir = app.runs[child].info.run_dir
+        start = await wait_for(pilot, lambda: next((e for e in (json.loads(line) for line in Path(
+            run_dir, "metrics.jsonl").read_text().splitlines()) if e["event"] == "start"), None)
+            if Path(run_dir, "metrics.jsonl").exists() else None, 60, "the child's start event")  # fmt: skip
+    stopped = [json.loads(line) for line in Path(info.run_dir, "metrics.jsonl").read_text().splitlines()]
+    last_step = [e["step"] for e in stopped if e["event"] == "step"][-1]
+    saved = [e["step"] for e in stopped if e["event"] == "checkpoint"]
+    assert saved == [last_step]
+    assert start["config"]["resumed_from_step"] == last_step and start["config"]["max_seq_len"] == 192
+
+
+async def test_R_on_a_run_that_cannot_resume_offers_no_c(local_host):
+    """A stand-in trainer's run (no start event of ours): R's dialog says nothing of a
+    checkpoint, and c changes nothing."""
+    _, key, app = await fake_run(local_host, "stall")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_run_when(pilot, key, lambda run: run.steps, "the run's steps")
+        await pilot.press("R")
+        dialog = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen, 15, "the kill dialog")
+        await pilot.press("c")
+        assert not dialog.resume and "checkpoint" not in plan_shown(dialog)
+        await pilot.press("n")

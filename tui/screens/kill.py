@@ -6,15 +6,16 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Button
+from textual.widgets import Button, Static
 
 from backends.kill import KillPlan, holding
 from tui.screens.confirm import Confirm
 from tui.screens.dialog import Dialog, titled
 
 
-def plan_text(key: str, plan: KillPlan, relaunch: dict | None) -> Text:
-    """The plan, every PID of it on every node: what a Yes signals, and nothing else."""
+def plan_text(key: str, plan: KillPlan, relaunch: dict | None, resume: bool | None = None) -> Text:
+    """The plan, every PID of it on every node: what a Yes signals, and nothing else.
+    `resume`: whether the relaunch continues from the run's checkpoint (None: it cannot)."""
     parts = (plan, *plan.nodes)
     text = Text()
     text.append(f"Stop run {key} on {'+'.join(p.host for p in parts)}?\n", style="bold")
@@ -31,7 +32,15 @@ def plan_text(key: str, plan: KillPlan, relaunch: dict | None) -> Text:
         text.append("\nNothing else on the host is touched.")
     if relaunch is not None:
         changes = ", ".join(f"{k}={v}" if v is not None else f"{k} cleared" for k, v in relaunch.items()) or "unchanged parameters"
-        text.append(f"\nThen relaunch with {changes}.", style="cyan")
+        text.append(f"\nThen relaunch with {changes}", style="cyan")
+        if resume is None:
+            text.append(".", style="cyan")
+        elif resume:
+            text.append(", continuing from its checkpoint", style="bold cyan")
+            text.append(" (c: start afresh instead).", style="cyan")
+        else:
+            text.append(", afresh", style="bold cyan")
+            text.append(" (c: continue from its checkpoint instead).", style="cyan")
     return text
 
 
@@ -67,11 +76,23 @@ class KillConfirm(Confirm):
     several nodes of eight GPUs each is taller than a screen: it scrolls (Confirm), so every
     PID a Yes signals can be read."""
 
-    def __init__(self, key: str, plan: KillPlan, relaunch: dict | None = None) -> None:
-        super().__init__(plan_text(key, plan, relaunch), "Yes, kill", text_id="kill-plan")
+    BINDINGS = [Binding("c", "toggle_resume", "Resume", id="trackside.kill.resume", show=False)]
+
+    def __init__(self, key: str, plan: KillPlan, relaunch: dict | None = None, resumable: bool = False) -> None:
+        super().__init__(plan_text(key, plan, relaunch, False if resumable else None), "Yes, kill", text_id="kill-plan")
         self.key = key
         self.plan = plan
         self.relaunch = relaunch  # the changed params when this kill is followed by a relaunch
+        self.resumable = relaunch is not None and resumable
+        self.resume = False  # whether that relaunch continues from the run's checkpoint
+
+    def action_toggle_resume(self) -> None:
+        if not self.resumable:
+            return
+        self.resume = not self.resume
+        self.question = plan_text(self.key, self.plan, self.relaunch, self.resume)
+        end = self.question.plain.find("\n")
+        self.query_one("#kill-plan", Static).update(self.question[end + 1 :])
 
 
 def report_text(key: str, report) -> Text:
