@@ -12,6 +12,8 @@ messages, with the llama3-8b drafter shape so the edit form predicts memory.
 from __future__ import annotations
 
 import asyncio
+import html
+import re
 import sys
 from pathlib import Path
 
@@ -88,8 +90,22 @@ def to_png(svgs: list[Path]) -> bool:
         # Sans Mono, whose bold keeps the cell width (not all text: it has no braille,
         # which the charts are drawn in).
         text = svg.read_text().replace("font-weight: bold }", "font-weight: bold; font-family: DejaVu Sans Condensed }")
+        text = LEADING_SPACES.sub(_indent_by_x, text)
         cairosvg.svg2png(bytestring=text.encode(), write_to=str(svg.with_suffix(".png")))
     return True
+
+
+# A run of text that starts with blank cells (an indented continuation line). cairosvg
+# draws each no-break space narrower than a cell, so such a line sat left of the column it
+# continues (the kill dialog's GPUs); its blanks become a move of its x instead.
+LEADING_SPACES = re.compile(r'x="([0-9.]+)"( y="[0-9.]+") textLength="([0-9.]+)"([^>]*)>((?:&#160;)+)([^<]*)<')
+
+
+def _indent_by_x(match: re.Match) -> str:
+    x, y, length, rest, blanks, after = match.groups()
+    cells = blanks.count("&#160;") + len(html.unescape(after))
+    shift = float(length) * blanks.count("&#160;") / cells
+    return f'x="{float(x) + shift:g}"{y} textLength="{float(length) - shift:g}"{rest}>{after}<'
 
 
 NAMES = ("fleet", "foreign-run", "self-kill-refused", "run", "kill", "ship-relaunch", "edit", "plot", "run-lineage", "dflash-run")
