@@ -87,8 +87,8 @@ def stage(root: Path, step: int, files: dict[str, dict[str, Tensor]], skeleton: 
     """Write step-<step>'s files, unsynced, where durable.publish takes them from (with
     `ram`, in /dev/shm if it has room); the directory they are in. `files` may be
     empty: their images are then handed to publish apart (training/mirror.py)."""
-    size = sum(t.numel() * t.element_size() for f in files.values() for t in f.values())
-    staged = durable.stage_dir(root, step, ram_bytes=size if ram else None)
+    size = sum(t.numel() * t.element_size() for f in files.values() for t in f.values()) if ram else None
+    staged = durable.stage_dir(root, step, ram_bytes=size)
     for name, tensors in files.items():
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, staged / name)
     (staged / STATE_JSON).write_text(json.dumps(skeleton))
