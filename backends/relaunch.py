@@ -26,13 +26,15 @@ async def relaunch(
     ship_asked: bool = False,
     sent: Sent | None = None,
     on_started: Callable[[runs.RunInfo], None] | None = None,
+    after_pids: Sequence[int] = (),
 ) -> tuple[runs.Launched, Sent | None]:
     """The run `run_id` (read on `host`, one of `hosts`) launched again with `changes`,
     and the code sent for it. `ship`: send code first, from where the parent's came where
     it can be taken again from here, else this; `sent`: code sent already (before a kill),
     put in place now. A multi-node run runs the code its hosts have: it refuses `resume`,
     `sent` and a ship asked for outright (`ship_asked`, not a host's default) with a
-    UsageError, before anything is sent or launched."""
+    UsageError, before anything is sent or launched. `after_pids` (one host's trainer
+    only): the run it replaces, still stopping (runs.launch)."""
     train_commands = train_commands or {}
     manifest = await runs.read_manifest(host, run_id)
     if len(manifest.get("nodes") or []) > 1:
@@ -40,6 +42,8 @@ async def relaunch(
             raise UsageError("trackside relaunch: --resume: a multi-node run's checkpoint is on one node only")
         if ship_asked or sent is not None:
             raise UsageError("trackside relaunch: --ship is for a run on one host: this one spans several")
+        if after_pids:
+            raise UsageError("a multi-node run is relaunched once all its nodes have stopped")
         return await nodes.relaunch_nodes(hosts, host, run_id, changes, train_commands=train_commands), None
     train_command = train_commands.get(host.name)
     if ship is not None:
@@ -47,5 +51,6 @@ async def relaunch(
         sent = await (Delivery.of_manifest(manifest) or ship).send_for(host, trainer=trainer)
     if sent is not None:
         await sent.put_in_place(host)
-    launched = await runs.relaunch(host, run_id, changes, resume, train_command=train_command, on_started=on_started, sent=sent)
+    launched = await runs.relaunch(host, run_id, changes, resume, train_command=train_command, on_started=on_started, sent=sent,
+                                   after_pids=after_pids)  # fmt: skip
     return launched, sent

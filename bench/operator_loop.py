@@ -111,7 +111,8 @@ def bystander(smoke: bool) -> subprocess.Popen | None:
 
 async def r_key(runs_root: Path, run_id: str, max_seq_len: int, train: list[str]) -> dict:
     """R as the dashboard does it (tui/run_actions.py): the kill, and the relaunch (afresh,
-    with the edit) started by the kill the moment the run's GPU is free."""
+    with the edit) started the moment the SIGTERM is out, its trainer waiting for the
+    stopped run's processes to end before it touches the GPU."""
     from backends import kill
     from backends.hosts import LocalHost
     from backends.relaunch import relaunch
@@ -119,8 +120,9 @@ async def r_key(runs_root: Path, run_id: str, max_seq_len: int, train: list[str]
     host = LocalHost("local", runs_root=str(runs_root))
     relaunched: list[asyncio.Task] = []
     stopped_at = time.time()
-    report = await kill.kill_run(host, run_id, grace_s=120, on_released=lambda: relaunched.append(asyncio.ensure_future(
-        relaunch({host.name: host}, host, run_id, {"max_seq_len": max_seq_len}, train_commands={host.name: train}))))  # fmt: skip
+    report = await kill.kill_run(host, run_id, grace_s=120, on_signalled=lambda pids: relaunched.append(asyncio.ensure_future(
+        relaunch({host.name: host}, host, run_id, {"max_seq_len": max_seq_len}, train_commands={host.name: train},
+                 after_pids=pids))))  # fmt: skip
     child, _ = await relaunched[0]
     return {"stopped_at": stopped_at, "report": report.to_json(), "child": child.to_json()}
 

@@ -48,6 +48,16 @@ def runs_root() -> Path:
     return Path(contract.local_runs_root()).expanduser()
 
 
+def _pids(text: str) -> tuple[int, ...]:
+    try:
+        pids = tuple(int(p) for p in text.split(",") if p)
+    except ValueError:
+        pids = ()
+    if not pids or min(pids) < 1:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of PIDs: {text!r}")
+    return pids
+
+
 def train_parser() -> argparse.ArgumentParser:
     from training.config import DFLASH_PRESETS, PRESETS
 
@@ -86,6 +96,9 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume-from", type=Path, metavar="CHECKPOINTS",
                    help="start from the newest checkpoint in another run's checkpoints "
                         "directory (a relaunch's parent's), once its writer is done")
+    p.add_argument("--after-pids", type=_pids, default=(), metavar="PID,...",
+                   help="start once these processes have ended (the run a relaunch replaces, "
+                        "still stopping): imports and data first, the device after")
     add_param_flag(p, "loss_chunk", default=2048)
     add_param_flag(p, "checkpoint_ttt", default=0, metavar="N",
                    help="recompute the first N TTT steps in backward (bare: every step): each saves "
@@ -218,7 +231,8 @@ def _train(args, device: str, argv: list[str]) -> int:
         max_seq_len=max_seq_len, ttt_steps=args.ttt_steps or PARAMS["ttt_steps"].default,
         ttt_decay=args.ttt_decay or PARAMS["ttt_decay"].default,
         lr=args.lr or (3e-3 if args.synthetic else 1e-4), batch_rows=args.batch_rows,
-        device=device, resume=args.resume, resume_from=args.resume_from, loss_chunk=args.loss_chunk,
+        device=device, resume=args.resume, resume_from=args.resume_from, after_pids=args.after_pids,
+        loss_chunk=args.loss_chunk,
         checkpoint_ttt=min(args.checkpoint_ttt, args.ttt_steps or PARAMS["ttt_steps"].default),
         freeze_lm_head=args.freeze_lm_head, sharding=args.sharding,
         gpu_mem_gib=args.gpu_mem_gib, save_every=args.save_every, seed=args.seed,

@@ -183,16 +183,26 @@ class RunActions(Guarded):
         self.stopped_runs.add(run.key)
         signalled = time.monotonic()
 
+        # Our trainer on one host, afresh, with no synced directory to swap under a process
+        # still stopping, is relaunched the moment the SIGTERM is out: it imports while the
+        # run stops and waits for its processes to end before it touches the GPU. Else the
+        # relaunch starts once the GPU is free (a resume's checkpoint is staged by then).
+        # Either way the trainer's writer may still be making the checkpoint durable (a
+        # resuming trainer waits for the writer itself).
+        early = relaunch and not resume and run.start is not None and not run.info.nodes and not (sent and sent.synced)
+
+        def started(pids: list[int]) -> None:
+            self.in_flight.start(RELAUNCH, run.key, self._relaunch(run, sent, resume, after_pids=pids))
+
         def released() -> None:
-            # The GPU is free: R's relaunch starts now, while the trainer's writer still
-            # makes its checkpoint durable (a resuming trainer waits for the writer itself).
             freed = f"{run.key}: GPU released in {time.monotonic() - signalled:.1f}s"
-            self.notify(freed + ("; relaunching…" if relaunch else "; its checkpoint is being made durable"), timeout=5)
-            if relaunch:
+            self.notify(freed + ("; relaunching…" if relaunch and not early else "; its checkpoint is being made durable"), timeout=5)
+            if relaunch and not early:
                 self.in_flight.start(RELAUNCH, run.key, self._relaunch(run, sent, resume))
 
         try:
-            report = await kill.kill_run(watched.host, plan, grace_s=self.grace_s, smi=watched.smi, on_released=released)
+            report = await kill.kill_run(watched.host, plan, grace_s=self.grace_s, smi=watched.smi, on_released=released,
+                                         on_signalled=started if early else None)  # fmt: skip
         except Exception as error:
             # Marked before the kill so that the end it causes raises nothing; a kill that
             # failed answers for nothing: the run's own end must still be told.
@@ -244,9 +254,11 @@ class RunActions(Guarded):
 
         self.push_screen(Confirm(question, "Yes, run both", text_id="relaunch-question"), answered)
 
-    async def _relaunch(self, run: RunState, sent: Sent | None = None, resume: bool = False) -> None:
+    async def _relaunch(self, run: RunState, sent: Sent | None = None, resume: bool = False,
+                        after_pids: list[int] | None = None) -> None:
         """Relaunch `run`; with `sent` (R's ship), the code sent before the kill, put in
-        place now that the run has stopped; with `resume`, from its latest checkpoint."""
+        place now; with `resume`, from its latest checkpoint; with `after_pids`, the run
+        still stopping, whose processes the new trainer waits for."""
         changes = self.pending.get(run.key, {})
         watched = self.watched[run.host]
         described = (", ".join(f"{k}={v}" for k, v in changes.items()) or "unchanged parameters") + (
@@ -258,7 +270,7 @@ class RunActions(Guarded):
             info, _ = await relaunch(
                 {name: w.host for name, w in self.watched.items()}, watched.host, run.info.run_id, changes,
                 resume, train_commands={name: w.train_command for name, w in self.watched.items()}, sent=sent,
-                on_started=lambda started: self._show_relaunched(run, started),
+                on_started=lambda started: self._show_relaunched(run, started), after_pids=after_pids or (),
             )  # fmt: skip
         except Exception as error:
             self.notify(f"could not relaunch {run.key}: {error}", severity="error", timeout=10)

@@ -280,7 +280,8 @@ class RunState:
         phases = (self.start or {}).get("startup_s")
         if not isinstance(phases, dict):
             return ""
-        names = {"imports_device": "imports and CUDA", "data": "data", "model": "model", "resume": "resume"}
+        names = {"imports_device": "imports and CUDA", "replaced_run": "the run it replaces stopping",
+                 "data": "data", "model": "model", "resume": "resume"}
         return ", ".join(f"{names[k]} {v:.1f}" for k, v in phases.items()
                          if k in names and isinstance(v, (int, float)) and (k != "resume" or v > 0))
 

@@ -160,6 +160,7 @@ async def kill_run(
     smis: Mapping[str, str] | None = None,
     durable_timeout_s: float = DURABLE_WAIT_S,
     on_released: Callable[[], None] | None = None,
+    on_signalled: Callable[[list[int]], None] | None = None,
 ) -> KillReport:
     """Carry out a plan (or the plan of a run id or session name, made now with `hosts`
     and `smis` as plan_kill takes them): SIGTERM to its processes (torchrun's workers first),
@@ -168,7 +169,9 @@ async def kill_run(
     their reports are the report's `nodes`. `on_released` is called once every node's
     processes are gone and its GPU memory checked, before the wait for the trainer's
     checkpoint to be durable: what needs only the GPU (a relaunch that does not resume)
-    starts then.
+    starts then. `on_signalled` (a plan on one host) is called with the processes that got
+    SIGTERM and are to be waited for, the moment they got it: what can wait for them to
+    end itself (a trainer started with `--after-pids`) starts then.
 
     Raises AlreadyEnded, touching nothing, when none of the plan's processes is still
     alive as the same process. GPU memory is read as `gpu.read_gpus` reads it: NVML on
@@ -191,8 +194,9 @@ async def kill_run(
 
     async def node(one: KillPlan) -> KillReport | AlreadyEnded:
         try:
+            signalled = on_signalled if one is plan and not plan.nodes else None
             return await _kill_node(one.via or host, one, grace_s, poll_s, one.smi or smi, gpu_timeout_s, nvml,
-                                    durable_timeout_s, released, together)  # fmt: skip
+                                    durable_timeout_s, released, together, signalled)  # fmt: skip
         except AlreadyEnded as ended:  # ended meanwhile: the others are still to be stopped
             released()
             return ended
@@ -247,7 +251,7 @@ async def _wait_durable(host: Host, plan: KillPlan, exited: float, timeout: floa
 
 
 async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml, durable_timeout_s, released,
-                     together: asyncio.Barrier) -> KillReport:
+                     together: asyncio.Barrier, on_signalled: Callable[[list[int]], None] | None = None) -> KillReport:
     """One host's part of a kill; its signals go out when `together` lets every node's."""
     started = time.monotonic()
     try:
@@ -266,6 +270,8 @@ async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml, dura
         panes = [p for p in await tmux.list_panes(host, plan.session) if p.pid in plan.pane_pids] if plan.session else []
         raise await already_ended(host, plan.target, plan.session, plan.manifest, panes)
     strangers = set(plan.tree) - set(known)
+    if on_signalled is not None:
+        on_signalled(sorted(known))
     gpu_before = _run_gpu_processes(before, set(known))
     alive = await _wait_exit(host, known, strangers, grace_s, poll_s)
     killed = []

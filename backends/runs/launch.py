@@ -117,6 +117,7 @@ async def launch(
     extra: dict | None = None,
     on_started: Callable[[RunInfo], None] | None = None,
     sent: Sent | None = None,
+    after_pids: Sequence[int] = (),
 ) -> Launched:
     """Start argv in a new detached tmux session with a run dir. Its items reach the
     program as they are (run as `"$@"` under the status-recording sh, never parsed), the
@@ -137,6 +138,10 @@ async def launch(
 
     `sent` (backends.deliver), code already on the host and in place: the trainer runs
     from its shipped package, and the manifest records what the run runs.
+
+    `after_pids`, the processes of a run still stopping that this one replaces: the
+    trainer starts now and waits for them to end before it touches the device (its
+    `--after-pids`, in the command run, not in the argv a relaunch edits).
     """
     argv = list(argv)
     if not argv:
@@ -156,6 +161,10 @@ async def launch(
             raise RunError("only the trainer runs a shipped package: sync the program's directory instead")
         run_train = sent.code.train_command()
         run_argv = run_train + argv[train_args_start(argv, train_command) :]
+    if after_pids:
+        if not is_train:
+            raise RunError("only the trainer waits for the run it replaces")
+        run_argv = [*run_argv, "--after-pids", ",".join(map(str, after_pids))]
     command = await resolve_program(host, launch_command(run_argv, params, directory, run_train))
     if wrap is not None:
         command = wrap(command)
@@ -284,7 +293,8 @@ async def _last_lines(host: Host, session: str) -> list[str]:
 
 
 async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False, *, train_command: Sequence[str] | None = None,
-                   on_started: Callable[[RunInfo], None] | None = None, sent: Sent | None = None) -> Launched:
+                   on_started: Callable[[RunInfo], None] | None = None, sent: Sent | None = None,
+                   after_pids: Sequence[int] = ()) -> Launched:
     """The parent's argv with changed params, in a new run dir linked to its parent.
 
     With `resume`, the new run starts from the parent's latest checkpoint (the trainer's
@@ -315,6 +325,7 @@ async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False,
     return await launch(
         host, argv, params=params, parent=run_id,
         train_command=train_command, resume_from=resume_from, on_started=on_started, sent=sent,
+        after_pids=after_pids,
     )  # fmt: skip
 
 

@@ -601,25 +601,51 @@ async def test_R_with_c_relaunches_the_edited_run_from_its_checkpoint_at_80x24(l
         assert dialog.resume and "continuing from its checkpoint" in plan_shown(dialog)
         await pilot.press("y")
         [child] = await wait_for(pilot, lambda: children(app, info), 60, "the relaunched run")
-        run_dir = app.runs[child].info.run_dir
-        start = await wait_for(pilot, lambda: next((e for e in (json.loads(line) for line in Path(
-            run_dir, "metrics.jsonl").read_text().splitlines()) if e["event"] == "start"), None)
-            if Path(run_dir, "metrics.jsonl").exists() else None, 60, "the child's start event")  # fmt: skip
+        start = await wait_for(pilot, lambda: app.runs[child].start, 60, "the child's start event")
+        said = app.runs[child].startup_said()
     stopped = [json.loads(line) for line in Path(info.run_dir, "metrics.jsonl").read_text().splitlines()]
     last_step = [e["step"] for e in stopped if e["event"] == "step"][-1]
     saved = [e["step"] for e in stopped if e["event"] == "checkpoint"]
     assert saved == [last_step]
     assert start["config"]["resumed_from_step"] == last_step and start["config"]["max_seq_len"] == 192
+    assert "resume" in said
 
 
-async def test_R_on_a_run_that_cannot_resume_offers_no_c(local_host):
-    """A stand-in trainer's run (no start event of ours): R's dialog says nothing of a
-    checkpoint, and c changes nothing."""
-    _, key, app = await fake_run(local_host, "stall")
+async def test_R_starts_the_new_trainer_while_the_old_one_stops_at_80x24(local_host):
+    """R afresh on the real trainer: the new trainer's process starts as the SIGTERM goes
+    out and waits while the stopped run's trainer is still there (held here with SIGSTOP,
+    as a slow stop would hold it); it starts once that one has ended, and its start-up
+    says how long it waited."""
+    import json
+    import os
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    argv = [*TRAIN, "--steps", "100000", "--max-seq-len", "128", "--ttt-steps", "2", "--save-every", "0"]
+    info = await runs.launch(local_host, argv, train_command=TRAIN[:4])
+    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent", train_command=TRAIN[:4])], poll_interval=0.2)
+    key = f"local/{info.run_id}"
+    [trainer] = map(int, subprocess.run(["pgrep", "-P", str(info.pids[0])], capture_output=True, text=True).stdout.split())
     async with app.run_test(size=(80, 24)) as pilot:
         await open_run_when(pilot, key, lambda run: run.steps, "the run's steps")
-        await pilot.press("R")
-        dialog = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen, 15, "the kill dialog")
-        await pilot.press("c")
-        assert not dialog.resume and "checkpoint" not in plan_shown(dialog)
-        await pilot.press("n")
+        app.pending[key] = {"max_seq_len": 192}
+        os.kill(trainer, signal.SIGSTOP)
+        try:
+            await kill_confirmed(pilot, "R")
+            [child] = await wait_for(pilot, lambda: children(app, info), 30, "the relaunched run")
+            console = Path(app.runs[child].info.run_dir, "console.log")
+            await wait_for(pilot, lambda: console.exists() and "waiting for the run this replaces" in console.read_text(),
+                           60, "the new trainer waiting")  # fmt: skip
+            await pilot.pause(2.0)
+            assert app.runs[child].start is None  # not started while the old one is there
+        finally:
+            os.kill(trainer, signal.SIGCONT)
+        start = await wait_for(pilot, lambda: app.runs[child].start, 60, "the child's start event")
+        await wait_for(pilot, lambda: app.runs[child].steps, 60, "the child's first step")
+        said = app.runs[child].startup_said()
+    stopped = [json.loads(line) for line in Path(info.run_dir, "metrics.jsonl").read_text().splitlines()]
+    ended = next(e for e in stopped if e["event"] == "end")
+    assert start["process_started"] < ended["time"] < start["time"]
+    assert start["startup_s"]["replaced_run"] >= 2.0 and start["config"]["max_seq_len"] == 192
+    assert "the run it replaces stopping" in said
