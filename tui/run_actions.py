@@ -29,11 +29,17 @@ QUIT_AGAIN_S = 5.0  # a second q within this quits while a kill is under way
 PLAN_KILL, KILL, RELAUNCH = "plan-kill", "kill", "relaunch"
 
 
+def own_trainer_on_one_host(run: RunState) -> bool:
+    """Our trainer's run (its start event read) on one host: what R may relaunch from its
+    checkpoint or start early (a multi-node run's checkpoint is on one node only, and its
+    nodes are relaunched together)."""
+    return bool(run.info.run_id) and not run.info.nodes and run.start is not None
+
+
 def can_resume(run: RunState) -> bool:
-    """Whether R may relaunch `run` from its checkpoint: our trainer (its start event
-    read), on one host (a multi-node run's checkpoint is on one node only), past its first
-    step (the stop then saves one)."""
-    return bool(run.info.run_id) and not run.info.nodes and run.start is not None and bool(run.steps)
+    """Whether R may relaunch `run` from its checkpoint: past its first step too (the stop
+    then saves one)."""
+    return own_trainer_on_one_host(run) and bool(run.steps)
 
 
 class InFlight:
@@ -189,20 +195,20 @@ class RunActions(Guarded):
         # relaunch starts once the GPU is free (a resume's checkpoint is staged by then).
         # Either way the trainer's writer may still be making the checkpoint durable (a
         # resuming trainer waits for the writer itself).
-        early = relaunch and not resume and run.start is not None and not run.info.nodes and not (sent and sent.synced)
+        early = relaunch and not resume and own_trainer_on_one_host(run) and not (sent and sent.synced)
 
-        def started(pids: list[int]) -> None:
-            self.in_flight.start(RELAUNCH, run.key, self._relaunch(run, sent, resume, after_pids=pids))
+        def relaunch_now(after_pids: list[int] | None = None) -> None:
+            self.in_flight.start(RELAUNCH, run.key, self._relaunch(run, sent, resume, after_pids=after_pids))
 
         def released() -> None:
             freed = f"{run.key}: GPU released in {time.monotonic() - signalled:.1f}s"
             self.notify(freed + ("; relaunching…" if relaunch and not early else "; its checkpoint is being made durable"), timeout=5)
             if relaunch and not early:
-                self.in_flight.start(RELAUNCH, run.key, self._relaunch(run, sent, resume))
+                relaunch_now()
 
         try:
             report = await kill.kill_run(watched.host, plan, grace_s=self.grace_s, smi=watched.smi, on_released=released,
-                                         on_signalled=started if early else None)  # fmt: skip
+                                         on_signalled=relaunch_now if early else None)  # fmt: skip
         except Exception as error:
             # Marked before the kill so that the end it causes raises nothing; a kill that
             # failed answers for nothing: the run's own end must still be told.

@@ -33,10 +33,15 @@ class DialogBody(VerticalScroll):
         return self.allow_vertical_scroll
 
 
+def split_title(text: Text) -> tuple[Text, Text]:
+    """(its first line, the rest): a dialog's title and its scrolling body."""
+    end = text.plain.find("\n")
+    return (text, Text()) if end < 0 else (text[:end], text[end + 1 :])
+
+
 def titled(text: Text, text_id: str) -> ComposeResult:
     """A dialog's text: its first line, the title, in sight above the rest, which scrolls
     (the rest's Static is `text_id`)."""
-    end = text.plain.find("\n")
-    title, rest = (text, Text()) if end < 0 else (text[:end], text[end + 1 :])
+    title, rest = split_title(text)
     yield Static(title, classes="title")
     yield DialogBody(Static(rest, id=text_id))

@@ -10,7 +10,7 @@ from textual.widgets import Button, Static
 
 from backends.kill import KillPlan, holding
 from tui.screens.confirm import Confirm
-from tui.screens.dialog import Dialog, titled
+from tui.screens.dialog import Dialog, split_title, titled
 
 
 def plan_text(key: str, plan: KillPlan, relaunch: dict | None, resume: bool | None = None) -> Text:
@@ -91,8 +91,7 @@ class KillConfirm(Confirm):
             return
         self.resume = not self.resume
         self.question = plan_text(self.key, self.plan, self.relaunch, self.resume)
-        end = self.question.plain.find("\n")
-        self.query_one("#kill-plan", Static).update(self.question[end + 1 :])
+        self.query_one("#kill-plan", Static).update(split_title(self.question)[1])
 
 
 def report_text(key: str, report) -> Text:
