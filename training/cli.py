@@ -98,7 +98,7 @@ def train_parser() -> argparse.ArgumentParser:
                         "directory (a relaunch's parent's), once its writer is done")
     p.add_argument("--after-pids", type=_pids, default=(), metavar="PID,...",
                    help="start once these processes have ended (the run a relaunch replaces, "
-                        "still stopping): imports and data first, the device after")
+                        "still stopping): the imports first, the device after")
     add_param_flag(p, "loss_chunk", default=2048)
     add_param_flag(p, "checkpoint_ttt", default=0, metavar="N",
                    help="recompute the first N TTT steps in backward (bare: every step): each saves "
@@ -196,9 +196,19 @@ def train_main(argv: list[str]) -> int:
 
 def _train(args, device: str, argv: list[str]) -> int:
     from training.data import Dataset, DatasetError
+    from training.handover import StillRunning, wait_for_exit
     from training.loop import TrainConfig, train
     from training.resume import ResumeError
 
+    replaced_run_s = None
+    if args.after_pids:  # before anything joins torchrun's processes, which takes the GPU
+        print(f"train: waiting for the run this replaces (PIDs {', '.join(map(str, args.after_pids))}) "
+              "to end", flush=True)
+        try:
+            replaced_run_s = wait_for_exit(args.after_pids)
+        except StillRunning as still:
+            print(f"train: {still}", file=sys.stderr, flush=True)
+            return contract.EXIT_FAILURE
     run_dir = _run_dir(args, device)
     if args.synthetic:
         from training.synthetic import synthetic_dataset
@@ -231,7 +241,7 @@ def _train(args, device: str, argv: list[str]) -> int:
         max_seq_len=max_seq_len, ttt_steps=args.ttt_steps or PARAMS["ttt_steps"].default,
         ttt_decay=args.ttt_decay or PARAMS["ttt_decay"].default,
         lr=args.lr or (3e-3 if args.synthetic else 1e-4), batch_rows=args.batch_rows,
-        device=device, resume=args.resume, resume_from=args.resume_from, after_pids=args.after_pids,
+        device=device, resume=args.resume, resume_from=args.resume_from, replaced_run_s=replaced_run_s,
         loss_chunk=args.loss_chunk,
         checkpoint_ttt=min(args.checkpoint_ttt, args.ttt_steps or PARAMS["ttt_steps"].default),
         freeze_lm_head=args.freeze_lm_head, sharding=args.sharding,

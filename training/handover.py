@@ -1,7 +1,7 @@
-"""A relaunch's process starts while the run it replaces is still stopping: its imports and
-its data's index overlap the stop's seconds, and here, before it touches the device, it
-waits for that run's processes to end (`--after-pids`). The GPU's memory is given back as
-a process exits, so the device is free once they are gone."""
+"""A relaunch's process starts while the run it replaces is still stopping: its imports
+overlap the stop's seconds, and here, before anything touches the device (torchrun's
+process group included), it waits for that run's processes to end (`--after-pids`). The
+GPU's memory is given back as a process exits, so the device is free once they are gone."""
 from __future__ import annotations
 
 import os

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from training import checkpoint, contract, durable
 from training.config import DFlashConfig, DrafterConfig
-from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_OOM
+from training.contract import EXIT_OK, EXIT_OOM
 from training.data import Dataset, Loader
 from training.device import peak_mem_gib, precision
 from training.distributed import (all_reduce, gather_state, join_processes, leave_processes,
@@ -34,7 +34,6 @@ from training.distributed import (all_reduce, gather_state, join_processes, leav
 from training.drafters import Drafter
 from training.drafters.dflash import DFlash, DFlashTraining
 from training.drafters.eagle3 import Eagle3
-from training.handover import StillRunning, wait_for_exit
 from training.metrics import MetricsWriter
 from training.mirror import Mirror
 from training.optimizer import make_optimizer, optimizer_step, warmup_cosine
@@ -60,8 +59,8 @@ class TrainConfig:
     # Another run's checkpoints dir to start from (a relaunch's parent's), its writer
     # waited for: the parent's checkpoint is still being made durable as this one starts.
     resume_from: Path | None = None
-    # The run a relaunch replaces, still stopping: waited for before the device is touched.
-    after_pids: tuple[int, ...] = ()
+    # Seconds this process waited for the run it replaces to end (--after-pids), or None.
+    replaced_run_s: float | None = None
     loss_chunk: int = 2048
     checkpoint_ttt: int = 0  # TTT steps recomputed in backward, the first ones (model.step_losses)
     freeze_lm_head: bool = False  # the draft head stays the verifier's (model.freeze_lm_head)
@@ -111,15 +110,6 @@ def record_oom(metrics: MetricsWriter, cfg: TrainConfig, device: torch.device,
 
 def train(cfg: TrainConfig) -> int:
     # --- processes and device ---
-    waited = 0.0
-    if cfg.after_pids:
-        print(f"train: waiting for the run this replaces (PIDs {', '.join(map(str, cfg.after_pids))}) "
-              "to end", flush=True)
-        try:
-            waited = wait_for_exit(cfg.after_pids)
-        except StillRunning as still:
-            print(f"train: {still}", file=sys.stderr, flush=True)
-            return EXIT_FAILURE
     device, rank, world = join_processes(cfg.device, cfg.sharding)
     if device.type == "cuda" and cfg.gpu_mem_gib:
         total = torch.cuda.get_device_properties(device).total_memory
@@ -130,9 +120,9 @@ def train(cfg: TrainConfig) -> int:
     # Where a start-up's seconds went, in the start event: imports and the device (to
     # here), the data, the model, the resume; and the wait for the run it replaces.
     phases, phase_began = {}, time.time()
-    phases["imports_device"] = phase_began - contract.PROCESS_STARTED - waited
-    if cfg.after_pids:
-        phases["replaced_run"] = waited
+    phases["imports_device"] = phase_began - contract.PROCESS_STARTED - (cfg.replaced_run_s or 0.0)
+    if cfg.replaced_run_s is not None:
+        phases["replaced_run"] = cfg.replaced_run_s
 
     def phase_done(name: str) -> None:
         nonlocal phase_began
