@@ -32,3 +32,37 @@ def test_config_hosts_and_poll_interval(tmp_path):
     assert list(app.watched) == ["a", "b"]
     assert app.watched["a"].host.is_local and app.watched["b"].smi == "/opt/smi"
     assert app.monitors["b"].interval == 0.5
+
+
+def test_ctrl_c_while_the_demo_run_stops_says_what_is_left_without_a_traceback(tmp_path):
+    """The user quit, the demo is stopping its run, and Ctrl-C comes (the run ignores
+    SIGTERM here, so the stop waits out its grace): a line naming how to stop it, exit 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import asyncio, sys\n"
+        "from backends import runs\n"
+        "from backends.hosts import LocalHost\n"
+        "from tui.commands.dashboard import end_demo_run\n"
+        f"host = LocalHost(runs_root={str(tmp_path)!r})\n"
+        "info = asyncio.run(runs.launch(host, ['bash', '-c', \"trap '' TERM; sleep 600\"]))\n"
+        "sys.exit(end_demo_run(host, info, keep=False))\n"
+    )
+    demo = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    said = demo.stdout.readline()
+    try:
+        assert "stopping the demo run" in said, said
+        time.sleep(1.0)  # inside the grace: the SIGTERM is out, the run still there
+        os.kill(demo.pid, signal.SIGINT)
+        out, err = demo.communicate(timeout=30)
+    finally:
+        demo.kill()
+        if "(tmux session " in said:
+            session = said.split("(tmux session ", 1)[1].split(")")[0]
+            subprocess.run(["tmux", "kill-session", "-t", f"={session}"], capture_output=True)
+    assert demo.returncode == 130, (out, err)
+    assert "Traceback" not in err and "interrupted: the demo run may still be running" in err, err

@@ -12,7 +12,7 @@ from backends import kill
 from backends.config import ConfigError, load_config
 from backends.hosts import LocalHost
 from backends.runs import RunInfo
-from training.contract import EXIT_USAGE, local_runs_root
+from training.contract import EXIT_FAILURE, EXIT_USAGE, local_runs_root
 from tui.app import Demo, TracksideApp, Watched
 
 DEMO_PARAMS = {"max_seq_len": 256, "ttt_steps": 3, "steps": 20000, "lr": 3e-3}
@@ -67,25 +67,31 @@ def main(argv: list[str]) -> int:
     app.run()
     if app.return_code:
         print(f"trackside: the dashboard stopped on an error; traceback in {app.error_log}", file=sys.stderr)
+    ended = 0
     if app.demo_run is not None:
-        end_demo_run(app.watched[app.demo_run.host].host, app.demo_run, keep=args.keep_run)
-    return app.return_code or 0
+        ended = end_demo_run(app.watched[app.demo_run.host].host, app.demo_run, keep=args.keep_run)
+    return app.return_code or ended
 
 
-def end_demo_run(host: LocalHost, run: RunInfo, *, keep: bool) -> None:
+def end_demo_run(host: LocalHost, run: RunInfo, *, keep: bool) -> int:
     """The demo's CPU run would train on (a core each, every demo another): stop it, and
-    say so either way."""
+    say so either way. 130 (as a shell says SIGINT) where Ctrl-C cut the stop short."""
     if keep:
         print(f"the demo run {run.run_id} goes on in tmux session {run.session}; "
               f"stop it with: trackside kill {run.run_id}")  # fmt: skip
-        return
+        return 0
     print(f"stopping the demo run {run.run_id} (tmux session {run.session})…", flush=True)
     try:
         report = asyncio.run(kill.kill_run(host, run.run_id, grace_s=DEMO_GRACE_S))
     except kill.AlreadyEnded:
         print("it had already ended")
-        return
+        return 0
+    except KeyboardInterrupt:  # Ctrl-C while it stops: what may be left, never a traceback
+        print(f"\ninterrupted: the demo run may still be running; stop it with: trackside kill {run.run_id}",
+              file=sys.stderr)  # fmt: skip
+        return 130
     except Exception as error:  # the user is leaving: a message, never a traceback
         print(f"could not stop it ({error}); stop it with: trackside kill {run.run_id}", file=sys.stderr)
-        return
+        return EXIT_FAILURE
     print(f"stopped in {report.seconds:.1f}s; its run dir stays: {run.run_dir}")
+    return 0
