@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
 
+from training.compiled import compiler_imported
 from training.config import FLEX_BLOCK as BLOCK
 
 
@@ -133,6 +134,7 @@ def compiled_flex():
     # Dynamic shapes: one kernel for every row length, found in inductor's on-disk cache
     # by a relaunch with a new max_seq_len, whose first step then skips the compile
     # (docs/benchmarks.md, "The first step at a new max_seq_len").
+    compiler_imported()
     return torch.compile(flex_attention, dynamic=True)
 
 

@@ -14,6 +14,7 @@ CPU tensors (the tests, the demo) run the same functions eagerly.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -23,6 +24,36 @@ import torch
 # default limit of 8 recompilations per function into a hard error, hit by a process that
 # both evaluates in fp32 and trains under bf16.
 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+
+
+_importing: threading.Thread | None = None
+
+
+def import_compiler_meanwhile() -> None:
+    """Import the compiler (inductor, its Triton code generation, Triton) on a thread, while
+    this process waits for the run it replaces, sets up CUDA, reads its data and builds and
+    resumes its model: the first compiled call would otherwise import it, some 600 modules,
+    on the first step's clock. Joined before the first compile (`compiler_imported`)."""
+    global _importing
+    if _importing is None:
+        _importing = threading.Thread(target=_import_compiler, name="compiler-imports", daemon=True)
+        _importing.start()
+
+
+def _import_compiler() -> None:
+    try:
+        import torch._inductor.codegen.cuda_combined_scheduling  # noqa: F401
+        import torch._inductor.compile_fx  # noqa: F401
+        import torch._inductor.runtime.triton_heuristics  # noqa: F401
+    except Exception:  # the first compile imports them again, and says what fails
+        pass
+
+
+def compiler_imported() -> None:
+    """Wait for `import_compiler_meanwhile`'s thread, if one began: two threads importing
+    the same modules at once could each meet the other's half-initialised ones."""
+    if _importing is not None:
+        _importing.join()
 
 
 def compile_island(fn, varying: Sequence[Sequence[int]] = ()):
@@ -54,6 +85,7 @@ def cuda_compiled(fn=None, *, varying: Sequence[Sequence[int]] = ()):
         if not args[0].is_cuda:
             return fn(*args, **kwargs)
         if compiled is None:
+            compiler_imported()
             compiled = compile_island(fn, varying)
         return compiled(*args, **kwargs)
     call.varying = varying

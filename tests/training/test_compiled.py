@@ -78,3 +78,26 @@ def test_compiled_input_norms_keep_the_modelled_bytes_and_copy_no_gradient():
         torch.autograd.grad(x, [hidden, *weights], torch.randn_like(x))
     copies = [e.key for e in prof.key_averages() if e.key in ("aten::contiguous", "aten::clone")]
     assert copies == []
+
+
+@pytest.mark.slow
+def test_the_compiler_imported_meanwhile_is_there_for_the_first_compile():
+    """A CUDA trainer imports the compiler on a thread while it starts: in a fresh process,
+    the thread imports inductor's modules, and a compile after the join uses them."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, torch\n"
+        "from training.compiled import compile_island, compiler_imported, import_compiler_meanwhile\n"
+        "assert 'torch._inductor.compile_fx' not in sys.modules\n"
+        "import_compiler_meanwhile()\n"
+        "compiler_imported()\n"
+        "assert 'torch._inductor.compile_fx' in sys.modules\n"
+        "assert 'torch._inductor.codegen.cuda_combined_scheduling' in sys.modules\n"
+        "x = torch.randn(3, 5)\n"
+        "assert torch.equal(compile_island(lambda t: t * 2)(x), x * 2)\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
