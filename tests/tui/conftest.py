@@ -16,20 +16,18 @@ from scripts.local_box import end_tmux_server
 TRAIN = [sys.executable, "-m", "training", "train", "--synthetic"]
 
 
-# What the apps under test said in notifications (a toast is gone by the time a wait times
-# out): the last of them go into wait_for's failure, which then says why, not only what.
-NOTIFIED: list[str] = []
-
-
+# What an app under test said in notifications, kept on the app (a toast is gone by the
+# time a wait times out): the last of them go into wait_for's failure, which then says
+# why, not only what. (On the app: pytest imports this file as `conftest`, the tests as
+# `tests.tui.conftest`, so a list here would be two lists.)
 @pytest.fixture(autouse=True)
 def _notifications_kept(monkeypatch):
     from tui.app import TracksideApp
 
-    NOTIFIED.clear()
     notify = TracksideApp.notify
 
     def kept(self, message, *args, **kwargs):
-        NOTIFIED.append(f"{time.strftime('%H:%M:%S')} {message}")
+        self.__dict__.setdefault("told_in_test", []).append(f"{time.strftime('%H:%M:%S')} {message}")
         return notify(self, message, *args, **kwargs)
 
     monkeypatch.setattr(TracksideApp, "notify", kept)
@@ -59,7 +57,7 @@ async def wait_for(pilot, condition, timeout: float = 60.0, what: str = "conditi
         await pilot.pause(0.1)
     raise AssertionError(
         f"timed out after {timeout:.0f}s waiting for {what} (screens: {pilot.app.screen_stack}, "
-        f"focused: {pilot.app.focused}; the app's last notifications: {NOTIFIED[-8:]})"
+        f"focused: {pilot.app.focused}; the app's last notifications: {getattr(pilot.app, 'told_in_test', [])[-8:]})"
     )
 
 

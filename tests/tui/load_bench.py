@@ -309,7 +309,7 @@ async def bench(seconds: float, trace: bool, gc_freeze: bool) -> dict:
             key = f"{hosts[0].name}/{info.run_id}"
             await wait_until(lambda: key in app.runs, 30, "the run listing")
             app.open_run(key)
-            screen = await wait_until(lambda: isinstance(app.screen, RunScreen) and app.screen, 10, "the run screen")
+            screen = await wait_until(lambda: isinstance(app.screen, RunScreen) and app.screen.is_mounted and app.screen, 10, "the run screen")
             await wait_until(lambda: screen.composed, 10, "the run screen to compose")
             probe_chart(app, screen.query_one(LossChart))
             await wait_until(lambda: len(app.runs[key].steps) >= HISTORY_STEPS, 60, "the run's step history")

@@ -33,7 +33,7 @@ async def test_a_real_dflash_run_charted_edited_in_max_anchors_and_relaunched(lo
         assert app.screen.query_one(LossChart).curves.labels == ["total", "pos 1", "pos 2", "pos 3"]
 
         await pilot.press("e")
-        form = await wait_for(pilot, lambda: isinstance(app.screen, EditScreen) and app.screen, timeout=10, what="the edit form")
+        form = await wait_for(pilot, lambda: isinstance(app.screen, EditScreen) and app.screen.is_mounted and app.screen, timeout=10, what="the edit form")
         assert form.query_one("#param-block_size", Input).value == "4"
         form.query_one("#param-max_anchors", Input).value = "16"
         await wait_for(pilot, lambda: form.changes == {"max_anchors": 16}, timeout=5, what="the edit read")

@@ -131,7 +131,7 @@ async def test_a_run_picked_from_the_fleet_is_drawn_behind_and_picked_again_take
 
         async def pick() -> None:
             await pilot.press("o")
-            dialog = await wait_for(pilot, lambda: isinstance(app.screen, PickRun) and app.screen, timeout=5, what="the picker")
+            dialog = await wait_for(pilot, lambda: isinstance(app.screen, PickRun) and app.screen.is_mounted and app.screen, timeout=5, what="the picker")
             dialog.query_one("#pick-run").highlighted = dialog.keys.index("local/their-sft")
             await pilot.press("enter")
 

@@ -80,7 +80,7 @@ async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monk
     await runs.launch(local_host, DFLASH, startup_s=0)
     app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent")], demo=demo, grace_s=5)
     async with app.run_test(size=size) as pilot:
-        screen = await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen, 10, "the run screen")
+        screen = await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.is_mounted and app.screen, 10, "the run screen")
         run = await wait_for(pilot, lambda: screen.run, 30, "the demo run to launch")
         await wait_for(pilot, lambda: run.steps, 90, "the run's first steps")
         background(run.info.pids)

@@ -60,7 +60,7 @@ async def test_a_run_spanning_two_hosts_is_one_fleet_row_with_a_row_per_node():
         table.move_cursor(row=at + 2)
         assert app.screen.selected_run_key() == MULTI_KEY
         await pilot.press("enter")
-        screen = await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen, timeout=5, what="the run screen")
+        screen = await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.is_mounted and app.screen, timeout=5, what="the run screen")
         assert screen.run_key == MULTI_KEY
         await pilot.pause()
         shown = screen.stats_shown.plain
@@ -138,7 +138,7 @@ async def test_k_stops_a_real_two_node_run_named_once_in_the_fleet_and_r_relaunc
             assert isinstance(app.screen, FleetScreen) and app.screen.selected_run_key() == key
 
             await pilot.press("k")
-            dialog = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen, timeout=30, what="the kill dialog")
+            dialog = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen.is_mounted and app.screen, timeout=30, what="the kill dialog")
             plan = dialog.plan
             parts = (plan, *plan.nodes)
             assert [p.host for p in parts] == ["local", "node2"]
@@ -151,7 +151,7 @@ async def test_k_stops_a_real_two_node_run_named_once_in_the_fleet_and_r_relaunc
             for node, part in zip(run.info.nodes, parts):
                 assert set(node.pids) <= set(part.pids), (node, part)
             await pilot.press("y")
-            shown = await wait_for(pilot, lambda: isinstance(app.screen, KillReportScreen) and app.screen, timeout=120, what="the kill report")
+            shown = await wait_for(pilot, lambda: isinstance(app.screen, KillReportScreen) and app.screen.is_mounted and app.screen, timeout=120, what="the kill report")
             report = shown.report
             assert [(r.host, r.killed, r.exit_status) for r in (report, *report.nodes)] == [("local", [], 0), ("node2", [], 0)]
             assert set(report.signalled) <= set(plan.pids)  # nothing outside the plan

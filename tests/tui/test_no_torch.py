@@ -70,7 +70,7 @@ async def test_open_edit_relaunch(local_host):
         assert first.params["max_seq_len"] == 256
 
         await pilot.press("e")
-        form = await wait_for(pilot, lambda: isinstance(app.screen, EditScreen) and app.screen, 10, "the edit form")
+        form = await wait_for(pilot, lambda: isinstance(app.screen, EditScreen) and app.screen.is_mounted and app.screen, 10, "the edit form")
         await pilot.press("ctrl+a", "ctrl+k", "5", "1", "2")  # max_seq_len has the focus
         await wait_for(pilot, lambda: form.changes == {"max_seq_len": 512} and form.cost_is_current, 10, "the cost")
         assert "steps per epoch" in form.query_one("#edit-cost").render().plain

@@ -224,7 +224,7 @@ async def test_ctrl_p_while_the_last_palette_is_still_being_removed_is_dropped()
         palette.dismiss()
         app.action_command_palette()  # before the closed one is gone
         await pilot.pause()
-        assert isinstance(app.screen, CommandPalette) and app.screen is not palette and app.errors == 0
+        assert isinstance(app.screen, CommandPalette) and app.screen.is_mounted and app.screen is not palette and app.errors == 0
 
 
 async def test_the_palettes_no_matches_countdown_ending_after_its_list_is_gone_is_survived():
@@ -562,7 +562,7 @@ async def test_R_relaunches_once_the_gpu_is_free_while_the_checkpoint_is_still_b
             finally:
                 for pid in held:
                     os.kill(pid, signal.SIGCONT)
-            report = await wait_for(pilot, lambda: isinstance(app.screen, KillReportScreen) and app.screen, 60, "the kill's report")
+            report = await wait_for(pilot, lambda: isinstance(app.screen, KillReportScreen) and app.screen.is_mounted and app.screen, 60, "the kill's report")
             assert report.report.checkpoint == "durable" and report.report.gpu_released_s <= report.report.checkpoint_durable_s
             if held:
                 return
@@ -576,7 +576,8 @@ def plan_shown(dialog) -> str:
     """What the kill dialog's scrolling body holds (at 80×24 its end is below the fold)."""
     from textual.widgets import Static
 
-    return str(dialog.query_one("#kill-plan", Static).content)
+    body = next(dialog.query("#kill-plan").results(Static), None)
+    return "" if body is None else str(body.content)  # "" until the dialog is composed
 
 
 async def test_R_with_c_relaunches_the_edited_run_from_its_checkpoint_at_80x24(local_host):
@@ -594,8 +595,8 @@ async def test_R_with_c_relaunches_the_edited_run_from_its_checkpoint_at_80x24(l
         await open_run_when(pilot, key, lambda run: len(run.steps) >= 2, "the run's steps")
         app.pending[key] = {"max_seq_len": 192}
         await pilot.press("R")
-        dialog = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen, 15, "the kill dialog")
-        assert "afresh (c: continue from its checkpoint instead)" in plan_shown(dialog)
+        dialog = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen.is_mounted and app.screen, 15, "the kill dialog")
+        await wait_for(pilot, lambda: "afresh (c: continue from its checkpoint instead)" in plan_shown(dialog), 5, "R's afresh plan")
         for _ in range(3):
             await pilot.press("c")
         assert dialog.resume and "continuing from its checkpoint" in plan_shown(dialog)

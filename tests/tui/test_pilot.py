@@ -26,14 +26,14 @@ async def test_launch_kill_edit_relaunch(local_host):
     demo = Demo(run_params.apply(TRAIN, PARAMS), "tui-pilot", dict(PARAMS))
     app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent")], demo=demo, grace_s=GRACE_S)
     async with app.run_test(size=(160, 48)) as pilot:
-        screen = await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen, 10, "the run screen")
+        screen = await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.is_mounted and app.screen, 10, "the run screen")
         first = await wait_for(pilot, lambda: screen.run, 30, "the demo run to launch")
         await wait_for(pilot, lambda: len(first.steps) >= 2, 90, "step events")
         assert first.loss is not None
         assert "no GPU on this machine" in screen_text(app)
 
         await pilot.press("k")
-        confirm = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen, 10, "the kill modal")
+        confirm = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen.is_mounted and app.screen, 10, "the kill modal")
         assert "tui-pilot" in str(confirm.query_one("#kill-plan").render())
         assert confirm.plan.pids and set(first.info.pids) <= set(confirm.plan.pids)
         await wait_for(pilot, lambda: getattr(app.focused, "id", None) == "no", 5, "No focused: the default answer")
@@ -43,7 +43,7 @@ async def test_launch_kill_edit_relaunch(local_host):
         # checkpoint to be durable (its writer's fsyncs, slow on a loaded disk). Alone it
         # takes a few seconds; in a loaded full suite it took over 40 twice.
         bound = GRACE_S + kill.KILL_WAIT_S + max(10, kill.PANE_EXIT_WAIT_S) + kill.DURABLE_WAIT_S
-        report = await wait_for(pilot, lambda: isinstance(app.screen, KillReportScreen) and app.screen, bound, "the kill report")
+        report = await wait_for(pilot, lambda: isinstance(app.screen, KillReportScreen) and app.screen.is_mounted and app.screen, bound, "the kill report")
         assert set(confirm.plan.pids) <= set(report.report.signalled)
         assert not report.report.survivors
         await wait_for(pilot, lambda: "GPU memory before → after" in screen_text(app), 5, "the report drawn")
@@ -52,7 +52,7 @@ async def test_launch_kill_edit_relaunch(local_host):
         await wait_for(pilot, lambda: first.state_label != "running", 10, "the run to read as stopped")
 
         await pilot.press("e")
-        form = await wait_for(pilot, lambda: isinstance(app.screen, EditScreen) and app.screen, 5, "the edit form")
+        form = await wait_for(pilot, lambda: isinstance(app.screen, EditScreen) and app.screen.is_mounted and app.screen, 5, "the edit form")
         form.query_one("#param-ttt_steps").value = "3"
         await pilot.pause()
         assert form.changes == {"ttt_steps": 3}
@@ -74,7 +74,7 @@ async def test_launch_kill_edit_relaunch(local_host):
         assert len(second.steps[-1]["loss_ttt"]) == 3
 
         await pilot.press("R")
-        confirm = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen, 10, "R's kill modal")
+        confirm = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen.is_mounted and app.screen, 10, "R's kill modal")
         assert "Then relaunch with unchanged parameters" in str(confirm.query_one("#kill-plan").render())
         await pilot.press("y")
         third = await wait_for(

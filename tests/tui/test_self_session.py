@@ -44,7 +44,7 @@ async def test_k_and_R_refuse_the_dashboards_own_session(local_host, tmux_socket
                     await pilot.pause(0.5)
                     assert not isinstance(app.screen, KillConfirm)
                 else:
-                    confirm = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen, 10, "the kill plan")
+                    confirm = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen.is_mounted and app.screen, 10, "the kill plan")
                     assert confirm.plan.session == other.session
                     await pilot.press("n")
                     await wait_for(pilot, lambda: not isinstance(app.screen, KillConfirm), 5, "the dialog to close")

@@ -61,7 +61,7 @@ async def ship_kill(pilot) -> tuple[ShipRelaunch, str]:
     """R on the run, its ship dialog (and what it showed) answered Ship, the kill's Yes."""
     app = pilot.app
     await pilot.press("R")
-    offer = await wait_for(pilot, lambda: isinstance(app.screen, ShipRelaunch) and app.screen, 30, "the ship dialog")
+    offer = await wait_for(pilot, lambda: isinstance(app.screen, ShipRelaunch) and app.screen.is_mounted and app.screen, 30, "the ship dialog")
     text = await wait_for(pilot, lambda: "Ship and relaunch" in (shown := screen_text(app)) and shown, 5, "the dialog drawn")
     await pilot.press("s")
     await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm), 15, "the kill dialog")

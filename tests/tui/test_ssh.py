@@ -36,22 +36,22 @@ async def test_launch_kill_edit_relaunch_over_ssh(sshd, runs_root, tmux_socket):
     app = TracksideApp([Watched(host, smi="nvidia-smi-absent")], demo=Demo(argv, "tui-ssh", dict(PARAMS)), grace_s=20)
     try:
         async with app.run_test(size=(160, 48)) as pilot:
-            screen = await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen, 10, "the run screen")
+            screen = await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.is_mounted and app.screen, 10, "the run screen")
             # A launch returns once the trainer has started (its start event): loading over SSH.
             first = await wait_for(pilot, lambda: screen.run, 90, "the run to launch over SSH")
             await wait_for(pilot, lambda: len(first.steps) >= 2, 90, "step events over SSH")
             assert "no GPU on gpu-box" in screen_text(app) or "GPUs on gpu-box" in screen_text(app)
 
             await pilot.press("k")
-            confirm = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen, 15, "the kill modal")
+            confirm = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen.is_mounted and app.screen, 15, "the kill modal")
             await pilot.press("y")
-            report = await wait_for(pilot, lambda: isinstance(app.screen, KillReportScreen) and app.screen, 40, "the report")
+            report = await wait_for(pilot, lambda: isinstance(app.screen, KillReportScreen) and app.screen.is_mounted and app.screen, 40, "the report")
             assert set(confirm.plan.pids) <= set(report.report.signalled) and not report.report.survivors
             assert "tui-ssh" not in await tmux.list_sessions(host)
             await pilot.press("escape")
 
             await pilot.press("e")
-            form = await wait_for(pilot, lambda: isinstance(app.screen, EditScreen) and app.screen, 5, "the edit form")
+            form = await wait_for(pilot, lambda: isinstance(app.screen, EditScreen) and app.screen.is_mounted and app.screen, 5, "the edit form")
             form.query_one("#param-ttt_steps").value = "3"
             await pilot.pause()
             await pilot.click("#keep")
@@ -123,7 +123,7 @@ async def test_a_kill_the_lost_host_never_got_leaves_the_runs_end_news(fresh_ssh
             app.open_run(key)
             await pilot.pause()
             await pilot.press("k")
-            confirm = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen, 15, "the kill dialog")
+            confirm = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen.is_mounted and app.screen, 15, "the kill dialog")
             fresh_sshd.stop()
             await pilot.press("y")
             await wait_for(pilot, lambda: any(t.startswith(f"could not kill {key}") for t in told), 30, "the failed kill told")

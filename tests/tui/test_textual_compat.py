@@ -104,7 +104,7 @@ async def test_a_palette_no_longer_on_top_runs_no_command():
             palette._select_or_command()
             await pilot.pause()
             if not on_top:
-                assert isinstance(app.screen, Screen) and app.screen is not palette
+                assert isinstance(app.screen, Screen) and app.screen.is_mounted and app.screen is not palette
                 app.pop_screen()
                 await pilot.pause()
                 palette.dismiss()  # stays open: the next one goes on top of it

@@ -91,7 +91,9 @@ class KillConfirm(Confirm):
             return
         self.resume = not self.resume
         self.question = plan_text(self.key, self.plan, self.relaunch, self.resume)
-        self.query_one("#kill-plan", Static).update(split_title(self.question)[1])
+        # Not composed yet (c right behind R): compose shows the question as it is now.
+        for body in self.query("#kill-plan").results(Static):
+            body.update(split_title(self.question)[1])
 
 
 def report_text(key: str, report) -> Text:
