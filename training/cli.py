@@ -268,7 +268,8 @@ def _train(args, device: str, argv: list[str]) -> int:
         code = train(cfg)
     except (DatasetError, ResumeError) as exc:
         code = EXIT_USAGE
-        flag = "--resume" if isinstance(exc, ResumeError) else "--batch-rows/--max-seq-len"
+        flag = ("--resume-from" if args.resume_from else "--resume") if isinstance(exc, ResumeError) \
+            else "--batch-rows/--max-seq-len"
         raise UsageError(f"{flag}: {exc}") from None
     except KeyboardInterrupt:
         code = 130  # as a shell reports ^C

@@ -157,7 +157,7 @@ def train(cfg: TrainConfig) -> int:
         ckpt_root = cfg.run_dir / "checkpoints"
         source = cfg.resume_from or (ckpt_root if cfg.resume else None)
         step, position = resume(source, rank, drafter, trainable, optimizer, scheduler,
-                                cfg.freeze_lm_head)
+                                cfg.freeze_lm_head, required=cfg.resume_from is not None)
         phase_done("resume")
         config = {**cfg.to_dict(), "total_steps": total_steps, "warmup_steps": warmup,
                   "global_batch_rows": cfg.batch_rows * world, "resumed_from_step": step,

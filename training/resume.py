@@ -35,10 +35,11 @@ def _set_rng_state(state: dict) -> None:
 
 def resume(source: Path | None, rank: int, drafter: nn.Module,
            trainable: dict[str, nn.Parameter], optimizer: torch.optim.Optimizer,
-           scheduler, freeze_lm_head: bool) -> tuple[int, Position]:
+           scheduler, freeze_lm_head: bool, required: bool = False) -> tuple[int, Position]:
     """The step and data position to go on from: the newest checkpoint in `source` (a
     checkpoints dir) restored into the drafter, its optimizer and scheduler; step 0 where
-    there is none, or no source."""
+    there is none (ResumeError if `required`: another run's checkpoint was asked for), or
+    no source."""
     if source is not None:  # after the start-up, which overlaps a writer still writing
         try:
             durable.wait_for_writer(source, lambda said: rank == 0 and print(
@@ -47,6 +48,8 @@ def resume(source: Path | None, rank: int, drafter: nn.Module,
             raise ResumeError(str(busy)) from None
     found = checkpoint.latest(source) if source is not None else None
     if found is None:
+        if required:
+            raise ResumeError(f"no checkpoint in {source} to start from")
         if source is not None and rank == 0:
             print(f"train: --resume: no checkpoint in {source}: starting at step 0", flush=True)
         return 0, Position()

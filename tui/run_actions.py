@@ -189,13 +189,12 @@ class RunActions(Guarded):
         self.stopped_runs.add(run.key)
         signalled = time.monotonic()
 
-        # Our trainer on one host, afresh, with no synced directory to swap under a process
-        # still stopping, is relaunched the moment the SIGTERM is out: it imports while the
-        # run stops and waits for its processes to end before it touches the GPU. Else the
-        # relaunch starts once the GPU is free (a resume's checkpoint is staged by then).
-        # Either way the trainer's writer may still be making the checkpoint durable (a
-        # resuming trainer waits for the writer itself).
-        early = relaunch and not resume and own_trainer_on_one_host(run) and not (sent and sent.synced)
+        # Our trainer on one host, with no synced directory to swap under a process still
+        # stopping, is relaunched the moment the SIGTERM is out: it imports while the run
+        # stops and waits for its processes to end before it touches the GPU (resuming, for
+        # the checkpoint their stop saved too, and refuses to start if there is none). Else
+        # the relaunch starts once the GPU is free.
+        early = relaunch and own_trainer_on_one_host(run) and not (sent and sent.synced)
 
         def relaunch_now(after_pids: list[int] | None = None) -> None:
             self.in_flight.start(RELAUNCH, run.key, self._relaunch(run, sent, resume, after_pids=after_pids))

@@ -298,7 +298,8 @@ async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False,
     """The parent's argv with changed params, in a new run dir linked to its parent.
 
     With `resume`, the new run starts from the parent's latest checkpoint (the trainer's
-    `--resume-from` the parent's checkpoints), one still being written included.
+    `--resume-from` the parent's checkpoints), one still being written included, or with
+    `after_pids` (the parent still stopping) the one its stop is about to save.
     With `sent`, it runs that code (backends.deliver); without, the code its parent ran:
     the parent's shipped package where it had one, else the host's trainer.
     """
@@ -315,7 +316,12 @@ async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False,
             raise RunError(f"run {run_id} is not a trainer run ({' '.join(argv)}): its parameters cannot be changed")
         params = parent.get("params") or {}
     else:
-        if resume:
+        if resume and after_pids:
+            # The parent is still stopping: the checkpoint its stop saves comes after this
+            # launch. The trainer waits for the parent's processes, then for the writer, and
+            # refuses to start if there is still none (`--resume-from` requires one).
+            resume_from = f"{parent['run_dir']}/checkpoints"
+        elif resume:
             resume_from = await checkpoints_to_resume(host, parent["run_dir"])
             if resume_from is None:
                 raise RunError(f"run {run_id} has no checkpoint to resume from in {parent['run_dir']}/checkpoints")

@@ -304,6 +304,13 @@ async def test_trainer_argv_gets_out_params_and_relaunch_links_parent(host, tmp_
 
     with pytest.raises(runs.RunError, match="no checkpoint"):
         await runs.relaunch(host, first.run_id, {}, resume=True, train_command=train)
+    # Still stopping (R started as the SIGTERM goes out): the checkpoint its stop saves
+    # comes after this launch, so none is looked for; the trainer waits for the run and
+    # its writer, and refuses to start if there is still none.
+    stopping = await runs.relaunch(host, first.run_id, {}, resume=True, train_command=train, after_pids=[os.getpid()])
+    argv = json.loads(await eventually(lambda: written(Path(stopping.run_dir, "argv.json"))))
+    assert argv[argv.index("--resume-from") + 1] == f"{first.run_dir}/checkpoints"
+    assert argv[argv.index("--after-pids") + 1] == str(os.getpid())
     # A checkpoint still being made durable (its writer's marker) is one to resume from:
     # the trainer waits for it, so the relaunch need not.
     checkpoints = Path(first.run_dir, "checkpoints")

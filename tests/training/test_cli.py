@@ -165,6 +165,17 @@ def test_resume_with_no_checkpoint_says_it_starts_at_step_0(tmp_path, cache, cap
     assert code == 0 and f"--resume: no checkpoint in {tmp_path / 'run' / 'checkpoints'}: starting at step 0" in out
 
 
+def test_resume_from_a_directory_with_no_checkpoint_refuses_to_start(tmp_path, cache, capsys):
+    """Another run's checkpoint was asked for (R continuing a run whose stop saved none):
+    training from step 0 instead would be the wrong run, silently."""
+    (tmp_path / "parent" / "checkpoints").mkdir(parents=True)
+    code, err = run_main(["train", "--synthetic", "--steps", "1", "--max-seq-len", "128", "--out", str(tmp_path / "run"),
+                          "--resume-from", str(tmp_path / "parent" / "checkpoints")], capsys)  # fmt: skip
+    assert code == 2 and f"--resume-from: no checkpoint in {tmp_path / 'parent' / 'checkpoints'} to start from" in err, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or "step" not in (tmp_path / "run" / "metrics.jsonl").read_text()
+
+
 def test_the_trainer_ends_quickly_but_a_profiler_still_gets_its_file(tmp_path):
     # training.cli.exit_process skips the interpreter's teardown; cProfile writes at it.
     profile = tmp_path / "train.prof"

@@ -610,6 +610,8 @@ async def test_R_with_c_relaunches_the_edited_run_from_its_checkpoint_at_80x24(l
     assert saved == [last_step]
     assert start["config"]["resumed_from_step"] == last_step and start["config"]["max_seq_len"] == 192
     assert "resume" in said
+    # Started as the SIGTERM went out, it waited for the stopping run (and then its writer).
+    assert "replaced_run" in start["startup_s"]
 
 
 async def test_R_starts_the_new_trainer_while_the_old_one_stops_at_80x24(local_host):
