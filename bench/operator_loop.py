@@ -1,9 +1,11 @@
 """The operator's loop on a GPU, as the dashboard drives it: a run trains beside a
-bystander holding GPU memory; `R` stops it and relaunches it with a new max_seq_len the
-moment its GPU is free (backends.kill.kill_run and backends.relaunch.relaunch, as the app
-calls them), its checkpoint made durable meanwhile; then, through the CLI, `trackside kill` of
-the child and `trackside relaunch --set max_seq_len=N --resume`, which must resume at the
-child's last step. Both drafters.
+bystander holding GPU memory; `R` stops it and relaunches it with a new max_seq_len, the
+new trainer started as the SIGTERM goes out (backends.kill.kill_run and
+backends.relaunch.relaunch, as the app calls them), its checkpoint made durable meanwhile;
+then, through the CLI, `trackside kill` of the child and `trackside relaunch --set
+max_seq_len=N --resume`, which must resume at the child's last step; then `R` with `c` on
+that run (continuing from the checkpoint its stop saves, at yet another length). Both
+drafters.
 
     PYTHONPATH=$PWD python3 bench/operator_loop.py --drafter eagle3     # llama3-8b 8192 x TTT 5
     PYTHONPATH=$PWD python3 bench/operator_loop.py --drafter dflash     # qwen3-8b 8192, block 16, 512 anchors
@@ -29,14 +31,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 CLI = ["-c", "import sys; from tui.cli import main; sys.exit(main())"]
 
-# (preset, the run's flags, R's new max_seq_len, the resumed relaunch's)
+# (preset, the run's flags, R's new max_seq_len, the resumed relaunch's, R-with-c's)
 CELLS = {
-    ("eagle3", False): ("llama3-8b", ["--max-seq-len", "8192", "--ttt-steps", "5"], 12288, 10240),
+    ("eagle3", False): ("llama3-8b", ["--max-seq-len", "8192", "--ttt-steps", "5"], 12288, 10240, 11264),
     ("dflash", False): ("qwen3-8b", ["--drafter", "dflash", "--max-seq-len", "8192", "--block-size", "16",
-                                     "--max-anchors", "512"], 12288, 10240),
-    ("eagle3", True): ("tiny", ["--max-seq-len", "256", "--ttt-steps", "2"], 384, 320),
+                                     "--max-anchors", "512"], 12288, 10240, 11264),
+    ("eagle3", True): ("tiny", ["--max-seq-len", "256", "--ttt-steps", "2"], 384, 320, 352),
     ("dflash", True): ("tiny", ["--drafter", "dflash", "--max-seq-len", "256", "--block-size", "4",
-                                "--max-anchors", "8"], 384, 320),
+                                "--max-anchors", "8"], 384, 320, 352),
 }
 WARM_STEPS = 10  # steps the first run takes before it is killed
 
@@ -109,10 +111,11 @@ def bystander(smoke: bool) -> subprocess.Popen | None:
     return proc
 
 
-async def r_key(runs_root: Path, run_id: str, max_seq_len: int, train: list[str]) -> dict:
+async def r_key(runs_root: Path, run_id: str, max_seq_len: int, train: list[str], resume: bool = False) -> dict:
     """R as the dashboard does it (tui/run_actions.py): the kill, and the relaunch (afresh,
-    with the edit) started the moment the SIGTERM is out, its trainer waiting for the
-    stopped run's processes to end before it touches the GPU."""
+    or with `resume` from the checkpoint the stop saves, with the edit) started the moment
+    the SIGTERM is out, its trainer waiting for the stopped run's processes to end (and a
+    resuming one for their writer) before it touches the GPU."""
     from backends import kill
     from backends.hosts import LocalHost
     from backends.relaunch import relaunch
@@ -122,13 +125,13 @@ async def r_key(runs_root: Path, run_id: str, max_seq_len: int, train: list[str]
     stopped_at = time.time()
     report = await kill.kill_run(host, run_id, grace_s=120, on_signalled=lambda pids: relaunched.append(asyncio.ensure_future(
         relaunch({host.name: host}, host, run_id, {"max_seq_len": max_seq_len}, train_commands={host.name: train},
-                 after_pids=pids))))  # fmt: skip
+                 resume=resume, after_pids=pids))))  # fmt: skip
     child, _ = await relaunched[0]
     return {"stopped_at": stopped_at, "report": report.to_json(), "child": child.to_json()}
 
 
 def loop(drafter: str, smoke: bool, work: Path) -> dict:
-    preset, flags, r_length, resumed_length = CELLS[drafter, smoke]
+    preset, flags, r_length, resumed_length, rc_length = CELLS[drafter, smoke]
     device = "cpu" if smoke else "cuda"
     data = work / f"data-{drafter}-{preset}"
     if smoke:
@@ -165,7 +168,13 @@ def loop(drafter: str, smoke: bool, work: Path) -> dict:
         resumed = cli(config, "relaunch", child["run_id"], "--set", f"max_seq_len={resumed_length}", "--resume")
         relaunch_s = time.time() - relaunched_at
         seen_resumed = wait_for(resumed["run_dir"], lambda s: len(steps(s)) >= 1, 600, "the resumed run's first step")
-        cli(config, "kill", resumed["run_id"], "--grace", "120")
+        # R with c on that run: its relaunch continues from the checkpoint the stop saves.
+        wait_for(resumed["run_dir"], lambda s: len(steps(s)) >= WARM_STEPS, 600, "the resumed run's steps")
+        stop_ready(resumed["run_dir"])
+        rc = asyncio.run(r_key(work / "runs", resumed["run_id"], rc_length, train, resume=True))
+        seen_rc = wait_for(rc["child"]["run_dir"], lambda s: len(steps(s)) >= 1, 600, "R-with-c's run's first step")
+        rc_stopped = steps(events(resumed["run_dir"]))[-1]["step"]
+        cli(config, "kill", rc["child"]["run_id"], "--grace", "120")
         bystander_alive = held is None or held.poll() is None
     finally:
         if held is not None:
@@ -177,6 +186,7 @@ def loop(drafter: str, smoke: bool, work: Path) -> dict:
             subprocess.run(["tmux", "kill-session", "-t", f"={session}"], capture_output=True)
     r_start, r_step = first(seen_child, "start"), steps(seen_child)[0]
     start, step = first(seen_resumed, "start"), steps(seen_resumed)[0]
+    rc_start, rc_step = first(seen_rc, "start"), steps(seen_rc)[0]
     said = Path(child["run_dir"], "console.log").read_text(errors="replace").splitlines()
     return {
         "drafter": drafter, "preset": preset, "argv": argv,
@@ -196,6 +206,11 @@ def loop(drafter: str, smoke: bool, work: Path) -> dict:
         "resumed": {"max_seq_len": resumed_length, "resumed_from_step": start["config"].get("resumed_from_step"),
                     "first_step": step["step"], "command_s": relaunch_s, "startup_s": start["startup_s"],
                     "to_start_s": start["time"] - relaunched_at, "to_first_step_s": step["time"] - relaunched_at},
+        "R_resume": {"max_seq_len": rc_length, "stopped_at_step": rc_stopped,
+                     "resumed_from_step": rc_start["config"].get("resumed_from_step"), "first_step": rc_step["step"],
+                     "gpu_released_s": rc["report"]["gpu_released_s"], "checkpoint_durable_s": rc["report"]["checkpoint_durable_s"],
+                     "process_started_s": rc_start["process_started"] - rc["stopped_at"], "startup_s": rc_start["startup_s"],
+                     "to_start_s": rc_start["time"] - rc["stopped_at"], "to_first_step_s": rc_step["time"] - rc["stopped_at"]},
         "bystander_untouched": bystander_alive,
     }  # fmt: skip
 
