@@ -101,6 +101,7 @@ def stopped_and_durable(run_dir: Path, timeout: float = 30) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 20 trials: 294 s in a green loaded suite, past the default 300 s on a slower day
 def test_kill_9_at_random_moments_then_resume_continues_exactly(tmp_path, tmp_path_factory):
     run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"
     environ = env(tmp_path_factory)
