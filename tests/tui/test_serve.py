@@ -122,23 +122,23 @@ async def screen_of(url: str, *, seconds: float = 4.0, keys: str = "", cookies=N
     got = []
     async with aiohttp.ClientSession(cookies=cookies) as session:
         async with session.ws_connect(f"{url.replace('http', 'ws')}/ws?width=160&height=40") as ws:
+            async def receive(until) -> None:
+                while until() and not ws.closed:
+                    with contextlib.suppress(TimeoutError):
+                        message = await asyncio.wait_for(ws.receive(), 0.2)
+                        if message.type == aiohttp.WSMsgType.BINARY:
+                            got.append(message.data)
+
             for key in [None, *keys]:
                 if key is not None:
                     await ws.send_json(["stdin", key])
-                # The dashboard's process starts per viewer: its first `seconds` count from
-                # its first frame (a slow machine took more than 3 s to send one).
-                first_frame_by = time.monotonic() + 60
-                while key is None and not got and time.monotonic() < first_frame_by and not ws.closed:
-                    with contextlib.suppress(TimeoutError):
-                        message = await asyncio.wait_for(ws.receive(), 0.2)
-                        if message.type == aiohttp.WSMsgType.BINARY:
-                            got.append(message.data)
+                else:
+                    # The dashboard's process starts per viewer: its first `seconds` count
+                    # from its first frame (a slow machine took more than 3 s to send one).
+                    first_frame_by = time.monotonic() + 60
+                    await receive(lambda: not got and time.monotonic() < first_frame_by)
                 deadline = time.monotonic() + seconds
-                while time.monotonic() < deadline and not ws.closed:
-                    with contextlib.suppress(TimeoutError):
-                        message = await asyncio.wait_for(ws.receive(), 0.2)
-                        if message.type == aiohttp.WSMsgType.BINARY:
-                            got.append(message.data)
+                await receive(lambda: time.monotonic() < deadline)
             code = ws.close_code
     return terminal_text(got), code
 
