@@ -32,7 +32,8 @@ import re
 from collections import deque
 from collections.abc import Iterable
 
-from backends.logparse import Progress, parse_console_line, parse_progress, redraws, step_of, visible_text
+from backends.logparse import Progress, parse_console_line, parse_progress, step_of
+from backends.screen import redraws, visible_text
 
 CURVE_POINTS = 5000  # (step, loss) points kept per series: a run that logs for days stays bounded
 # Bars that count something other than training steps, whatever their phase says.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from backends import logparse, nodes, runs
+from backends import nodes, runs, screen
 from backends.alerts import Alert, AlertBook, HostFacts, RunFacts, underfed_since
 from backends.gpu import GpuSnapshot
 from tui.state import GpuTrace, HostState, HostStatus, RunState, run_key
@@ -92,7 +92,7 @@ class Store:
         run = self.runs.get(key)
         if run is None:
             return None
-        shown = [logparse.visible_text(line) for line in lines]
+        shown = [screen.visible_text(line) for line in lines]
         run.log.extend(shown)
         # What the console says (loss, step, progress, the curve) is read until step events
         # arrive: then metrics.jsonl says it, and the console's lines are only shown. Once

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.logparse import Progress, parse_console_line, parse_metrics_line, parse_progress, phase_of, step_of, visible_text
+from backends.logparse import Progress, parse_console_line, parse_metrics_line, parse_progress, phase_of, step_of
+from backends.screen import visible_text
 
 relaxed = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
