@@ -6,18 +6,18 @@ because a garbled line must never take the dashboard down.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 
+from backends import untrusted_json
 from backends.screen import visible_text
 
 
 def parse_metrics_line(line: str) -> dict | None:
     """One metrics.jsonl line → its event object, or None if it is not one."""
     try:
-        event = json.loads(line)
-    except (ValueError, RecursionError):
+        event = untrusted_json.loads(line)  # NaN and infinities read as absent
+    except ValueError:
         return None
     if not isinstance(event, dict) or not isinstance(event.get("event"), str):
         return None

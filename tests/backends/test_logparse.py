@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from backends.logparse import Progress, parse_console_line, parse_metrics_line, parse_progress, phase_of, step_of
 from backends.screen import visible_text
+from backends.untrusted_json import LARGEST_INT
 
 relaxed = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -217,7 +218,12 @@ def test_tqdm_round_trip(done, extra, eta, desc):
 
 
 @relaxed
-@given(st.dictionaries(st.text(max_size=8), st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5), lambda c: st.lists(c, max_size=3), max_leaves=5), max_size=5), st.text(min_size=1, max_size=10))
+@given(st.dictionaries(st.text(max_size=8), st.recursive(st.none() | st.booleans() | st.integers(-LARGEST_INT, LARGEST_INT) | st.text(max_size=5), lambda c: st.lists(c, max_size=3), max_leaves=5), max_size=5), st.text(min_size=1, max_size=10))
 def test_metrics_round_trip(payload, event):
     line = json.dumps({**payload, "event": event})
     assert parse_metrics_line(line) == {**payload, "event": event}
+
+
+def test_metrics_numbers_no_view_can_reckon_with_read_as_absent():
+    line = '{"event": "step", "step": 99999999999999999999999, "time": Infinity, "loss": NaN, "lr": -Infinity, "tokens": 1e400, "x": [NaN, 2]}'
+    assert parse_metrics_line(line) == {"event": "step", "step": None, "time": None, "loss": None, "lr": None, "tokens": None, "x": [None, 2]}
