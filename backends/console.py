@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from backends.logparse import Progress, parse_console_line, parse_progress, step_of
-from backends.screen import redraws, visible_text
+from backends.screen import Terminal, visible_text
 
 CURVE_POINTS = 5000  # (step, loss) points kept per series: a run that logs for days stays bounded
 # Bars that count something other than training steps, whatever their phase says.
@@ -75,6 +75,7 @@ class ConsoleSummary:
         self._held: str | None = None  # a wrapped record's lines so far
         self._screen = False  # folding a screen's lines, not a recording
         self._shape = ""  # the line that named the last step, its numbers blanked
+        self._tty = Terminal()  # what the recorded bytes drew so far (add_recorded)
 
     # --- input ----------------------------------------------------------------------
 
@@ -87,10 +88,16 @@ class ConsoleSummary:
         self._screen = False
 
     def add_recorded(self, text: str) -> None:
-        """What a pane printed, as recorded: every redraw of a bar is read, not only its last."""
-        for line in text.split("\n"):
-            for state in redraws(line):
-                self._read(state)
+        """What a pane printed, as recorded, on from the last call: every state a terminal
+        drew is read (each redraw of a bar, not only its last); a line not ended yet is
+        read once it is, unless it is a tqdm bar drawn whole (its `]` closes it): that is
+        this moment's state, read now, not at its next redraw, which a ten-minute step
+        would delay ten minutes (read again then, it changes nothing)."""
+        for state in self._tty.feed(text):
+            self._read(state)
+        drawing = self._tty.drawing()
+        if drawing.endswith("]") and "%|" in drawing:
+            self._read(self._tty.take())
 
     def settle(self) -> None:
         """Nothing more is coming (a whole capture read, a pane that died): a record still

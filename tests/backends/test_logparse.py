@@ -78,8 +78,10 @@ def test_step_of(line, step):
 
 
 def test_numbers_past_any_int_are_read_as_floats():
-    # int() refuses over 4,300 digits: such a line once ended the parse with a ValueError
-    assert parse_console_line("step=" + "9" * 5000 + " loss=" + "1" * 5000) == {"step": math.inf, "loss": math.inf}
+    # Longer integers than 18 digits are floats, however long (int() refuses over 4,300)
+    assert parse_console_line("step=" + "9" * 2000 + " loss=" + "1" * 2000) == {"step": math.inf, "loss": math.inf}
+    # A line past screen.LINE_CAP is cut: the number its cut shortened is not read
+    assert parse_console_line("step=" + "9" * 5000 + " loss=" + "1" * 5000) is None
     assert step_of({"step": math.inf}) is None
     assert parse_progress("Shards: " + "9" * 5000 + "/" + "9" * 5000) is None
     assert parse_progress(" 5%|▌ | 50/1000 [" + "1" * 5000 + "<00:02]") == Progress("working", 50, 1000, None, "")
