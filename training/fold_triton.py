@@ -33,15 +33,18 @@ def _query_rows(B, Hq, G, L, D, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
     their masks, the rows' offsets in the keys and values [S, B, Hkv, L, D] (and the
     distance between keys) and in p [S + 1, B, Hkv, G, L] (and the distance between its
     entries)."""
-    l = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)
+    l = tl.program_id(0).to(tl.int64) * BLOCK_L + tl.arange(0, BLOCK_L)
     bh = tl.program_id(1).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     rows = l < L
     tile = rows[:, None] & (d[None, :] < D)
     kv = (bh // G * L + l)[:, None] * D + d[None, :]  # (b * Hkv + h // G) = bh // G
     p_row = bh * L + l  # (b, h) is bh in p's (b, kv head, query head in group) too
-    return (l, bh // Hq, bh % Hq, d, rows, tile, kv, B * (Hq // G) * L * D, p_row,
-            B * Hq * L)
+    # The distances in int64: a loop's `s * kv_step` in int32 wrapped past 2^31 elements
+    # (kimi-k2's 64 KV heads at 92,160 × TTT 5: 3 × 755M) and read keys before the stack.
+    b64 = tl.cast(B, tl.int64)
+    return (l, bh // Hq, bh % Hq, d, rows, tile, kv, b64 * (Hq // G) * L * D, p_row,
+            b64 * Hq * L)
 
 
 @triton.jit
@@ -127,7 +130,7 @@ def _fold_key_grads_kernel(q_ptr, g_ptr, p_ptr, dscore_ptr, dk_ptr, dv_ptr,
                       q_sb, q_sh, q_sl, g_sb, g_sh, g_sl,
                       B, Hq, G, L, D,
                       BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
-    l = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)
+    l = tl.program_id(0).to(tl.int64) * BLOCK_L + tl.arange(0, BLOCK_L)
     b_hkv = tl.program_id(1).to(tl.int64)
     s = tl.program_id(2).to(tl.int64)
     Hkv = Hq // G
