@@ -28,7 +28,7 @@ from backends.sanitize import CONTROL, CSI, ESCAPE, LINE_CAP, STRING
 KEPT = 64  # lines above the cursor a move up can reach (Rich's live display redraws that many)
 _TAB = 8
 _TOKENS = re.compile(f"(?P<text>[^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069\\ud800-\\udfff]+)"
-                     f"|(?P<csi>{CSI})|(?P<string>{STRING})|(?P<esc>{ESCAPE})|(?P<ctl>{CONTROL}|[\\ud800-\\udfff])")  # fmt: skip
+                     f"|(?P<csi>{CSI})|(?P<string>{STRING})|(?P<esc>{ESCAPE})|(?P<ctl>{CONTROL}|\\t|[\\ud800-\\udfff])")  # fmt: skip
 _STRING_REST = re.compile(r"[^\x07\x18\x1a\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?")  # the rest of one begun earlier
 _CARRY_MAX = 64  # an unfinished CSI or ESC sequence longer than this is no sequence: dropped
 # DEC special graphics (VT100), the character set `ESC ( 0` selects: its lines and blocks.
