@@ -111,6 +111,9 @@ def train_parser() -> argparse.ArgumentParser:
     add_param_flag(p, "save_every", default=1000,
                    help="checkpoint every N steps (0: only at the end or when stopped)")
     add_param_flag(p, "seed", default=0)
+    p.add_argument("--max-nonfinite", type=POSITIVE_INT, default=contract.MAX_NONFINITE,
+                   metavar="N", help="a step whose loss or gradient is not finite is skipped, "
+                   "never applied; stop after N in a row (exit 4; default %(default)s)")
     p.add_argument("--export", type=Path, help="export the final drafter here")
     dflash = p.add_argument_group("DFlash (--drafter dflash)")
     add_param_flag(dflash, "block_size",
@@ -250,6 +253,7 @@ def _train(args, device: str, argv: list[str]) -> int:
         checkpoint_ttt=min(args.checkpoint_ttt, args.ttt_steps or PARAMS["ttt_steps"].default),
         freeze_lm_head=args.freeze_lm_head, sharding=args.sharding,
         gpu_mem_gib=args.gpu_mem_gib, save_every=args.save_every, seed=args.seed,
+        max_nonfinite=args.max_nonfinite,
         # A DFlash drafter is exported here, after the run, in speculators' layout.
         export=None if dflash else args.export)
     run_dir.mkdir(parents=True, exist_ok=True)

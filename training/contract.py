@@ -19,6 +19,10 @@ EXIT_OK = 0
 EXIT_FAILURE = 1  # anything else: an unreachable host, a missing run, a failed step
 EXIT_USAGE = 2  # a bad argument or value; the message names the flag or key
 EXIT_OOM = 3  # the trainer ran out of GPU memory, after writing its `oom` event
+# The trainer stopped after --max-nonfinite steps in a row whose loss or gradient was not
+# finite, none of them applied (training/nonfinite.py), after its end event "nonfinite".
+EXIT_NONFINITE = 4
+MAX_NONFINITE = 5  # the trainer's default --max-nonfinite
 
 
 class UsageError(Exception):
@@ -58,8 +62,12 @@ START, STEP, CHECKPOINT, OOM, END = "start", "step", "checkpoint", "oom", "end"
 # it durable: its `checkpoint` event follows, maybe after the trainer's `end` (a checkpoint
 # event always means a durable step directory).
 STAGED = "staged"
+# A step skipped, not applied: its loss or gradient norm (`what`) was not finite; the
+# `in_a_row`-th such step in a row.
+NONFINITE = "nonfinite"
 # An end event's status; the last is also what a launcher's nonzero code after it is not.
 COMPLETED, STOPPED, ENDED_OOM, FAILED = "completed", "stopped", "oom", "failed"
+ENDED_NONFINITE = NONFINITE  # too many non-finite steps in a row
 CLEAN_ENDS = (COMPLETED, STOPPED)
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     START: ("config", "steps_per_epoch", "world_size", "process_started", "startup_s"),
@@ -68,6 +76,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     CHECKPOINT: ("step", "path"),
     STAGED: ("step", "writer", "stage_s"),
     OOM: ("max_seq_len", "ttt_steps", "tried_gib", "peak_mem_gib"),
+    NONFINITE: ("step", "what", "in_a_row"),
     END: ("status",),
 }
 # Fields an event carries only where they mean something.

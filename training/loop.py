@@ -10,7 +10,8 @@ checkpoints; a checkpoint holds the whole drafter and its optimizer state by par
 name, gathered from every rank, so it resumes at any world size and either sharding.
 
 Exit codes: 0 done or stopped by SIGTERM/SIGINT (after a checkpoint), 3 CUDA out of memory
-(placing the model, resuming or in a step).
+(placing the model, resuming or in a step), 4 max_nonfinite steps in a row not applied
+(their loss or gradient not finite: training/nonfinite.py).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import torch.distributed as dist
 
 from training import checkpoint, contract, durable
 from training.config import DFlashConfig, DrafterConfig
-from training.contract import EXIT_OK, EXIT_OOM
+from training.contract import EXIT_NONFINITE, EXIT_OK, EXIT_OOM
 from training.data import Dataset, Loader
 from training.device import peak_mem_gib, precision
 from training.distributed import (all_reduce, gather_state, join_processes, leave_processes,
@@ -36,6 +37,7 @@ from training.drafters.dflash import DFlash, DFlashTraining
 from training.drafters.eagle3 import Eagle3
 from training.metrics import MetricsWriter
 from training.mirror import Mirror
+from training.nonfinite import Streak, Verdict
 from training.optimizer import make_optimizer, optimizer_step, warmup_cosine
 from training.params import PARAMS
 from training.resume import ResumeError, resume, rng_state
@@ -66,6 +68,7 @@ class TrainConfig:
     freeze_lm_head: bool = False  # the draft head stays the verifier's (model.freeze_lm_head)
     gpu_mem_gib: float | None = None
     save_every: int = 0  # 0: only at the end and when stopped
+    max_nonfinite: int = contract.MAX_NONFINITE  # skipped steps in a row that end the run
     seed: int = 0
     grad_clip: float = 1.0
     weight_decay: float = 0.0
@@ -247,13 +250,33 @@ def train(cfg: TrainConfig) -> int:
 
         # --- the steps ---
         stop, batches = StopRequest(), loader.iterate(position)
+        streak = Streak(cfg.max_nonfinite)
         while step < total_steps:
             started = time.perf_counter()
             batch, epoch, next_position = next(batches)
             batch = batch.to(device, non_blocking=True)
             # Positions are scored in units: TTT steps (EAGLE-3), block offsets (DFlash).
             scored, counts = drafting.forward_backward(unroll, batch, cfg.loss_chunk, world)
-            grad_norm = optimizer_step(optimizer, trainable.values(), cfg.grad_clip)
+            verdict = Verdict([s.losses for s in scored], device, world)
+            grad_norm = optimizer_step(optimizer, trainable.values(), cfg.grad_clip,
+                                       apply=verdict)
+            if verdict.what is not None:  # nothing applied; the batch is spent
+                position, in_a_row = next_position, streak.skipped()
+                metrics.write(contract.NONFINITE, step=step + 1, what=verdict.what,
+                              in_a_row=in_a_row)
+                if rank == 0:
+                    print(f"train: step {step + 1} not applied: its {verdict.what} is not "
+                          f"finite ({in_a_row} in a row, {cfg.max_nonfinite} end the run)",
+                          flush=True)
+                if streak.over:
+                    status = contract.ENDED_NONFINITE
+                    break
+                if all_reduce([float(stop.requested)], device, world)[0] > 0:
+                    status = contract.STOPPED
+                    stop.under_way()
+                    break
+                continue
+            streak.applied()
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
             step, position = step + 1, next_position
@@ -318,7 +341,7 @@ def train(cfg: TrainConfig) -> int:
             stop.restore()
             batches.close()
 
-    if cfg.export is not None and rank == 0:
+    if cfg.export is not None and rank == 0 and status != contract.ENDED_NONFINITE:
         from training.export import export_drafter
 
         export_drafter(checkpoint.latest(ckpt_root), cfg.export)
@@ -329,4 +352,10 @@ def train(cfg: TrainConfig) -> int:
         mirror.unpin()  # now, faster than the exit would (Mirror.unpin)
     if status == contract.STOPPED and rank == 0:
         print(f"train: stopped; exiting {stop.since()}", flush=True)
+    if status == contract.ENDED_NONFINITE:
+        if rank == 0:
+            print(f"train: stopped after {cfg.max_nonfinite} steps in a row whose loss or "
+                  f"gradient was not finite, none applied; the last step applied is {step}",
+                  file=sys.stderr, flush=True)
+        return EXIT_NONFINITE
     return EXIT_OK

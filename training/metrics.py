@@ -19,7 +19,9 @@ Events and fields:
               writer process's checkpoint event follows, maybe after the end)
   oom         time, max_seq_len, ttt_steps, tried_gib, peak_mem_gib; a DFlash run's also
               block_size, max_anchors (and ttt_steps null)
-  end         time, status ("completed", "stopped", "oom", "failed")
+  nonfinite   time, step (the one not applied), what ("loss" or "grad_norm": which was
+              not finite), in_a_row (training/nonfinite.py)
+  end         time, status ("completed", "stopped", "oom", "failed", "nonfinite")
 
 `step` counts optimizer steps done (the first is 1); `epoch` is the 0-based epoch the step's
 batch came from; `tokens` are the step's non-padding tokens over all ranks.

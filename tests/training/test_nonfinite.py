@@ -1,0 +1,114 @@
+"""A step whose loss or gradient is not finite is never applied (training/nonfinite.py):
+real runs on the CPU over data with NaN hidden states, which make a real NaN loss."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from training.checkpoint import latest
+from training.config import PRESETS
+from training.contract import EXIT_NONFINITE
+from training.data import Dataset, sample_path, write_tensors_atomic
+from training.loop import TrainConfig, train
+from training.nonfinite import Verdict
+from training.optimizer import make_optimizer, optimizer_step, warmup_cosine
+from training.synthetic import synthetic_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def poisoned(tmp_path: Path, every: int) -> Path:
+    """The synthetic data set with NaN aux hidden states in every `every`-th sample."""
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_dataset(0), data)
+    for i in range(0, Dataset(data).info["num_samples"], every):
+        tensors = load_file(sample_path(data, i))
+        tensors["aux_hidden"] = torch.full_like(tensors["aux_hidden"], math.nan)
+        write_tensors_atomic(sample_path(data, i), tensors)
+    return data
+
+
+def events(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def config(data: Path, run_dir: Path, **kw) -> TrainConfig:
+    return TrainConfig(data=data, run_dir=run_dir, drafter=PRESETS["tiny"], max_seq_len=512,
+                       lr=3e-3, **kw)
+
+
+def test_a_nonfinite_step_is_skipped_and_the_run_trains_on(tmp_path, cache):
+    run_dir = tmp_path / "run"
+    steps = 12
+    code = train(config(poisoned(tmp_path, every=8), run_dir, steps=steps, max_nonfinite=steps))
+    assert code == 0
+    got = events(run_dir)
+    skipped = [e for e in got if e["event"] == "nonfinite"]
+    applied = [e for e in got if e["event"] == "step"]
+    assert skipped and all(e["what"] == "loss" for e in skipped)
+    assert set(skipped[0]) == {"event", "time", "step", "what", "in_a_row"}
+    # Every step event is an applied step: finite, numbered 1.. with no gaps, and the
+    # schedule moved only on them (a skipped step's number is the next applied one's).
+    assert [e["step"] for e in applied] == list(range(1, steps + 1))
+    assert all(math.isfinite(e["loss"]) and math.isfinite(e["grad_norm"]) for e in applied)
+    factor = warmup_cosine(max(1, min(100, steps // 10)), steps)
+    assert [e["lr"] for e in applied] == pytest.approx([3e-3 * factor(s) for s in range(steps)])
+    assert {e["step"] for e in skipped} <= {e["step"] for e in applied}
+    assert got[-1] == {**got[-1], "event": "end", "status": "completed"}
+    weights = load_file(latest(run_dir / "checkpoints") / "model.safetensors")
+    assert all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point())
+
+
+def test_nonfinite_steps_in_a_row_end_the_run_with_exit_4(tmp_path, cache):
+    run_dir = tmp_path / "run"
+    code = train(config(poisoned(tmp_path, every=1), run_dir, steps=10, max_nonfinite=3))
+    assert code == EXIT_NONFINITE == 4
+    got = events(run_dir)
+    assert [e["event"] for e in got] == ["start", "nonfinite", "nonfinite", "nonfinite", "end"]
+    # each tried step 1 again, on the next batch: none was applied
+    assert [(e["step"], e["in_a_row"]) for e in got[1:4]] == [(1, 1), (1, 2), (1, 3)]
+    assert got[-1]["status"] == "nonfinite"
+    assert latest(run_dir / "checkpoints") is None  # no step was applied: nothing to keep
+
+
+def test_the_cli_stops_a_poisoned_run_with_exit_4_and_says_why(tmp_path, cache):
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "training", "train", "--data", str(poisoned(tmp_path, every=1)),
+         "--max-seq-len", "512", "--steps", "10", "--max-nonfinite", "2", "--out", str(run_dir)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 4, result.stderr
+    assert "step 1 not applied: its loss is not finite (2 in a row" in result.stdout
+    assert "stopped after 2 steps in a row" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert events(run_dir)[-1]["status"] == "nonfinite"
+
+
+@pytest.mark.parametrize("fused_clip", [True, False])
+def test_a_refused_step_applies_nothing_and_drops_the_gradients(fused_clip, monkeypatch):
+    """A NaN gradient with a finite loss: the norm is what is named, and neither the
+    weights nor AdamW's state move (its step count stays absent)."""
+    if not fused_clip:  # the clip_grad_norm_ path sharded gradients take
+        monkeypatch.setattr("training.optimizer._folds_clip", lambda optimizer: False)
+    w = torch.nn.Parameter(torch.ones(4))
+    optimizer = make_optimizer([w], 0.1, torch.device("cpu"))
+    w.grad = torch.tensor([1.0, math.nan, 0.0, 2.0])
+    verdict = Verdict([torch.ones(3)], torch.device("cpu"), 1)
+    norm = optimizer_step(optimizer, [w], 1.0, apply=verdict)
+    assert verdict.what == "grad_norm" and math.isnan(norm.item())
+    assert torch.equal(w.detach(), torch.ones(4)) and w.grad is None
+    assert not optimizer.state
+    w.grad = torch.ones(4)
+    verdict = Verdict([torch.ones(3)], torch.device("cpu"), 1)
+    optimizer_step(optimizer, [w], 1.0, apply=verdict)
+    assert verdict.what is None and not torch.equal(w.detach(), torch.ones(4))

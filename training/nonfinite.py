@@ -1,0 +1,61 @@
+"""A step whose loss or gradient is not finite is never applied.
+
+One NaN update poisons every weight it touches, and every step after it is NaN for good
+(issue 45: kimi-k2 at 92,160 trained NaN from step 2 on). So the loop asks, between the
+backward and the optimizer's step, whether this step's loss and gradient norm are finite;
+where not, the gradients are dropped and neither the optimizer nor the schedule moves
+(the batch is consumed: the next step trains on the next one). Each skipped step is a
+`nonfinite` event; `max_in_a_row` of them in a row end the run (status "nonfinite", exit
+EXIT_NONFINITE) with the weights of its last applied step, which is what it saves.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from training.distributed import all_reduce
+
+LOSS, GRAD_NORM = "loss", "grad_norm"  # the `nonfinite` event's `what`
+
+
+class Verdict:
+    """optimizer_step's `apply` for one step: whether to apply it, given its gradient norm.
+    `what` then names what was not finite (the loss first), or None."""
+
+    def __init__(self, losses: Sequence[Tensor], device: torch.device, world: int):
+        self.losses, self.device, self.world = losses, device, world
+        self.what: str | None = None
+
+    def __call__(self, grad_norm: Tensor) -> bool:
+        loss = torch.stack([t.sum() for t in self.losses]).sum() if self.losses else None
+        checks = [grad_norm] if loss is None else [loss, grad_norm]
+        bad = torch.stack([~torch.isfinite(t.float()) for t in checks]).double()
+        # Summed over the ranks: every rank skips the same steps (a loss is per rank; the
+        # norm is the whole drafter's already), in the one read this check costs.
+        flags = all_reduce(bad.tolist(), self.device, self.world)
+        if loss is None:
+            flags = [0.0, *flags]
+        self.what = LOSS if flags[0] else GRAD_NORM if flags[1] else None
+        return self.what is None
+
+
+class Streak:
+    """Skipped steps in a row; `over` once there have been `max_in_a_row` of them."""
+
+    def __init__(self, max_in_a_row: int):
+        if max_in_a_row < 1:
+            raise ValueError(f"max_in_a_row must be at least 1, got {max_in_a_row}")
+        self.max_in_a_row, self.in_a_row = max_in_a_row, 0
+
+    def skipped(self) -> int:
+        self.in_a_row += 1
+        return self.in_a_row
+
+    def applied(self) -> None:
+        self.in_a_row = 0
+
+    @property
+    def over(self) -> bool:
+        return self.in_a_row >= self.max_in_a_row
