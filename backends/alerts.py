@@ -6,7 +6,8 @@ facts. An alert's key names its cause (`stall:gpu1/20261129-0930-ab12`): the cau
 announced when it appears, listed while it lasts and cleared when it goes; if it comes
 back it is announced again.
 
-Causes: OOM, a run that exits non-zero or is killed, a loss that turns NaN/inf or jumps
+Causes: OOM, a run that exits non-zero or is killed, a trainer that stopped on non-finite
+steps (none applied: training/nonfinite.py), a loss that turns NaN/inf or jumps
 past LOSS_JUMP times its recent median, a GPU under-fed (under half its power limit while
 it reads busy), a host lost, a run stalled (no step for STALL_TIMES its recent step time,
 never less than a floor), and GPU memory still held after a kill. Runs that ended before
@@ -140,6 +141,8 @@ def _ended_alert(run: RunFacts) -> Alert | None:
         oom = run.oom or {}
         params = ", ".join(f"{k}={oom[k]}" for k in EVENT_FIELDS[OOM] if k in oom)
         return Alert(f"oom:{run.key}", f"{run.key} ran out of GPU memory ({params or 'exit status 3'})", "error")
+    if status is RunStatus.NONFINITE:
+        return Alert(f"nonfinite:{run.key}", f"{run.key} stopped: step after step had a NaN/inf loss or gradient (none applied; its weights are its last finite step's)", "error")
     code = run.info.exit_status
     if status not in (RunStatus.FAILED, RunStatus.KILLED) or not code:
         return None

@@ -72,6 +72,7 @@ STYLES = {
     RunStatus.OOM: "bold red",
     RunStatus.UNKNOWN: "yellow",
     RunStatus.GONE: "dim strike",
+    RunStatus.NONFINITE: "bold red",
 }
 
 

@@ -10,6 +10,7 @@ import signal
 
 from backends.logparse import Progress
 from backends.runs.listing import RunInfo, RunPhase, launcher_code
+from training.contract import ENDED_NONFINITE
 
 
 class RunStatus(enum.Enum):
@@ -23,6 +24,8 @@ class RunStatus(enum.Enum):
     OOM = "OOM"
     UNKNOWN = "unknown"  # not running, and how it ended was not recorded
     GONE = "gone"  # no longer in the host's listing
+    # the trainer stopped after steps in a row whose loss or gradient was not finite (none applied)
+    NONFINITE = "nonfinite"
 
     @property
     def label(self) -> str:
@@ -30,7 +33,7 @@ class RunStatus(enum.Enum):
 
     @property
     def failed(self) -> bool:
-        return self in (RunStatus.FAILED, RunStatus.KILLED, RunStatus.OOM)
+        return self in (RunStatus.FAILED, RunStatus.KILLED, RunStatus.OOM, RunStatus.NONFINITE)
 
 
 def status_of(info: RunInfo, *, end: str | None = None, oom: bool = False, gone: bool = False, stopped_here: bool = False) -> RunStatus:
@@ -44,6 +47,8 @@ def status_of(info: RunInfo, *, end: str | None = None, oom: bool = False, gone:
     if info.state is RunPhase.RUNNING:
         return RunStatus.RUNNING
     end = end or info.end_status
+    if end == ENDED_NONFINITE:
+        return RunStatus.NONFINITE
     code = info.exit_status
     if end == "completed":
         return RunStatus.FINISHED

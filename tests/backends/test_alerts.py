@@ -71,6 +71,7 @@ def test_a_lost_host_is_an_error_alert_naming_why():
     (RunPhase.EXITED, 0, None, None),
     (RunPhase.EXITED, 1, "stopped", None),  # torchrun's 1 after the trainer's own clean stop
     (RunPhase.OOM, 3, None, "box/r ran out of GPU memory (exit status 3)"),
+    (RunPhase.EXITED, 4, "nonfinite", "box/r stopped: step after step had a NaN/inf loss or gradient (none applied; its weights are its last finite step's)"),
     (RunPhase.RUNNING, None, None, None),
 ])  # fmt: skip
 def test_how_a_run_ended(state, code, end, expected):

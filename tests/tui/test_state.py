@@ -28,6 +28,7 @@ def ended(listed: Listed = Listed.EXITED, code: int | None = None, end: str | No
     (ended(code=1, end="stopped"), RunStatus.STOPPED, "stopped"),  # torchrun's own exit 1
     (ended(), RunStatus.UNKNOWN, "unknown"),
     (ended(Listed.OOM, code=3), RunStatus.OOM, "OOM"),
+    (ended(code=4, end="nonfinite"), RunStatus.NONFINITE, "nonfinite"),  # not "failed (4)"
     (ended(Listed.RUNNING), RunStatus.RUNNING, "running"),
 ])
 def test_how_a_run_ended_reads_the_same_on_every_screen(run, status, label):
@@ -40,7 +41,7 @@ def test_how_a_run_ended_reads_the_same_on_every_screen(run, status, label):
 
 
 def test_failures_stand_out_and_a_clean_end_does_not():
-    failures = {RunStatus.FAILED, RunStatus.KILLED, RunStatus.OOM}
+    failures = {RunStatus.FAILED, RunStatus.KILLED, RunStatus.OOM, RunStatus.NONFINITE}
     assert {s for s in RunStatus if "red" in STYLES[s]} == failures == {s for s in RunStatus if s.failed}
 
 
