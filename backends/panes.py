@@ -10,6 +10,7 @@ recording of ours: its scrollback is read each time instead, the most it can sho
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -24,7 +25,9 @@ class _Tape:
 
     summary: ConsoleSummary
     offset: int = 0
-    pending: bytes = b""  # a redraw or line not yet ended: folded once it is
+    # A character cut by the end of a read waits for the rest (at most 3 bytes); the line
+    # being drawn waits in the summary's terminal (bounded there, backends.screen).
+    utf8: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
     inode: str = "-"  # the live file last read: another one there means it turned
     started: bool = False  # its scrollback (what the pane held before) was read
     recorded: bool = True  # False: a pipe the user set, so no recording of ours
@@ -126,17 +129,7 @@ class Recordings:
 
     @staticmethod
     def _fold(tape: _Tape, data: bytes) -> None:
-        data = tape.pending + data
-        end = max(data.rfind(b"\n"), data.rfind(b"\r"))
-        tape.pending = data[end + 1 :]
-        if end >= 0:
-            tape.summary.add_recorded(data[: end + 1].decode(errors="replace"))
-        # A tqdm bar drawn whole (its `]` closes it) is this moment's state: read now, not
-        # at its next redraw, which a ten-minute step would delay ten minutes. Read again
-        # when that redraw ends it, it changes nothing: a state read twice is read once.
-        tail = tape.pending.decode(errors="replace")
-        if tail.rstrip().endswith("]") and "%|" in tail:
-            tape.summary.add_recorded(tail)
+        tape.summary.add_recorded(tape.utf8.decode(data))
 
 
 def run_pane(reads: list[PaneRead], on_gpu: Collection[int] = ()) -> PaneRead | None:

@@ -42,6 +42,11 @@ def clean(text: str) -> str:
     return _SURROGATE.sub("\ufffd", _SEQUENCE.sub("", text))
 
 
+def block(text: str) -> str:
+    """Lines to print: each cleaned, the line breaks between them kept."""
+    return "\n".join(clean(part) for part in text.split("\n"))
+
+
 def decode(data: bytes) -> str:
     """Bytes as text, invalid UTF-8 as U+FFFD, cleaned."""
     return clean(data.decode(errors="replace"))

@@ -5,6 +5,10 @@ it. When the host drops, it waits (backends.retry.Backoff) and resumes from the 
 yielded, so the lines received equal the file: none lost, none twice. A file that does not
 exist yet is waited for; when the file is truncated or replaced, following restarts at
 its byte 0, as `tail -F` does.
+
+A line is held until its newline at most LINE_BYTES: the rest of a longer one (a pane
+that prints without newlines) is counted in its offset, not kept, and the line ends in
+`…`, so memory stays bounded and no number its cut shortened is read.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from dataclasses import dataclass
 
 from backends.hosts import Host, HostError
 from backends.retry import Backoff
+
+LINE_BYTES = 64 << 10  # of one line, held until its newline: a tqdm bar's redraws, many of them
+_NOTICE_BYTES = 4096  # the end of a longer one, kept to find tail's notice in
 
 # Prints the offset it really starts from (0 if the file shrank while we were away), then
 # the file from there on. tail's notices share stdout, in order, so a restart at byte 0
@@ -41,6 +48,25 @@ _NOTICE = re.compile(
 )
 
 
+class _Held:
+    """The line read so far: its first LINE_BYTES, and of the rest its count and its last
+    bytes (where tail's notice, written after a last line without its newline, would be)."""
+
+    def __init__(self) -> None:
+        self.head, self.last, self.cut = bytearray(), b"", 0
+
+    def grow(self, part: bytes) -> None:
+        room = LINE_BYTES - len(self.head)
+        self.head += part[:room]
+        if len(part) > room:
+            self.cut += len(part) - room
+            self.last = (self.last + part[room:])[-_NOTICE_BYTES:]
+
+    def seen(self) -> bytes:
+        """What is kept of it, to find a notice in."""
+        return self.head + self.last if self.cut else self.head
+
+
 @dataclass(frozen=True)
 class Line:
     text: str
@@ -61,20 +87,25 @@ async def follow(
         try:
             async with contextlib.aclosing(host.chunks(argv)) as chunks:
                 started = False
-                pending = b""
+                line = _Held()
                 async for chunk in chunks:
-                    *complete, pending = (pending + chunk).split(b"\n")
-                    for raw in complete:
+                    first, *others = chunk.split(b"\n")
+                    line.grow(first)
+                    for part in others:  # each ends the line before it
+                        raw, seen, cut = line.head, line.seen(), line.cut
+                        line = _Held()
+                        line.grow(part)
                         if not started:
                             offset, started = int(raw), True
                             continue
-                        if _RESTART.search(raw):
+                        if _RESTART.search(seen):
                             offset = 0
                             continue
-                        if _NOTICE.match(raw):
+                        if _NOTICE.match(seen):
                             continue
-                        offset += len(raw) + 1
-                        yield Line(raw.decode(errors="replace"), offset)
+                        offset += len(raw) + cut + 1
+                        text = raw.decode(errors="replace")
+                        yield Line(text + "…" if cut else text, offset)
                         backoff.succeeded()
         except HostError:
             pass

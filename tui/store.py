@@ -92,13 +92,15 @@ class Store:
         run = self.runs.get(key)
         if run is None:
             return None
+        # What a terminal shows of each line, no more than screen.LINE_CAP of it: text
+        # drawn, never a control sequence (what the log shows is inert).
         shown = [screen.visible_text(line) for line in lines]
         run.log.extend(shown)
         # What the console says (loss, step, progress, the curve) is read until step events
         # arrive: then metrics.jsonl says it, and the console's lines are only shown. Once
         # a listing has read the run's output (`info.console`), its lines are only shown.
         if not run.steps and run.info.console is None:
-            run.own_console.add_recorded("\n".join(lines))  # console.log is the pane's bytes
+            run.own_console.add_recorded("".join(f"{line}\n" for line in lines))  # console.log is the pane's bytes
         return shown
 
     def overlays_read(self, key: str, overlays: dict, drop: str | None) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from backends import gpu
+from backends import gpu, sanitize
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class KillReport:
 
 def holding(p: gpu.GpuProcess) -> str:
     """A process's hold on GPU memory in words: `pid 7 (python3) on GPU 1, 2,048 MiB`."""
-    name = f" ({p.name})" if p.name else ""
+    name = f" ({sanitize.line(p.name)})" if p.name else ""  # a process names itself
     where = f"GPU {p.gpu_index}" if p.gpu_index is not None else "an unlisted GPU"
     used = f"{p.used_mib:,} MiB" if p.used_mib is not None else "memory the driver does not size"
     return f"pid {p.pid}{name} on {where}, {used}"

@@ -15,7 +15,7 @@ import asyncio
 import json
 import sys
 
-from backends import kill, params, runs, tmux
+from backends import kill, params, runs, sanitize, tmux
 from backends.config import ConfigError, load_config
 from backends.hosts import HostError
 from backends.reach import holder
@@ -101,9 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         doc, text, unread = asyncio.run(_run(args))
     except tuple(failures) as e:
         code = next(c for kind, c in failures.items() if isinstance(e, kind))
-        print(str(e) if isinstance(e, Said) else f"trackside: {e}", file=sys.stderr)
+        print(sanitize.block(str(e) if isinstance(e, Said) else f"trackside: {e}"), file=sys.stderr)
         return code
+    # What every subcommand prints passes here, cleaned: names, panes' text, process names
+    # and hosts' errors are anyone's (backends.sanitize).
     for line in unread:  # a host that could not be read, while others were
-        print(f"trackside: {line}", file=sys.stderr)
-    print(json.dumps(doc, indent=1) if args.json else text)
+        print(f"trackside: {sanitize.line(line)}", file=sys.stderr)
+    print(json.dumps(sanitize.value(doc), indent=1) if args.json else sanitize.block(text))
     return EXIT_OK

@@ -19,7 +19,7 @@ import sys
 
 import plotext as plt
 
-from backends import runs, series, tmux
+from backends import runs, sanitize, series, tmux
 from backends.config import ConfigError, load_config
 from backends.hosts import HostError
 from training.contract import (
@@ -111,7 +111,7 @@ def main(argv: list[str]) -> int:
         panels = [(metric, [s.curve(metric, args.x) for s in read_series]) for metric in args.metric]
     except tuple(failures) as e:
         code = next(c for kind, c in failures.items() if isinstance(e, kind))
-        print(str(e) if isinstance(e, UsageError) else f"trackside plot: {e}", file=sys.stderr)
+        print(sanitize.block(str(e) if isinstance(e, UsageError) else f"trackside plot: {e}"), file=sys.stderr)
         return code
     if args.json:
         doc = [
@@ -119,11 +119,11 @@ def main(argv: list[str]) -> int:
              "points": [list(p) for p in curves[k]]}
             for k, s in enumerate(read_series) for metric, curves in panels
         ]  # fmt: skip
-        print(json.dumps(doc, indent=1))
+        print(json.dumps(sanitize.value(doc), indent=1))
         return EXIT_OK
     columns, lines = shutil.get_terminal_size((100, 30))
     width, height = args.width or columns, args.height or max(10, min(25, lines - 1))
-    names = [label(s, plotted) for s in read_series]
+    names = [sanitize.line(label(s, plotted)) for s in read_series]  # a run's name and params are anyone's
     need = len(panels) * PANEL_LINES + 1 + len(names)  # the panels, the x axis's name, the legend
     if height < need:
         print(f"trackside plot: this chart needs --height {need} or more (a panel per metric, a legend line per run)", file=sys.stderr)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from backends import sanitize
 from backends.config import Config
 from backends.hosts import Host
 from training.contract import UsageError
@@ -21,7 +22,9 @@ class Parser(argparse.ArgumentParser):
 
 
 def table(rows: list[tuple[str, ...]]) -> str:
-    """Rows in aligned columns, two spaces apart; the last column as it is (it may be long)."""
+    """Rows in aligned columns, two spaces apart; the last column as it is (it may be long).
+    Each cell one line, cleaned (backends.sanitize), so the columns hold whatever a cell said."""
+    rows = [tuple(sanitize.line(cell) for cell in row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(row, widths)), row[-1]]).rstrip() for row in rows)
 

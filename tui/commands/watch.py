@@ -11,7 +11,7 @@ import argparse
 import asyncio
 import sys
 
-from backends import alerts
+from backends import alerts, ranges, sanitize
 from backends.config import ConfigError, load_config
 from backends.watch import INTERVAL_S, Watched, watch
 from training.contract import EXIT_OK, EXIT_USAGE
@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
         return asyncio.run(
             watch(hosts, book, command=settings["command"], timeout_s=settings["timeout_s"],
                   interval_s=args.interval, grace_s=config.defaults.grace_s, once=args.once,
-                  say=lambda line: print(line, flush=True))
+                  say=lambda line: print(sanitize.line(line), flush=True))
         )  # fmt: skip
     except KeyboardInterrupt:
         return EXIT_OK
