@@ -20,7 +20,13 @@ Where a step comes from, first that applies:
 A loss with no step anywhere (no bar, no counter) is kept in order (`counted`): the curve's
 x then counts losses, and the step shown stays unknown.
 
-Evaluation losses (`eval_loss`, `val_loss`, a validation line) are their own series, at
+A count is a step only when it is the training loop's bar's, or labelled as a step (`Map:
+2000/2000` and `Accuracy: 209/360` are not): the training bar is told by its shape and what
+comes with it (backends.training_bar), never by the bar nearest a loss. A boosting library's round
+(backends.rounds) is its step as printed, from 0 or 1.
+
+Evaluation losses (`eval_loss`, `val_loss`, a validation or test line, the loss after an
+evaluation's heading such as `Test Error:`) are their own series, at
 the step they were printed at; a bar's postfix repeats the last one, so only a new value
 is a new point. Bars that count something else (an evaluation, loading) are progress only.
 """
@@ -33,11 +39,12 @@ from collections import deque
 from collections.abc import Iterable
 
 from backends.logparse import Progress, parse_console_line, parse_progress, step_of
+from backends.eval_heading import EvalHeading
+from backends.rounds import parse_round
+from backends.training_bar import TrainingBar
 from backends.screen import Terminal, visible_text
 
 CURVE_POINTS = 5000  # (step, loss) points kept per series: a run that logs for days stays bounded
-# Bars that count something other than training steps, whatever their phase says.
-_NOT_TRAINING = re.compile(r"eval|valid|test|predict|generat|sanity", re.IGNORECASE)
 _EVALUATING = re.compile(r"eval|valid|test", re.IGNORECASE)
 # Keras' epoch header, a line of its own above the epoch's bars.
 _KERAS_EPOCH = re.compile(r"\s*Epoch (\d{1,9})/(\d{1,9})\s*")
@@ -75,6 +82,10 @@ class ConsoleSummary:
         self._held: str | None = None  # a wrapped record's lines so far
         self._screen = False  # folding a screen's lines, not a recording
         self._shape = ""  # the line that named the last step, its numbers blanked
+        self.rounds = False  # the steps are a boosting library's rounds
+        self._bars = TrainingBar()  # which bar is the training loop's
+        self._new_epoch = False  # the latest training bar is a new epoch's, the one before ended the last
+        self._heading = EvalHeading()
         self._tty = Terminal()  # what the recorded bytes drew so far (add_recorded)
 
     # --- input ----------------------------------------------------------------------
@@ -110,6 +121,12 @@ class ConsoleSummary:
         self._eval_unplaced = None  # no bar told its step: trainers date evaluations differently
 
     # --- what it says ---------------------------------------------------------------
+
+    @property
+    def axis(self) -> str:
+        """What the curves' x counts: the library's steps, its boosting rounds, or (nothing
+        said which step a loss was) the losses printed, in order."""
+        return "round" if self.rounds else "point" if self.counted else "step"
 
     @property
     def eta_s(self) -> float | None:
@@ -150,29 +167,40 @@ class ConsoleSummary:
         if (epoch := _KERAS_EPOCH.fullmatch(text)) is not None:
             self._keras_epoch = int(epoch[1]), int(epoch[2])
             return
+        if (boosted := parse_round(text)) is not None:
+            self._round(boosted.number, boosted.loss, boosted.eval_loss)
+            return
         bar_step = None
         progress = parse_progress(text) if "/" in text else None
         if progress is None and not text.startswith(_INDENT):
             self._rich_step = None  # a line of its own: what follows is not the bar's
+        fields = parse_console_line(text)
         if progress is not None:
-            if progress.phase == "working" and (self.curve or self._unplaced):
-                # A bare bar between loss lines is the training loop's.
+            self._heading.ended()
+            training = self._bars.drawn(progress, fields is not None and "loss" in fields)
+            if training:
                 progress = dataclasses.replace(progress, phase="training")
             self.progress = progress
             if _EVALUATING.search(progress.label) and self.step:
                 self._evaluated_at = self.step
             if progress.kind == "tqdm" and "v_num=" in text:
                 self._epoch_base = 0  # Lightning's bar (its logger's version in the postfix)
-            bar_step = self._bar_step(progress)
+            bar_step = self._bar_step(progress) if training else None
             self._rich_step = bar_step if progress.kind == "rich" else None
             if bar_step is not None:
                 self._placed_by_bar(bar_step)
-        fields = parse_console_line(text)
+            if not training and fields is not None:
+                fields.pop("loss", None)  # another bar's postfix (an evaluation's): no training step's
+        elif self._heading.heading(text):
+            return
         # HF Trainer's end-of-training dict carries `train_runtime`: its loss is the run's
         # average, not a step's (an evaluation's dict carries `eval_runtime` and its loss).
         if fields is None or (any(k.endswith("runtime") for k in fields) and "eval_loss" not in fields):
             return
         named = step_of(fields)
+        shape = _NUMBERS.sub("#", text)
+        if progress is None:
+            fields = self._heading.read(fields, shape, named is not None)
         self._named |= named is not None
         step, postfix = named, False
         if step is None and progress is not None:
@@ -184,10 +212,13 @@ class ConsoleSummary:
         if postfix and "loss" in fields:
             step = None if step is None else self._postfix_step(step, progress, fields["loss"])
         if (value := fields.get("loss")) is not None:
+            if progress is None:
+                self._heading.trained(shape)
+                if (bar := self._bars.loss_printed()) is not None:
+                    self._under_way(bar)
             if step is not None and (step > 0 or not postfix):
                 # A step below the last starts the series again only from a line like the
                 # ones that logged it (a resumed run); `best loss 2.6 at step 400` does not.
-                shape = _NUMBERS.sub("#", text)
                 _point(self.curve, step, value, restart=named is not None and shape == self._shape)
                 if named is not None:
                     self._shape = shape
@@ -210,6 +241,8 @@ class ConsoleSummary:
         is no step."""
         if count == 0 and self.loss is None and bar is not None and bar.kind == "tqdm":
             self._postfix_leads = True
+        if bar is not None and bar.kind == "ignite":
+            self._postfix_leads = True  # its handler sets the iteration's loss, then moves the count
         at, new = self._postfix_at
         if count != at:
             at, new = count, 0
@@ -231,19 +264,35 @@ class ConsoleSummary:
             if step is not None:
                 _point(self.eval_curve, step, value)
             return
+        if step is not None and self.eval_curve and self.eval_curve[-1][0] == step:
+            return  # the first evaluation at a step is the run's (Megatron follows its validation with the test set's)
         self.eval_loss = value
-        if step is not None and not (self.eval_curve and self.eval_curve[-1][0] == step):
-            # The first evaluation at a step is the run's (Megatron follows its validation
-            # with the test set's, at the same iteration).
+        if step is not None:
             _point(self.eval_curve, step, value, restart=True)
         elif step is None and not self._unplaced:
             self._eval_unplaced = value  # the next bar's count, unless losses come first
 
+    def _under_way(self, bar: Progress) -> None:
+        """The bar under way when a loss was printed, now known to be the training loop's:
+        the count it showed is a step."""
+        self.progress = dataclasses.replace(bar, phase="training")
+        if (step := self._bar_step(bar)) is not None:
+            self._placed_by_bar(step)
+
+    def _round(self, number: int, loss: float | None, eval_loss: float | None) -> None:
+        """A boosting round's line (backends.rounds): its round is the step, as printed."""
+        self.rounds = self._named = True
+        if loss is not None:
+            _point(self.curve, number, loss)
+            self.loss = loss
+        if eval_loss is not None:
+            _point(self.eval_curve, number, eval_loss)
+            self.eval_loss = eval_loss
+        self._advance(number)
+
     def _bar_step(self, bar: Progress) -> int | None:
-        """The training step a bar shows, or None if it counts something else or its epoch's
-        place in the run is not known."""
-        if bar.phase not in ("training", "working") or _NOT_TRAINING.search(bar.label):
-            return None
+        """The step a training bar shows, or None if its epoch's place in the run is not
+        known."""
         epoch, epochs, base = bar.epoch, bar.epochs, None
         if bar.kind == "keras":
             if self._keras_epoch is None:
@@ -252,7 +301,9 @@ class ConsoleSummary:
         elif bar.kind == "rich" and epoch is not None:
             base, epochs = 0, None if epochs is None else epochs + 1  # Lightning's `Epoch E/max-1`
         elif epoch is not None:
-            if self._bar is None and bar.done == 0 and epoch in (0, 1):
+            if bar.epoch_from is not None:
+                self._epoch_base = bar.epoch_from
+            elif self._bar is None and bar.done == 0 and epoch in (0, 1):
                 self._epoch_base = epoch  # the run's first bar, from its start: its first epoch
             elif epoch == 0:
                 self._epoch_base = 0
@@ -260,6 +311,7 @@ class ConsoleSummary:
                 self._epoch_base = 1
             base = self._epoch_base
         if epoch is not None:
+            self._new_epoch = self._bar is not None and self._bar.epoch is not None and self._bar.epoch != epoch
             self._bar = bar
             if base is None or epoch < base:
                 return None
@@ -286,7 +338,10 @@ class ConsoleSummary:
             self.curve.clear()
             self.counted = False
         self._place(step)
-        if self._eval_unplaced is not None and not self._screen:
+        if self._eval_unplaced is not None and not self._screen and not (self._new_epoch and self._bar.done > 0):
+            # A new epoch's bar first drawn past its start says nothing of the step the
+            # evaluation before it was made at: trainers date it at the last epoch's end or
+            # at the next step (ignite's first draw of an epoch is at its first iteration).
             _point(self.eval_curve, step, self._eval_unplaced)
         self._eval_unplaced = None
         if not self._named:

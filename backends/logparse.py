@@ -29,10 +29,10 @@ _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf(?:inity)?)
 # 5 quotes its values), `key value`; a value must end where a field ends, so `4.98it/s`,
 # `1/3` and `12:30` are not read as numbers, but may be followed by a colon that ends a
 # field (nanoGPT's `iter 100: loss 2.3`). A loss key may carry its qualifier before a space
-# (nanoGPT's `val loss`, Megatron's `lm loss`) and `value` after it (Megatron's `lm loss
-# value: 2.3`): read as `val_loss`, `lm_loss`.
+# (nanoGPT's `val loss`, Megatron's `lm loss`, the tutorials' `Average loss`) and `value`
+# after it (Megatron's `lm loss value: 2.3`): read as `val_loss`, `lm_loss`, `average_loss`.
 _PAIR = re.compile(
-    rf"""(?<![\w./-])(?:(?P<qual>train|training|val|valid|validation|eval|test|lm)[ \t]+(?=loss))?"""
+    rf"""(?<![\w./-])(?:(?P<qual>train|training|val|valid|validation|eval|test|lm|avg|average)[ \t]+(?=loss))?"""
     rf"""['"]?(?P<key>[A-Za-z_][\w./-]{{0,63}})['"]?(?:[ \t]+value(?=[ \t]*:))?"""
     rf"""(?P<sep>[ \t]*[=:][ \t]*|[ \t]+)(?P<quote>['"]?)(?P<value>{_NUMBER})(?P=quote)(?=$|[\s,;}})\]|]|:(?:\s|$))""",
     re.IGNORECASE,
@@ -53,7 +53,10 @@ _PART_KEY = re.compile(r".*loss_\d+(?:_(?:epoch|step))?")
 # a line that says it is a validation (torchtitan's `validate step:`, Megatron's
 # `validation loss at iteration`, `Validation:`).
 _EVAL_KEY = re.compile(r"(?:^|[_/.\-])(?:eval|val|valid|validation|test)(?:$|[_/.\-])", re.IGNORECASE)
-_EVAL_LINE = re.compile(r"\b(?:validat\w*|evaluat\w*|eval)\b(?=.*loss)", re.IGNORECASE)
+_EVAL_LINE = re.compile(r"\b(?:validat\w*|evaluat\w*|eval|test)\b", re.IGNORECASE)
+# A loss averaged over a set (`Test set: Average loss: 0.05`, ignite's `Avg loss`): an
+# evaluation's on an evaluation's line, never a training step's.
+_AVERAGE_KEY = re.compile(r"(?:avg|average)_")
 # A training loss named as such, beside which an evaluation's report also gives its own
 # (nanoGPT's `step N: train loss X, val loss Y`: both are estimates made at evaluation).
 _TRAIN_KEY = re.compile(r"train(?:ing)?_")
@@ -62,9 +65,16 @@ _TRAIN_KEY = re.compile(r"train(?:ing)?_")
 _MAIN_LOSSES = ("loss", "train_loss", "train/loss", "lm_loss", "train/lm_loss", "total_loss", "train/total_loss")
 # A line's own step counter; never `epoch`, which HF Trainer prints as a float.
 STEP_KEYS = frozenset({"step", "steps", "global_step", "iter", "iteration"})  # DeepSpeed's pipeline engine prints `steps: N loss: X`
-# A tqdm bar's postfix cut at the terminal's width (`…, val_loss=0.27` of 0.2734): its last
-# value has no `,` or `]` after it, so it is left unread.
-_CUT_POSTFIX = re.compile(r"(%\|[^|\n]*\|[^\[\n]*\[[^\]\n]*),[^,\]\n]*$")
+
+def _uncut(text: str) -> str:
+    """A tqdm bar's postfix cut at the terminal's width (`…, val_loss=0.27` of 0.2734): its
+    last value has no `,` or `]` after it, so it is left unread."""
+    bar = _TQDM.search(text)
+    opened = -1 if bar is None else text.find("[", bar.end(3))
+    if opened < 0 or "]" in text[opened:]:
+        return text
+    comma = text.rfind(",", opened)
+    return text if comma < 0 else text[:comma]
 
 
 def _numeric(text: str) -> int | float:
@@ -76,7 +86,7 @@ def is_eval_key(key: str) -> bool:
 
 
 def _is_bar(text: str) -> bool:
-    return bool(_TQDM.search(text) or _KERAS.search(text) or _RICH.search(text))
+    return bool(_TQDM.search(text) or _KERAS.search(text) or _RICH.search(text) or _IGNITE.search(text))
 
 
 def parse_console_line(line: str) -> dict[str, int | float] | None:
@@ -95,7 +105,7 @@ def parse_console_line(line: str) -> dict[str, int | float] | None:
     text = visible_text(line)
     if "loss" not in text.lower():  # most lines: skip the pairs' scan
         return None
-    text = _CUT_POSTFIX.sub(r"\1", text)
+    text = _uncut(text)
     fields: dict[str, int | float] = {}
     spaced = set()  # `train loss`, `val loss`: a report's words, not a logger's keys
     for m in _PAIR.finditer(text):
@@ -109,10 +119,10 @@ def parse_console_line(line: str) -> dict[str, int | float] | None:
     if not losses:
         return None
     # A validation word before the first loss (`… INFO - validate step: 10  loss: …`).
-    validation = bool((m := _EVAL_LINE.search(text)) and m.start() < text.lower().find("loss") + 1)
+    validation = bool(_EVAL_LINE.search(text, 0, text.lower().find("loss") + 1))
     whole = sorted(losses, key=lambda k: bool(_PART_KEY.fullmatch(k)))  # plain losses first
     evals = [k for k in whole if validation or is_eval_key(k)]
-    train = [k for k in whole if k not in evals]
+    train = [k for k in whole if k not in evals and not _AVERAGE_KEY.match(k)]
     if evals:
         fields["eval_loss"] = fields[evals[0]]
         if not validation and train and all(k in spaced and _TRAIN_KEY.match(k) for k in train) and not _is_bar(text):
@@ -146,11 +156,12 @@ class Progress:
     total: int
     eta_s: float | None
     label: str = ""  # the bar's own description, e.g. "Loading checkpoint shards"
-    # The bar's drawing: "tqdm", "rich" (Lightning's RichProgressBar), "keras", or "counter"
+    # The bar's drawing: "tqdm", "rich" (Lightning's RichProgressBar), "keras", "ignite", or "counter"
     # (`Step 12/500`, Megatron's `iteration 12/ 500`).
     kind: str = "tqdm"
     epoch: int | None = None  # `Epoch E` or `Epoch E/M` in its label, as printed
     epochs: int | None = None  # the M of `Epoch E/M`
+    epoch_from: int | None = None  # what its label counts epochs from, where its shape says (ignite's `Epoch [1/3]`)
 
     @property
     def fraction(self) -> float:
@@ -176,16 +187,21 @@ def phase_of(line: str) -> str | None:
 _TQDM = re.compile(r"(\d{1,3})%\|[^|\n]{0,200}\|\s*(\d{1,18})/(\d{1,18})(?!\d)(?:\s*\[([\d:]{1,12})<([\d:]{1,12}|\?))?")
 # Rich (Lightning's RichProgressBar): `Epoch 0/2  ━━━━━━╺━━━━ 17/32 0:00:00 • 0:00:01 39.85it/s`
 _RICH = re.compile(r"(\S[^━╸╺\n]{0,120}?)\s+[━╸╺╾╼]+\s+(\d{1,18})/(\d{1,18})(?!\d)(?:\s+[\d:]{1,12}\s+•\s+([\d:]{1,12}|-:--:--))?")
-# Keras 3: ` 64/100 ━━━━━━━━━━━━ 7s 212ms/step - loss: 0.2080`
-_KERAS = re.compile(r"^\s*(\d{1,18})/(\d{1,18})\s+[━╸╺]+")
+# Keras 3: ` 64/100 ━━━━━━━━━━━━ 7s 212ms/step - loss: 0.2080`, and its verbose=2 line at an
+# epoch's end, `24/24 - 0s - 2ms/step - loss: 0.0768`
+_KERAS = re.compile(r"^\s*(\d{1,18})/(\d{1,18})\s+(?:[━╸╺]+|-\s)")
+# PyTorch-Ignite's ProgressBar: `Epoch [1/3]: [20/40]  50%|█████     , loss=2.29 [00:01<00:01]`
+_IGNITE = re.compile(r"\[(\d{1,18})/(\d{1,18})\]\s{1,8}\d{1,3}%\|")
+_IGNITE_CLOCK = re.compile(r"\[([\d:]{1,12})<([\d:]{1,12}|\?)\]\s*$")
 # Bar-less counters: `Loading safetensors checkpoint shards: 12/64`, `Step 120/5000 | loss …`,
 # Megatron's ` iteration       10/     100 |`
 _COUNTER = re.compile(
     r"([A-Za-z][^:\n]{0,120}):\s*(\d{1,18})/(\d{1,18})(?![\d/])|\b(step|iter(?:ation)?)\s+(\d{1,18})/\s*(\d{1,18})(?![\d/])",
     re.IGNORECASE,
 )
-# An epoch in a bar's label: Lightning's `Epoch 3` (tqdm) and `Epoch 3/9` (Rich).
-_EPOCH_LABEL = re.compile(r"\bepoch\s+(\d{1,9})(?:\s*/\s*(\d{1,9}))?\b", re.IGNORECASE)
+# An epoch in a bar's label: Lightning's `Epoch 3` (tqdm) and `Epoch 3/9` (Rich), ignite's
+# `Epoch [1/3]` (from 1).
+_EPOCH_LABEL = re.compile(r"\bepoch\s+(\[?)(\d{1,9})(?:\s*/\s*(\d{1,9}))?\b", re.IGNORECASE)
 
 
 def _seconds(clock: str | None) -> float | None:
@@ -207,11 +223,17 @@ def parse_progress(line: str) -> Progress | None:
         done, total, eta, kind = int(m[2]), int(m[3]), _seconds(m[5]), "tqdm"
     elif m := _KERAS.search(text):
         label, done, total, eta, kind = "", int(m[1]), int(m[2]), None, "keras"
+    elif m := _IGNITE.search(text):
+        clock = _IGNITE_CLOCK.search(text, m.end())
+        label = text[: m.start()].strip().rstrip(":").strip()
+        done, total, eta, kind = int(m[1]), int(m[2]), _seconds(clock[2] if clock else None), "ignite"
     elif m := _RICH.search(text):
         label, done, total, eta, kind = m[1].strip(), int(m[2]), int(m[3]), _seconds(m[4]), "rich"
     elif m := _COUNTER.search(text):
         label, done, total = (m[1], m[2], m[3]) if m[1] else (m[4], m[5], m[6])
         label, done, total, eta, kind = label.strip(), int(done), int(total), None, "counter"
+        if m[1] and phase_of(label) is None:
+            return None  # `Accuracy: 209/360`: a count of something, no job's progress
     else:
         return None
     if total <= 0 or done > total:
@@ -219,5 +241,6 @@ def parse_progress(line: str) -> Progress | None:
     epoch = _EPOCH_LABEL.search(label)
     return Progress(
         phase_of(text) or "working", done, total, eta, label, kind,
-        int(epoch[1]) if epoch else None, int(epoch[2]) if epoch and epoch[2] else None,
+        int(epoch[2]) if epoch else None, int(epoch[3]) if epoch and epoch[3] else None,
+        1 if epoch and epoch[1] else None,
     )  # fmt: skip
