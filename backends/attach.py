@@ -8,7 +8,9 @@ quoted once by Host.shell_command.
 Inside tmux (the usual way over SSH) `tmux attach` refuses to nest. A session on the
 dashboard's own tmux server is switched to (this client shows it; tmux's last-session key
 comes back); any other session opens in a new window of the dashboard's tmux, running
-the attach with TMUX unset.
+the attach with TMUX unset, named for the session: its name (anyone's choice, `#(…)`
+included) reaches tmux's `-n` only through tmux.literal, and the targets as one argv
+element each, which tmux never expands.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def ssh_options(host: SSHHost) -> list[str]:
 
 
 def attach_argv(host: Host, session: str) -> list[str]:
-    argv = tmux.tmux_argv(host, "attach-session", "-t", f"={session}")
+    argv = tmux.tmux_argv(host, "attach-session", "-t", tmux.exact(session))
     if isinstance(host, SSHHost):
         destination = f"{host.user}@{host.address}" if host.user else host.address
         return ["ssh", "-t", *ssh_options(host), destination, host.shell_command(argv)]
@@ -72,13 +74,14 @@ async def attach_inside_tmux(host: Host, session: str, env: Mapping[str, str] = 
     Raises AttachError with tmux's own words and the command to run by hand."""
     here = LocalHost()  # the dashboard's machine, whose tmux client is the user's
     if await _same_server(host, env):
-        result = await here.run(["tmux", "switch-client", "-t", f"={session}"])
+        result = await here.run(tmux.tmux_argv(None, "switch-client", "-t", tmux.exact(session)))
         if result.ok:
             return f"switched this tmux client to {session}; tmux's last-session key (prefix L) comes back"
         how = f"tmux switch-client -t ={session}"
     else:
         argv = attach_argv(host, session)
-        result = await here.run(["tmux", "new-window", "-n", session, "--", "env", "-u", "TMUX", *argv])
+        # Parsed by this tmux, then the attach by the host's: each gets its own quoting.
+        result = await here.run(tmux.tmux_argv(None, "new-window", "-n", tmux.literal(session), "--", "env", "-u", "TMUX", *argv))
         if result.ok:
             return f"opened {session} in a new tmux window"
         how = shlex.join(argv)

@@ -5,11 +5,14 @@ something only on the server $TMUX names: pane ids repeat from server to server 
 `tmux -L` socket is one). And a pane's process tree holds this process or one it runs
 under (a wrapper, a `trackside serve` parent), which still holds where $TMUX was dropped
 on the way. Only on the local host: a remote host's pids and panes are never ours.
+
+A dashboard also marks its pane for every other listing, on any host (`mark_own_pane`).
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Mapping
 
 from backends import procs, tmux
@@ -43,7 +46,21 @@ async def _session_of_tmux_pane(host: Host, env: Mapping[str, str]) -> set[str]:
     pane = env.get("TMUX_PANE", "")
     if not server or not pane:
         return set()
-    result = await host.run(tmux.tmux_argv(host, "display-message", "-p", "-t", pane, "#{socket_path}:#{session_name}"))
+    result = await host.run(tmux.tmux_argv(host, "-u", "display-message", "-p", "-t", pane, "#{socket_path}:#{session_name}"))
     # A session name never holds ':', a socket path may.
     socket, _, session = result.stdout.strip().rpartition(":")
     return {session} if result.ok and socket == server and session else set()
+
+
+def mark_own_pane(env: Mapping[str, str] = os.environ) -> None:
+    """Mark the tmux pane this dashboard runs in ($TMUX_PANE, on $TMUX's server) as a
+    dashboard's for the pane's life: what it draws, and what its scrollback holds after
+    it quits, is other runs' numbers, which no listing may take for a run of its own
+    (tmux.DASHBOARD_OPTION). Outside tmux, or on a tmux without pane options, nothing."""
+    server, pane = env.get("TMUX", "").split(",")[0], env.get("TMUX_PANE", "")
+    if server and pane:
+        argv = ["tmux", "-S", server, "set-option", "-p", "-t", pane, tmux.DASHBOARD_OPTION, "1"]
+        try:
+            subprocess.run(argv, capture_output=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            pass  # its own listing still knows it (own_sessions); others read it as before

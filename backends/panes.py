@@ -53,7 +53,7 @@ class Recordings:
     async def read(self, host: Host, panes: list[tmux.Pane], *, drain: bool = False) -> dict[str, PaneRead]:
         """Each pane's fold (by pane id), recording the panes not yet recorded. `drain`
         reads every recording to its end; else at most recording.READ_BYTES of each."""
-        panes = [p for p in panes if p.pane_id]
+        panes = [p for p in panes if p.pane_id and not p.dashboard]  # a dashboard draws others' numbers
         if not panes:
             return {}
         root = await host.expanded_runs_root()

@@ -40,7 +40,7 @@ async def holder(target: str, names: Sequence[str], hosts: Mapping[str, Host]) -
                 return True
             except runs.RunError:
                 return False
-        return bool(await tmux.list_panes(host, tmux.check_session_name(target)))
+        return bool(await tmux.list_panes(host, target))
 
     found, unreachable = await everywhere(names, hosts, holds)
     holding = [name for name in names if found.get(name)]

@@ -124,16 +124,16 @@ def recording_of(root: str, socket: str | None, pane: tmux.Pane) -> Recording:
 
 async def start(host: Host, root: str, panes: list[tmux.Pane]) -> None:
     """Record every live, unpiped pane of `panes` from now on (a pane another listing just
-    piped, or the user did, is left as it is)."""
+    piped, or the user did, is left as it is; a dashboard's is never recorded)."""
     socket = getattr(host, "tmux_socket", None)
     script = f"{root}/{PANES_DIR}/{_ROTATOR_NAME}"
     args: list[str] = []
     for pane in panes:
-        if pane.dead or pane.piped or not pane.pane_id:
+        if pane.dead or pane.piped or not pane.pane_id or pane.dashboard:
             continue
         rec = recording_of(root, socket, pane)
         # tmux runs the pipe command with sh -c: quoted here, once.
-        command = tmux.pipe_command(f"exec sh {shlex.quote(script)} {shlex.quote(rec.log)} {SEGMENT_BYTES}")
+        command = tmux.literal(f"exec sh {shlex.quote(script)} {shlex.quote(rec.log)} {SEGMENT_BYTES}", strftime=True)
         args += [pane.pane_id, rec.directory, rec.number, command]
     if args:
         result = await host.run(["sh", "-c", _START, "sh", socket or "", script, _ROTATOR, *args])

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from backends import console, panes, runs, tmux
+from backends import console, panes, runs
 from backends.hosts import Host
 from backends.logparse import parse_metrics_line
 
@@ -173,7 +173,7 @@ async def of_run(host: Host, run_id: str) -> Series:
 async def of_session(host: Host, session: str) -> Series:
     """A tmux session trackside did not launch, from its panes' recorded output; RunError
     when the host has no such session."""
-    read = await panes.read_session(host, tmux.check_session_name(session))
+    read = await panes.read_session(host, session)
     if read is None:
         raise runs.RunError(f"no run or tmux session {session!r} on {host.name}")
     return Series(session, host.name, events=console_events(read.summary))

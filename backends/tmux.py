@@ -1,9 +1,13 @@
 """tmux over a Host: argv builders and the few async operations runs and kill need.
 
-Every target is written `=NAME` so tmux matches the session name exactly (a bare name
-would also match any session it is a prefix of). The user's default tmux server is used
-unless the host asks for a dedicated socket (`host.tmux_socket`), so sessions trackside
-did not launch are visible too.
+Every target is written `=NAME` (`exact`) so tmux matches the session name exactly (a
+bare name would also match any session it is a prefix of). Every argv reaches tmux
+through `tmux_argv`, which keeps each element one argument (tmux ends a command at an
+argument ending in ';': a session `evil;` would have been `evil`), and tmux never expands
+a target. Where tmux does expand formats (`-n`, `-s`, pipe-pane commands, `display -p`),
+a value goes through `literal`. The user's default tmux server is used unless the host
+asks for a dedicated socket (`host.tmux_socket`), so sessions trackside did not launch
+are visible too.
 """
 
 from __future__ import annotations
@@ -15,26 +19,39 @@ from dataclasses import dataclass
 
 from backends.hosts import Host, HostError
 
-# tmux reads ':' and '.' in a target as window/pane separators; keep names plain.
+# The sessions trackside creates are named plainly, so that no shell, format or target
+# syntax ever meets them. A session it did not create may have any name tmux allows.
 SESSION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 
-# ':' separates the fields: tmux never allows it in a session name, and prints control
-# characters such as tab as '_' unless the client's locale is UTF-8 (ssh often is not).
-_PANE_FIELDS = (
+# A pane tmux marks as a trackside dashboard's (backends/own_session.py): what it draws
+# is other runs' numbers, so no listing reads or records it.
+DASHBOARD_OPTION = "@trackside-dashboard"
+
+# A pane record holds only what tmux itself wrote: ids, pids, numbers and flags (the
+# dashboard mark as 1 or 0, never its value), so no process can print a line of one. A
+# pane's command (argv[0], which tmux prints raw, newlines and all) is never read.
+PANE_FIELDS = (
+    "#{pane_id}",
+    "#{session_id}",
     "#{pane_pid}",
     "#{pane_dead}",
     "#{pane_dead_status}",
     "#{pane_dead_signal}",
-    "#{pane_id}",
     "#{pane_pipe}",
     "#{session_created}",
     "#{window_index}",
     "#{pane_index}",
     "#{window_active}#{pane_active}",
-    "#{pane_current_command}",
-    "#{session_name}",
+    f"#{{?{DASHBOARD_OPTION},1,0}}",
 )
-_PANE_FORMAT = ":".join(_PANE_FIELDS)
+_PANE_FORMAT = " ".join(PANE_FIELDS)
+_RECORD = re.compile(r"(%\d+) (\$\d+) (\d+) ([01]) (-?\d*) (\d*) ([01]?) (\d*) (\d*) (\d*) ([01]{2}) ([01])")
+# Session names, which any process of the server's user may choose, follow the records,
+# one `$id name` a line. tmux 3.x stores a name's control characters escaped, but one tmux
+# printed over two lines (an older tmux keeps a newline) breaks the count of one line per
+# session, and then each name is read by a query of its own.
+_NAME_FORMAT = "#{session_id} #{session_name}"
+_HASHES = re.compile("#+")
 
 
 HISTORY_LINES = 2000  # tmux's default history-limit: all the scrollback a pane usually has
@@ -64,17 +81,17 @@ class Pane:
     # Exit status of a dead pane: the code, or minus the signal that ended it. tmux 3.3
     # sometimes never fills it in (a dead pane with no status), so runs record their own.
     exit_status: int | None
-    command: str
     pane_id: str = ""  # "%12": unique while the server lives
     piped: bool = False  # its output already goes to a pipe (ours, or one the user set)
     created: int = 0  # the session's creation time: with its name, one session ever
     window: int = 0
     index: int = 0
     active: bool = True  # the pane a user attaching to the session sees
+    dashboard: bool = False  # a trackside dashboard runs or ran here (DASHBOARD_OPTION)
 
     @property
     def target(self) -> str:
-        return self.pane_id or f"={self.session}:"
+        return self.pane_id or f"{exact(self.session)}:"
 
     @property
     def where(self) -> str:
@@ -83,6 +100,7 @@ class Pane:
 
 
 def check_session_name(name: str) -> str:
+    """`name` if trackside may name a session it creates so (`launch --session`)."""
     if not SESSION_NAME.fullmatch(name):
         raise ValueError(
             f"session name {name!r}: use letters, digits, '_' and '-' (up to 64, not starting with '-')"
@@ -90,19 +108,53 @@ def check_session_name(name: str) -> str:
     return name
 
 
-def _socket(host: Host) -> str | None:
+def is_session_name(name: str) -> bool:
+    """Whether some tmux session could be named `name`, as tmux lists it: anything but
+    empty or holding ':' or '.' (tmux stores those as '_'; in a target they would pick
+    a window or a pane of another session)."""
+    return bool(name) and not any(c in name for c in ":.\0")
+
+
+def exact(session: str) -> str:
+    """The target of the session named `session` and no other (`=`: a bare name is also
+    a prefix or a pattern); ValueError for a name no session can have."""
+    if not is_session_name(session):
+        raise ValueError(f"{session!r} cannot be a tmux session name")
+    return f"={session}"
+
+
+def literal(text: str, *, strftime: bool = False) -> str:
+    """`text` as tmux must be given it where it expands formats, to use it unchanged: `#`
+    starts a format there (`#(cmd)` runs a command), so each is doubled, but for a run of
+    them before `[` (a style), which tmux passes on as it is. `strftime`: the position is
+    one where tmux runs strftime too (pipe-pane commands, `display -p`), which needs `%`
+    doubled; elsewhere (`-n`, `-s`) a doubled `%` would stay doubled."""
+    text = _HASHES.sub(lambda m: m[0] if m.string.startswith("[", m.end()) else m[0] * 2, text)
+    return text.replace("%", "%%") if strftime else text
+
+
+def _socket(host: Host | None) -> str | None:
     return getattr(host, "tmux_socket", None)
 
 
-def tmux_argv(host: Host, *args: str) -> list[str]:
+class _Then:
+    """tmux's command separator, as trackside's own argv means it: a value `;` is text."""
+
+
+THEN = _Then()
+
+
+def _argument(text: str) -> str:
+    # tmux takes an argument ending in ';' for the end of a command, and one ending in
+    # '\;' for the same text ending in ';'.
+    return f"{text[:-1]}\\;" if text.endswith(";") else text
+
+
+def tmux_argv(host: Host | None, *args: str | _Then) -> list[str]:
+    """tmux with `args`, each one argument to it whatever it holds, the host's socket
+    (None: the server $TMUX names, or the default one), commands split at THEN."""
     socket = _socket(host)
-    return ["tmux", *(["-L", socket] if socket else []), *args]
-
-
-def pipe_command(command: str) -> str:
-    """A shell command as `pipe-pane` must be given it: tmux expands `#…` formats in it
-    (`#(cmd)` runs a command) and strftime's `%…` before its shell sees it."""
-    return command.replace("#", "##").replace("%", "%%")
+    return ["tmux", *(["-L", socket] if socket else []), *(";" if a is THEN else _argument(a) for a in args)]
 
 
 def new_session_argv(host: Host, session: str, command: Sequence[str], console_log: str) -> list[str]:
@@ -111,14 +163,14 @@ def new_session_argv(host: Host, session: str, command: Sequence[str], console_l
     Chained with `;` so the options are in place before the server handles the pane's
     first output or its exit, however fast the command is. Prints the pane pid.
     """
-    target = f"={session}:"
+    target = f"{exact(session)}:"
     return tmux_argv(
         host,
-        "new-session", "-d", "-s", session, "-x", "200", "-y", "50", "-P", "-F", "#{pane_pid}",
+        "new-session", "-d", "-s", literal(session), "-x", "200", "-y", "50", "-P", "-F", "#{pane_pid}",
         "--", *command,
-        ";", "set-option", "-w", "-t", target, "remain-on-exit", "on",
+        THEN, "set-option", "-w", "-t", target, "remain-on-exit", "on",
         # tmux runs the pipe command with sh -c: the path is quoted here, once.
-        ";", "pipe-pane", "-o", "-t", target, pipe_command(f"cat >> {shlex.quote(console_log)}"),
+        THEN, "pipe-pane", "-o", "-t", target, literal(f"cat >> {shlex.quote(console_log)}", strftime=True),
     )  # fmt: skip
 
 
@@ -134,14 +186,8 @@ async def new_session(host: Host, session: str, command: Sequence[str], console_
         raise TmuxError(host.name, f"tmux new-session {session} printed no pane pid: {result.stdout!r}")
 
 
-def _parse_pane(line: str) -> Pane | None:
-    # Fixed fields, the command (may hold ':'), then the session (never does).
-    fixed = len(_PANE_FIELDS) - 2
-    fields = line.split(":", fixed)
-    if len(fields) != fixed + 1 or not fields[0].isdigit() or ":" not in fields[-1]:
-        return None
-    pid, dead, status, signal, pane_id, pipe, created, window, index, active, rest = fields
-    command, _, session = rest.rpartition(":")
+def _parse_pane(match: re.Match, session: str) -> Pane:
+    pane_id, _, pid, dead, status, signal, pipe, created, window, index, active, dashboard = match.groups()
     exit_status = None
     if dead == "1":
         if signal.isdigit() and signal != "0":
@@ -150,9 +196,23 @@ def _parse_pane(line: str) -> Pane | None:
             exit_status = int(status)
     number = lambda text: int(text) if text.isdigit() else 0  # noqa: E731
     return Pane(
-        session, int(pid), dead == "1", exit_status, command, pane_id, pipe == "1", number(created),
-        number(window), number(index), active == "11",
+        session, int(pid), dead == "1", exit_status, pane_id, pipe == "1", number(created),
+        number(window), number(index), active == "11", dashboard == "1",
     )  # fmt: skip
+
+
+async def _session_names(host: Host, ids: list[str], lines: list[str]) -> dict[str, str]:
+    """Each session id's name: from `lines` (`$id name` each) when they are one per
+    session, else by one query per session (a session gone by then is left out)."""
+    named = {line.partition(" ")[0]: line.partition(" ")[2] for line in lines}
+    if len(lines) == len(ids) and set(named) == set(ids):
+        return named
+    names = {}
+    for session_id in ids:
+        result = await host.run(tmux_argv(host, "-u", "display-message", "-p", "-t", session_id, "#{session_name}"))
+        if result.ok:
+            names[session_id] = result.stdout.removesuffix("\n")
+    return names
 
 
 def _no_server(stderr: str) -> bool:
@@ -163,13 +223,26 @@ def _no_server(stderr: str) -> bool:
 
 async def list_panes(host: Host, session: str | None = None) -> list[Pane]:
     """Every pane on the host's tmux server (or of one session); [] when no server runs."""
-    scope = ["-s", "-t", f"={session}"] if session is not None else ["-a"]
-    result = await host.run(tmux_argv(host, "list-panes", *scope, "-F", _PANE_FORMAT))
+    # -u: names as tmux holds them, whatever the host's locale (else 名前 prints as ____).
+    if session is None:
+        argv = tmux_argv(host, "-u", "list-panes", "-a", "-F", _PANE_FORMAT, THEN, "list-sessions", "-F", _NAME_FORMAT)
+    else:
+        argv = tmux_argv(host, "-u", "list-panes", "-s", "-t", exact(session), "-F", _PANE_FORMAT)
+    result = await host.run(argv)
     if not result.ok:
         if _no_server(result.stderr) or (session is not None and "can't find" in result.stderr):
             return []
         raise TmuxError(host.name, f"tmux list-panes: {result.stderr.strip()}")
-    return [pane for line in result.stdout.splitlines() if (pane := _parse_pane(line))]
+    # Split on "\n" alone (str.splitlines also splits on U+2028, \x1c, …): the records
+    # first, each starting with its pane id, then the names, each with its session id.
+    lines = result.stdout.split("\n")
+    count = next((i for i, line in enumerate(lines) if not line.startswith("%")), len(lines))
+    records = [(m, m.group(2)) for line in lines[:count] if (m := _RECORD.fullmatch(line))]
+    if session is not None:
+        return [_parse_pane(m, session) for m, _ in records]
+    ids = list(dict.fromkeys(session_id for _, session_id in records))
+    names = await _session_names(host, ids, lines[count:-1])  # the output's last "\n" ends no name
+    return [_parse_pane(m, names[session_id]) for m, session_id in records if session_id in names]
 
 
 async def list_sessions(host: Host) -> list[str]:
@@ -183,7 +256,7 @@ async def pane_pids(host: Host, session: str) -> list[int]:
 
 async def capture_pane(host: Host, session: str, lines: int = 200) -> str:
     """What the session's pane shows, with up to `lines` lines of its scrollback above."""
-    result = await host.run(tmux_argv(host, "capture-pane", "-p", "-J", "-S", f"-{lines}", "-t", f"={session}:"))
+    result = await host.run(tmux_argv(host, "capture-pane", "-p", "-J", "-S", f"-{lines}", "-t", f"{exact(session)}:"))
     if not result.ok:
         raise TmuxError(host.name, f"tmux capture-pane {session}: {result.stderr.strip()}")
     return result.stdout
@@ -205,7 +278,7 @@ async def capture_panes(host: Host, targets: Sequence[str], lines: int = HISTORY
 
 async def kill_session(host: Host, session: str) -> bool:
     """Kill the session; False if it was already gone."""
-    result = await host.run(tmux_argv(host, "kill-session", "-t", f"={session}"))
+    result = await host.run(tmux_argv(host, "kill-session", "-t", exact(session)))
     if result.ok:
         return True
     if _no_server(result.stderr) or "can't find" in result.stderr:

@@ -34,7 +34,7 @@ def _pane() -> tuple[str, int] | None:
         return None
     try:
         shown = subprocess.run(
-            ["tmux", "display-message", "-p", "-t", pane, "#{pane_pid}:#{session_name}"],
+            ["tmux", "-u", "display-message", "-p", "-t", pane, "#{pane_pid}:#{session_name}"],
             capture_output=True, text=True, timeout=10,
         )  # fmt: skip
     except (OSError, subprocess.SubprocessError):

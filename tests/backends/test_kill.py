@@ -202,10 +202,10 @@ def test_process_tree_takes_session_group_and_descendants_only():
             P(201, 200, 100, 200, False, "t"),  # odd, but in the run's process group
         ]
     }
-    pane = tmux.Pane("s", 100, False, None, "python")
+    pane = tmux.Pane("s", 100, False, None)
     assert procs.process_tree(table, [pane]) == {100, 101, 102, 201}
     # A dead pane whose pid now belongs to someone else anchors nothing.
-    dead = tmux.Pane("s", 200, True, 0, "python")
+    dead = tmux.Pane("s", 200, True, 0)
     assert procs.process_tree(table, [dead]) == set()
     assert procs.ancestry(table, 103) == {103, 102, 101, 100}
 

@@ -11,6 +11,7 @@ import time
 from backends import kill
 from backends.config import ConfigError, load_config
 from backends.hosts import LocalHost
+from backends.own_session import mark_own_pane
 from backends.runs import RunInfo
 from training.contract import EXIT_FAILURE, EXIT_USAGE, local_runs_root
 from tui.app import Demo, TracksideApp, Watched
@@ -64,6 +65,7 @@ def main(argv: list[str]) -> int:
         except ConfigError as error:
             print(f"trackside: {error}", file=sys.stderr)
             return EXIT_USAGE
+    mark_own_pane()
     app.run()
     if app.return_code:
         print(f"trackside: the dashboard stopped on an error; traceback in {app.error_log}", file=sys.stderr)

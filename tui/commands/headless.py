@@ -79,7 +79,7 @@ async def _run(args) -> tuple[object, str, list[str]]:
         if args.subcommand == "gpus":
             return await gpus.run(args, fleet)
         target = args.target if args.subcommand == "kill" else args.run
-        if not (runs.RUN_ID.fullmatch(target) or tmux.SESSION_NAME.fullmatch(target)):
+        if not (runs.RUN_ID.fullmatch(target) or tmux.is_session_name(target)):
             what = "a run id or a tmux session name" if args.subcommand == "kill" else "a run id"
             raise Said(f"trackside {args.subcommand}: {target!r} is not {what} (like {RUN_ID_EXAMPLE})")
         name = args.host or await holder(target, fleet.names, fleet.hosts)

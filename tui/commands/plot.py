@@ -56,7 +56,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.metric = list(dict.fromkeys(args.metric or [DEFAULT_METRIC]))  # in the order given, once each
     for run in args.runs:
-        if not runs.RUN_ID.fullmatch(run) and not tmux.SESSION_NAME.fullmatch(run):
+        if not runs.RUN_ID.fullmatch(run) and not tmux.is_session_name(run):
             raise UsageError(f"trackside plot: RUN {run!r} is neither a run id (like {RUN_ID_EXAMPLE}) nor a tmux session name")
     return args
 
