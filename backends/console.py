@@ -50,7 +50,8 @@ _EVALUATING = re.compile(r"eval|valid|test", re.IGNORECASE)
 _KERAS_EPOCH = re.compile(r"\s*Epoch (\d{1,9})/(\d{1,9})\s*")
 _NUMBERS = re.compile(r"[-+]?\d[\d.,]*(?:[eE][-+]?\d+)?")
 _INDENT = " " * 16  # a wrapped record's later lines: Rich's log handler indents them 20
-_SOURCE = re.compile(r"\s+[\w.-]+\.py:\d+\s*$")  # the source location Rich's log handler puts at a record's right
+_SOURCE = re.compile(r"\s+[\w.-]{1,64}\.py:\d{1,9}\s*$")  # the source location Rich's log handler puts at a record's right
+_SOURCE_TAIL = 160  # where it can stand: the pattern is tried there only (a long run of blanks backtracks)
 
 
 class ConsoleSummary:
@@ -148,7 +149,7 @@ class ConsoleSummary:
         handler: `key=value,` lines, the rest indented below): folded once whole."""
         if self._held is not None:
             if text.startswith(_INDENT) and text.strip():
-                self._held += " " + _SOURCE.sub("", text).strip()
+                self._held += " " + _unsourced(text).strip()
                 if self._held.endswith(","):
                     return
                 text = ""
@@ -156,8 +157,8 @@ class ConsoleSummary:
             self._fold(held)
             if not text:
                 return
-        if _SOURCE.sub("", text).endswith(","):
-            self._held = _SOURCE.sub("", text)
+        if _unsourced(text).endswith(","):
+            self._held = _unsourced(text)
             return
         if text.startswith(_INDENT) and self._rich_step is None:
             return  # the wrapped rest of a line that was no metrics record: not read alone
@@ -375,6 +376,13 @@ class ConsoleSummary:
         self._unplaced.clear()
         if not self.counted and not self._named:
             self._advance(steps[-1])
+
+
+def _unsourced(text: str) -> str:
+    """The line without the source location Rich's log handler puts at its right."""
+    cut = max(0, len(text) - _SOURCE_TAIL)
+    m = _SOURCE.search(text, cut)
+    return text if m is None else text[: m.start()]
 
 
 def _point(curve: deque, step: int, value: float, *, restart: bool = False) -> None:

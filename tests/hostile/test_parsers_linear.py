@@ -1,0 +1,91 @@
+"""The console's parsers on lines an attacker (or an unlucky trainer) writes: random,
+huge and pathological text never raises, and each line costs time linear in its length,
+never a backtracking regex's quadratic (one 20 KB line once froze the dashboard for 51 s;
+issues 42 and 43).
+
+Each parser meets every fragment that steers its patterns (a bar's `%|`, a loss key, an
+evaluation word, a round's `[5]\\t`, a run of blanks after a separator, ...) repeated to
+LONG characters, and random compositions of them; each line must be read within BUDGET_S,
+which a quadratic pattern overruns a hundredfold at that length and a linear one meets by
+a hundredfold on a loaded machine.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from backends.console import ConsoleSummary
+from backends.eval_heading import EvalHeading
+from backends.logparse import parse_console_line, parse_metrics_line, parse_progress, phase_of, step_of
+from backends.rounds import parse_round
+
+LONG = 40_000
+BUDGET_S = 1.0
+FRAGMENTS = [
+    "%|", "|", " ", "\t", "loss", "loss=1.0", "loss ", ", ", "[", "]", "1/2", "12/", "/", "eval ", "Test ",
+    "validation ", "Epoch ", "Epoch [1/3]: ", "[1/40] ", " 50%|", "━", "╺", " - ", "valid_0's binary_logloss: 0.5\t",
+    "train-logloss:0.5\t", "[5]\t", "[5]", "step=1 ", "'loss': '1.2', ", ":", ": ", "=", "e", "1", "1.", ".5",
+    "a", "a:", "iteration 1/ 2 ", "Avg loss", "train loss ", "lm loss value: ", "[00:01<00:02", "<", "•", "0:00:01 ",
+    "_", "-", "'", '"', "loss_0=", "{", "}", "1e", "nan", "inf", "Map: ", "\u2028",
+]  # fmt: skip
+
+
+def _each_line_parser(text: str) -> None:
+    fields = parse_console_line(text)
+    if fields is not None:
+        step_of(fields)
+    parse_progress(text)
+    phase_of(text)
+    parse_metrics_line(text)
+    parse_round(text)
+    heading = EvalHeading()
+    heading.heading(text)
+    heading.trained(text)
+
+
+def _fold(text: str) -> None:
+    said = ConsoleSummary()
+    said.add_recorded(text + "\n")
+    said.add([text])
+    said.settle()
+    said.eta_s  # noqa: B018 (what the listing asks of it)
+
+
+def _timed(parse, text: str) -> float:
+    start = time.perf_counter()
+    parse(text)
+    return time.perf_counter() - start
+
+
+@pytest.mark.parametrize("fragment", FRAGMENTS)
+@pytest.mark.parametrize("parse", [_each_line_parser, _fold], ids=["line parsers", "fold"])
+def test_a_fragment_repeated_over_a_long_line_is_read_in_linear_time(parse, fragment):
+    line = fragment * (LONG // len(fragment))
+    assert _timed(parse, line) < BUDGET_S, f"{fragment!r} × {len(line) // len(fragment)}"
+    # a line of it ended by what the patterns look for last: a loss, a bar's count, a `]`
+    for tail in (" loss=1.5", " 3/4 [00:01<00:02]", "]"):
+        assert _timed(parse, line + tail) < BUDGET_S, f"{fragment!r} × {len(line) // len(fragment)} + {tail!r}"
+
+
+relaxed = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], max_examples=60)
+
+
+@relaxed
+@given(st.lists(st.tuples(st.sampled_from(FRAGMENTS), st.integers(1, 3000)), min_size=1, max_size=6))
+def test_compositions_of_fragments_are_read_in_linear_time(parts):
+    line = "".join(fragment * count for fragment, count in parts)[: 2 * LONG]
+    assert _timed(_each_line_parser, line) < BUDGET_S
+    assert _timed(_fold, line) < 2 * BUDGET_S
+
+
+@relaxed
+@given(st.text(max_size=3000))
+def test_any_text_is_read_without_an_exception(text):
+    _each_line_parser(text)
+    _fold(text)
+    for line in text.splitlines():
+        _each_line_parser(line)
