@@ -150,19 +150,26 @@ def _ended_alert(run: RunFacts) -> Alert | None:
     return Alert(f"failed:{run.key}", f"{run.key} {how}", "error")
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _recent(steps: Sequence[dict]) -> list[dict]:
     """The latest step and the window before it, oldest first (a deque of thousands is not walked)."""
     return list(itertools.islice(reversed(steps), LOSS_WINDOW + 1))[::-1]
 
 
 def _loss_alert(run: RunFacts) -> Alert | None:
-    losses = [(e.get("step"), e.get("loss")) for e in _recent(run.steps) if isinstance(e.get("loss"), (int, float))]
+    recent = _recent(run.steps)
+    # A NaN or infinite loss in metrics.jsonl reads as absent (backends/untrusted_json.py):
+    # a step that has its key, holding no number, is one.
+    losses = [(e.get("step"), e["loss"]) for e in recent if "loss" in e and (e["loss"] is None or _number(e["loss"]))]
     if not losses:
         return None
     step, loss = losses[-1]
-    if not math.isfinite(loss):
-        return Alert(f"nan:{run.key}", f"{run.key} loss is {loss} at step {step}", "error")
-    before = [value for _, value in losses[:-1] if math.isfinite(value)]
+    if loss is None or not math.isfinite(loss):
+        return Alert(f"nan:{run.key}", f"{run.key} loss is not finite at step {step}", "error")
+    before = [value for _, value in losses[:-1] if value is not None and math.isfinite(value)]
     if len(before) >= LOSS_MIN_STEPS:
         median = statistics.median(before)
         if median > 0 and loss > LOSS_JUMP * median:

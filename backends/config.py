@@ -39,7 +39,7 @@
 
 Host tables may also set runs_root, train_command, nvidia_smi, user, known_hosts,
 identity_file, ship, ship_from and python in [defaults]. Without a file, the one host is this machine. Every mistake
-is a ConfigError naming the key: `hosts.gpu1.port: expected an integer 1-65535, got "abc"`.
+is a ConfigError naming the key: `hosts.gpu1.port: expected an integer from 1 to 65535, got "abc"`.
 """
 
 from __future__ import annotations
@@ -52,10 +52,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from backends import alerts, sync
+from backends import alerts, ranges, sync
 from backends.deliver import DEFAULT_PYTHON, Delivery
 from backends.gpu import DEFAULT_SMI
-from backends.hosts import DEFAULT_RUNS_ROOT, MAX_CHANNELS, Host, LocalHost, SSHHost
+from backends.hosts import DEFAULT_RUNS_ROOT, Host, LocalHost, SSHHost
+from backends.hosts import MAX_CHANNELS as DEFAULT_MAX_CHANNELS
 from backends.kill import GRACE_S
 from backends.runs import TRAIN_COMMAND
 from backends.ship import local_package
@@ -102,12 +103,14 @@ def _command(key: str, value: Any) -> list[str]:
     return argv
 
 
-def _int(low: int, high: int | None):
-    def check(key: str, value: Any) -> int:
-        if isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high):
-            return value
-        bounds = f"{low}-{high}" if high is not None else f">= {low}"
-        raise ConfigError(key, f"expected an integer {bounds}, got {_show(value)}")
+def _bounded(bounds: ranges.Bounds):
+    """A numeric setting, checked against its range (backends/ranges.py)."""
+
+    def check(key: str, value: Any) -> int | float:
+        try:
+            return bounds.check(value)
+        except ValueError as e:
+            raise ConfigError(key, f"{e}, got {_show(value)}") from None
 
     return check
 
@@ -118,12 +121,6 @@ def _bool(key: str, value: Any) -> bool:
     raise ConfigError(key, f"expected true or false, got {_show(value)}")
 
 
-def _mib(key: str, value: Any) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    raise ConfigError(key, f"expected a size in MiB > 0, got {_show(value)}")
-
-
 def _names(key: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, list) and all(isinstance(v, str) and v and "/" not in v for v in value):
         return tuple(value)
@@ -132,7 +129,7 @@ def _names(key: str, value: Any) -> tuple[str, ...]:
 
 # [[hosts.X.sync]]: a directory of this machine's, where it goes on the host.
 # (Its built-in values are sync.SyncEntry's.)
-_SYNC = {"from": _string, "to": _string, "exclude": _names, "max_mib": _mib}
+_SYNC = {"from": _string, "to": _string, "exclude": _names, "max_mib": _bounded(ranges.SYNC_MIB)}
 
 
 def _syncs(key: str, value: Any) -> list[sync.SyncEntry]:
@@ -150,19 +147,6 @@ def _syncs(key: str, value: Any) -> list[sync.SyncEntry]:
     return entries
 
 
-def _seconds(key: str, value: Any) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-        return float(value)
-    raise ConfigError(key, f"expected a number of seconds >= 0, got {_show(value)}")
-
-
-def _timeout(key: str, value: Any) -> float:
-    seconds = _seconds(key, value)
-    if seconds <= 0:
-        raise ConfigError(key, f"expected a number of seconds > 0, got {_show(value)}")
-    return seconds
-
-
 # Each setting's check; its built-in value is its dataclass field's (below).
 SHARED_SCHEMA = {
     "runs_root": _string,
@@ -175,19 +159,24 @@ SHARED_SCHEMA = {
     "ship_from": _string,
     "python": _string,
 }
-DEFAULTS_SCHEMA = {**SHARED_SCHEMA, "grace_s": _seconds, "poll_ms": _int(50, None)}
+DEFAULTS_SCHEMA = {**SHARED_SCHEMA, "grace_s": _bounded(ranges.GRACE), "poll_ms": _bounded(ranges.POLL_MS)}
 HOST_SCHEMA = {
     **SHARED_SCHEMA,
     "address": _string,
-    "port": _int(1, 65535),
+    "port": _bounded(ranges.PORT),
     "jump": _string,
     "prefix": _argv,
-    "max_channels": _int(1, None),
+    "max_channels": _bounded(ranges.MAX_CHANNELS),
     "sync": _syncs,
 }
 
 # [alerts]: where alerts go beyond the screen, and when they are called.
-ALERTS_SCHEMA = {"command": _command, "timeout_s": _timeout, "stall_floor_s": _seconds, "underfed_s": _seconds}
+ALERTS_SCHEMA = {
+    "command": _command,
+    "timeout_s": _bounded(ranges.ALERT_TIMEOUT),
+    "stall_floor_s": _bounded(ranges.STALL_FLOOR),
+    "underfed_s": _bounded(ranges.UNDERFED),
+}
 
 
 def _alerts_built_in() -> dict[str, Any]:
@@ -226,7 +215,7 @@ class HostConfig(Shared):
     port: int | None = None
     jump: str | None = None  # the name of another host of the file
     prefix: list[str] = field(default_factory=list)
-    max_channels: int = MAX_CHANNELS
+    max_channels: int = DEFAULT_MAX_CHANNELS
     sync: list[sync.SyncEntry] = field(default_factory=list)
     jump_config: HostConfig | None = field(default=None, repr=False, compare=False)
 

@@ -88,7 +88,7 @@ def test_oom_names_the_params_it_tried():
 @pytest.mark.parametrize("loss", [float("nan"), float("inf")])
 def test_a_loss_that_is_not_a_number(loss):
     [alert] = alerts.run_alerts(RunFacts("box/r", info(), steps([2.0, 1.9, loss])), NOW + 4)
-    assert alert.key == "nan:box/r" and f"loss is {loss} at step 3" in alert.text
+    assert alert.key == "nan:box/r" and "loss is not finite at step 3" in alert.text
 
 
 def test_a_loss_that_jumps_past_three_times_its_recent_median():
@@ -237,8 +237,8 @@ def test_the_alerts_table_of_the_config(tmp_path):
 @pytest.mark.parametrize("text, key", [
     ('[alerts]\ncommand = []', "alerts.command: expected a command, got an empty one"),
     ('[alerts]\ncommand = 3', "alerts.command: expected a list of strings or a string, got 3"),
-    ('[alerts]\ntimeout_s = 0', "alerts.timeout_s: expected a number of seconds > 0, got 0"),
-    ('[alerts]\nstall_floor_s = "5m"', 'alerts.stall_floor_s: expected a number of seconds >= 0, got "5m"'),
+    ('[alerts]\ntimeout_s = 0', "alerts.timeout_s: expected a number from 0.1 to 3600 seconds, got 0"),
+    ('[alerts]\nstall_floor_s = "5m"', 'alerts.stall_floor_s: expected a number from 1 to 604800 seconds, got "5m"'),
     ('[alerts]\nwebhook = "x"', "alerts.webhook: unknown setting (known: command, stall_floor_s, timeout_s, underfed_s)"),
     ('alerts = 1', "alerts: expected a table, got 1"),
 ])  # fmt: skip

@@ -80,9 +80,9 @@ prefix = ["docker", "exec", "trainer"]
 @pytest.mark.parametrize(
     "text, message",
     [
-        ('[hosts.gpu1]\naddress = "h"\nport = "abc"', 'hosts.gpu1.port: expected an integer 1-65535, got "abc"'),
-        ('[hosts.gpu1]\naddress = "h"\nport = 70000', "hosts.gpu1.port: expected an integer 1-65535, got 70000"),
-        ('[hosts.gpu1]\naddress = "h"\nport = true', "hosts.gpu1.port: expected an integer 1-65535, got true"),
+        ('[hosts.gpu1]\naddress = "h"\nport = "abc"', 'hosts.gpu1.port: expected an integer from 1 to 65535, got "abc"'),
+        ('[hosts.gpu1]\naddress = "h"\nport = 70000', "hosts.gpu1.port: expected an integer from 1 to 65535, got 70000"),
+        ('[hosts.gpu1]\naddress = "h"\nport = true', "hosts.gpu1.port: expected an integer from 1 to 65535, got true"),
         ('[hosts.gpu1]\naddres = "h"', "hosts.gpu1.addres: unknown setting (known: address,"),
         ('[hosts.gpu1]\naddress = ""', 'hosts.gpu1.address: expected a non-empty string, got ""'),
         ('[hosts.gpu1]\naddress = "h"\nprefix = "pct \'exec"', "hosts.gpu1.prefix: cannot split"),
@@ -92,8 +92,8 @@ prefix = ["docker", "exec", "trainer"]
         ('[hosts.a]\naddress = "a"\njump = "b"\n[hosts.b]\naddress = "b"\njump = "a"', "hosts.a.jump: jump hosts loop: a -> b -> a"),
         ('[hosts.gpu1]\nport = 22', "hosts.gpu1.port: only for remote hosts"),
         ("[hosts]\ngpu1 = 3", "hosts.gpu1: expected a table, got 3"),
-        ("[defaults]\ngrace_s = -1", "defaults.grace_s: expected a number of seconds >= 0, got -1"),
-        ("[defaults]\npoll_ms = 10", "defaults.poll_ms: expected an integer >= 50, got 10"),
+        ("[defaults]\ngrace_s = -1", "defaults.grace_s: expected a number from 1 to 3600 seconds, got -1"),
+        ("[defaults]\npoll_ms = 10", "defaults.poll_ms: expected an integer from 50 to 60000 ms, got 10"),
         ("[default]\ngrace_s = 1", "default: unknown table"),
         ("[hosts.gpu1\n", "not valid TOML"),
     ],

@@ -99,7 +99,7 @@ async def test_failed_oom_nan_jumping_and_stalled_runs_each_alert_once(local, tm
     assert by_key[f"failed:{launched['fail']}"]["text"] == f"{launched['fail']} failed: exit status 1"
     assert by_key[f"oom:{launched['oom']}"]["text"] == f"{launched['oom']} ran out of GPU memory (max_seq_len=32768, ttt_steps=5)"
     assert by_key[f"jump:{launched['jump']}"]["text"].startswith(f"{launched['jump']} loss jumped to 10 at step 11 (5.0× ")
-    assert by_key[f"nan:{launched['nan']}"]["text"].startswith(f"{launched['nan']} loss is nan at step ")
+    assert by_key[f"nan:{launched['nan']}"]["text"].startswith(f"{launched['nan']} loss is not finite at step ")
     assert by_key[f"stall:{launched['stall']}"]["text"].startswith(f"{launched['stall']} stalled: no step for ")
     said = [line for line in lines if "cleared" not in line]
     assert len(said) == 5 and all(line.split()[2] in ("error", "warning") for line in said), lines

@@ -3,26 +3,15 @@ released (backends.kill), and say how it went, as text or the kill report's JSON
 
 from __future__ import annotations
 
-import argparse
-
-from backends import kill
+from backends import kill, ranges
+from tui.commands.flags import bounded
 from tui.commands.shared import Fleet
-
-
-def _grace(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}")
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
-    return value
 
 
 def add_parser(command) -> None:
     stop = command("kill", "Stop a run's own process tree, then verify its GPU memory is released.")
     stop.add_argument("target", metavar="RUN_OR_SESSION")
-    stop.add_argument("--grace", type=_grace, help=f"seconds between SIGTERM and SIGKILL (default from config, {kill.GRACE_S:g})")
+    stop.add_argument("--grace", type=bounded(ranges.GRACE), help=f"seconds between SIGTERM and SIGKILL (default from config, {kill.GRACE_S:g})")
     stop.epilog = (
         "Exits 1 when the run had already ended (its exit status is named; nothing is stopped or closed), "
         "2 when RUN_OR_SESSION is the tmux session this trackside itself runs in (refused)."

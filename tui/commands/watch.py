@@ -15,16 +15,7 @@ from backends import alerts, ranges, sanitize
 from backends.config import ConfigError, load_config
 from backends.watch import INTERVAL_S, Watched, watch
 from training.contract import EXIT_OK, EXIT_USAGE
-
-
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return value
+from tui.commands.flags import bounded
 
 
 def main(argv: list[str]) -> int:
@@ -35,7 +26,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config", metavar="PATH", help="config file (default ~/.config/trackside/config.toml)")
     parser.add_argument("--host", action="append", help="a host of the config file (repeatable; default: all)")
     parser.add_argument("--once", action="store_true", help="poll once, print what is up, exit 1 if anything is")
-    parser.add_argument("--interval", type=_interval, default=INTERVAL_S, metavar="S",
+    parser.add_argument("--interval", type=bounded(ranges.WATCH_INTERVAL), default=INTERVAL_S, metavar="S",
                         help=f"seconds between polls (default {INTERVAL_S:g})")  # fmt: skip
     args = parser.parse_args(argv)
     try:
