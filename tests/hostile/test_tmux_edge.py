@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from backends import kill, runs, tmux
@@ -37,12 +37,16 @@ def through_edge(*args: str) -> str:
     return subprocess.run(tmux.tmux_argv(None, "-u", *args), capture_output=True, text=True, check=True).stdout
 
 
+def escaped(name: str) -> str:
+    """`name` as new-session's -s must be given it, in this test's own words."""
+    return name.replace("#", "##").removesuffix(";") + ("\\;" if name.endswith(";") else "")
+
+
 def new_session(name: str, *command: str, socket: str | None = None) -> str:
     """A session named `name` (new-session expands formats in -s, so `#` is doubled
     here, and a final ';' would end the command); the name as tmux stores and lists it."""
     where = ["-L", socket] if socket else []
-    name = name.replace("#", "##").removesuffix(";") + ("\\;" if name.endswith(";") else "")
-    done = subprocess.run(["tmux", *where, "-u", "new-session", "-d", "-P", "-F", "#{session_id}", "-s", name, *command],
+    done = subprocess.run(["tmux", *where, "-u", "new-session", "-d", "-P", "-F", "#{session_id}", "-s", escaped(name), *command],
                           capture_output=True, text=True, check=True)  # fmt: skip
     return tmux_out("display-message", "-p", "-t", done.stdout.strip(), "#{session_name}", socket=socket).removesuffix("\n")
 
@@ -213,6 +217,31 @@ async def test_any_name_is_listed_and_killed_by_trackside_kill(host, tmux_dir, t
         assert json.loads(out)["target"] == name
     assert [r.session for r in await runs.list_runs(host)] == ["bystander"]
     assert not x.exists()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(min_size=1, max_size=16) | st.text(alphabet="#;$%:.\\\n\t\x1b名 =-~^{}()", min_size=1, max_size=12))
+def test_any_name_tmux_stores_is_listed_and_is_a_target_to_it_alone(host, raw):
+    import asyncio
+
+    if subprocess.run(["tmux", "has-session", "-t", "=base"], capture_output=True).returncode:
+        new_session("base", "sleep", "600")
+    base = tmux_out("display-message", "-p", "-t", "=base:", "#{session_id}").strip()
+    for session_id in set(tmux_out("list-sessions", "-F", "#{session_id}").split()) - {base}:  # an example that failed
+        tmux_out("kill-session", "-t", session_id)
+    made = subprocess.run(["tmux", "-u", "new-session", "-d", "-P", "-F", "#{session_id} #{pane_pid}", "-s", escaped(raw), "sleep", "600"],
+                          capture_output=True, text=True)  # fmt: skip
+    assume(made.returncode == 0)  # a name tmux stores as the first's (`a:b`, `a_b`)
+    session_id, pid = made.stdout.split()
+    name = tmux_out("display-message", "-p", "-t", session_id, "#{session_name}").removesuffix("\n")
+
+    async def check():
+        assert {p.session for p in await tmux.list_panes(host)} == {"base", name}
+        assert [p.pid for p in await tmux.list_panes(host, name)] == [int(pid)]
+        assert await tmux.kill_session(host, name)
+        assert {p.session for p in await tmux.list_panes(host)} == {"base"}
+
+    asyncio.run(check())
 
 
 def test_a_target_is_any_name_a_session_can_have():
