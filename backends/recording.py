@@ -10,21 +10,23 @@ into a file under the runs root, after writing what its scrollback held then (re
 
 The live file rotates at SEGMENT_BYTES, one older segment kept, so a pane that prints
 for weeks holds at most two segments on disk; the recorder is a `sh` and a `head` per
-pane, reading what the pane prints and nothing more (docs/design.md states the cost). The
-pipe ends with its pane. A pane whose output already goes to a pipe (a run trackside
-launched, which pipes into its run dir, or a pipe the user set) is never piped again:
-`pipe-pane` would replace the user's pipe.
+pane, reading what the pane prints and nothing more (docs/design.md states the cost), given
+inline so that nothing under the runs root is ever run, and kept going through a full disk.
+The pipe ends with its pane; one that ended before it (killed) is started again by the next
+listing, the log saying so. The runs root and every path of a recording in it are this
+user's alone, or refused (backends/runsroot.py). A pane whose output already goes to a
+pipe (a run trackside launched, which pipes into its run dir, or a pipe the user set) is
+never piped again: `pipe-pane` would replace the user's pipe.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import re
 import shlex
 from dataclasses import dataclass
 
-from backends import tmux
+from backends import runsroot, tmux
 from backends.hosts import Host, HostError
 
 SEGMENT_BYTES = 4 << 20
@@ -32,33 +34,57 @@ OLDER, LOST = ".1", ".lost"  # a read's key suffixes: the older segment; it, aft
 READ_BYTES = 1 << 20  # read at most this much of one pane a listing: a flood waits its turn
 PANES_DIR = "panes"
 
-# Appends stdin to file "$1", moving it to "$1.1" at each "$2" bytes. head -c never reads
-# past its count, so no byte is lost at a turn, and unbuffered (stdbuf) it writes each read
-# as it comes. (dd cannot: with a byte count it still stops after count/bs reads, however
-# short.) A host without stdbuf records the pane whole, unrotated.
-_ROTATOR = r"""f=$1 cap=$2
+# Appends stdin to file "$1", moving it to "$1.1" at each "$2" bytes ("$2" 0: never). head
+# -c never reads past its count, so no byte is lost at a turn, and unbuffered (stdbuf) it
+# writes each read as it comes. (dd cannot: with a byte count it still stops after
+# count/bs reads, however short.) A host without stdbuf records the pane whole, unrotated.
+# A write that fails (a full disk) loses what that read held, never the pipe: it pauses
+# and reads on, and the output since waits in the pipe meanwhile. It ends at the pane's end
+# (head or cat reading nothing), or when the file cannot be opened at all.
+# Given inline to pipe-pane, so no file under the runs root is ever run.
+_RECORDER = r"""f=$1 cap=$2
 umask 077
-stdbuf -o0 true 2>/dev/null || exec cat >> "$f"
+stdbuf -o0 true 2>/dev/null || cap=0
 while :; do
-  stdbuf -o0 head -c "$cap" >> "$f" || exit 0
-  [ "$(wc -c < "$f")" -ge "$cap" ] || exit 0
-  mv -f "$f" "$f.1"
+  exec 3>> "$f"
+  if [ "$cap" = 0 ]; then
+    until cat >&3; do sleep 1; done
+    exit 0
+  fi
+  if stdbuf -o0 head -c "$cap" >&3; then
+    [ "$(wc -c < "$f")" -ge "$cap" ] || exit 0
+    mv -f "$f" "$f.1"
+  else
+    sleep 1
+  fi
 done
 """
-# Named by its text, so a host keeps the one its recordings were started with and a new
-# trackside writes its own beside it.
-_ROTATOR_NAME = f"record-{hashlib.sha256(_ROTATOR.encode()).hexdigest()[:8]}.sh"
 
-# For each (target, dir, number, pipe command) after "$1" (the socket, or empty), "$2" (the
-# rotator's path) and "$3" (its text): still unpiped, write the scrollback, then start the
-# pipe, in one tmux command so no line falls between the two.
-_START = r"""socket=$1 script=$2 rotator=$3; shift 3
-umask 077  # what a pane printed is its owner's to read
+
+def recorder(path: str, cap: int = 0) -> str:
+    """The shell command that records a pane's output into `path` (rotated at `cap`
+    bytes; 0: never), for pipe-pane (which the caller gives it through tmux's quoting)."""
+    return shlex.join(["exec", "sh", "-c", _RECORDER, "sh", path, str(cap)])
+
+
+# For each (target, dir under the runs root "$1", number, pipe command) after "$1" and "$2"
+# (the socket, or empty): still unpiped, write the scrollback, then start the pipe, in one
+# tmux command so no line falls between the two. A pane recorded before (its scrollback is
+# there) whose pipe has ended gets its pipe again, and its log a line saying so.
+_START = r"""root=$1 socket=$2; shift 2
+[ -d "$root" ] || mkdir -p -- "$root" || exit 1
+root_ok "$root"
 while [ $# -ge 4 ]; do
-  t=$1 d=$2 n=$3 cmd=$4; shift 4
+  t=$1 d=$root/$2 n=$3 cmd=$4
+  dirs_ok "$root" "$2"; shift 4
   [ "$(tmux ${socket:+-L "$socket"} display-message -p -t "$t" '#{pane_pipe}' 2>/dev/null)" = 0 ] || continue
-  mkdir -p "$d" && { [ -f "$script" ] || printf '%s' "$rotator" > "$script"; } || continue
-  tmux ${socket:+-L "$socket"} capture-pane -p -J -S - -t "$t" \; pipe-pane -t "$t" "$cmd" > "$d/$n.scrollback" 2>/dev/null
+  files_ok "$d/$n.scrollback" "$d/$n.log"
+  if [ -e "$d/$n.scrollback" ]; then
+    printf '\n[trackside] recording restarted at %s: what the pane printed since it stopped is missing\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >> "$d/$n.log"
+    tmux ${socket:+-L "$socket"} pipe-pane -t "$t" "$cmd" 2>/dev/null
+  else
+    (set -C; tmux ${socket:+-L "$socket"} capture-pane -p -J -S - -t "$t" \; pipe-pane -t "$t" "$cmd" > "$d/$n.scrollback") 2>/dev/null
+  fi
 done
 """
 
@@ -68,13 +94,19 @@ done
 # the key with ".1" added; where it turned twice, the segment read last is gone, and the
 # older one kept comes whole under the key with LOST added. A file is known by its inode
 # and its birth time: ext4 hands the next file the inode just freed, so two turns could
-# leave a live file with the inode last read.
+# leave a live file with the inode last read. A file, or a directory above it, that
+# another user could change ends the output with a `!` header, the reason after it.
 _READ = r"""max=$1; shift
+refuse() { printf '\n\036! %s\n' "$1"; exit 77; }  # said in the stream, which is all that is read
 ID='%i.%.9W'  # a file: its inode and its birth (ext4 gives a file the inode the one before it freed)
 emit() {  # key, file, offset, and at most how many bytes
+  [ ! -L "$2" ] || refuse "$2 is a symbolic link (never followed)"
+  [ ! -e "$2" ] || [ -f "$2" ] || refuse "$2 is not a regular file"
   # One open file for its size and its bytes: a turn (the rotator's mv) between reading
   # the two from the path would send fewer bytes than the header says.
-  { set -- "$@" $(stat -L -c "%s %Y $ID" /dev/fd/3)
+  { set -- "$@" $(stat -L -c "%s %Y $ID %u %f" /dev/fd/3)
+    [ "$8" = "$me" ] || refuse "$2 is owned by uid $8, not by this user (uid $me)"
+    [ $((0x$9 & 022)) -eq 0 ] || refuse "$2 can be written by other users"
     o=$3; [ "$5" -lt "$o" ] && o=0
     n=$(( $5 - o )); [ "$n" -gt "$4" ] && n=$4
     printf '\n\036%s %s %s %s %s %s\n' "$1" "$5" "$o" "$n" "$6" "$7"
@@ -84,6 +116,7 @@ emit() {  # key, file, offset, and at most how many bytes
 }
 while [ $# -ge 4 ]; do
   k=$1 f=$2 o=$3 i=$4; shift 4
+  case " $seen " in *" ${f%/*} "*) ;; *) above_ok "${f%/*}"; seen="$seen ${f%/*}" ;; esac
   if [ "$i" != - ] && [ "$(stat -c "$ID" "$f" 2>/dev/null)" != "$i" ]; then
     if [ "$(stat -c "$ID" "$f.1" 2>/dev/null)" = "$i" ]; then emit "$k.1" "$f.1" "$o" 1099511627776; else emit "$k.lost" "$f.1" 0 1099511627776; fi
     o=0
@@ -124,19 +157,20 @@ def recording_of(root: str, socket: str | None, pane: tmux.Pane) -> Recording:
 
 async def start(host: Host, root: str, panes: list[tmux.Pane]) -> None:
     """Record every live, unpiped pane of `panes` from now on (a pane another listing just
-    piped, or the user did, is left as it is; a dashboard's is never recorded)."""
+    piped, or the user did, is left as it is; a dashboard's is never recorded).
+    RunsRootRefused where the runs root, or a directory or file of a recording in it,
+    is not this user's alone."""
     socket = getattr(host, "tmux_socket", None)
-    script = f"{root}/{PANES_DIR}/{_ROTATOR_NAME}"
     args: list[str] = []
     for pane in panes:
         if pane.dead or pane.piped or not pane.pane_id or pane.dashboard:
             continue
         rec = recording_of(root, socket, pane)
         # tmux runs the pipe command with sh -c: quoted here, once.
-        command = tmux.literal(f"exec sh {shlex.quote(script)} {shlex.quote(rec.log)} {SEGMENT_BYTES}", strftime=True)
-        args += [pane.pane_id, rec.directory, rec.number, command]
+        command = tmux.literal(recorder(rec.log, SEGMENT_BYTES), strftime=True)
+        args += [pane.pane_id, rec.directory.removeprefix(f"{root}/"), rec.number, command]
     if args:
-        result = await host.run(["sh", "-c", _START, "sh", socket or "", script, _ROTATOR, *args])
+        result = await runsroot.run(host, _START, [root, socket or "", *args])
         if not result.ok:
             raise HostError(host.name, f"cannot record tmux panes: {result.stderr.strip()}")
 
@@ -160,7 +194,7 @@ async def read(host: Host, files: list[tuple[str, str, int, str]], max_bytes: in
     segment's lines are gone, the older segment whole (key + LOST)."""
     if not files:
         return []
-    argv = ["sh", "-c", _READ, "sh", str(max_bytes), *(str(part) for entry in files for part in entry)]
+    argv = ["sh", "-c", runsroot.PRELUDE + _READ, "sh", str(max_bytes), *(str(part) for entry in files for part in entry)]
     out = bytearray()
     async with contextlib.aclosing(host.chunks(argv)) as chunks:
         async for chunk in chunks:
@@ -170,6 +204,8 @@ async def read(host: Host, files: list[tuple[str, str, int, str]], max_bytes: in
         end = out.find(b"\n", head + 2)
         if end < 0:
             break
+        if out.startswith(b"! ", head + 2):
+            raise runsroot.RunsRootRefused(host.name, f"refused: {out[head + 4 : end].decode(errors='replace')}")
         try:
             key, size, start_at, count, mtime, inode = out[head + 2 : end].decode().rsplit(" ", 5)
             size, start_at, count, mtime = int(size), int(start_at), int(count), int(mtime)

@@ -13,7 +13,6 @@ are visible too.
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -157,7 +156,7 @@ def tmux_argv(host: Host | None, *args: str | _Then) -> list[str]:
     return ["tmux", *(["-L", socket] if socket else []), *(";" if a is THEN else _argument(a) for a in args)]
 
 
-def new_session_argv(host: Host, session: str, command: Sequence[str], console_log: str) -> list[str]:
+def new_session_argv(host: Host, session: str, command: Sequence[str], pipe: str) -> list[str]:
     """One tmux invocation: create the session, keep the pane after exit, pipe its output.
 
     Chained with `;` so the options are in place before the server handles the pane's
@@ -169,15 +168,16 @@ def new_session_argv(host: Host, session: str, command: Sequence[str], console_l
         "new-session", "-d", "-s", literal(session), "-x", "200", "-y", "50", "-P", "-F", "#{pane_pid}",
         "--", *command,
         THEN, "set-option", "-w", "-t", target, "remain-on-exit", "on",
-        # tmux runs the pipe command with sh -c: the path is quoted here, once.
-        THEN, "pipe-pane", "-o", "-t", target, literal(f"cat >> {shlex.quote(console_log)}", strftime=True),
+        # tmux runs the pipe command (a shell command: backends.recording.recorder) with sh -c.
+        THEN, "pipe-pane", "-o", "-t", target, literal(pipe, strftime=True),
     )  # fmt: skip
 
 
-async def new_session(host: Host, session: str, command: Sequence[str], console_log: str) -> int:
-    """Start `command` (argv, executed without a shell) in a new detached session; its pane pid."""
+async def new_session(host: Host, session: str, command: Sequence[str], pipe: str) -> int:
+    """Start `command` (argv, executed without a shell) in a new detached session, its
+    output piped to shell command `pipe`; its pane pid."""
     check_session_name(session)
-    result = await host.run(new_session_argv(host, session, command, console_log))
+    result = await host.run(new_session_argv(host, session, command, pipe))
     if not result.ok:
         raise TmuxError(host.name, f"tmux new-session {session}: {result.stderr.strip()}")
     try:

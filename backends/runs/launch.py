@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 from backends import params as run_params
-from backends import tmux
+from backends import recording, tmux
 from backends.deliver import Sent
 from backends.hosts import Host
 from backends.logparse import parse_metrics_line
@@ -23,6 +23,7 @@ from backends.runs.rundir import (
     RunError,
     check_run_id,
     checkpoints_to_resume,
+    make_run_dir,
     now,
     read_exit_status,
     read_manifest,
@@ -52,7 +53,8 @@ _WHICH = 'command -v "$1"'
 # The pane runs the command under this sh, which records its exit status in "$1": tmux
 # 3.3 sometimes shows a dead pane without one. The traps are handlers, not ignores, so the
 # command still gets the default actions; sh itself waits for it, then writes the file.
-_RECORD_EXIT = 'f=$1; shift; trap : HUP INT TERM; "$@"; s=$?; echo "$s" > "$f"; exit "$s"'
+# umask 077: what the run writes in its run dir (metrics, checkpoints) is its user's alone.
+_RECORD_EXIT = 'umask 077; f=$1; shift; trap : HUP INT TERM; "$@"; s=$?; echo "$s" > "$f"; exit "$s"'
 
 
 @dataclass
@@ -186,12 +188,13 @@ async def launch(
         **(sent.manifest() if sent is not None else {}),
         **(extra or {}),
     }
-    await write_manifest(host, manifest)
+    await make_run_dir(host, directory)
     recorded = ["sh", "-c", _RECORD_EXIT, "sh", f"{directory}/{EXIT_STATUS_FILE}", *command]
     try:
-        pane_pid = await tmux.new_session(host, session, recorded, f"{directory}/console.log")
-    except tmux.TmuxError:
-        await host.run(["rm", "-rf", "--", directory])  # a run that never started leaves no trace
+        await write_manifest(host, manifest)
+        pane_pid = await tmux.new_session(host, session, recorded, recording.recorder(f"{directory}/console.log"))
+    except Exception:
+        await host.run(["rm", "-rf", "--", directory])  # a run that never started (a full disk, tmux's refusal) leaves no trace
         raise
     manifest["pane_pid"] = pane_pid
     await write_manifest(host, manifest)

@@ -5,19 +5,38 @@ its checkpoints.
 `console.log` (the pane's output via pipe-pane), `exit_status` (written when the command
 ends) and, for the trainer, `metrics.jsonl` and `checkpoints/`. Files on the host are
 written and read by commands with fixed scripts and the paths as arguments, so no path or
-value is ever spliced into shell text.
+value is ever spliced into shell text. Every such command checks the runs root first
+(backends/runsroot.py): a root, or a directory or file in it, that another user could change
+is refused, never written or read through.
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
 import time
 
+from backends import runsroot
 from backends.hosts import Host, HostError
 from training.contract import RUN_ID, RUN_ID_EXAMPLE, WRITING_MARKER
 
-# Write stdin to "$1" atomically, creating its directory.
-_WRITE_FILE = 'mkdir -p "$(dirname "$1")" && cat > "$1.tmp" && mv -f "$1.tmp" "$1"'
+# Write stdin to file "$3" of directory "$2" under runs root "$1", atomically: into a new
+# file beside it (mktemp's, this user's alone), renamed over it, never written through a
+# link; what a full disk left half-written is removed.
+_WRITE_FILE = r"""[ -d "$1" ] || mkdir -p -- "$1" || exit 1
+root_ok "$1"; dirs_ok "$1" "$2"; f=$1/$2/$3
+files_ok "$f"
+t=$(mktemp "$1/$2/.$3.XXXXXX") || exit 1
+cat > "$t" && mv -fT -- "$t" "$f" || { rm -f -- "$t"; exit 1; }
+"""
+
+# A new run's directory "$2" under runs root "$1" (made, 0700, where absent): never one
+# that is there already.
+_MAKE_RUN_DIR = r"""[ -d "$1" ] || mkdir -p -- "$1" || exit 1
+root_ok "$1"
+mkdir -- "$1/$2" || exit 1
+files_ok "$1/$2"
+"""
 
 # Whether the checkpoints dir "$1" holds a checkpoint, or one on its way (its writer's
 # marker "$2"): prints something if so.
@@ -25,7 +44,7 @@ _CHECKPOINT_THERE = r"""ls -A "$1" 2>/dev/null | grep -E -x -e 'step-[0-9]+' -e 
 
 # Print "$1", or exit 3 when there is no such file: a missing file is told apart from one
 # that cannot be read without reading cat's words.
-_READ_FILE = '[ -e "$1" ] || exit 3; exec cat -- "$1"'
+_READ_FILE = 'above_ok "${1%/*}"; files_ok "$1"; [ -e "$1" ] || exit 3; exec cat -- "$1"'
 NO_FILE = 3
 
 EXIT_STATUS_FILE = "exit_status"
@@ -46,7 +65,11 @@ def check_run_id(run_id: str) -> str:
 
 
 async def runs_root(host: Host) -> str:
-    return await host.expanded_runs_root()
+    """The host's runs root, expanded; RunsRootRefused, naming it, where another user could
+    change it (backends/runsroot.py)."""
+    root = await host.expanded_runs_root()
+    await runsroot.check(host, root)
+    return root
 
 
 async def run_dir(host: Host, run_id: str) -> str:
@@ -54,15 +77,30 @@ async def run_dir(host: Host, run_id: str) -> str:
 
 
 async def write_file(host: Host, path: str, text: str) -> None:
-    result = await host.run(["sh", "-c", _WRITE_FILE, "sh", path], input=text)
+    """`path`, a file under the runs root, holding `text`: replaced whole, its directories
+    made; RunsRootRefused for a path elsewhere (a manifest's claim) or one another user
+    could change."""
+    root = await host.expanded_runs_root()
+    if not path.startswith(f"{root}/"):
+        raise runsroot.RunsRootRefused(host.name, f"refused: {path} is not under the runs root {root}")
+    where, name = posixpath.split(path.removeprefix(f"{root}/"))
+    result = await runsroot.run(host, _WRITE_FILE, [root, where, name], input=text)
     if not result.ok:
         raise HostError(host.name, f"cannot write {path}: {result.stderr.strip()}")
+
+
+async def make_run_dir(host: Host, directory: str) -> None:
+    """A new run's directory, `<runs root>/<run id>`: RunError where it is there already."""
+    root, run_id = posixpath.split(directory)
+    result = await runsroot.run(host, _MAKE_RUN_DIR, [root, check_run_id(run_id)])
+    if not result.ok:
+        raise RunError(f"cannot make the run directory {directory} on {host.name}: {result.stderr.strip()}")
 
 
 async def read_file(host: Host, path: str, timeout: float = 30.0) -> str | None:
     """A file's text; None when there is no such file; RunError, one line naming the file
     and why, when it cannot be read."""
-    result = await host.run(["sh", "-c", _READ_FILE, "sh", path], timeout=timeout)
+    result = await runsroot.run(host, _READ_FILE, [path], timeout=timeout)
     if result.returncode == NO_FILE:
         return None
     if not result.ok:
@@ -125,5 +163,8 @@ def manifest_exit_status(manifest: dict) -> int | None:
 
 
 async def read_exit_status(host: Host, directory: str) -> int | None:
-    result = await host.run(["cat", f"{directory}/{EXIT_STATUS_FILE}"])
-    return parse_exit_status(result.stdout) if result.ok else None
+    try:
+        text = await read_file(host, f"{directory}/{EXIT_STATUS_FILE}")
+    except RunError:
+        return None
+    return parse_exit_status(text) if text is not None else None

@@ -9,7 +9,7 @@ import os
 import pwd
 import uuid
 
-from backends import tmux
+from backends import recording, tmux
 from scripts.local_box import end_tmux_server
 
 
@@ -24,7 +24,7 @@ async def test_ssh_sessions_get_the_sessions_own_home_and_tmux_dir(ssh_host):
 async def test_a_tmux_server_started_over_ssh_is_ended_by_the_tests_cleanup(ssh_host, tmp_path):
     ssh_host.tmux_socket = f"trackside-hygiene-{uuid.uuid4().hex[:8]}"
     try:
-        await tmux.new_session(ssh_host, "lingers", ["sleep", "600"], str(tmp_path / "console.log"))
+        await tmux.new_session(ssh_host, "lingers", ["sleep", "600"], recording.recorder(str(tmp_path / "console.log")))
         assert await tmux.list_sessions(ssh_host) == ["lingers"]
     finally:
         end_tmux_server("tmux", "-L", ssh_host.tmux_socket)  # as tests/tui/conftest.py's tmux_socket does
