@@ -9,6 +9,12 @@ the others are copied there from where the host has them. The staged tree is che
 against its SHA-256 list before anything uses it, and `ship` renames it into
 `<runs_root>/code/<hash>/` in one step: a half-sent tree is never run, and a hash already
 there is not sent again.
+
+A tree's symbolic links are refused, each named, and no file is read through one (each
+is opened without following a link, every directory on its way too): a link to
+/etc/shadow here would otherwise arrive there as a file holding this machine's. What is
+shipped under the runs root is its user's alone there (0600 files, 0700 directories; the
+root checked as backends/runsroot.py says).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import fnmatch
 import hashlib
 import io
 import os
+import stat
 import subprocess
 import tarfile
 from collections.abc import Iterable, Mapping
@@ -25,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import training.contract
+from backends import runsroot
 from backends.hosts import Host, HostError
 
 MIB = 1 << 20
@@ -82,29 +90,55 @@ def excluded(name: str, exclude: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in exclude)
 
 
+def read_unlinked(root: Path, path: str) -> tuple[bytes, os.stat_result]:
+    """The bytes and status of file `path` under `root`, opened through no symbolic link:
+    each directory on the way, and the file, opened as itself (OSError if one is a link,
+    ShipError if the file is not a regular one)."""
+    *parts, name = Path(path).parts
+    at = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=at)
+            os.close(at)
+            at = inner
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=at)
+    finally:
+        os.close(at)
+    with os.fdopen(fd, "rb") as f:
+        status = os.fstat(f.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            raise ShipError(f"{root / path}: not a regular file, not sent")
+        return f.read(), status
+
+
 def scan(root: Path, *, exclude: Iterable[str], max_mib: float, under: str = "") -> Tree:
     """`root`'s files, excluded names left out (directories whole), each path under `under`.
 
-    ShipError when it is no directory, holds a name `sha256sum` would escape, or its files
-    come to more than `max_mib` (the cap, stated)."""
+    ShipError when it is no directory, holds a symbolic link (each named: never followed,
+    never sent), a name `sha256sum` would escape, or its files come to more than `max_mib`
+    (the cap, stated)."""
     exclude = tuple(exclude)
     if not root.is_dir():
         raise ShipError(f"{root}: no such directory to send")
-    files, sizes = {}, {}
+    files, sizes, links = {}, {}, []
     for top, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not excluded(d, exclude))
+        for name in [*dirs, *names]:
+            if not excluded(name, exclude) and Path(top, name).is_symlink():
+                links.append(f"{Path(top, name).relative_to(root).as_posix()} -> {os.readlink(Path(top, name))}")
+        dirs[:] = sorted(d for d in dirs if not excluded(d, exclude) and not Path(top, d).is_symlink())
         for name in names:
-            if excluded(name, exclude):
-                continue
             local = Path(top, name)
-            if not local.is_file():  # a dangling link, a socket: nothing to run
-                continue
-            path = local.relative_to(root).as_posix()
-            path = f"{under}/{path}" if under else path
+            if excluded(name, exclude) or local.is_symlink() or not stat.S_ISREG(local.lstat().st_mode):
+                continue  # a link is refused below; a socket or a fifo: nothing to run
+            relative = local.relative_to(root).as_posix()
+            path = f"{under}/{relative}" if under else relative
             if any(c in path for c in "\n\t\\"):
                 raise ShipError(f"{local}: a newline, tab or backslash in a file name cannot be sent")
-            data = local.read_bytes()
+            data, _ = read_unlinked(root, relative)
             files[path], sizes[path] = hashlib.sha256(data).hexdigest(), len(data)
+    if links:
+        raise ShipError(f"{root}: symbolic links are not sent (nor what they point at): {', '.join(sorted(links))}; "
+                        "exclude them or put files in their place")  # fmt: skip
     tree = Tree(root, files, sizes, under)
     if tree.bytes > max_mib * MIB:
         raise ShipError(
@@ -154,8 +188,11 @@ class Staged:
 # In a new directory under "$1": stdin (base64 of a gzipped tar) unpacked, the files it
 # lists in COPIES copied from where the host has them, the whole checked against FILES.
 # With "$2", renamed to it (another shipper's finished copy of the same tree is as good);
-# else kept for the caller. Prints the directory; leaves nothing behind when it fails.
+# else kept for the caller. With "$3", the runs root "$1" lies in: checked first
+# (backends/runsroot.py), and the tree made its user's alone. Prints the directory; leaves
+# nothing behind when it fails.
 _STAGE = f"""set -e
+[ -z "$3" ] || {{ root_ok "$3"; dirs_ok "$3" "${{1#"$3"/}}"; }}
 d=$(mktemp -d "$1/.trackside-incoming.XXXXXX")
 trap 'cd /; rm -rf "$d"' EXIT
 cd "$d"
@@ -165,6 +202,7 @@ while IFS='\t' read -r from to; do
   cp -p "$from" "./$to"
 done < {COPIES}
 rm -f {COPIES}
+[ -z "$3" ] || chmod -R go= .
 sha256sum --quiet --strict -c {FILES} >&2 || {{ echo "the tree arrived incomplete" >&2; exit 5; }}
 cd /
 if [ -n "$2" ]; then
@@ -182,16 +220,16 @@ def _tar(tree: Tree, send: Iterable[str], copies: Mapping[str, str]) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
 
-        def add(path: str, data: bytes, mode: int = 0o644, mtime: float = 0) -> None:
+        def add(path: str, data: bytes, mode: int = 0o600, mtime: float = 0) -> None:
             info = tarfile.TarInfo(path)
             info.size, info.mode, info.mtime = len(data), mode, mtime
             tar.addfile(info, io.BytesIO(data))
 
         for path in send:
-            local = tree.local(path)
+            data, status = read_unlinked(tree.root, tree.local(path).relative_to(tree.root).as_posix())
             # Its own time, not the epoch: Python trusts a cached .pyc whose source has the
             # size and time it was compiled from, and an edit that keeps the size would run stale.
-            add(path, local.read_bytes(), local.stat().st_mode & 0o777, local.stat().st_mtime)
+            add(path, data, status.st_mode & 0o777, status.st_mtime)
         add(FILES, tree.listing.encode())
         add(COPIES, "".join(f"{source}\t{path}\n" for path, source in copies.items()).encode())
     return buffer.getvalue()
@@ -204,16 +242,21 @@ def room_error(host: Host, where: str, stderr: str) -> str | None:
     return None
 
 
-async def stage(host: Host, tree: Tree, into: str, *, have: Mapping[str, str], final: str = "", only: Iterable[str] | None = None) -> Staged:
+async def stage(host: Host, tree: Tree, into: str, *, have: Mapping[str, str], final: str = "", only: Iterable[str] | None = None,
+                runs_root: str = "") -> Staged:
     """Put `tree` (or the files of it named in `only`) in a new directory under `into` on
     the host, renamed to `final` when given. `have` maps a SHA-256 to a path on the host
-    holding that content: such files are copied there, not sent."""
+    holding that content: such files are copied there, not sent. `runs_root`, the root
+    `into` lies in: checked first, and the tree made its user's alone."""
     paths = sorted(tree.files if only is None else only)
     copies = {p: have[tree.files[p]] for p in paths if tree.files[p] in have}
     send = [p for p in paths if p not in copies]
     part = tree if only is None else Tree(tree.root, {p: tree.files[p] for p in paths}, {p: tree.sizes[p] for p in paths}, tree.under)
     payload = base64.b64encode(_tar(part, send, copies)).decode()
-    result = await host.run(["sh", "-c", _STAGE, "sh", into, final], input=payload, timeout=SEND_S)
+    script = runsroot.PRELUDE + _STAGE if runs_root else _STAGE
+    result = await host.run(["sh", "-c", script, "sh", into, final, runs_root], input=payload, timeout=SEND_S)
+    if (refused := runsroot.refusal(host, result)) is not None:
+        raise refused
     if not result.ok:
         why = result.stderr.strip().splitlines()[-1:] or [f"exit status {result.returncode}"]
         raise ShipError(room_error(host, into, result.stderr) or f"{host.name}: cannot unpack into {into}: {why[0]}")
@@ -248,12 +291,15 @@ async def check_python(host: Host, python: str) -> str:
     return path
 
 
-# Under the code dir "$1": `have` when tree "$2" is there already. Else, once it is known
-# that the host can write there, `need`, the KiB free, and the file lists of the newest
-# trees (a record separator and its directory before each).
+# Under the code dir "$1" of runs root "$3": `have` when tree "$2" is there already. Else,
+# once it is known that the host can write there, `need`, the KiB free, and the file lists
+# of the newest trees (a record separator and its directory before each).
 _PROBE = f"""c=$1
+[ ! -e "$3" ] || root_ok "$3"
+[ ! -e "$c" ] || dirs_ok "$3" code
 if [ -d "$c/$2" ]; then echo have; exit 0; fi
 mkdir -p "$c" && t=$(mktemp -d "$c/.trackside-probe.XXXXXX") && rmdir "$t" || exit 4
+root_ok "$3"; dirs_ok "$3" code
 echo need
 df -Pk "$c" | awk 'NR == 2 {{ print $4 }}'
 ls -dt "$c"/*/ 2>/dev/null | head -n {RECENT_TREES} | while read -r d; do
@@ -308,10 +354,11 @@ async def ship(host: Host, source: Path, python: str) -> Shipped:
     interpreter fit to run it, a host that cannot write there or has no room)."""
     tree = read_package(source)
     python = await check_python(host, python)
-    code = f"{await host.expanded_runs_root()}/code"
+    root = await host.expanded_runs_root()
+    code = f"{root}/code"
     final = f"{code}/{tree.hash}"
     shipped = Shipped(tree.hash, describe(source), str(source), final, python, source.name)
-    probe = await host.run(["sh", "-c", _PROBE, "sh", code, tree.hash])
+    probe = await runsroot.run(host, _PROBE, [code, tree.hash, root])
     if probe.returncode == 4:
         why = (probe.stderr.strip().splitlines() or ["permission denied"])[-1]
         raise ShipError(f"{host.name}: cannot write {code} (inside its prefix): {why}")
@@ -328,11 +375,11 @@ async def ship(host: Host, source: Path, python: str) -> Shipped:
     if free_kib and free_kib[0].isdigit() and tree.bytes + ROOM_MARGIN > int(free_kib[0]) * 1024:
         raise ShipError(f"{host.name}: no room for {source.name} in {code}: it takes {tree.bytes / MIB:.1f} MiB, "
                         f"{int(free_kib[0]) / 1024:.1f} MiB free")  # fmt: skip
-    staged = await stage(host, tree, code, have=have, final=final)
+    staged = await stage(host, tree, code, have=have, final=final, runs_root=root)
     return replace(shipped, sent_bytes=staged.sent_bytes, sent_files=staged.sent_files)
 
 
 async def files_there(host: Host, shipped_dir: str) -> dict[str, str] | None:
     """The file list of a tree shipped there; None when it is gone."""
-    result = await host.run(["cat", f"{shipped_dir}/{FILES}"])
+    result = await runsroot.run(host, 'above_ok "$1"; files_ok "$1/$2"; exec cat -- "$1/$2"', [shipped_dir, FILES])
     return parse_listing(result.stdout) if result.ok else None
