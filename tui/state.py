@@ -72,6 +72,7 @@ STYLES = {
     RunStatus.OOM: "bold red",
     RunStatus.UNKNOWN: "yellow",
     RunStatus.GONE: "dim strike",
+    RunStatus.STOP_INTERRUPTED: "bold yellow",
     RunStatus.NONFINITE: "bold red",
 }
 
@@ -273,7 +274,7 @@ class RunState:
             # On a GPU the wait is the compiler's: a new process traces its compiled parts
             # again before the first step (docs/benchmarks.md, "The operator's loop").
             return "compiling" if (self.start.get("config") or {}).get("device") == "cuda" else "first step…"
-        return status_words(self.status, self.info.exit_status, None if self.steps else self.progress)
+        return status_words(self.status, self.info.exit_status, None if self.steps else self.progress, self.info.stop)
 
     def startup_said(self) -> str:
         """Where the start-up's seconds went, from the start event (`imports and CUDA 3.8,

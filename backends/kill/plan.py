@@ -1,8 +1,10 @@
 """The kill plan: what stopping a run would signal, read before anything is. It is what a
-confirmation shows and exactly what the kill signals: the process trees of the run's tmux
+confirmation shows and at most what the kill signals: the process trees of the run's tmux
 panes (`backends.procs`), each pid with its start time, what they hold on the GPUs and who
-else holds memory there. A multi-node run's plan holds one plan per node, each on its own
-host (backends/nodes.py launches them)."""
+else holds memory there. A tree is rooted only at pids tmux names as the session's live
+panes (`procs.pane_roots`), never at a record a process could print, nor at pid 1. A
+multi-node run's plan holds one plan per node, each on its own host (backends/nodes.py
+launches them)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 from backends import gpu, runs, tmux
 from backends.hosts import Host
 from backends.own_session import own_sessions
-from backends.procs import Proc, descendants, process_table, process_tree, shell_jobs
+from backends.procs import Proc, descendants, pane_roots, process_table, process_tree, shell_jobs
 from training.contract import WRITER_NAME
 
 # "PID ARGS" for each pid given: the command lines, to find a torchrun agent in a tree;
@@ -42,7 +44,7 @@ class KillPlan:
     session: str | None
     run_id: str | None
     pane_pids: tuple[int, ...]
-    tree: dict[int, str]  # every pid to signal, with its start time (its identity)
+    tree: dict[int, int]  # every pid to signal, with its start time in clock ticks (its identity)
     holdings: tuple[gpu.GpuProcess, ...]  # the tree's processes listed on a GPU, with MiB
     bystanders: tuple[gpu.GpuProcess, ...]  # others holding memory on those GPUs: left alone
     gpu_status: str  # gpu.GpuStatus name of the read behind holdings and bystanders
@@ -56,6 +58,9 @@ class KillPlan:
     via: Host | None = field(default=None, repr=False, compare=False)
     smi: str | None = None  # the nvidia-smi of this plan's host (nodes' hosts may differ)
     shells: tuple[int, ...] = ()  # panes' interactive shells whose jobs these are: left alone
+    # The live panes' processes tmux named, with their start times: what the kill proves
+    # the tree's descent from again before it signals anything.
+    roots: dict[int, int] = field(default_factory=dict)
 
     @property
     def pids(self) -> list[int]:
@@ -138,9 +143,13 @@ async def plan_kill(
 
 async def _plan_node(host, target, session, manifest, panes, session_panes, smi, nvml) -> KillPlan:
     """The plan on one host: its panes' process trees and what they hold on its GPUs."""
+    table = await process_table(host)
+    # Read after the table: a pid tmux still names as a live pane is the process the
+    # table holds (tmux marks a pane dead when its process ends, before the pid is free).
+    roots = await pane_roots(host, session) if session is not None else set()
+    panes, session_panes = [p for p in panes if p.dead or p.pid in roots], [p for p in session_panes if p.dead or p.pid in roots]
     if session in await own_sessions(host, session_panes):
         raise SelfKill(f"refusing to stop {target}: this trackside runs in its tmux session {session}")
-    table = await process_table(host)
     pids, shells = set(), []
     for pane in panes:
         jobs = shell_jobs(table, pane)
@@ -167,6 +176,7 @@ async def _plan_node(host, target, session, manifest, panes, session_panes, smi,
         host.name, target, session, manifest["run_id"] if manifest else None, tuple(p.pid for p in panes), tree,
         holdings, bystanders, snapshot.status.name, snapshot.message, closes, notes, manifest,
         first=await _torchrun_workers(host, table, set(tree)), via=host, smi=smi, shells=tuple(shells),
+        roots={p.pid: table[p.pid].started for p in panes if not p.dead and p.pid in table},
     )  # fmt: skip
 
 

@@ -1,8 +1,15 @@
 """The kill: a plan carried out, then proof that the run's GPU memory is released.
 
-The host checks each pid's start time again right before signalling it, so a pid reused
-meanwhile by an unrelated process is left alone. Nothing outside the plan is ever
-signalled.
+Before anything is signalled the kill proves the plan again, on the host: each pid is
+still the process the plan named (its start time, in clock ticks) and still descends from
+the run's pane, which tmux still names as the session's (`procs.pane_roots`); a pid that
+is not is left alone, whatever put it in the plan. The host checks each start time once
+more right before the signal. Until the run's tree is empty the kill reads it again,
+session and all (`procs.tree_of`): what it forked meanwhile is the run's too, and gets
+SIGKILL with what outlived the grace period; it reports stopped only once none is alive.
+A journal on the host (backends/runs/stops.py) says what it is about to send before it
+sends it, and is closed when the kill is done: a kill cut short is seen by the next
+listing.
 
 A torchrun agent in the tree has its workers signalled first: they stop cleanly (the
 trainer checkpoints) and the agent, seeing them end, exits 0 itself; SIGTERM to the agent
@@ -36,22 +43,24 @@ from backends.kill.plan import (
     plan_kill,
 )
 from backends.kill.report import GpuDelta, KillReport
-from backends.procs import Proc, descendants, process_table
+from backends.procs import Proc, pane_roots, process_table, same, tree_of
+from backends.runs.stops import Journal
 from training.contract import CHECKPOINT, STAGED, STEP
 
-# Arguments: the signal, then "PID STARTED" items. Each pid is signalled only if ps still
-# shows the start time we listed (words compared, so ps's padding does not matter); the
-# pids signalled are printed. `for` expands its list once, so `set --` may reuse "$@".
+# Arguments: the signal, then "PID STARTED" items. Each pid is signalled only if its
+# /proc/PID/stat still shows the start time we listed (field 22, counted after the last
+# ')': the name before it may hold spaces and ')'); the pids signalled are printed. `for`
+# expands its list once, so `set --` may reuse "$@".
 _SIGNAL = r"""
 sig=$1; shift; set -f
 same=""
 for item; do
   pid=${item%% *}; want=${item#* }
-  now=$(ps -o stat=,lstart= -p "$pid") || continue
-  set -- $now
-  case $1 in Z*) continue ;; esac  # a zombie takes a signal but has nothing left to stop
-  shift
-  [ "$*" = "$want" ] && same="$same $pid"
+  case $pid in ''|*[!0-9]*|0|1) continue ;; esac
+  now=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
+  set -- ${now##*[)]}
+  case $1 in Z|X) continue ;; esac  # a zombie takes a signal but has nothing left to stop
+  [ "${20}" = "$want" ] && same="$same $pid"
 done
 # One kill for all: signalled one by one, a pane's shell dying first hangs up the rest of
 # its group before their turn, and they would read as never signalled.
@@ -68,7 +77,7 @@ DURABLE_WAIT_S = 120.0  # for a stopped trainer's checkpoint writer, once the ru
 PANE_EXIT_WAIT_S = 5.0  # tmux marks a pane dead as soon as its pty closes
 
 
-async def _signal(host: Host, signal: str, known: dict[int, str]) -> list[int]:
+async def _signal(host: Host, signal: str, known: Mapping[int, int]) -> list[int]:
     """Send `signal` to each known pid still the same process; the pids it reached."""
     if not known:
         return []
@@ -77,27 +86,54 @@ async def _signal(host: Host, signal: str, known: dict[int, str]) -> list[int]:
     return sorted(int(line) for line in result.stdout.split() if line.isdigit())
 
 
-def _same(table: dict[int, Proc], known: dict[int, str]) -> list[int]:
-    """The known pids still alive as the same process (same start time)."""
-    return sorted(pid for pid, started in known.items() if pid in table and not table[pid].zombie and table[pid].started == started)
+class _Tree:
+    """The run's processes as the kill knows them, read again on each poll: `known`, each
+    pid with its start time (the plan's proven ones, then what descends from them), and the
+    sessions and groups whose leaders ended while their members live (`leaders`)."""
+
+    def __init__(self, known: dict[int, int], shells: tuple[int, ...]):
+        self.known, self.shells, self.leaders = known, set(shells), set(known)
+
+    def read(self, table: dict[int, Proc]) -> tuple[list[int], dict[int, int]]:
+        """(the run's live processes but the checkpoint writer, those first seen now)."""
+        alive = same(table, self.known)
+        tree = tree_of(table, alive, self.leaders) - self.shells
+        fresh = {pid: table[pid].started for pid in tree if pid not in alive}
+        self.known.update(fresh)
+        # A leader's session or group is followed while it has members (its id cannot be
+        # given to a new process meanwhile) and its pid is no one else's.
+        members = {i for p in table.values() if not p.zombie for i in (p.sid, p.pgid)}
+        others = {pid for pid, p in table.items() if not p.zombie and self.known.get(pid) != p.started}
+        self.leaders = ((self.leaders | set(alive)) & members) - others
+        return [pid for pid in same(table, self.known) if not is_writer(table[pid])], fresh
 
 
-async def _wait_exit(host: Host, known: dict[int, str], strangers: set[int], timeout: float, poll_s: float) -> list[int]:
-    """Poll until none of the run's processes is alive; those still alive at the timeout.
-
-    Children forked meanwhile by a live process of the run join `known` (their parent's
-    identity is checked, so a reused pid never brings in a stranger's children), except
-    `strangers`: pids the plan named that were no longer the process it named.
-    """
-    deadline = time.monotonic() + timeout
+async def _wait_exit(host: Host, tree: _Tree, timeout: float, poll_s: float, signal: str | None = None) -> tuple[list[int], list[int]]:
+    """Poll until none of the run's processes is alive: (those still alive at the timeout,
+    those `signal` was sent to as they were first seen). Without `signal` what the run
+    forks meanwhile is only waited for (its trainer's checkpoint writer, which ignores
+    SIGTERM once it has started, would not live to ignore it)."""
+    deadline, sent = time.monotonic() + timeout, []
     while True:
-        table = await process_table(host)
-        for pid in descendants(table, set(_same(table, known))) - strangers:
-            known.setdefault(pid, table[pid].started)
-        alive = [pid for pid in _same(table, known) if not is_writer(table[pid])]
+        alive, fresh = tree.read(await process_table(host))
+        if signal and (due := {pid: tree.known[pid] for pid in fresh if pid in alive}):
+            sent += await _signal(host, signal, due)
         if not alive or time.monotonic() >= deadline:
-            return alive
+            return alive, sent
         await asyncio.sleep(poll_s)
+
+
+async def _proven(host: Host, plan: KillPlan) -> tuple[dict[int, int], list[int]]:
+    """(the plan's processes that are, right now, the processes it named and descend from
+    the run's panes as tmux names them, the plan's pids alive as anything else). The
+    pane's interactive shell is in neither."""
+    table = await process_table(host)
+    roots = same(table, plan.roots)
+    if plan.session is not None:
+        roots = {pid: t for pid, t in roots.items() if pid in await pane_roots(host, plan.session)}
+    tree = tree_of(table, roots)
+    proven = {pid: t for pid, t in same(table, plan.tree).items() if pid in tree and pid not in plan.shells}
+    return proven, sorted(pid for pid in plan.tree if pid in table and not table[pid].zombie and pid not in {*proven, *plan.shells})
 
 
 async def _pane_exit_status(host: Host, session: str, pane_pid: int, poll_s: float) -> int | None:
@@ -255,29 +291,35 @@ async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml, dura
     """One host's part of a kill; its signals go out when `together` lets every node's."""
     started = time.monotonic()
     try:
+        proven, refused = await _proven(host, plan)
+        if proven:  # before any signal: a kill cut short from here on is seen by the next listing
+            journal = await Journal.open(host, target=plan.target, session=plan.session, run_id=plan.run_id, tree=proven, signal="TERM")
         before = await gpu.read_gpus(host, smi, nvml=nvml)
     finally:
         await together.wait()
-    first = {pid: plan.tree[pid] for pid in plan.first}
-    signalled = await _signal(host, "TERM", first or plan.tree)
+    first = {pid: proven[pid] for pid in plan.first if pid in proven}
+    signalled = await _signal(host, "TERM", first or proven)
     if first and not signalled:  # the workers are gone: the agent and its shell get it
-        first, signalled = {}, await _signal(host, "TERM", plan.tree)
+        first, signalled = {}, await _signal(host, "TERM", proven)
     # The rest of the tree is waited for too: torchrun's agent and the pane's shell end on
     # their own once the workers have, and get SIGKILL with them if they do not.
-    table = await process_table(host)
-    known = {pid: plan.tree[pid] for pid in {*signalled, *_same(table, plan.tree)}}
-    if not known:
+    tree = _Tree(same(await process_table(host), proven) | {pid: proven[pid] for pid in signalled}, plan.shells)
+    if not tree.known:
+        if proven:
+            await journal.close()
         panes = [p for p in await tmux.list_panes(host, plan.session) if p.pid in plan.pane_pids] if plan.session else []
         raise await already_ended(host, plan.target, plan.session, plan.manifest, panes)
-    strangers = set(plan.tree) - set(known)
     if on_signalled is not None:
-        on_signalled(sorted(known))
-    gpu_before = _run_gpu_processes(before, set(known))
-    alive = await _wait_exit(host, known, strangers, grace_s, poll_s)
+        on_signalled(sorted(tree.known))
+    alive, _ = await _wait_exit(host, tree, grace_s, poll_s)
     killed = []
     if alive:
-        killed = await _signal(host, "KILL", {pid: known[pid] for pid in alive})
-        alive = await _wait_exit(host, known, strangers, KILL_WAIT_S, poll_s)
+        await journal.signal("KILL", tree.known)
+        killed = await _signal(host, "KILL", {pid: tree.known[pid] for pid in alive})
+        alive, late = await _wait_exit(host, tree, KILL_WAIT_S, poll_s, "KILL")
+        killed = sorted({*killed, *late})
+    known = tree.known
+    gpu_before = _run_gpu_processes(before, set(known))
     last_exit = time.monotonic()
 
     # Ending the session and verifying the GPUs are independent: overlap them, so the
@@ -286,12 +328,15 @@ async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml, dura
         _verify_release(host, smi, nvml, set(known), gpu_timeout_s, poll_s),
         _end_session(host, plan, killed, poll_s),
     )
+    await journal.close()
     released()
     checkpoint, step, durable_at = await _wait_durable(host, plan, last_exit, durable_timeout_s, poll_s)
     done = time.monotonic()
     usable = after.status in (gpu.GpuStatus.OK, gpu.GpuStatus.NO_GPU, gpu.GpuStatus.NO_SMI)
     before_mib = {g.index: g.mem_used_mib for g in before.gpus}
     notes = list(plan.notes)
+    if refused:
+        notes.append(f"left alone: {' '.join(map(str, refused))}, not the processes planned or not descended from the run's pane")
     if first:
         notes.append(f"torchrun's {len(first)} worker(s) got SIGTERM first; its agent and the pane's shell were left to end after them")
     return KillReport(

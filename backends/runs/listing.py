@@ -16,6 +16,7 @@ from backends.hosts import Host, HostError
 from backends.logparse import Progress, parse_metrics_line
 from backends.own_session import own_sessions
 from backends.runs.rundir import manifest_exit_status, parse_exit_status, record_end, runs_root
+from backends.runs.stops import mark_interrupted
 from training.contract import CLEAN_ENDS, EXIT_OOM
 
 METRICS_TAIL_LINES = 64
@@ -97,6 +98,8 @@ class RunInfo:
     # differs from what its parent ran (None: either ran code trackside did not record).
     code: dict | None = None
     code_changed: bool | None = None
+    # A kill of it that did not finish, while some of its processes live (backends/runs/stops.py).
+    stop: dict | None = None
 
     def to_json(self) -> dict:
         shown = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "console"}
@@ -260,4 +263,5 @@ async def list_runs(
                 recorded_since=read.since if read is not None else None,
             )  # fmt: skip
         )
+    await mark_interrupted(host, infos)
     return infos

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import signal
+import time
 
 from backends.logparse import Progress
 from backends.runs.listing import RunInfo, RunPhase, launcher_code
@@ -24,6 +25,7 @@ class RunStatus(enum.Enum):
     OOM = "OOM"
     UNKNOWN = "unknown"  # not running, and how it ended was not recorded
     GONE = "gone"  # no longer in the host's listing
+    STOP_INTERRUPTED = "stop interrupted"  # a kill that did not finish: some of its processes live
     # the trainer stopped after steps in a row whose loss or gradient was not finite (none applied)
     NONFINITE = "nonfinite"
 
@@ -42,6 +44,8 @@ def status_of(info: RunInfo, *, end: str | None = None, oom: bool = False, gone:
     before the exit code: after it, a nonzero code is the launcher's (launcher_code)."""
     if gone:
         return RunStatus.STOPPED if stopped_here else RunStatus.GONE
+    if info.stop is not None:
+        return RunStatus.STOP_INTERRUPTED
     if oom or info.state is RunPhase.OOM:
         return RunStatus.OOM
     if info.state is RunPhase.RUNNING:
@@ -61,10 +65,14 @@ def status_of(info: RunInfo, *, end: str | None = None, oom: bool = False, gone:
     return RunStatus.FAILED if code or end == "failed" else RunStatus.FINISHED
 
 
-def status_words(status: RunStatus, exit_status: int | None, progress: Progress | None = None) -> str:
-    """The status in a few words: its label, what ended it, or, for a run with no step
-    events yet, the phase its console's bar is in (`progress`)."""
+def status_words(status: RunStatus, exit_status: int | None, progress: Progress | None = None, stop: dict | None = None) -> str:
+    """The status in a few words: its label, what ended it, how far an interrupted kill
+    got (`stop`, RunInfo's), or, for a run with no step events yet, the phase its
+    console's bar is in (`progress`)."""
     code = exit_status
+    if status is RunStatus.STOP_INTERRUPTED and stop is not None:
+        alive = f"{stop['alive']} process{'es' if stop['alive'] != 1 else ''}"
+        return f"{status.label}: SIG{stop['signal']} at {time.strftime('%H:%M', time.localtime(stop['time']))}, {alive} still alive"
     if status is RunStatus.RUNNING and progress is not None:
         return progress.phase
     if status is RunStatus.KILLED:
@@ -77,7 +85,7 @@ def status_words(status: RunStatus, exit_status: int | None, progress: Progress 
 def describe(info: RunInfo) -> str:
     """A listed run's status in words, as the fleet shows it (the listing knows no kill
     from a dashboard and no event the listing did not read)."""
-    return status_words(status_of(info), info.exit_status, info.progress)
+    return status_words(status_of(info), info.exit_status, info.progress, info.stop)
 
 
 def node_words(state: str, code: int | None, end_status: str | None) -> tuple[str, RunStatus]:

@@ -90,6 +90,8 @@ def run_cells(run: RunState, host: HostState) -> dict[str, object]:
     label = Text(run.state_label, style=run.style)
     if run.progress is not None and not run.steps and run.status is RunStatus.RUNNING:
         label.append(f" {run.progress.done}/{run.progress.total}")
+    if run.status is RunStatus.STOP_INTERRUPTED:
+        label.append(" · k finishes it")
     if run.info.this_dashboard:
         label = Text("this dashboard", style="bold blue")
     return {

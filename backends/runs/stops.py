@@ -1,0 +1,161 @@
+"""A kill's journal: written on the host before the first signal goes out, closed once the
+kill is done, so that a stop the dashboard or the CLI did not live to finish (SIGKILLed,
+its SSH connection gone) is seen by the next listing: "stop interrupted: SIGTERM at 12:03,
+3 processes still alive". Another kill of the same run finishes it and closes it.
+
+A run of ours keeps its journal in its run dir (`kill.json`); a session trackside did not
+launch, which has none, under the runs root (`kills/<hash of its name>.json`). Each write
+is a new file made by mktemp (O_EXCL, mode 0600: a planted link or file is never written
+through) and renamed over the last. A journal may be anyone's (a runs root others can
+write is refused elsewhere): one that is not a journal is no interrupted stop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Mapping
+
+from backends.hosts import Host, HostError
+from backends.procs import process_table, same
+from training.contract import RUN_ID
+
+JOURNAL = "kill.json"  # in a run dir
+FOREIGN_DIR = "kills"  # under the runs root: sessions trackside did not launch
+MAX_BYTES = 1 << 16
+SIGNALS = ("TERM", "KILL")
+
+# Write stdin to "$1": a new file of this user's only, renamed over the journal (a rename
+# replaces a link, never follows it; a directory there is refused).
+_WRITE = r"""
+umask 077
+mkdir -p -m 700 "$(dirname "$1")" || exit 1
+if [ -d "$1" ]; then echo "$1 is a directory" >&2; exit 1; fi
+t=$(mktemp "$1.XXXXXX") || exit 1
+cat > "$t" && mv -f "$t" "$1" || { rm -f "$t"; exit 1; }
+"""
+
+# Every journal under the runs root "$1": a record-separator line with its path, then its
+# first "$2" bytes (a separator in it becomes '?': no file can forge another's record).
+_READ = r"""
+for f in "$1"/*/kill.json "$1"/kills/*.json; do
+  [ -f "$f" ] && [ ! -L "$f" ] || continue
+  printf '\036%s\n' "$f"
+  head -c "$2" "$f" | tr '\036' '?'
+done
+"""
+
+
+def _path(root: str, run_id: str | None, session: str) -> str:
+    """Where the journal of a run (its run dir) or of a session with no run dir is: the
+    hash of its name, so that any name tmux allows is one file name."""
+    if run_id:
+        return f"{root}/{run_id}/{JOURNAL}"
+    return f"{root}/{FOREIGN_DIR}/{hashlib.sha256(session.encode()).hexdigest()[:16]}.json"
+
+
+class Journal:
+    """One kill's journal on one host: opened with the processes it is to stop and the
+    first signal it is about to send."""
+
+    def __init__(self, host: Host, path: str, doc: dict):
+        self.host, self.path, self.doc = host, path, doc
+
+    @classmethod
+    async def open(cls, host: Host, *, target: str, session: str | None, run_id: str | None, tree: Mapping[int, int], signal: str) -> Journal:
+        run_id = run_id if run_id and RUN_ID.fullmatch(run_id) else None  # a manifest's may be anyone's
+        path = _path(await host.expanded_runs_root(), run_id, session or target)
+        doc = {"target": target, "session": session, "run_id": run_id, "opened": time.time(),
+               "tree": {str(pid): started for pid, started in sorted(tree.items())}, "signals": [], "closed": None}  # fmt: skip
+        journal = cls(host, path, doc)
+        await journal.signal(signal)
+        return journal
+
+    async def signal(self, signal: str, tree: Mapping[int, int] | None = None) -> None:
+        """Record `signal` as about to go out (before it does: a kill cut short after it
+        still says so), and the processes the kill now knows."""
+        if tree is not None:
+            self.doc["tree"] = {str(pid): started for pid, started in sorted(tree.items())}
+        self.doc["signals"].append({"signal": signal, "time": time.time()})
+        await self._write()
+
+    async def close(self) -> None:
+        self.doc["closed"] = time.time()
+        await self._write()
+
+    async def _write(self) -> None:
+        result = await self.host.run(["sh", "-c", _WRITE, "sh", self.path], input=json.dumps(self.doc) + "\n")
+        if not result.ok:
+            raise HostError(self.host.name, f"cannot write the kill's journal {self.path}: {result.stderr.strip()}")
+
+
+def _open_stop(text: str) -> dict | None:
+    """A journal's interrupted stop: its session, run id, last signal and when, and its
+    processes; None for a closed journal or anything that is not a journal."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("closed") is not None:
+        return None
+    signals, tree, session, run_id = doc.get("signals"), doc.get("tree"), doc.get("session"), doc.get("run_id")
+    if not (isinstance(signals, list) and signals and isinstance(tree, dict) and isinstance(session, str)):
+        return None
+    last = signals[-1]
+    if not isinstance(last, dict) or last.get("signal") not in SIGNALS:
+        return None
+    when = last.get("time")
+    if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
+        return None
+    try:
+        processes = {int(pid): started for pid, started in tree.items() if type(started) is int}
+    except ValueError:
+        return None
+    run_id = run_id if isinstance(run_id, str) and RUN_ID.fullmatch(run_id) else None
+    return {"session": session, "run_id": run_id, "signal": last["signal"],
+            "time": when, "tree": processes}  # fmt: skip
+
+
+async def interrupted(host: Host) -> list[dict]:
+    """Every stop on the host whose kill did not finish while some of its processes live:
+    each with `session`, `run_id` (None for a session trackside did not launch), the last
+    `signal` sent and its `time` (epoch s), and how many processes are `alive`."""
+    root = await host.expanded_runs_root()
+    result = await host.run(["sh", "-c", _READ, "sh", root, str(MAX_BYTES)])
+    stops = []
+    for record in result.stdout.split("\036")[1:]:
+        path, _, text = record.partition("\n")
+        # Only where its own kill would have written it: no journal speaks for another run.
+        if (stop := _open_stop(text)) and path == _path(root, stop["run_id"], stop["session"]):
+            stops.append(stop)
+    if not stops:
+        return []
+    table = await process_table(host)
+    found = []
+    for stop in stops:
+        tree = stop.pop("tree")
+        if alive := len(same(table, tree)):
+            found.append({**stop, "alive": alive})
+    return found
+
+
+def stop_of(stops: list[dict], run_id: str | None, session: str) -> dict | None:
+    """The interrupted stop of a listed run (by its id) or of a session trackside did not
+    launch (by its name), without the keys that name it."""
+    for stop in stops:
+        if (stop["run_id"] == run_id if run_id else stop["run_id"] is None and stop["session"] == session):
+            return {k: stop[k] for k in ("signal", "time", "alive")}
+    return None
+
+
+async def mark_interrupted(host: Host, infos: list) -> None:
+    """Give each listed run (a listing's RunInfo) its interrupted stop, `stop`, if it has
+    one; a host whose processes cannot be read shows none rather than no runs."""
+    try:
+        found = await interrupted(host)
+    except HostError:
+        return
+    for info in infos:
+        info.stop = stop_of(found, info.run_id, info.session)
