@@ -50,6 +50,9 @@ class Series:
     events: tuple[dict, ...] = ()  # step records in order; a pane's have only step and loss
     start_time: float | None = None
     code: dict | None = None  # the code it ran, where trackside shipped or synced it (runs.code_of)
+    # What its step numbers count: a trainer's steps, a boosting library's rounds, or, where
+    # its console said no step, the losses printed in order (ConsoleSummary.axis).
+    axis: str = "step"
 
     def curve(self, metric: str, x: str = "step") -> list[tuple[float, float]]:
         """(x, value) points of `metric` against `x` (the step, tokens seen so far, or
@@ -156,7 +159,7 @@ def from_console(name: str, host: str, text: str, *, params: dict | None = None,
     said = console.ConsoleSummary()
     said.add_recorded(text)
     said.settle()
-    return Series(name, host, dict(params or {}), parent, console_events(said))
+    return Series(name, host, dict(params or {}), parent, console_events(said), axis=said.axis)
 
 
 async def of_run(host: Host, run_id: str) -> Series:
@@ -176,7 +179,7 @@ async def of_session(host: Host, session: str) -> Series:
     read = await panes.read_session(host, session)
     if read is None:
         raise runs.RunError(f"no run or tmux session {session!r} on {host.name}")
-    return Series(session, host.name, events=console_events(read.summary))
+    return Series(session, host.name, events=console_events(read.summary), axis=read.summary.axis)
 
 
 async def of_target(host: Host, target: str, listed: list[runs.RunInfo]) -> Series:

@@ -95,7 +95,7 @@ def chart(names: list[str], panels: list[tuple[str, list[list[tuple[float, float
             xs, ys = zip(*points)
             plt.plot(xs, ys, **({"color": hue} if color else {"marker": mark}))
         plt.title(f"{metric} against {x}")
-    plt.xlabel({"tokens": "tokens seen", "time": "seconds"}.get(x, x))  # under the last panel: they share it
+    plt.xlabel({"tokens": "tokens seen", "time": "seconds", "point": "printed point (no step printed)"}.get(x, x))  # under the last panel: they share it
     drawn = plt.build().rstrip("\n")
     return "\n".join([drawn if color else plt.uncolorize(drawn), *legend])
 
@@ -115,7 +115,8 @@ def main(argv: list[str]) -> int:
         return code
     if args.json:
         doc = [
-            {"run": s.name, "host": s.host, "parent": s.parent, "params": s.params, "metric": metric, "x": args.x,
+            {"run": s.name, "host": s.host, "parent": s.parent, "params": s.params, "metric": metric,
+             "x": s.axis if args.x == "step" else args.x,  # a console's steps may be rounds, or printed points
              "points": [list(p) for p in curves[k]]}
             for k, s in enumerate(read_series) for metric, curves in panels
         ]  # fmt: skip
@@ -128,5 +129,7 @@ def main(argv: list[str]) -> int:
     if height < need:
         print(f"trackside plot: this chart needs --height {need} or more (a panel per metric, a legend line per run)", file=sys.stderr)
         return EXIT_USAGE
-    print(chart(names, panels, args.x, width, height, color=sys.stdout.isatty()))
+    counts = {s.axis for s in read_series} if args.x == "step" else {args.x}
+    x = counts.pop() if len(counts) == 1 else "step, round or printed point"  # runs of several kinds share the axis
+    print(chart(names, panels, x, width, height, color=sys.stdout.isatty()))
     return EXIT_OK

@@ -124,14 +124,24 @@ class LossChart(Guarded, Widget):
         if width < MIN_SIZE[0] or height < MIN_SIZE[1]:
             return ""
         run = self.run is not None
-        return draw(self.curves if run else None, width, height, self.log_y, self.overlaid if run else (), self.x_axis)
+        counts = counts_of(self.run) if run else "step"
+        return draw(self.curves if run else None, width, height, self.log_y, self.overlaid if run else (), self.x_axis, counts)
+
+
+def counts_of(run: RunState) -> str:
+    """What a run's step axis counts: its step events' steps, else its console's (a boosting
+    library's rounds, or the losses printed where no step was)."""
+    return "step" if run.steps else run.console.axis
 
 
 def draw(
-    curves: Curves | None, width: int, height: int, log_y: bool, overlaid: list[Overlaid] = (), x_axis: str = "step"
+    curves: Curves | None, width: int, height: int, log_y: bool, overlaid: list[Overlaid] = (), x_axis: str = "step",
+    counts: str = "step",
 ) -> Text:
     """The chart as `height` lines of `width` cells: a title and legend (and the overlays'
-    legend), the curves in braille dots against a y axis, and the x axis below.
+    legend), the curves in braille dots against a y axis, and the x axis below. `counts`:
+    what the step axis counts (ConsoleSummary.axis: a step, a boosting round, a printed
+    point where the console said no step), named in the title and under the axis.
 
     By tokens seen only when the run logs its tokens (a console's curve does not): else by
     step. Overlays are cut to the run's own x range: the question is how the runs compare
@@ -142,6 +152,8 @@ def draw(
     by = " by tokens seen" if x_axis == "tokens" else ""
     if x_axis == "tokens" and None in tokens:
         x_axis, by = "step", " by step (tokens not logged)"
+    if x_axis == "step" and counts != "step":
+        by = {"round": " by round", "point": " by printed point (no step printed)"}.get(counts, f" by {counts}")
     title = f"loss{by} ({smoothing_words(smoothing)}, {'log' if log_y else 'linear'} y)"
     own = [y for _, ys in points for y in ys if y is not None]
     if not own:
@@ -230,7 +242,8 @@ def draw(
             placed.append((start, name))
             end = start + len(name)
     text.append("\n")
-    text.append(("step" if x_axis == "step" else "tok").rjust(margin)[-margin:] + " └" + "".join(axis), AXIS)
+    said = {"round": "round", "point": "pt"}.get(counts, "step") if x_axis == "step" else "tok"
+    text.append(said.rjust(margin)[-margin:] + " └" + "".join(axis), AXIS)
     text.append("\n")
     # Each label its own span, the gaps unstyled: an SVG export draws a span's text from
     # its first cell, and renderers collapse a long run of spaces inside one.
