@@ -28,6 +28,7 @@ from backends.hosts import HostError, LocalHost
 from tests.backends.test_cli import cli, cli_json, config  # noqa: F401 (fixture)
 from tests.backends.test_kill import FAKE_SMI
 from tests.backends.test_runs import eventually, tmux_dir  # noqa: F401 (fixture)
+from tests.backends.test_ship import host_table, write_config
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chowns files to another user and mounts a tmpfs: needs root")
 
@@ -90,6 +91,19 @@ def test_a_planted_record_script_is_never_run_and_its_runs_root_is_refused(capsy
     code, _, err = cli(capsys, "runs", "--config", box_config(tmp_path, root))
     one_refusal(code, err, named)
     assert piped(pane) == "0" and not ran.exists()  # nothing started, so nothing of theirs ran
+
+
+@pytest.mark.slow
+def test_a_runs_root_another_user_can_write_is_refused_over_ssh(capsys, tmp_path, sshd, tmux_dir):
+    root = tmp_path / "runs"
+    root.mkdir()
+    root.chmod(0o777)
+    session("job", "sh", "-c", "echo hello; sleep 60")
+    config = write_config(tmp_path, host_table(sshd, str(root), tmux_dir))
+    for argv in (["runs"], ["launch", "--", "sh", "-c", "echo hello"]):
+        code, _, err = cli(capsys, argv[0], "--config", config, *argv[1:])
+        one_refusal(code, err, root)
+    assert os.listdir(root) == []
 
 
 def test_a_planted_scrollback_link_leaves_the_file_it_points_at_untouched(capsys, tmp_path, tmux_dir):
