@@ -9,6 +9,7 @@ dropped), and the pace is measured from the steps since.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from itertools import islice
 
@@ -67,10 +68,16 @@ class MetricsRecord:
         count = (self.start or {}).get("steps_per_epoch")
         return count if isinstance(count, int) and not isinstance(count, bool) else None
 
+    @property
+    def step(self) -> int | None:
+        """The latest step event's step, if a whole number."""
+        return _count((self.last or {}).get("step"))
+
     def value(self, field: str) -> float | None:
-        """The latest step's `field`, if a number."""
+        """The latest step's `field`, if a finite number (metrics.jsonl is parsed so that
+        NaN and infinities read as absent; an event made elsewhere may still hold one)."""
         value = (self.last or {}).get(field)
-        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
     def eta_s(self, params: dict) -> float | None:
         """To the run's last step at its pace since its latest start."""

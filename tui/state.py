@@ -72,6 +72,7 @@ STYLES = {
     RunStatus.OOM: "bold red",
     RunStatus.UNKNOWN: "yellow",
     RunStatus.GONE: "dim strike",
+    RunStatus.UNREADABLE: "yellow",
     RunStatus.STOP_INTERRUPTED: "bold yellow",
     RunStatus.NONFINITE: "bold red",
 }
@@ -204,7 +205,7 @@ class RunState:
     @property
     def step(self) -> int | None:
         if self.last:
-            return self.last.get("step")
+            return self.metrics.step
         if self.console.step is not None:
             return self.console.step
         return self.info.last_step
@@ -212,7 +213,7 @@ class RunState:
     @property
     def loss(self) -> float | None:
         if self.last:
-            return self.last.get("loss")
+            return self.metrics.value("loss")
         if self.console.loss is not None:
             return self.console.loss
         return self.info.last_loss

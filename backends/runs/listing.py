@@ -4,7 +4,7 @@ session trackside did not launch, known by what its pane prints."""
 from __future__ import annotations
 
 import enum
-import json
+import posixpath
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import asdict, dataclass, field, fields
 
@@ -15,29 +15,41 @@ from backends.record import MetricsRecord
 from backends.hosts import Host, HostError
 from backends.logparse import Progress, parse_metrics_line
 from backends.own_session import own_sessions
+from backends.runs.manifest import MAX_BYTES, ManifestError, parse_manifest
 from backends.runs.rundir import manifest_exit_status, parse_exit_status, record_end, runs_root
 from backends.runs.stops import mark_interrupted
 from training.contract import CLEAN_ENDS, EXIT_OOM
 
 METRICS_TAIL_LINES = 64
+METRICS_READ_BYTES = 1 << 20  # of each end of metrics.jsonl: its lines are a few hundred bytes
 
-# For each run dir under "$1": a record-separator line with the dir, the manifest, a
-# file-separator with the recorded exit status, a unit-separator with whether the trainer
-# of a run typed by hand (training/register.py) is alive, a group-separator line, then the
-# first and last lines of metrics.jsonl. JSON lines never contain raw control characters, so the
-# separators cannot collide with content.
+# For each run dir under "$1" (a dir named as a run id, so its name holds no separator): a
+# record-separator line with the dir, the manifest (its first "$3" bytes), a file-separator
+# with the recorded exit status, a unit-separator with whether the trainer of a run typed by
+# hand (training/register.py) is alive, a group-separator line, then the first and last
+# "$2" lines of metrics.jsonl (within "$4" bytes of either end). The files may be anyone's:
+# the separators in them become '?', so no file can end its record or forge another (JSON
+# holds none of them raw, so no valid file changes).
+_RUN_DIR_GLOB = "[0123456789]" * 8 + "-" + "[0123456789]" * 4 + "-" + "[0123456789abcdef]" * 4
 _READ_RUNS = r"""
-for d in "$1"/*/; do
+clean() { tr '\034\035\036\037' '????'; }
+for d in "$1"/RUN_DIR/; do
   [ -f "${d}manifest.json" ] || continue
   printf '\036%s\n' "$d"
-  cat "${d}manifest.json"; echo
-  printf '\034'; cat "${d}exit_status" 2>/dev/null; echo
+  head -c "$3" "${d}manifest.json" | clean; echo
+  printf '\034'; head -c 32 "${d}exit_status" 2>/dev/null | clean; echo
   printf '\037'
-  if [ -f "${d}trainer.pid" ]; then read p < "${d}trainer.pid"; kill -0 "$p" 2>/dev/null || [ -d "/proc/$p" ] && echo alive || echo gone; fi
+  if [ -f "${d}trainer.pid" ]; then
+    read p < "${d}trainer.pid"
+    case $p in ''|*[!0-9]*) echo gone ;; *) kill -0 "$p" 2>/dev/null || [ -d "/proc/$p" ] && echo alive || echo gone ;; esac
+  fi
   printf '\035\n'
-  if [ -f "${d}metrics.jsonl" ]; then head -n 1 "${d}metrics.jsonl"; tail -n "$2" "${d}metrics.jsonl"; fi
+  if [ -f "${d}metrics.jsonl" ]; then
+    head -c "$4" "${d}metrics.jsonl" | head -n 1 | clean; echo
+    tail -c "$4" "${d}metrics.jsonl" | tail -n "$2" | clean
+  fi
 done
-"""
+""".replace("RUN_DIR", _RUN_DIR_GLOB)
 
 
 class RunPhase(enum.Enum):
@@ -48,6 +60,7 @@ class RunPhase(enum.Enum):
     EXITED = "exited"
     OOM = "oom"
     UNKNOWN = "unknown"
+    UNREADABLE = "unreadable"  # a run dir whose manifest is no manifest: `unreadable` says why
 
 
 @dataclass
@@ -98,6 +111,7 @@ class RunInfo:
     # differs from what its parent ran (None: either ran code trackside did not record).
     code: dict | None = None
     code_changed: bool | None = None
+    unreadable: str | None = None  # why its run dir's manifest cannot be read (state UNREADABLE)
     # A kill of it that did not finish, while some of its processes live (backends/runs/stops.py).
     stop: dict | None = None
 
@@ -145,10 +159,11 @@ def launcher_code(end_status: str | None, exit_status: int | None) -> bool:
     return bool(exit_status) and end_status in CLEAN_ENDS
 
 
-async def _read_run_dirs(host: Host) -> list[tuple[dict, int | None, MetricsRecord]]:
-    """(manifest, recorded exit status, metrics) for every run dir on the host; a
-    run typed by hand has `trainer_alive` added to its manifest."""
-    result = await host.run(["sh", "-c", _READ_RUNS, "sh", await runs_root(host), str(METRICS_TAIL_LINES)])
+async def _read_run_dirs(host: Host) -> list[tuple[str, dict | str, int | None, MetricsRecord]]:
+    """(run dir, its manifest or why it is unreadable, recorded exit status, metrics) for
+    every run dir on the host; a run typed by hand has `trainer_alive` added to its manifest."""
+    args = [await runs_root(host), str(METRICS_TAIL_LINES), str(MAX_BYTES + 1), str(METRICS_READ_BYTES)]
+    result = await host.run(["sh", "-c", _READ_RUNS, "sh", *args])
     if not result.ok:
         raise HostError(host.name, f"cannot read run dirs: {result.stderr.strip()}")
     runs = []
@@ -156,17 +171,19 @@ async def _read_run_dirs(host: Host) -> list[tuple[dict, int | None, MetricsReco
         head, _, metrics = record.partition("\035\n")
         head, _, status = head.partition("\034")
         status, _, trainer = status.partition("\037")
-        _dir, _, manifest_text = head.partition("\n")
+        directory, _, manifest_text = head.partition("\n")
+        directory = directory.rstrip("/")
         try:
-            manifest = json.loads(manifest_text)
-        except ValueError:
-            continue  # a manifest being replaced right now; it will be back next time
-        if isinstance(manifest, dict) and manifest.get("run_id"):
+            manifest: dict | str = parse_manifest(manifest_text, posixpath.basename(directory))
+            if "run_id" not in manifest:
+                raise ManifestError("run_id: missing")
+        except ManifestError as e:
+            manifest = str(e)
+        else:
             if manifest.get("registered"):
                 manifest["trainer_alive"] = trainer.strip() == "alive"
-            if not isinstance(manifest.get("params"), dict):
-                manifest["params"] = {}
-            runs.append((manifest, parse_exit_status(status), _metrics(metrics.splitlines())))
+            manifest.setdefault("params", {})
+        runs.append((directory, manifest, parse_exit_status(status), _metrics(metrics.splitlines())))
     return runs
 
 
@@ -193,7 +210,11 @@ async def list_runs(
         by_session.setdefault(pane.session, []).append(pane)
     claimed: set[str] = set()
     infos = []
-    for manifest, recorded, metrics in sorted(await _read_run_dirs(host), key=lambda r: r[0]["run_id"], reverse=True):
+    for directory, manifest, recorded, metrics in sorted(await _read_run_dirs(host), key=lambda r: r[0], reverse=True):
+        if isinstance(manifest, str):  # one bad run dir is one row saying why, and hides nothing
+            infos.append(RunInfo(posixpath.basename(directory), "", host.name, RunPhase.UNREADABLE, run_dir=directory,
+                                 session_open=False, unreadable=manifest))  # fmt: skip
+            continue
         session = manifest.get("session", "")
         own = [p for p in by_session.get(session, []) if p.pid == manifest.get("pane_pid")]
         if own:
@@ -219,7 +240,7 @@ async def list_runs(
         infos.append(
             RunInfo(
                 manifest["run_id"], session, host.name, state, exit_status, manifest.get("params", {}),
-                (metrics.last or {}).get("step"), metrics.value("loss"), metrics.steps_per_epoch,
+                metrics.step, metrics.value("loss"), metrics.steps_per_epoch,
                 [] if ended else alive, manifest.get("run_dir"), manifest.get("parent"), manifest.get("started"),
                 metrics.end_status, this_dashboard=session in dashboard, session_open=bool(own), nodes=nodes,
                 tokens_per_s=None if ended else metrics.value("tokens_per_s"), tau=metrics.value("tau"),

@@ -25,6 +25,7 @@ class RunStatus(enum.Enum):
     OOM = "OOM"
     UNKNOWN = "unknown"  # not running, and how it ended was not recorded
     GONE = "gone"  # no longer in the host's listing
+    UNREADABLE = "unreadable"  # its run dir's manifest is no manifest (the listing says why)
     STOP_INTERRUPTED = "stop interrupted"  # a kill that did not finish: some of its processes live
     # the trainer stopped after steps in a row whose loss or gradient was not finite (none applied)
     NONFINITE = "nonfinite"
@@ -44,6 +45,8 @@ def status_of(info: RunInfo, *, end: str | None = None, oom: bool = False, gone:
     before the exit code: after it, a nonzero code is the launcher's (launcher_code)."""
     if gone:
         return RunStatus.STOPPED if stopped_here else RunStatus.GONE
+    if info.state is RunPhase.UNREADABLE:
+        return RunStatus.UNREADABLE
     if info.stop is not None:
         return RunStatus.STOP_INTERRUPTED
     if oom or info.state is RunPhase.OOM:
@@ -85,6 +88,8 @@ def status_words(status: RunStatus, exit_status: int | None, progress: Progress 
 def describe(info: RunInfo) -> str:
     """A listed run's status in words, as the fleet shows it (the listing knows no kill
     from a dashboard and no event the listing did not read)."""
+    if info.unreadable is not None:
+        return f"{RunStatus.UNREADABLE.label}: {info.unreadable}"
     return status_words(status_of(info), info.exit_status, info.progress, info.stop)
 
 

@@ -103,7 +103,7 @@ def run_cells(run: RunState, host: HostState) -> dict[str, object]:
         "loss": format_number(run.loss, width=7),
         "tps": format_number(run.tokens_per_s),
         "eta": format_duration(run.eta_s()),
-        "power": "",
+        "power": Text(run.info.unreadable, style=run.style) if run.info.unreadable else "",  # why, in the widest cell
     }
 
 
