@@ -335,6 +335,8 @@ async def _kill_node(host, plan, grace_s, poll_s, smi, gpu_timeout_s, nvml, dura
     usable = after.status in (gpu.GpuStatus.OK, gpu.GpuStatus.NO_GPU, gpu.GpuStatus.NO_SMI)
     before_mib = {g.index: g.mem_used_mib for g in before.gpus}
     notes = list(plan.notes)
+    if journal.error:
+        notes.append(f"its journal {journal.path} could not be written ({journal.error}): a stop cut short would not have been seen")
     if refused:
         notes.append(f"left alone: {' '.join(map(str, refused))}, not the processes planned or not descended from the run's pane")
     if first:

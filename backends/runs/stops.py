@@ -5,9 +5,10 @@ its SSH connection gone) is seen by the next listing: "stop interrupted: SIGTERM
 
 A run of ours keeps its journal in its run dir (`kill.json`); a session trackside did not
 launch, which has none, under the runs root (`kills/<hash of its name>.json`). Each write
-is a new file made by mktemp (O_EXCL, mode 0600: a planted link or file is never written
-through) and renamed over the last. A journal may be anyone's (a runs root others can
-write is refused elsewhere): one that is not a journal is no interrupted stop.
+is a new file made by mktemp (O_EXCL, mode 0600) renamed over the last, under a root and
+directories checked as this user's alone (rundir.write_file): a planted link or another
+user's file is refused, never written through. A journal that is not one, or lies in a
+place its own kill would not have written it, is no interrupted stop.
 """
 
 from __future__ import annotations
@@ -20,22 +21,13 @@ from collections.abc import Mapping
 
 from backends.hosts import Host, HostError
 from backends.procs import process_table, same
+from backends.runs.rundir import write_file
 from training.contract import RUN_ID
 
 JOURNAL = "kill.json"  # in a run dir
 FOREIGN_DIR = "kills"  # under the runs root: sessions trackside did not launch
 MAX_BYTES = 1 << 16
 SIGNALS = ("TERM", "KILL")
-
-# Write stdin to "$1": a new file of this user's only, renamed over the journal (a rename
-# replaces a link, never follows it; a directory there is refused).
-_WRITE = r"""
-umask 077
-mkdir -p -m 700 "$(dirname "$1")" || exit 1
-if [ -d "$1" ]; then echo "$1 is a directory" >&2; exit 1; fi
-t=$(mktemp "$1.XXXXXX") || exit 1
-cat > "$t" && mv -f "$t" "$1" || { rm -f "$t"; exit 1; }
-"""
 
 # Every journal under the runs root "$1": a record-separator line with its path, then its
 # first "$2" bytes (a separator in it becomes '?': no file can forge another's record).
@@ -62,6 +54,7 @@ class Journal:
 
     def __init__(self, host: Host, path: str, doc: dict):
         self.host, self.path, self.doc = host, path, doc
+        self.error: str | None = None  # why a write failed: the kill goes on (a full disk must not keep a run alive)
 
     @classmethod
     async def open(cls, host: Host, *, target: str, session: str | None, run_id: str | None, tree: Mapping[int, int], signal: str) -> Journal:
@@ -86,9 +79,10 @@ class Journal:
         await self._write()
 
     async def _write(self) -> None:
-        result = await self.host.run(["sh", "-c", _WRITE, "sh", self.path], input=json.dumps(self.doc) + "\n")
-        if not result.ok:
-            raise HostError(self.host.name, f"cannot write the kill's journal {self.path}: {result.stderr.strip()}")
+        try:
+            await write_file(self.host, self.path, json.dumps(self.doc) + "\n")
+        except HostError as e:
+            self.error = e.reason
 
 
 def _open_stop(text: str) -> dict | None:

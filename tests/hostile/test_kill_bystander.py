@@ -20,7 +20,7 @@ from backends import kill, procs, runs, tmux
 from backends.hosts import LocalHost
 from backends.runs.status import describe
 from tests.backends.test_kill import FAKE_SMI, alive, ready_pids
-from tests.backends.test_runs import PY, eventually, tmux_dir, written  # noqa: F401 (fixtures)
+from tests.backends.test_runs import PY, eventually, host, tmux_dir, written  # noqa: F401 (fixtures)
 
 HERE = Path(__file__).resolve().parent
 TRACKSIDE = str(Path(PY).parent / "trackside")
@@ -194,6 +194,25 @@ async def test_a_worker_that_left_the_tree_is_left_alone_one_that_descends_is_no
         assert not alive(setsid) and alive(escaped)
     finally:
         end([escaped])
+
+
+async def test_a_planted_journal_is_never_written_through(host, tmp_path):
+    info = await runs.launch(host, [PY, "-c", NOTES_TERM, str(tmp_path / "term")])
+    await ready_pids(info)
+    victim = tmp_path / "victim"
+    victim.write_text("root's own\n")
+    Path(info.run_dir, "kill.json").symlink_to(victim)
+    report = await kill.kill_run(host, info.run_id, grace_s=1, smi=FAKE_SMI, nvml=False)
+    # Refused, not followed: the kill goes on (a stop must not wait on a journal) and says so.
+    assert victim.read_text() == "root's own\n" and report.killed and not any(alive(p) for p in report.killed)
+    assert any("journal" in note and "symbolic link" in note for note in report.notes), report.notes
+    # Where nothing is planted: this user's alone, closed, each signal in it.
+    info = await runs.launch(host, [PY, "-c", NOTES_TERM, str(tmp_path / "term")])
+    await ready_pids(info)
+    report = await kill.kill_run(host, info.run_id, grace_s=1, smi=FAKE_SMI, nvml=False)
+    journal = Path(info.run_dir, "kill.json")
+    assert journal.stat().st_mode & 0o777 == 0o600 and json.loads(journal.read_text())["closed"]
+    assert [s["signal"] for s in json.loads(journal.read_text())["signals"]] == ["TERM", "KILL"] and report.killed
 
 
 def trackside(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
