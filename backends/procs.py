@@ -131,6 +131,15 @@ async def pane_roots(host: Host, session: str) -> set[int]:
     return {int(m[1]) for m in lines if m and m[2] == "0" and int(m[1]) > 1}
 
 
+def at_prompt(table: dict[int, Proc], pane: tmux.Pane) -> bool:
+    """Whether a live pane's process is a shell that runs nothing: what was typed at it
+    has returned to it. A pane whose process is the program itself dies with it instead."""
+    root = table.get(pane.pid)
+    if root is None or pane.dead or root.zombie or root.command.lstrip("-") not in _SHELLS:
+        return False
+    return not any(p.ppid == root.pid and not p.zombie for p in table.values())
+
+
 def shell_jobs(table: dict[int, Proc], pane: tmux.Pane) -> set[int] | None:
     """What a pane's interactive shell runs, if it runs anything as a job: every process of
     its children's own process groups (job control gives each job a group of its own in

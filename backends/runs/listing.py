@@ -8,7 +8,7 @@ import posixpath
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import asdict, dataclass, field, fields
 
-from backends import tmux
+from backends import procs, tmux
 from backends.console import ConsoleSummary
 from backends.panes import Recordings, panes_on_gpu, run_pane
 from backends.record import MetricsRecord
@@ -194,6 +194,13 @@ def _state(exit_status: int | None, oom: bool, trainer: bool) -> RunPhase:
     return RunPhase.UNKNOWN if exit_status is None else RunPhase.EXITED
 
 
+async def _processes(host: Host) -> dict[int, procs.Proc]:
+    try:
+        return await procs.process_table(host)
+    except HostError:  # no /proc (not Linux): no pane is known to be back at its prompt
+        return {}
+
+
 async def list_runs(
     host: Host, recordings: Recordings | None = None, gpu_pids: Callable[[], Awaitable[Collection[int]]] | None = None
 ) -> list[RunInfo]:
@@ -269,17 +276,21 @@ async def list_runs(
     reads = await recordings.read(host, [p for s in foreign if s not in dashboard for p in by_session[s]], drain=fresh)
     several = [p for s in foreign if s not in dashboard and sum(not q.dead for q in by_session[s]) > 1 for p in by_session[s]]
     on_gpu = await panes_on_gpu(host, several, await gpu_pids()) if several and gpu_pids is not None else set()
+    table = await _processes(host) if any(not p.dead for s in foreign for p in by_session[s]) else {}
     for session in foreign:
         session_panes = by_session[session]
         alive = [p.pid for p in session_panes if not p.dead]
         status = None if alive else session_panes[0].exit_status
         read = run_pane([reads[p.pane_id] for p in session_panes if p.pane_id in reads], on_gpu)
         said = read.summary if read is not None else ConsoleSummary()
+        # Its pane back at its shell's prompt, the readings kept: what printed them has returned.
+        returned = read is not None and (said.step, said.loss) != (None, None) and procs.at_prompt(table, read.pane)
+        state = RunPhase.EXITED if returned else RunPhase.RUNNING if alive else _state(status, False, False)
         infos.append(
             RunInfo(
-                None, session, host.name, RunPhase.RUNNING if alive else _state(status, False, False), status,
+                None, session, host.name, state, status,
                 last_step=said.step, last_loss=said.loss, pids=alive, this_dashboard=session in dashboard,
-                progress=said.progress, eta_s=said.eta_s if alive else None, eval_loss=said.eval_loss,
+                progress=said.progress, eta_s=said.eta_s if state is RunPhase.RUNNING else None, eval_loss=said.eval_loss,
                 console=said if read is not None else None, pane=read.pane.where if read is not None else None,
                 recorded_since=read.since if read is not None else None,
             )  # fmt: skip

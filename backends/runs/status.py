@@ -25,6 +25,7 @@ class RunStatus(enum.Enum):
     OOM = "OOM"
     UNKNOWN = "unknown"  # not running, and how it ended was not recorded
     GONE = "gone"  # no longer in the host's listing
+    EXITED = "exited"  # a session's program returned to its shell, its exit code not said
     UNREADABLE = "unreadable"  # its run dir's manifest is no manifest (the listing says why)
     STOP_INTERRUPTED = "stop interrupted"  # a kill that did not finish: some of its processes live
     # the trainer stopped after steps in a row whose loss or gradient was not finite (none applied)
@@ -53,6 +54,8 @@ def status_of(info: RunInfo, *, end: str | None = None, oom: bool = False, gone:
         return RunStatus.OOM
     if info.state is RunPhase.RUNNING:
         return RunStatus.RUNNING
+    if info.state is RunPhase.EXITED and info.exit_status is None and info.run_id is None:
+        return RunStatus.EXITED
     end = end or info.end_status
     if end == ENDED_NONFINITE:
         return RunStatus.NONFINITE
