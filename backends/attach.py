@@ -39,8 +39,10 @@ def ssh_options(host: SSHHost) -> list[str]:
     return options
 
 
-def attach_argv(host: Host, session: str) -> list[str]:
-    argv = tmux.tmux_argv(host, "attach-session", "-t", tmux.exact(session))
+def attach_argv(host: Host, session: str, target: str | None = None) -> list[str]:
+    """The attach to `session`, by `target` where given (tmux.target's: the id of a
+    session whose name starts with '$'), else by its exact name."""
+    argv = tmux.tmux_argv(host, "attach-session", "-t", target or tmux.exact(session))
     if isinstance(host, SSHHost):
         destination = f"{host.user}@{host.address}" if host.user else host.address
         return ["ssh", "-t", *ssh_options(host), destination, host.shell_command(argv)]
@@ -73,13 +75,16 @@ async def attach_inside_tmux(host: Host, session: str, env: Mapping[str, str] = 
 
     Raises AttachError with tmux's own words and the command to run by hand."""
     here = LocalHost()  # the dashboard's machine, whose tmux client is the user's
+    where = await tmux.target(host, session)
+    if where is None:
+        raise AttachError(f"cannot open {session}: the host has no such tmux session now")
     if await _same_server(host, env):
-        result = await here.run(tmux.tmux_argv(None, "switch-client", "-t", tmux.exact(session)))
+        result = await here.run(tmux.tmux_argv(None, "switch-client", "-t", where))
         if result.ok:
             return f"switched this tmux client to {session}; tmux's last-session key (prefix L) comes back"
-        how = f"tmux switch-client -t ={session}"
+        how = shlex.join(["tmux", "switch-client", "-t", where])
     else:
-        argv = attach_argv(host, session)
+        argv = attach_argv(host, session, where)
         # Parsed by this tmux, then the attach by the host's: each gets its own quoting.
         result = await here.run(tmux.tmux_argv(None, "new-window", "-n", tmux.literal(session), "--", "env", "-u", "TMUX", *argv))
         if result.ok:

@@ -87,6 +87,7 @@ class Pane:
     index: int = 0
     active: bool = True  # the pane a user attaching to the session sees
     dashboard: bool = False  # a trackside dashboard runs or ran here (DASHBOARD_OPTION)
+    session_id: str = ""  # "$3": unique while the server lives
 
     @property
     def target(self) -> str:
@@ -116,10 +117,22 @@ def is_session_name(name: str) -> bool:
 
 def exact(session: str) -> str:
     """The target of the session named `session` and no other (`=`: a bare name is also
-    a prefix or a pattern); ValueError for a name no session can have."""
+    a prefix or a pattern). ValueError for a name no session can have, and for one that
+    starts with '$', which tmux takes for a session id even after '=' (`=$0` is session
+    $0, whatever its name): that one is targeted by its id (`target`)."""
     if not is_session_name(session):
         raise ValueError(f"{session!r} cannot be a tmux session name")
+    if session.startswith("$"):
+        raise ValueError(f"tmux session {session!r} is targeted by its id: its name would be read as one")
     return f"={session}"
+
+
+async def target(host: Host, session: str) -> str | None:
+    """A target of the session named `session` and no other: `exact`'s, or the session's
+    id where its name starts with '$'; None when the host has no such session."""
+    if not session.startswith("$"):
+        return exact(session)
+    return next((pane.session_id for pane in await list_panes(host) if pane.session == session), None)
 
 
 def literal(text: str, *, strftime: bool = False) -> str:
@@ -187,7 +200,7 @@ async def new_session(host: Host, session: str, command: Sequence[str], pipe: st
 
 
 def _parse_pane(match: re.Match, session: str) -> Pane:
-    pane_id, _, pid, dead, status, signal, pipe, created, window, index, active, dashboard = match.groups()
+    pane_id, session_id, pid, dead, status, signal, pipe, created, window, index, active, dashboard = match.groups()
     exit_status = None
     if dead == "1":
         if signal.isdigit() and signal != "0":
@@ -197,7 +210,7 @@ def _parse_pane(match: re.Match, session: str) -> Pane:
     number = lambda text: int(text) if text.isdigit() else 0  # noqa: E731
     return Pane(
         session, int(pid), dead == "1", exit_status, pane_id, pipe == "1", number(created),
-        number(window), number(index), active == "11", dashboard == "1",
+        number(window), number(index), active == "11", dashboard == "1", session_id,
     )  # fmt: skip
 
 
@@ -223,14 +236,14 @@ def _no_server(stderr: str) -> bool:
 
 async def list_panes(host: Host, session: str | None = None) -> list[Pane]:
     """Every pane on the host's tmux server (or of one session); [] when no server runs."""
+    # One session's panes are found by its name here, never by a target tmux would parse.
     # -u: names as tmux holds them, whatever the host's locale (else 名前 prints as ____).
-    if session is None:
-        argv = tmux_argv(host, "-u", "list-panes", "-a", "-F", _PANE_FORMAT, THEN, "list-sessions", "-F", _NAME_FORMAT)
-    else:
-        argv = tmux_argv(host, "-u", "list-panes", "-s", "-t", exact(session), "-F", _PANE_FORMAT)
+    if session is not None and not is_session_name(session):
+        raise ValueError(f"{session!r} cannot be a tmux session name")
+    argv = tmux_argv(host, "-u", "list-panes", "-a", "-F", _PANE_FORMAT, THEN, "list-sessions", "-F", _NAME_FORMAT)
     result = await host.run(argv)
     if not result.ok:
-        if _no_server(result.stderr) or (session is not None and "can't find" in result.stderr):
+        if _no_server(result.stderr):
             return []
         raise TmuxError(host.name, f"tmux list-panes: {result.stderr.strip()}")
     # Split on "\n" alone (str.splitlines also splits on U+2028, \x1c, …): the records
@@ -238,11 +251,10 @@ async def list_panes(host: Host, session: str | None = None) -> list[Pane]:
     lines = result.stdout.split("\n")
     count = next((i for i, line in enumerate(lines) if not line.startswith("%")), len(lines))
     records = [(m, m.group(2)) for line in lines[:count] if (m := _RECORD.fullmatch(line))]
-    if session is not None:
-        return [_parse_pane(m, session) for m, _ in records]
     ids = list(dict.fromkeys(session_id for _, session_id in records))
     names = await _session_names(host, ids, lines[count:-1])  # the output's last "\n" ends no name
-    return [_parse_pane(m, names[session_id]) for m, session_id in records if session_id in names]
+    panes = [_parse_pane(m, names[session_id]) for m, session_id in records if session_id in names]
+    return panes if session is None else [pane for pane in panes if pane.session == session]
 
 
 async def list_sessions(host: Host) -> list[str]:
@@ -256,7 +268,10 @@ async def pane_pids(host: Host, session: str) -> list[int]:
 
 async def capture_pane(host: Host, session: str, lines: int = 200) -> str:
     """What the session's pane shows, with up to `lines` lines of its scrollback above."""
-    result = await host.run(tmux_argv(host, "capture-pane", "-p", "-J", "-S", f"-{lines}", "-t", f"{exact(session)}:"))
+    where = await target(host, session)
+    if where is None:
+        raise TmuxError(host.name, f"tmux capture-pane {session}: can't find session: {session}")
+    result = await host.run(tmux_argv(host, "capture-pane", "-p", "-J", "-S", f"-{lines}", "-t", f"{where}:"))
     if not result.ok:
         raise TmuxError(host.name, f"tmux capture-pane {session}: {result.stderr.strip()}")
     return result.stdout
@@ -278,7 +293,10 @@ async def capture_panes(host: Host, targets: Sequence[str], lines: int = HISTORY
 
 async def kill_session(host: Host, session: str) -> bool:
     """Kill the session; False if it was already gone."""
-    result = await host.run(tmux_argv(host, "kill-session", "-t", exact(session)))
+    where = await target(host, session)
+    if where is None:
+        return False
+    result = await host.run(tmux_argv(host, "kill-session", "-t", where))
     if result.ok:
         return True
     if _no_server(result.stderr) or "can't find" in result.stderr:

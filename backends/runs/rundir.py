@@ -18,7 +18,6 @@ import time
 
 from backends import runsroot
 from backends.hosts import Host, HostError
-from backends.runs.manifest import ManifestError, parse_manifest
 from training.contract import RUN_ID, RUN_ID_EXAMPLE, WRITING_MARKER
 
 # Write stdin to file "$3" of directory "$2" under runs root "$1", atomically: into a new
@@ -116,13 +115,17 @@ async def read_manifest(host: Host, run_id: str) -> dict:
     if text is None:
         raise RunError(f"no run {run_id} on {host.name} (no {path})")
     try:
-        return parse_manifest(text, run_id)
-    except ManifestError as e:
-        raise RunError(f"{path} is unreadable: {e}") from None
+        return json.loads(text)
+    except ValueError as e:
+        raise RunError(f"{path} is not valid JSON: {e}")
 
 
 async def write_manifest(host: Host, manifest: dict) -> None:
-    await write_file(host, f"{manifest['run_dir']}/manifest.json", json.dumps(manifest) + "\n")
+    """The manifest, in its run's directory under the runs root (`<root>/<run id>`, where a
+    listing found it), whatever its `run_dir` says (a run typed by hand records its --out
+    as typed)."""
+    root = await host.expanded_runs_root()
+    await write_file(host, f"{root}/{check_run_id(manifest['run_id'])}/manifest.json", json.dumps(manifest) + "\n")
 
 
 async def record_end(host: Host, manifest: dict, exit_status: int | None) -> dict:

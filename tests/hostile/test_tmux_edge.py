@@ -139,6 +139,8 @@ def test_attach_argv_holds_the_name_as_one_exact_target():
 
     for name in ["#(touch X)", "a\\$b", "-dash", " spaced ", "名前"]:
         assert attach_argv(LocalHost(), name) == ["tmux", "attach-session", "-t", f"={name}"]
+    assert attach_argv(LocalHost(), "x;") == ["tmux", "attach-session", "-t", "=x\\;"]  # tmux's own `;`, escaped
+    assert attach_argv(LocalHost(), "$0", "$7") == ["tmux", "attach-session", "-t", "$7"]  # by the id tmux.target found
 
 
 # --- 2. records no process can forge ----------------------------------------------------
@@ -195,9 +197,23 @@ async def test_a_name_ending_in_a_semicolon_is_that_session_not_the_one_it_ends_
     assert [p.pid for p in await tmux.list_panes(host)] == [victim]
 
 
+async def test_a_name_that_reads_as_a_session_id_is_that_session_not_the_one_with_the_id(host):
+    # tmux takes `=$0` for session id $0 (whatever its name): the first session made here.
+    new_session("victim", "sleep", "600")
+    assert new_session("$0", "sleep", "600") == "$0"
+    victim, evil = (int(tmux_out("list-panes", "-t", session_id, "-F", "#{pane_pid}")) for session_id in ("$0", "$1"))
+    assert [p.pid for p in await tmux.list_panes(host, "$0")] == [evil]
+    assert (await kill.plan_kill(host, "$0", smi=FAKE_SMI, nvml=False)).pane_pids == (evil,)
+    assert await tmux.target(host, "$0") == "$1"
+    assert await tmux.kill_session(host, "$0")
+    assert [p.pid for p in await tmux.list_panes(host)] == [victim]
+    with pytest.raises(ValueError):
+        tmux.exact("$0")  # never a target by name
+
+
 # --- 3. any name tmux allows: listed, killed, attached, by exact match ------------------
 
-NAMES = ["a$b", "#(touch {x})", "x;rm -rf y", "名前", " spaced ", "-dash", "=eq", "%d%H", "~t^c", "bystander;", ";"]
+NAMES = ["a$b", "$0", "$1 x", "#(touch {x})", "x;rm -rf y", "名前", " spaced ", "-dash", "=eq", "%d%H", "~t^c", "bystander;", ";"]
 
 
 async def test_any_name_is_listed_and_killed_by_trackside_kill(host, tmux_dir, tmp_path, runs_root):
@@ -220,7 +236,7 @@ async def test_any_name_is_listed_and_killed_by_trackside_kill(host, tmux_dir, t
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.text(min_size=1, max_size=16) | st.text(alphabet="#;$%:.\\\n\t\x1b名 =-~^{}()", min_size=1, max_size=12))
+@given(st.text(st.characters(exclude_characters="\x00"), min_size=1, max_size=16) | st.text(alphabet="#;$0%:.\\\n\t\x1b名 =-~^{}()", min_size=1, max_size=12))
 def test_any_name_tmux_stores_is_listed_and_is_a_target_to_it_alone(host, raw):
     import asyncio
 
