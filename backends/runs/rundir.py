@@ -18,6 +18,7 @@ import time
 
 from backends import runsroot
 from backends.hosts import Host, HostError
+from backends.runs.manifest import ManifestError, parse_manifest
 from training.contract import RUN_ID, RUN_ID_EXAMPLE, WRITING_MARKER
 
 # Write stdin to file "$3" of directory "$2" under runs root "$1", atomically: into a new
@@ -115,9 +116,9 @@ async def read_manifest(host: Host, run_id: str) -> dict:
     if text is None:
         raise RunError(f"no run {run_id} on {host.name} (no {path})")
     try:
-        return json.loads(text)
-    except ValueError as e:
-        raise RunError(f"{path} is not valid JSON: {e}")
+        return parse_manifest(text, run_id)
+    except ManifestError as e:
+        raise RunError(f"{path} is unreadable: {e}") from None
 
 
 async def write_manifest(host: Host, manifest: dict) -> None:
