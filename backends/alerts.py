@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from backends import sanitize
 from backends.gpu import GpuReading
 from backends.runs import RunInfo, RunPhase
 from backends.runs.status import RunStatus, signal_name, status_of
@@ -288,7 +289,8 @@ async def run_command(argv: Sequence[str], alert: Alert, raised: float, timeout_
     finished = False
     try:
         async with asyncio.timeout(timeout_s):
-            _, stderr = await process.communicate(json.dumps(alert.to_json(raised)).encode() + b"\n")
+            # An alert names runs and sessions, which are anyone's: its JSON holds none of their controls.
+            _, stderr = await process.communicate(json.dumps(sanitize.value(alert.to_json(raised))).encode() + b"\n")
         finished = True
     except TimeoutError:
         return f"alert command {shown} did not finish within {timeout_s:g}s: killed"

@@ -47,11 +47,6 @@ def block(text: str) -> str:
     return "\n".join(clean(part) for part in text.split("\n"))
 
 
-def decode(data: bytes) -> str:
-    """Bytes as text, invalid UTF-8 as U+FFFD, cleaned."""
-    return clean(data.decode(errors="replace"))
-
-
 def line(text: str, cap: int = LINE_CAP) -> str:
     """One line to show: cleaned, line breaks as spaces, at most `cap` characters, a longer
     one ending in how much was cut."""

@@ -29,8 +29,14 @@ KEPT = 64  # lines above the cursor a move up can reach (Rich's live display red
 _TAB = 8
 _TOKENS = re.compile(f"(?P<text>[^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069\\ud800-\\udfff]+)"
                      f"|(?P<csi>{CSI})|(?P<string>{STRING})|(?P<esc>{ESCAPE})|(?P<ctl>{CONTROL}|\\t|[\\ud800-\\udfff])")  # fmt: skip
-_STRING_REST = re.compile(r"[^\x07\x18\x1a\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?")  # the rest of one begun earlier
-_CARRY_MAX = 64  # an unfinished CSI or ESC sequence longer than this is no sequence: dropped
+# The rest of a sequence a feed ended in, swallowed at the start of the next: a string
+# sequence's, or a CSI's or other ESC sequence's too long to carry (and so ignored whole).
+_REST = {
+    "string": re.compile(r"[^\x07\x18\x1a\x1b\x9c]*(?P<end>\x07|\x1b\\|\x9c)?"),
+    "csi": re.compile(r"[0-?]*[ -/]*(?P<end>[@-~])?"),
+    "esc": re.compile(r"[ -/]*(?P<end>[0-~])?"),
+}
+_CARRY_MAX = 64  # a CSI or ESC sequence longer than this is ignored (no terminal's has such)
 # DEC special graphics (VT100), the character set `ESC ( 0` selects: its lines and blocks.
 _DEC = str.maketrans(dict(zip("`abcdefghijklmnopqrstuvwxyz{|}~", "◆▒␉␌␍␊°±␤␋┘┐┌└┼⎺⎻─⎼⎽├┤┴┬│≤≥π≠£·")))
 
@@ -51,8 +57,8 @@ class Terminal:
         self._conceal = False
         self._g = ["B", "B"]  # G0, G1: B is ASCII, 0 DEC graphics
         self._shift = 0  # SO selects G1, SI G0
-        self._carry = ""  # an unfinished sequence at the end of the last feed
-        self._in_string = False  # inside a string sequence begun in an earlier feed
+        self._carry = ""  # an unfinished sequence at the end of the last feed, short
+        self._rest: re.Pattern | None = None  # inside a sequence begun in an earlier feed
 
     # --- what it says -----------------------------------------------------------------
 
@@ -61,9 +67,11 @@ class Terminal:
         states: list[str] = []
         text, self._carry = self._carry + text, ""
         pos = 0
-        if self._in_string:
-            pos = _STRING_REST.match(text).end()
-            self._in_string = pos == len(text) and not text.endswith(("\x07", "\x9c", "\x1b\\"))
+        if self._rest is not None:
+            rest = self._rest.match(text)
+            pos = rest.end()
+            if rest["end"] or pos < len(text):
+                self._rest = None
         for m in _TOKENS.finditer(text, pos):
             kind = m.lastgroup
             if kind == "text":
@@ -102,10 +110,15 @@ class Terminal:
     def _unfinished(self, m: re.Match) -> bool:
         """A sequence the end of this feed cut: kept for the next one, or swallowed."""
         if m.lastgroup == "string":
-            self._in_string = not m[0].endswith(("\x07", "\x9c", "\x1b\\"))
-            return self._in_string
+            if m[0].endswith(("\x07", "\x9c", "\x1b\\")):
+                return False
+            self._rest = _REST["string"]
+            return True
         if (m.lastgroup == "csi" and m["final"] is None) or (m.lastgroup == "esc" and m["efinal"] is None):
-            self._carry = m[0] if len(m[0]) <= _CARRY_MAX else ""
+            if len(m[0]) <= _CARRY_MAX:
+                self._carry = m[0]
+            else:
+                self._rest = _REST[m.lastgroup]
             return True
         return False
 
@@ -229,6 +242,8 @@ class Terminal:
             self._print("\ufffd")
 
     def _escape(self, seq: str, states: list[str]) -> None:
+        if len(seq) > _CARRY_MAX:
+            return
         if seq == "c":
             self._reset()
         elif seq in ("7", "8"):
@@ -250,7 +265,7 @@ class Terminal:
             self._move_to(len(self._lines) - 1 - above, x, states)
 
     def _csi(self, params: str, inter: str, final: str, states: list[str]) -> None:
-        if inter or (params[:1] in "<=>?" and params):
+        if inter or (params[:1] in "<=>?" and params) or len(params) + 2 > _CARRY_MAX:
             return  # private modes (the cursor shown or hidden, the alternate screen...): nothing drawn
         args = [int(p) if p.isdigit() and len(p) < 6 else 0 for p in params.split(";")] if params else []
         n = max(1, args[0]) if args else 1
@@ -321,10 +336,3 @@ def visible_text(line: str) -> str:
     terminal = Terminal()
     terminal.feed(line.removesuffix("\n").removesuffix("\r"))
     return terminal.line()
-
-
-def redraws(line: str) -> list[str]:
-    """Every state a recorded line was drawn in, oldest first, as visible text: a tqdm or
-    Rich bar redrawn in place a hundred times is a hundred states, each a step shown."""
-    terminal = Terminal()
-    return terminal.feed(line) + terminal.flush()

@@ -22,7 +22,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from backends import gpu, kill, runs, series
+from backends import gpu, kill, runs, sanitize, series
 from backends.alerts import COMMAND_TIMEOUT_S, Alert, AlertBook, Rules, run_command
 from backends.deliver import Delivery
 from backends.hosts import Host
@@ -107,6 +107,11 @@ class TracksideApp(ErrorPolicy, RunActions, App):
             }
         local = next((w.host for w in watched if w.host.is_local), None)
         self.error_log = error_log_path(local.runs_root if local else local_runs_root())
+
+    def notify(self, message: str, *, title: str = "", markup: bool = True, **kwargs) -> None:
+        """Every notification (a screen's too), cleaned and never read as markup: most name
+        runs, sessions or hosts' errors, which are anyone's (backends.sanitize)."""
+        super().notify(sanitize.block(str(message)), title=sanitize.line(title), markup=False, **kwargs)
 
     def on_mount(self) -> None:
         from tui.screens.fleet import FleetScreen

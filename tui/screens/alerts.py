@@ -14,6 +14,7 @@ from textual.widgets import Static
 
 from backends.alerts import Entry
 from tui.screens.dialog import Dialog, DialogBody
+from tui.inert import inert
 
 
 def _clock(when: float) -> str:
@@ -33,7 +34,7 @@ def alerts_table(entries: list[Entry]) -> Table | Text:
         table.add_row(
             _clock(entry.raised),
             Text("still up", style="bold") if up else Text(_clock(entry.cleared), style="dim"),
-            mark + Text(entry.alert.text, style="" if up else "dim"),
+            mark + inert(Text(entry.alert.text, style="" if up else "dim")),
         )
     return table
 

@@ -15,6 +15,7 @@ from textual.screen import ModalScreen, ScreenResultType
 from textual.widgets import Static
 
 from tui.guard import Guarded
+from tui.inert import inert
 
 
 class Dialog(Guarded, ModalScreen[ScreenResultType]):
@@ -42,6 +43,6 @@ def split_title(text: Text) -> tuple[Text, Text]:
 def titled(text: Text, text_id: str) -> ComposeResult:
     """A dialog's text: its first line, the title, in sight above the rest, which scrolls
     (the rest's Static is `text_id`)."""
-    title, rest = split_title(text)
+    title, rest = split_title(inert(text))
     yield Static(title, classes="title")
     yield DialogBody(Static(rest, id=text_id))

@@ -11,6 +11,7 @@ from textual.widgets import Button, Input, Label, Static
 from textual.worker import Worker, WorkerState
 
 from backends import params as run_params
+from tui.inert import inert
 from tui.predict import Basis
 from tui.state import HostState, RunState, format_duration, format_number
 from tui.screens.dialog import Dialog
@@ -57,7 +58,7 @@ class EditScreen(Dialog[dict | None]):
     def compose(self) -> ComposeResult:
         current = self.run.params
         with Vertical(classes="dialog", id="edit"):
-            yield Static(Text(f"Edit {self.run.key} — relaunch applies these (r)", style="bold"))
+            yield Static(inert(Text(f"Edit {self.run.key} — relaunch applies these (r)", style="bold")))
             # The fields and what they cost scroll between the title and the buttons, which a
             # short terminal (80×24) would otherwise push out of sight.
             with VerticalScroll(id="edit-body"):
@@ -138,8 +139,8 @@ class EditScreen(Dialog[dict | None]):
             drafter = "dflash" if self.run.is_dflash else "eagle3"
             errors = [str(error) for error in run_params.conflicts(self.relaunched(changes), drafter)]
         self.changes = changes
-        self.query_one("#edit-errors", Static).update(Text("\n".join(errors), style="bold red"))
-        self.query_one("#edit-diff", Static).update(self.diff_text())
+        self.query_one("#edit-errors", Static).update(inert(Text("\n".join(errors), style="bold red")))
+        self.query_one("#edit-diff", Static).update(inert(self.diff_text()))  # a manifest's values are anyone's
         self.query_one("#keep", Button).disabled = bool(errors)
         return not errors
 

@@ -13,6 +13,7 @@ from tui.state import HostState, HostStatus, RunState, format_duration, format_n
 from tui.widgets.alert_bar import AlertBar
 from tui.widgets.footer import Footer
 from tui.guard import Guarded
+from tui.inert import inert
 
 # (key, label, width): fixed widths keep the table on screen; a host's full error is in
 # the alert bar, the power column takes what is left.
@@ -197,14 +198,14 @@ class FleetScreen(Guarded, Screen):
             for key, cells in rows:
                 for column, value in cells.items():
                     if str(table.get_cell(key, column)) != str(value):
-                        table.update_cell(key, column, value)
+                        table.update_cell(key, column, inert(value))
             self.app.refresh_bindings()
             return
         selected = self.query_one(DataTable).cursor_row
         selected_key = current[selected] if 0 <= selected < len(current) else None
         table.clear()
         for key, cells in rows:
-            table.add_row(*(cells[c] for c, _, _ in COLUMNS), key=key)
+            table.add_row(*(inert(cells[c]) for c, _, _ in COLUMNS), key=key)  # names and params are anyone's
         keys = [key for key, _ in rows]
         if selected_key not in keys or not any(k.startswith("run:") for k in current):
             # Until the user has runs to choose from, start on the first run: the keys act there.

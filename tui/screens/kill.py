@@ -11,6 +11,7 @@ from textual.widgets import Button, Static
 from backends.kill import KillPlan, holding
 from tui.screens.confirm import Confirm
 from tui.screens.dialog import Dialog, split_title, titled
+from tui.inert import inert
 
 
 def plan_text(key: str, plan: KillPlan, relaunch: dict | None, resume: bool | None = None) -> Text:
@@ -93,7 +94,7 @@ class KillConfirm(Confirm):
         self.question = plan_text(self.key, self.plan, self.relaunch, self.resume)
         # Not composed yet (c right behind R): compose shows the question as it is now.
         for body in self.query("#kill-plan").results(Static):
-            body.update(split_title(self.question)[1])
+            body.update(split_title(inert(self.question))[1])
 
 
 def report_text(key: str, report) -> Text:

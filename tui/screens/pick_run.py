@@ -10,6 +10,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from tui.screens.dialog import Dialog
+from tui.inert import inert
 from tui.state import RunState
 
 
@@ -19,7 +20,7 @@ def choice(run: RunState, shown: bool) -> Text:
     text.append(f"  {run.state_label}", style=run.style)
     text.append(f"  {params}" if params else "", style="cyan")
     text.append("  (drawn: Enter takes it away)" if shown else "", style="dim")
-    return text
+    return inert(text)
 
 
 class PickRun(Dialog[str | None]):
@@ -41,7 +42,7 @@ class PickRun(Dialog[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(Text(f"Draw which run's loss behind {self.for_key}?", style="bold"), classes="title")
+            yield Static(inert(Text(f"Draw which run's loss behind {self.for_key}?", style="bold")), classes="title")
             yield OptionList(*(Option(choice(run, run.key in self.shown)) for run in self.runs), id="pick-run")
 
     def on_mount(self) -> None:

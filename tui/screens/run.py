@@ -11,10 +11,12 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Header, Input, Log, Static
 
+from backends import sanitize
 from backends.runs import launcher_code
 from backends.runs.status import RunStatus
 from tui.curves import positions_shown
 from tui.guard import Guarded
+from tui.inert import inert
 from tui.state import RunState, format_duration, format_number, node_label
 from tui.widgets.alert_bar import AlertBar
 from tui.widgets.footer import Footer
@@ -191,7 +193,7 @@ class RunScreen(Guarded, Screen):
         if self.run_key and self.run_key != key:
             self.app.deselect(self.run_key)
         self.run_key = key
-        self.sub_title = key or ""
+        self.sub_title = sanitize.line(key or "")
         self.query_one(Log).clear()
         run = self.run
         if run is not None:
@@ -243,6 +245,7 @@ class RunScreen(Guarded, Screen):
         """Update the stats, with a layout pass (which reflows and repaints the whole
         screen) only when their height changes: a step changes numbers, rarely lines."""
         stats = self.query_one("#stats", Static)
+        text = inert(text)  # names, params, a bar's label: anyone's
         if text == self.stats_shown:
             return
         height = len(text.wrap(self.app.console, max(1, stats.content_size.width)))

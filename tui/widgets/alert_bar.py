@@ -7,6 +7,7 @@ from textual.widgets import Static
 
 from backends.alerts import Alert
 from tui.guard import Guarded
+from tui.inert import inert
 
 
 class AlertBar(Guarded, Static):
@@ -22,5 +23,5 @@ class AlertBar(Guarded, Static):
             if text:
                 text.append("\n")
             text.append("▲ " if alert.severity == "error" else "● ", style="bold")
-            text.append(alert.text)
+            text.append(inert(alert.text))  # names runs, sessions, hosts' errors
         self.update(text)

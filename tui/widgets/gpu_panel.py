@@ -10,6 +10,7 @@ from textual.widgets import Sparkline, Static
 from backends.gpu import GpuStatus
 from tui.state import HostState
 from tui.guard import Guarded
+from tui.inert import inert
 
 BAR_WIDTH = 12
 
@@ -91,7 +92,7 @@ class GpuRow(Guarded, Horizontal):
         yield self.history
 
     def show(self, reading, history, host: str = "") -> None:
-        line = gpu_line(reading, host)
+        line = inert(gpu_line(reading, host))
         if line != self.shown:
             # The line is sized to its text: only a change of width needs a layout pass,
             # which reflows and repaints the whole screen.
@@ -114,7 +115,7 @@ class GpuPanel(Guarded, Vertical):
             if message is not None:
                 if named and not message.startswith(f"{host.name}:"):
                     message = f"{host.name}: {message}"
-                wanted.append((f"gpu-none-{i}", Static, (message,)))
+                wanted.append((f"gpu-none-{i}", Static, (inert(message),)))  # a host's error, not markup
                 continue
             for reading in host.gpus.gpus:
                 trace = host.traces.get(reading.index)
