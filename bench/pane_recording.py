@@ -44,9 +44,9 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
 
 
-def recorder_pids() -> list[int]:
+def recorder_pids(root: str) -> list[int]:
     """The pipe's processes (tmux forks them from its server, not from the pane): the
-    rotator's sh, named by its script under the runs root, and the head it runs."""
+    recorder's sh, given its log under the runs root `root`, and the head it runs."""
     shells, parents = [], {}
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
@@ -55,7 +55,7 @@ def recorder_pids() -> list[int]:
                 parents[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except OSError:
                 continue
-            if any(b"/panes/record-" in c for c in cmd):
+            if any(c.startswith(f"{root}/panes/".encode()) and c.endswith(b".log") for c in cmd):
                 shells.append(int(proc.name))
     return shells + [pid for pid, ppid in parents.items() if ppid in shells]
 
@@ -70,7 +70,7 @@ async def main(seconds: float) -> dict:
         subprocess.run(["tmux", "-L", socket, "new-session", "-d", "-s", "t", "-x", "80", "-y", "24", sys.executable, str(script)], check=True)
         try:
             await runs.list_runs(host)  # the first listing starts the recording
-            pids = recorder_pids()
+            pids = recorder_pids(root)
             before = sum(cpu_s(p) for p in pids)
             started = time.monotonic()
             await asyncio.sleep(seconds)
