@@ -69,7 +69,7 @@ def one_refusal(code: int, err: str, names: Path) -> None:
     assert code == 2 and len(lines) == 1 and str(names) in lines[0], (code, err)
 
 
-@pytest.mark.parametrize("where", ["root writable by all", "panes dir another user's"])
+@pytest.mark.parametrize("where", ["root writable by all", "root another user's", "panes dir another user's"])
 def test_a_planted_record_script_is_never_run_and_its_runs_root_is_refused(capsys, tmp_path, tmux_dir, where):
     root = tmp_path / "runs"
     root.mkdir()
@@ -82,6 +82,10 @@ def test_a_planted_record_script_is_never_run_and_its_runs_root_is_refused(capsy
     if where == "root writable by all":
         root.chmod(0o777)
         nobodys(panes, 0o777)
+        named = root
+    elif where == "root another user's":
+        nobodys(root, 0o755)
+        nobodys(panes, 0o755)
         named = root
     else:
         nobodys(panes, 0o755)
