@@ -78,7 +78,7 @@ def refusal(action: str, run: RunState) -> str | None:
     if action in ("kill", "kill_relaunch"):
         if run.info.this_dashboard:
             return f"{run.key} is the tmux session this dashboard runs in: it is never stopped from here"
-        if run.info.state != runs.RunPhase.RUNNING:
+        if run.info.state != runs.RunPhase.RUNNING and run.info.stop is None:  # a stop cut short: k finishes it
             return f"{run.key} has ended ({run.state_label}): nothing to stop"
     if action in ("edit", "relaunch", "kill_relaunch") and not run.info.run_id:
         return f"{run.key} was not launched by trackside: it has no launch record to edit or relaunch from"

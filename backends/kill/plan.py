@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from backends import gpu, runs, tmux
 from backends.hosts import Host
 from backends.own_session import own_sessions
-from backends.procs import Proc, descendants, pane_roots, process_table, process_tree, shell_jobs
+from backends.procs import Proc, descendants, pane_roots, process_table, process_tree, shell_jobs, tree_of
+from backends.runs.stops import interrupted, stop_of
 from training.contract import WRITER_NAME
 
 # "PID ARGS" for each pid given: the command lines, to find a torchrun agent in a tree;
@@ -59,8 +60,10 @@ class KillPlan:
     smi: str | None = None  # the nvidia-smi of this plan's host (nodes' hosts may differ)
     shells: tuple[int, ...] = ()  # panes' interactive shells whose jobs these are: left alone
     # The live panes' processes tmux named, with their start times: what the kill proves
-    # the tree's descent from again before it signals anything.
+    # the tree's descent from again before it signals anything. `journaled`: instead, the
+    # processes a kill cut short had proven the run's (its journal), its panes' ended.
     roots: dict[int, int] = field(default_factory=dict)
+    journaled: bool = False
 
     @property
     def pids(self) -> list[int]:
@@ -159,6 +162,12 @@ async def _plan_node(host, target, session, manifest, panes, session_panes, smi,
             pids |= jobs
             shells.append(pane.pid)
     tree = {pid: table[pid].started for pid in pids if pid in table and not is_writer(table[pid])}
+    roots, journaled = {p.pid: table[p.pid].started for p in panes if not p.dead and p.pid in table}, False
+    if not tree and (stop := stop_of(await interrupted(host), manifest["run_id"] if manifest else None, session or target)):
+        # A stop cut short after the pane's process ended: what it had proven the run's
+        # (its journal, this user's alone) and still lives, and what descends from that.
+        roots, journaled = stop["tree"], True
+        tree = {pid: table[pid].started for pid in tree_of(table, roots) if not is_writer(table[pid])}
     if not tree:
         raise await already_ended(host, target, session, manifest, panes)
     snapshot = await gpu.read_gpus(host, smi, nvml=nvml)
@@ -172,11 +181,13 @@ async def _plan_node(host, target, session, manifest, panes, session_panes, smi,
         notes = (f"tmux session {session} has other panes: they are left running and the session stays open",)
     else:
         notes = ()
+    if journaled:
+        notes += (f"finishing a stop that was cut short: {len(tree)} of its processes still live",)
     return KillPlan(
         host.name, target, session, manifest["run_id"] if manifest else None, tuple(p.pid for p in panes), tree,
         holdings, bystanders, snapshot.status.name, snapshot.message, closes, notes, manifest,
         first=await _torchrun_workers(host, table, set(tree)), via=host, smi=smi, shells=tuple(shells),
-        roots={p.pid: table[p.pid].started for p in panes if not p.dead and p.pid in table},
+        roots=roots, journaled=journaled,
     )  # fmt: skip
 
 

@@ -125,11 +125,12 @@ async def _wait_exit(host: Host, tree: _Tree, timeout: float, poll_s: float, sig
 
 async def _proven(host: Host, plan: KillPlan) -> tuple[dict[int, int], list[int]]:
     """(the plan's processes that are, right now, the processes it named and descend from
-    the run's panes as tmux names them, the plan's pids alive as anything else). The
-    pane's interactive shell is in neither."""
+    the run's panes as tmux names them (or from the processes its journal names, for a
+    plan finishing a stop cut short), the plan's pids alive as anything else). The pane's
+    interactive shell is in neither."""
     table = await process_table(host)
     roots = same(table, plan.roots)
-    if plan.session is not None:
+    if plan.session is not None and not plan.journaled:
         roots = {pid: t for pid, t in roots.items() if pid in await pane_roots(host, plan.session)}
     tree = tree_of(table, roots)
     proven = {pid: t for pid, t in same(table, plan.tree).items() if pid in tree and pid not in plan.shells}

@@ -29,13 +29,17 @@ FOREIGN_DIR = "kills"  # under the runs root: sessions trackside did not launch
 MAX_BYTES = 1 << 16
 SIGNALS = ("TERM", "KILL")
 
-# Every journal under the runs root "$1": a record-separator line with its path, then its
-# first "$2" bytes (a separator in it becomes '?': no file can forge another's record).
+# Every journal under the runs root "$1" that is this user's alone (a regular file, no
+# other can write): a record-separator line with its path, then its first "$2" bytes (a
+# separator in it becomes '?': no file can forge another's record).
 _READ = r"""
-for f in "$1"/*/kill.json "$1"/kills/*.json; do
+root=$1 max=$2 me=$(id -u)
+for f in "$root"/*/kill.json "$root"/kills/*.json; do
   [ -f "$f" ] && [ ! -L "$f" ] || continue
+  set -- $(stat -c '%u %a' -- "$f")
+  [ "$1" = "$me" ] && [ $((0$2 & 022)) -eq 0 ] || continue
   printf '\036%s\n' "$f"
-  head -c "$2" "$f" | tr '\036' '?'
+  head -c "$max" -- "$f" | tr '\036' '?'
 done
 """
 
@@ -115,7 +119,8 @@ def _open_stop(text: str) -> dict | None:
 async def interrupted(host: Host) -> list[dict]:
     """Every stop on the host whose kill did not finish while some of its processes live:
     each with `session`, `run_id` (None for a session trackside did not launch), the last
-    `signal` sent and its `time` (epoch s), and how many processes are `alive`."""
+    `signal` sent and its `time` (epoch s), and how many processes are `alive`: those of
+    its `tree` (pid: start time) that are still themselves."""
     root = await host.expanded_runs_root()
     result = await host.run(["sh", "-c", _READ, "sh", root, str(MAX_BYTES)])
     stops = []
@@ -129,19 +134,15 @@ async def interrupted(host: Host) -> list[dict]:
     table = await process_table(host)
     found = []
     for stop in stops:
-        tree = stop.pop("tree")
-        if alive := len(same(table, tree)):
-            found.append({**stop, "alive": alive})
+        if tree := same(table, stop["tree"]):
+            found.append({**stop, "tree": tree, "alive": len(tree)})
     return found
 
 
 def stop_of(stops: list[dict], run_id: str | None, session: str) -> dict | None:
-    """The interrupted stop of a listed run (by its id) or of a session trackside did not
-    launch (by its name), without the keys that name it."""
-    for stop in stops:
-        if (stop["run_id"] == run_id if run_id else stop["run_id"] is None and stop["session"] == session):
-            return {k: stop[k] for k in ("signal", "time", "alive")}
-    return None
+    """The interrupted stop of a run (by its id) or of a session trackside did not launch
+    (by its name)."""
+    return next((s for s in stops if (s["run_id"] == run_id if run_id else s["run_id"] is None and s["session"] == session)), None)
 
 
 async def mark_interrupted(host: Host, infos: list) -> None:
@@ -152,4 +153,5 @@ async def mark_interrupted(host: Host, infos: list) -> None:
     except HostError:
         return
     for info in infos:
-        info.stop = stop_of(found, info.run_id, info.session)
+        if (stop := stop_of(found, info.run_id, info.session)) is not None:
+            info.stop = {k: stop[k] for k in ("signal", "time", "alive")}

@@ -44,9 +44,10 @@ print("ready", os.getpid(), flush=True)
 time.sleep(600)
 """
 
-# Notes each SIGTERM in a file and runs on: a stop needs SIGKILL.
+# Notes each SIGTERM in a file and runs on, hangups ignored (its pane's end): a stop needs SIGKILL.
 NOTES_TERM = """
 import os, signal, sys, time
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[1], "a").write("TERM\\n"))
 print("ready", os.getpid(), flush=True)
 while True:
@@ -234,18 +235,22 @@ def listed(config: str, session: str) -> tuple[str, dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("foreign", [False, True], ids=["run", "foreign-session"])
-async def test_a_kill_killed_after_sigterm_is_shown_interrupted_and_kill_finishes_it(tmp_path, runs_root, tmux_dir, foreign):
+@pytest.mark.parametrize("kind", ["run", "foreign-session", "run-whose-pane-ended"])
+async def test_a_kill_killed_after_sigterm_is_shown_interrupted_and_kill_finishes_it(tmp_path, runs_root, tmux_dir, kind):
     config, marker = config_file(tmp_path, runs_root), tmp_path / "term"
+    foreign = kind == "foreign-session"
     if foreign:  # a session trackside did not launch: no run dir holds its journal
         subprocess.run(["tmux", "new-session", "-d", "-s", "theirs", PY, "-c", NOTES_TERM, str(marker)], check=True)
         target = session = "theirs"
         processes = 1
     else:
-        launched = trackside("launch", "--config", config, "--host", "box", "--json", "--", PY, "-c", NOTES_TERM, str(marker))
+        # The run's sh ends on SIGTERM, and the sh recording its status with it: the pane
+        # is dead, and only the journal still knows the python the sh left behind.
+        command = ["sh", "-c", '"$0" -c "$1" "$2" & wait', PY, NOTES_TERM, str(marker)] if kind == "run-whose-pane-ended" else [PY, "-c", NOTES_TERM, str(marker)]
+        launched = trackside("launch", "--config", config, "--host", "box", "--json", "--", *command)
         assert launched.returncode == 0, launched.stderr
         target, session = json.loads(launched.stdout)["run_id"], json.loads(launched.stdout)["session"]
-        processes = 2  # the run and the sh recording its status
+        processes = 1 if kind == "run-whose-pane-ended" else 2  # and the sh recording its status
     await eventually(lambda: subprocess.run(["tmux", "capture-pane", "-p", "-t", f"={session}:"], capture_output=True, text=True).stdout.startswith("ready"), timeout=60)
     stopping = subprocess.Popen([TRACKSIDE, "kill", target, "--config", config, "--grace", "300"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
