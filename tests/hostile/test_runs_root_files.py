@@ -269,3 +269,22 @@ async def test_a_dead_recording_pipe_is_restarted_by_the_next_listing_and_says_s
     said = await eventually(lambda: re.search(note + r"(.|\n)*tick", log.read_bytes().decode()), timeout=30)
     assert said.start() == at  # where the recording stopped
     assert scrollback.read_bytes() == before  # what the pane held at the first start, kept
+
+
+def test_a_recording_swapped_for_a_link_is_refused_never_read_through(capsys, tmp_path, tmux_dir):
+    root = tmp_path / "runs"
+    root.mkdir()
+    secret = tmp_path / "secret"
+    secret.write_text("loss 0.123 root only\n")
+    secret.chmod(0o600)
+    pane = session("job", "sh", "-c", "echo hello; sleep 60")
+    config = box_config(tmp_path, root)
+    assert cli(capsys, "runs", "--config", config)[0] == 0  # records the pane
+    log = Path(recording.recording_of(str(root), None, pane).log)
+    swap = log.with_name("swap")
+    swap.symlink_to(secret)
+    swap.replace(log)
+
+    code, out, err = cli(capsys, "runs", "--config", config, "--json")
+    one_refusal(code, err, log)
+    assert "root only" not in out + err
