@@ -115,6 +115,8 @@ class ConsoleSummary:
         """Nothing more is coming (a whole capture read, a pane that died): a record still
         held is folded, the losses still waiting for a bar take the last step known (an
         evaluation's does not: some trainers date it at the next step)."""
+        for state in self._tty.flush():  # a last line no newline ended: drawn, so read
+            self._read(state)
         if self._held is not None:
             held, self._held = self._held, None
             self._fold(held)
