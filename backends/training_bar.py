@@ -18,7 +18,9 @@ from backends.logparse import Progress
 
 # Bars that count something other than training steps, whatever their phase says.
 NOT_TRAINING = re.compile(r"eval|valid|test|predict|generat|sanity", re.IGNORECASE)
-_TRAINING_LABEL = re.compile(r"train|epoch", re.IGNORECASE)
+# A label that is the training loop's name, not one that mentions it (TRL's `Tokenizing train
+# dataset` is a data pass): `Training`, `train`, `Train steps`; an epoch is read apart.
+_TRAINING_LABEL = re.compile(r"train(?:ing)?(?:[ _-](?:steps?|loop|iters?|iterations?))?", re.IGNORECASE)
 _STEP_LABEL = re.compile(r"(?:global[ _])?(?:step|iter|iteration)s?", re.IGNORECASE)
 _DIGITS = re.compile(r"\d+")
 
@@ -44,7 +46,7 @@ class TrainingBar:
             return False
         if bar.kind == "counter":
             return bool(_STEP_LABEL.fullmatch(bar.label))
-        if bar.kind in ("keras", "rich") or bar.epoch is not None or _TRAINING_LABEL.search(bar.label):
+        if bar.kind in ("keras", "rich") or bar.epoch is not None or _TRAINING_LABEL.fullmatch(bar.label):
             return True
         if _shape(bar) == self._known:
             return True
