@@ -124,8 +124,9 @@ def process_tree(table: dict[int, Proc], panes: list[tmux.Pane]) -> set[int]:
 async def pane_roots(host: Host, session: str) -> set[int]:
     """The pids tmux names as the live panes of `session`, read in a form no process can
     forge (digits only, one line a pane): only these may root a tree to be signalled."""
-    result = await host.run(tmux.tmux_argv(host, "-u", "list-panes", "-s", "-t", tmux.exact(session), "-F", _PANE_PIDS))
-    if not result.ok:
+    where = await tmux.target(host, session)  # a name starting with '$' is found by its id
+    result = await host.run(tmux.tmux_argv(host, "-u", "list-panes", "-s", "-t", where, "-F", _PANE_PIDS)) if where else None
+    if result is None or not result.ok:
         return set()
     lines = [_PANE_PID_LINE.fullmatch(line) for line in result.stdout.splitlines()]
     return {int(m[1]) for m in lines if m and m[2] == "0" and int(m[1]) > 1}
