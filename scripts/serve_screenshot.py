@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -86,14 +87,14 @@ def main() -> int:
         config.write_text(
             f'[hosts.h200-box]\nruns_root = "{tmp / "runs"}"\nnvidia_smi = "{write_smi_wrapper(tmp)}"\n'
         )
-        port = free_port()
+        port, token = free_port(), secrets.token_urlsafe(16)
         serve = subprocess.Popen(
-            [sys.executable, "-m", "tui.cli", "serve", "--port", str(port), "--config", str(config)],
+            [sys.executable, "-m", "tui.cli", "serve", "--port", str(port), "--config", str(config), "--token", token],
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:
             time.sleep(2)
-            asyncio.run(shoot(f"http://127.0.0.1:{port}/"))
+            asyncio.run(shoot(f"http://127.0.0.1:{port}/?token={token}"))
         finally:
             serve.send_signal(signal.SIGTERM)
             serve.wait(30)

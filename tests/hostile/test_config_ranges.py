@@ -64,6 +64,8 @@ def test_every_command_refuses_it(tmp_path, capsys, key, template):
 FLAGS = [
     (headless.main, ["kill", "some-session"], "--grace"),
     (watch.main, ["--once"], "--interval"),
+    (serve.main, [], "--port"),
+    (serve.main, [], "--max-viewers"),
 ]
 
 

@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from scripts.local_box import write_smi_wrapper  # noqa: E402
 from tests.sshd import Sshd  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
+TOKEN = secrets.token_urlsafe(16)  # what `trackside serve` asks of every request
 
 
 def tree(root: int) -> list[int]:
@@ -89,7 +91,7 @@ def used(before: dict[int, float], after: dict[int, float]) -> float:
 
 async def viewer(url: str, stop: asyncio.Event, got: list[int]) -> None:
     async with aiohttp.ClientSession() as session:
-        async with session.ws_connect(f"{url}/ws?width=160&height=45", heartbeat=None) as ws:
+        async with session.ws_connect(f"{url}/ws?width=160&height=45&token={TOKEN}", heartbeat=None) as ws:
             while not stop.is_set():
                 try:
                     message = await asyncio.wait_for(ws.receive(), 0.5)
@@ -106,7 +108,7 @@ async def until_up(url: str, serve: subprocess.Popen, timeout: float = 60) -> No
     async with aiohttp.ClientSession() as session:
         while True:
             try:
-                async with session.get(f"{url}/alive") as answer:
+                async with session.get(f"{url}/alive?token={TOKEN}") as answer:
                     if answer.status == 200:
                         return
             except aiohttp.ClientError:
@@ -135,7 +137,7 @@ async def measure(args) -> list[dict]:
     port = args.port
     serve = subprocess.Popen(
         [sys.executable, "-m", "tui.cli", "serve", "--port", str(port), "--config", str(config),
-         "--max-viewers", str(max(args.viewers))],
+         "--max-viewers", str(max(args.viewers)), "--token", TOKEN],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

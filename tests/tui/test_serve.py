@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -73,6 +74,22 @@ class Served:
 
     def log(self) -> str:
         return self.output.read_text() if self.output.exists() else ""
+
+    @property
+    def token(self) -> str:
+        """What every request must present: the --token given, else the one it printed."""
+        if "--token" in self.args:
+            return self.args[self.args.index("--token") + 1]
+        return re.findall(r"token \(shown only now\): (\S+)", self.log())[-1]
+
+    @property
+    def cookies(self) -> dict[str, str]:
+        return {f"trackside_token_{self.port}": self.token}
+
+    @property
+    def cookie(self) -> dict[str, str]:
+        """The token's cookie as a header (a client's jar keeps none for some addresses)."""
+        return {"Cookie": f"trackside_token_{self.port}={self.token}"}
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -252,23 +269,23 @@ def running(pid: int) -> bool:
 @pytest.mark.timeout(120)
 async def test_read_only_serves_no_kill_edit_or_relaunch(served):
     server = served("--read-only")
-    text, _ = await screen_of(server.url, keys="k", seconds=3)
+    text, _ = await screen_of(server.url, keys="k", seconds=3, cookies=server.cookies)
     assert "read-only: no kill, edit, relaunch, attach" in text
     assert "trackside (read-only)" in text
     for key in ("k Kill", "e Edit", "r Relaunch"):
         assert key not in text
     assert "Stop run" not in text  # k did nothing
-    # On loopback without a token, a page under another name (DNS rebinding) is refused.
-    assert await get_status(server.url + "/", headers={"Host": f"rebound.example:{server.port}"}) == 403
-    assert await get_status(server.url + "/") == 200
+    # On loopback, a page under another name (DNS rebinding) is refused, token or not.
+    assert await get_status(server.url + "/", headers={"Host": f"rebound.example:{server.port}", **server.cookie}) == 403
+    assert await get_status(server.url + "/", headers=server.cookie) == 200
 
 
 @pytest.mark.timeout(120)
 async def test_a_page_is_told_why_its_socket_closed(served):
     server = served(run=False)
-    _, code = await screen_of(server.url, keys="q", seconds=3)
+    _, code = await screen_of(server.url, keys="q", seconds=3, cookies=server.cookies)
     assert code == 1000  # the dashboard quit on its key: the page offers to open another
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(cookies=server.cookies) as session:
         async with session.ws_connect(f"{server.url.replace('http', 'ws')}/ws") as ws:
             await ws.receive()
             [dashboard] = server.dashboards()
@@ -277,9 +294,9 @@ async def test_a_page_is_told_why_its_socket_closed(served):
                 pass
             assert ws.close_code == ENDED, message
     deadline = time.monotonic() + 10
-    while (await alive(server.url))["viewers"] and time.monotonic() < deadline:
+    while (await alive(server.url, server.cookies))["viewers"] and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-    assert (await alive(server.url))["viewers"] == 0
+    assert (await alive(server.url, server.cookies))["viewers"] == 0
 
 
 async def test_read_only_app_refuses_the_actions_however_asked(tmp_path):
@@ -303,11 +320,11 @@ async def test_a_loopback_address_of_its_own_is_served_as_itself(served):
     request was refused, told to open 127.0.0.1, where nothing listened)."""
     server = served("--host", "127.0.0.2", run=False)
     server.url = f"http://127.0.0.2:{server.port}"
-    assert await get_status(server.url + "/") == 200
-    assert await get_status(server.url + "/", headers={"Host": f"evil.example:{server.port}"}) == 403
+    assert await get_status(server.url + "/", headers=server.cookie) == 200
+    assert await get_status(server.url + "/", headers={"Host": f"evil.example:{server.port}", **server.cookie}) == 403
 
 
-def test_off_loopback_a_token_is_made_and_printed_once(monkeypatch, capsys):
+def test_a_token_is_made_and_printed_once_on_loopback_too(monkeypatch, capsys):
     from tui.serve import server
 
     seen = {}
@@ -318,12 +335,12 @@ def test_off_loopback_a_token_is_made_and_printed_once(monkeypatch, capsys):
         return 0
 
     monkeypatch.setattr(server, "serve", fake_serve)
-    assert serve.main(["--host", "192.0.2.1", "--port", "9999"]) == 0
-    token = seen["settings"].token
-    assert token and len(token) >= 24 and not seen["settings"].loopback
-    out = capsys.readouterr().out
-    assert out.count(token) == 2 and "shown only now" in out  # the token, and the URL with it
-    assert serve.main(["--port", "9999"]) == 0 and seen["settings"].token is None  # loopback: none needed
+    for host, loopback in (("192.0.2.1", False), ("127.0.0.1", True)):
+        assert serve.main(["--host", host, "--port", "9999"]) == 0
+        token = seen["settings"].token
+        assert token and len(token) >= 24 and seen["settings"].loopback is loopback
+        out = capsys.readouterr().out
+        assert out.count(token) == 2 and "shown only now" in out  # the token, and the URL with it
     monkeypatch.setenv(serve.TOKEN_ENV, "from-env")
     assert serve.main(["--host", "192.0.2.1"]) == 0 and seen["settings"].token == "from-env"
     assert "from-env" not in capsys.readouterr().out

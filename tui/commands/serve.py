@@ -1,5 +1,10 @@
 """`trackside serve`: its flags, the checks before the server starts (a port, a config
-that loads, a token off loopback), and what it prints; the server itself is tui/serve/.
+that loads, a token), and what it prints; the server itself is tui/serve/.
+
+Every request needs the token, on loopback too: a loopback port is open to every user of
+the machine, and the dashboard kills and relaunches runs as whoever started it. Without
+--token (or $TRACKSIDE_SERVE_TOKEN) one is made and printed; --no-token is the operator's
+explicit choice, on loopback only, and is warned about.
 """
 
 from __future__ import annotations
@@ -10,6 +15,9 @@ import os
 import secrets
 import shlex
 import sys
+
+from backends import ranges
+from tui.commands.flags import bounded
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
@@ -24,15 +32,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         epilog="From another machine: ssh -L 8765:127.0.0.1:8765 HOST, then open http://127.0.0.1:8765/",
     )
     parser.add_argument("--host", default=DEFAULT_HOST, help="address to listen on (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    parser.add_argument("--port", type=bounded(ranges.PORT), default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     parser.add_argument("--config", metavar="PATH", help="hosts file (default ~/.config/trackside/config.toml)")
     parser.add_argument(
         "--token", help=f"every request must present it (?token=, then a cookie); also ${TOKEN_ENV}. "
-        "Required off loopback: generated and printed when not given",
+        "Generated and printed when not given",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-token", action="store_true",
+        help="on loopback only: no token, so every user of this machine can drive the dashboard (warned)",
     )  # fmt: skip
     parser.add_argument("--read-only", action="store_true", help="no kill, edit, relaunch or attach")
     parser.add_argument(
-        "--max-viewers", type=int, default=DEFAULT_MAX_VIEWERS, metavar="N",
+        "--max-viewers", type=bounded(ranges.MAX_VIEWERS), default=DEFAULT_MAX_VIEWERS, metavar="N",
         help=f"open pages at once (default {DEFAULT_MAX_VIEWERS}); each one polls every host itself",
     )  # fmt: skip
     return parser.parse_args(argv)
@@ -66,10 +78,12 @@ def fail(message: str, status: int) -> int:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    if not 0 < args.port < 65536:
-        return fail(f"--port {args.port}: expected 1–65535", 2)
-    if args.max_viewers < 1:
-        return fail(f"--max-viewers {args.max_viewers}: expected at least 1", 2)
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    loopback = is_loopback(args.host)
+    if args.no_token and token is not None:
+        return fail(f"--no-token with a token (--token or ${TOKEN_ENV}): choose one", 2)
+    if args.no_token and not loopback:
+        return fail(f"--no-token: only on loopback (--host {args.host} is reached from other machines)", 2)
     try:
         from tui.serve import server
     except ImportError as error:
@@ -82,10 +96,8 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         return fail(str(error), 2)
 
-    token = args.token or os.environ.get(TOKEN_ENV) or None
-    loopback = is_loopback(args.host)
     generated = False
-    if token is None and not loopback:
+    if token is None and not args.no_token:
         token, generated = secrets.token_urlsafe(24), True
 
     # A dashboard process that finds $TMUX would take `a` (attach) as switching the tmux
@@ -112,6 +124,9 @@ def main(argv: list[str]) -> int:
             print(f"trackside serve: token (shown only now): {token}\n  open {url}?token={token}", flush=True)
         elif token:
             print(f"trackside serve: open {url}?token=<your token>", flush=True)
+        else:
+            print("trackside serve: warning: --no-token: every user of this machine can drive this dashboard, "
+                  "and stop or relaunch your runs with it", file=sys.stderr, flush=True)  # fmt: skip
         if loopback:
             print(f"  from another machine: ssh -L {args.port}:127.0.0.1:{args.port} <this host>, "
                   f"then http://127.0.0.1:{args.port}/", flush=True)  # fmt: skip

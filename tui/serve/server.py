@@ -48,7 +48,7 @@ class Settings:
     command: str
     host: str
     port: int
-    token: str | None
+    token: str | None  # None only by the operator's --no-token (on loopback)
     loopback: bool
     max_viewers: int
     read_only: bool = False
