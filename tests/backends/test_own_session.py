@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from backends import kill, runs, tmux
+from backends import kill, procs, runs, tmux
 from backends.hosts import CommandResult, HostError, LocalHost
 from backends.own_session import own_sessions
 from tests.backends.test_kill import FAKE_SMI
@@ -82,16 +82,16 @@ async def test_trackside_kill_of_its_own_session_exits_2_and_the_session_lives(h
     assert tmux_out("list-panes", "-t", "=self:", "-F", "#{pane_dead}") == "0"
 
 
-async def test_a_ps_without_session_columns_still_lists_runs_and_kills_nothing(host, two_sessions, monkeypatch):
-    class BsdPs(LocalHost):
+async def test_a_host_without_a_process_table_still_lists_runs_and_kills_nothing(host, two_sessions, monkeypatch):
+    class NoProc(LocalHost):  # a BSD's: no /proc/PID/stat to read
         async def run(self, argv, **kwargs):
-            if argv[0] == "ps":
-                return CommandResult(1, "", "ps: sid: keyword not found")
+            if argv == ["sh", "-c", procs._READ_STAT]:
+                return CommandResult(2, "", "grep: /proc/[0-9]*/stat: No such file or directory")
             return await super().run(argv, **kwargs)
 
-    bsd = BsdPs(runs_root=host.runs_root)
+    bsd = NoProc(runs_root=host.runs_root)
     for name, value in tmux_env(two_sessions["other"][1]).items():
         monkeypatch.setenv(name, value)
     assert {r.session: r.this_dashboard for r in await runs.list_runs(bsd)} == {"mine": False, "other": True}
-    with pytest.raises(HostError, match="ps failed: ps: sid: keyword not found"):
+    with pytest.raises(HostError, match=r"cannot read /proc: grep: /proc/\[0-9\]\*/stat: No such file or directory"):
         await kill.plan_kill(bsd, "mine", smi=FAKE_SMI, nvml=False)
