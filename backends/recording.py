@@ -97,7 +97,7 @@ done
 # leave a live file with the inode last read. A file, or a directory above it, that
 # another user could change ends the output with a `!` header, the reason after it.
 _READ = r"""max=$1; shift
-refuse() { printf '\n\036! %s\n' "$1"; exit 77; }  # said in the stream, which is all that is read
+refuse() { printf '\n\036! %s\n' "$1"; exit 1; }  # said in the stream, which is all that is read
 ID='%i.%.9W'  # a file: its inode and its birth (ext4 gives a file the inode the one before it freed)
 emit() {  # key, file, offset, and at most how many bytes
   [ ! -L "$2" ] || refuse "$2 is a symbolic link (never followed)"

@@ -36,7 +36,7 @@ REFUSED = 77
 # regular 0100000) and its permission bits (022: writable by group or others; 01000 sticky).
 PRELUDE = r"""umask 077
 me=$(id -u)
-refuse() { printf '%s\n' "$1" >&2; exit 77; }
+refuse() { printf '%s\n' "$1" >&2; exit @REFUSED@; }
 _why() {  # rule (above, or mine), uid, hex mode, path: why the path breaks the rule, or nothing
   _m=$((0x$3)); _t=$((_m & 0170000))
   if [ "$1" = above ]; then
@@ -90,7 +90,7 @@ files_ok() {
 above_ok() {
   _check above -L "$(for _x in "$@"; do _above "$_x/"; _r=$(cd -P -- "$_x" 2>/dev/null && pwd -P) && _above "$_r/"; done)"
 }
-"""
+""".replace("@REFUSED@", str(REFUSED))
 
 
 class RunsRootRefused(HostError, UsageError):
