@@ -65,8 +65,8 @@ class MetricsRecord:
 
     @property
     def steps_per_epoch(self) -> int | None:
-        count = (self.start or {}).get("steps_per_epoch")
-        return count if isinstance(count, int) and not isinstance(count, bool) else None
+        count = _count((self.start or {}).get("steps_per_epoch"))
+        return count if count is not None and count >= 1 else None
 
     @property
     def step(self) -> int | None:

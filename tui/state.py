@@ -178,13 +178,13 @@ class RunState:
         """Its launch params, as its start event resolved them; a DFlash run's knobs always
         (its edit form starts from them)."""
         params = dict(self.info.params)
-        config = self.metrics.config
-        params.update({k: v for k, v in config.items() if k in params})
+        config = self.metrics.config  # a start event's: anyone's, so only its numbers are taken
+        params.update({k: v for k, v in config.items() if k in params and _number(v)})
         if isinstance(config.get("dflash"), dict):
             for key, (section, name) in DFLASH_KNOBS.items():
                 part = config.get(section)
                 value = part.get(name) if isinstance(part, dict) else None
-                if value is not None:
+                if _number(value):
                     params[key] = value
         return params
 
@@ -220,9 +220,7 @@ class RunState:
 
     @property
     def steps_per_epoch(self) -> int | None:
-        if self.start and self.start.get("steps_per_epoch"):
-            return self.start["steps_per_epoch"]
-        return self.info.steps_per_epoch
+        return self.metrics.steps_per_epoch or self.info.steps_per_epoch
 
     @property
     def total_steps(self) -> int | None:
@@ -316,11 +314,15 @@ class RunState:
         self.metrics.add(event)
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def format_number(value: float | None, digits: int = 4, width: int | None = None) -> str:
     """A number as the screens show it; within `width` characters by giving up digits,
     never by cutting (a column's 7 made 2.43e-12 read 2.43e-1)."""
-    if value is None:
-        return "—"
+    if not _number(value):
+        return "—"  # none, or not a number (a value read from a file anyone may write)
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     text = f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.{digits}g}"

@@ -207,3 +207,37 @@ def test_the_fleet_shows_an_unreadable_row_and_why():
     cells = run_cells(RunState(f"box/{bad_id(1)}", "box", info), HostState("box"))
     assert str(cells["state"]) == "unreadable" and str(cells["power"]) == "session: expected text, got 5"
     assert str(cells["name"]).strip() == bad_id(1)
+
+
+# metrics.jsonl lines of the right events with values of every wrong type, then a good step.
+WRONG_TYPED_EVENTS = [
+    '{"event": "start", "time": "now", "steps_per_epoch": "x", "config": {"max_seq_len": "big", "ttt_steps": [1], "steps": "many",'
+    ' "dflash": {}, "model": {"block_size": "x"}, "resumed_from_step": "y"}}',
+    '{"event": "step", "time": "now", "step": "7", "loss": "low", "tokens_per_s": [1], "tau": {}, "epoch": null}',
+    '{"event": "step", "time": NaN, "step": 8, "loss": Infinity, "tokens_per_s": -Infinity, "loss_pos": "x"}',
+    '{"event": "step", "time": 100, "step": 9, "loss": 1.5, "tokens_per_s": 2000, "epoch": 0}',
+]
+
+
+def test_metrics_of_the_wrong_types_reach_the_fleet_and_the_alerts_as_blanks():
+    """Not a traceback on the fleet's tick: what is not a number of the right kind is shown
+    as none, and a loss read as absent (Infinity) is still a loss that is not finite."""
+    from backends import alerts, logparse
+    from tui.screens.fleet import run_cells
+    from tui.state import HostState, RunState
+
+    info = runs.RunInfo(bad_id(1), "s", "box", RunPhase.RUNNING, params={"max_seq_len": 8192, "ttt_steps": 3, "steps": 100},
+                        pids=[1], run_dir=f"/r/{bad_id(1)}")  # fmt: skip
+    run = RunState(f"box/{bad_id(1)}", "box", info)
+    shown = []
+    for line in WRONG_TYPED_EVENTS:
+        run.add_event(logparse.parse_metrics_line(line))
+        cells = run_cells(run, HostState("box"))
+        shown.append((cells["msl"], cells["step"], cells["loss"], cells["tps"]))
+        said = alerts.run_alerts(alerts.RunFacts(run.key, run.info, run.steps, run.oom), 200.0)
+    assert shown[:3] == [("8192", "—", "—", "—"), ("8192", "—", "—", "—"), ("8192", "8", "—", "—")]
+    assert shown[3] == ("8192", "9", "1.5", "2000")
+    assert said == []  # the good step last: nothing is up
+    run.add_event(logparse.parse_metrics_line('{"event": "step", "time": 101, "step": 10, "loss": NaN}'))
+    [alert] = alerts.run_alerts(alerts.RunFacts(run.key, run.info, run.steps, run.oom), 200.0)
+    assert alert.key == f"nan:{run.key}" and "loss is not finite at step 10" in alert.text
