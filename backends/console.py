@@ -1,13 +1,12 @@
 """What a console said: its training and evaluation losses by step, its progress, its ETA.
 
-A trainer that writes no metrics.jsonl (a session trackside did not launch, or another
-program launched with it) is known only by what it prints. The dashboard's listings fold
-each pane's recorded output here (backends.panes), every redraw of a bar included, and a
-followed console.log or a pane's capture the same way, so the command line and the screen
-say the same.
+A trainer that writes no metrics.jsonl is known only by what it prints: each pane's
+recorded output is folded here (backends.panes), every redraw of a bar included, and a
+console.log or a pane's capture the same way, so the command line and the screen agree.
 
 Where a step comes from, first that applies:
-- the step a line names (`step=12`, `iter 100:`, `"step": 3`, `iteration 10/ 100`);
+- the step a line names (`step=12`, `iter 100:`, `"step": 3`, `iteration 10/ 100`), a
+  boosting round (backends.rounds) or a table's row (backends.tables), as printed;
 - a training bar's count: the run's own when the bar counts the run (HF Trainer's), else
   the epoch's, made global with the bar's epoch: Lightning's `Epoch E:` tqdm bar and
   `Epoch E/M ━━` Rich bar count epochs from 0, Keras' `Epoch E/M` line above its bars from
@@ -20,15 +19,12 @@ Where a step comes from, first that applies:
 A loss with no step anywhere (no bar, no counter) is kept in order (`counted`): the curve's
 x then counts losses, and the step shown stays unknown.
 
-A count is a step only when it is the training loop's bar's, or labelled as a step (`Map:
-2000/2000` and `Accuracy: 209/360` are not): the training bar is told by its shape and what
-comes with it (backends.training_bar), never by the bar nearest a loss. A boosting library's round
-(backends.rounds) is its step as printed, from 0 or 1.
-
-Evaluation losses (`eval_loss`, `val_loss`, a validation or test line, the loss after an
-evaluation's heading such as `Test Error:`) are their own series, at
-the step they were printed at; a bar's postfix repeats the last one, so only a new value
-is a new point. Bars that count something else (an evaluation, loading) are progress only.
+A count is a step only when it is the training loop's bar's (backends.training_bar: told
+by its shape and what comes with it, never by the bar nearest a loss) or labelled as one:
+`Map: 2000/2000` and `Accuracy: 209/360` are not. Evaluation losses (`eval_loss`, a
+validation or test line, the loss after a heading such as `Test Error:`) are their own
+series, at the step they were printed at; a bar's postfix repeats the last one, so only a
+new value is a new point. Bars that count something else are progress only.
 """
 
 from __future__ import annotations
@@ -41,6 +37,8 @@ from collections.abc import Iterable
 from backends.logparse import Progress, parse_console_line, parse_progress, step_of
 from backends.eval_heading import EvalHeading
 from backends.rounds import parse_round
+from backends.tables import Table
+from backends.wrapped import INDENT, Wrapped
 from backends.training_bar import TrainingBar
 from backends.screen import Terminal, visible_text
 
@@ -49,9 +47,6 @@ _EVALUATING = re.compile(r"eval|valid|test", re.IGNORECASE)
 # Keras' epoch header, a line of its own above the epoch's bars.
 _KERAS_EPOCH = re.compile(r"\s*Epoch (\d{1,9})/(\d{1,9})\s*")
 _NUMBERS = re.compile(r"[-+]?\d[\d.,]*(?:[eE][-+]?\d+)?")
-_INDENT = " " * 16  # a wrapped record's later lines: Rich's log handler indents them 20
-_SOURCE = re.compile(r"\s+[\w.-]{1,64}\.py:\d{1,9}\s*$")  # the source location Rich's log handler puts at a record's right
-_SOURCE_TAIL = 160  # where it can stand: the pattern is tried there only (a long run of blanks backtracks)
 
 
 class ConsoleSummary:
@@ -80,10 +75,11 @@ class ConsoleSummary:
         self._postfix_leads = False
         self._postfix_at: tuple[int, int] = (-1, 0)  # the count its postfix is drawn at, new losses there
         self._evaluated_at: int | None = None  # the step an evaluation's bar was drawn at
-        self._held: str | None = None  # a wrapped record's lines so far
+        self._wrapped = Wrapped()  # a record Rich's log handler wrapped, held until whole
         self._screen = False  # folding a screen's lines, not a recording
         self._shape = ""  # the line that named the last step, its numbers blanked
-        self.rounds = False  # the steps are a boosting library's rounds
+        self._counts = "step"  # what the steps named count: a boosting library's rounds, a table's epochs
+        self._table = Table()
         self._bars = TrainingBar()  # which bar is the training loop's
         self._new_epoch = False  # the latest training bar is a new epoch's, the one before ended the last
         self._heading = EvalHeading()
@@ -117,8 +113,7 @@ class ConsoleSummary:
         evaluation's does not: some trainers date it at the next step)."""
         for state in self._tty.flush():  # a last line no newline ended: drawn, so read
             self._read(state)
-        if self._held is not None:
-            held, self._held = self._held, None
+        for held in self._wrapped.flush():
             self._fold(held)
         self._place(self.step)
         self._eval_unplaced = None  # no bar told its step: trainers date evaluations differently
@@ -127,9 +122,9 @@ class ConsoleSummary:
 
     @property
     def axis(self) -> str:
-        """What the curves' x counts: the library's steps, its boosting rounds, or (nothing
-        said which step a loss was) the losses printed, in order."""
-        return "round" if self.rounds else "point" if self.counted else "step"
+        """What the curves' x counts: the library's steps, its boosting rounds, its table's
+        epochs, or (nothing said which step a loss was) the losses printed, in order."""
+        return "point" if self.counted else self._counts
 
     @property
     def eta_s(self) -> float | None:
@@ -147,35 +142,27 @@ class ConsoleSummary:
     # --- folding --------------------------------------------------------------------
 
     def _read(self, text: str) -> None:
-        """A line, or the start of a record a logger wrapped over several (Rich's log
-        handler: `key=value,` lines, the rest indented below): folded once whole."""
-        if self._held is not None:
-            if text.startswith(_INDENT) and text.strip():
-                self._held += " " + _unsourced(text).strip()
-                if self._held.endswith(","):
-                    return
-                text = ""
-            held, self._held = self._held, None
-            self._fold(held)
-            if not text:
-                return
-        if _unsourced(text).endswith(","):
-            self._held = _unsourced(text)
-            return
-        if text.startswith(_INDENT) and self._rich_step is None:
-            return  # the wrapped rest of a line that was no metrics record: not read alone
-        self._fold(text)
+        """A line; a record a logger wrapped over several (backends.wrapped) folded once whole."""
+        records, line = self._wrapped.read(text)
+        for record in records:
+            self._fold(record)
+        if line is not None and not (line.startswith(INDENT) and self._rich_step is None):
+            self._fold(line)  # (the wrapped rest of a line that was no metrics record is not read alone)
 
     def _fold(self, text: str) -> None:
         if (epoch := _KERAS_EPOCH.fullmatch(text)) is not None:
             self._keras_epoch = int(epoch[1]), int(epoch[2])
             return
         if (boosted := parse_round(text)) is not None:
-            self._round(boosted.number, boosted.loss, boosted.eval_loss)
+            self._numbered(boosted.number, boosted.loss, boosted.eval_loss, "round")
+            return
+        if (row := self._table.read(text)) is not False:
+            if row is not True:
+                self._numbered(row[0], row[1].get("loss"), row[1].get("eval_loss"), self._table.counts)
             return
         bar_step = None
         progress = parse_progress(text) if "/" in text else None
-        if progress is None and not text.startswith(_INDENT):
+        if progress is None and not text.startswith(INDENT):
             self._rich_step = None  # a line of its own: what follows is not the bar's
         fields = parse_console_line(text)
         if progress is not None:
@@ -208,7 +195,7 @@ class ConsoleSummary:
         step, postfix = named, False
         if step is None and progress is not None:
             step, postfix = bar_step, progress.kind != "keras"  # Keras draws each step's count and loss
-        elif step is None and self._rich_step is not None and text.startswith(_INDENT):
+        elif step is None and self._rich_step is not None and text.startswith(INDENT):
             step, postfix = self._rich_step, True  # a Rich bar's metrics, wrapped below it
         if (value := fields.get("eval_loss")) is not None:
             self._evaluated(value, step, postfix=postfix)
@@ -282,9 +269,10 @@ class ConsoleSummary:
         if (step := self._bar_step(bar)) is not None:
             self._placed_by_bar(step)
 
-    def _round(self, number: int, loss: float | None, eval_loss: float | None) -> None:
-        """A boosting round's line (backends.rounds): its round is the step, as printed."""
-        self.rounds = self._named = True
+    def _numbered(self, number: int, loss: float | None, eval_loss: float | None, counts: str) -> None:
+        """A boosting round's line (backends.rounds) or a table's row (backends.tables): its
+        number is the step, as printed, counting `counts`."""
+        self._named, self._counts = True, counts
         if loss is not None:
             _point(self.curve, number, loss)
             self.loss = loss
@@ -378,13 +366,6 @@ class ConsoleSummary:
         self._unplaced.clear()
         if not self.counted and not self._named:
             self._advance(steps[-1])
-
-
-def _unsourced(text: str) -> str:
-    """The line without the source location Rich's log handler puts at its right."""
-    cut = max(0, len(text) - _SOURCE_TAIL)
-    m = _SOURCE.search(text, cut)
-    return text if m is None else text[: m.start()]
 
 
 def _point(curve: deque, step: int, value: float, *, restart: bool = False) -> None:

@@ -61,6 +61,7 @@ MINIMUM = {
     "sklearn-1.9-mlp-early-stopping": (30, 0),  # `Validation score` is an accuracy
     "keras-3.15-verbose2": (5, 5),
     "trl-1.16-sft": (20, 5),  # five dataset-preparation bars per set, one saying `train dataset`, before the Trainer's
+    "skorch-1.4-printlog": (8, 8),  # a table, a row an epoch
     "ignite-0.5-progressbar": (83, 0),  # its postfix leads its count; its evaluations' steps are not said
 }
 

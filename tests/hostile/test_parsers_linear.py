@@ -22,6 +22,7 @@ from backends.console import ConsoleSummary
 from backends.eval_heading import EvalHeading
 from backends.logparse import parse_console_line, parse_metrics_line, parse_progress, phase_of, step_of
 from backends.rounds import parse_round
+from backends.tables import Table
 
 LONG = 40_000
 BUDGET_S = 1.0
@@ -30,7 +31,7 @@ FRAGMENTS = [
     "validation ", "Epoch ", "Epoch [1/3]: ", "[1/40] ", " 50%|", "━", "╺", " - ", "valid_0's binary_logloss: 0.5\t",
     "train-logloss:0.5\t", "[5]\t", "[5]", "step=1 ", "'loss': '1.2', ", ":", ": ", "=", "e", "1", "1.", ".5",
     "a", "a:", "iteration 1/ 2 ", "Avg loss", "train loss ", "lm loss value: ", "[00:01<00:02", "<", "•", "0:00:01 ",
-    "_", "-", "'", '"', "loss_0=", "{", "}", "1e", "nan", "inf", "Map: ", "\u2028",
+    "_", "-", "'", '"', "loss_0=", "{", "}", "1e", "nan", "inf", "Map: ", "\u2028", "epoch ", "train_loss ", "-------  ", "  1  ",
 ]  # fmt: skip
 
 
@@ -42,6 +43,9 @@ def _each_line_parser(text: str) -> None:
     phase_of(text)
     parse_metrics_line(text)
     parse_round(text)
+    table = Table()
+    table.read("epoch train_loss valid_loss dur")
+    table.read(text)
     heading = EvalHeading()
     heading.heading(text)
     heading.trained(text)

@@ -242,7 +242,7 @@ def draw(
             placed.append((start, name))
             end = start + len(name)
     text.append("\n")
-    said = {"round": "round", "point": "pt"}.get(counts, "step") if x_axis == "step" else "tok"
+    said = {"point": "pt"}.get(counts, counts) if x_axis == "step" else "tok"
     text.append(said.rjust(margin)[-margin:] + " └" + "".join(axis), AXIS)
     text.append("\n")
     # Each label its own span, the gaps unstyled: an SVG export draws a span's text from
