@@ -43,4 +43,5 @@ SYNC_MIB = Bounds(float, 0.01, 65536, "MiB")  # what a synced directory may hold
 ALERT_TIMEOUT = Bounds(float, 0.1, 3600, "seconds")  # an alert command's time before it is killed
 STALL_FLOOR = Bounds(float, 1, 7 * 86400, "seconds")
 UNDERFED = Bounds(float, 1, 86400, "seconds")
+NPROC_PER_NODE = Bounds(int, 1, 1024)  # `launch --hosts`' processes a host (a GPU each, as a rule)
 MAX_VIEWERS = Bounds(int, 1, 100)  # `serve`'s open pages (docs/serve.md: each polls every host)

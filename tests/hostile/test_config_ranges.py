@@ -62,10 +62,11 @@ def test_every_command_refuses_it(tmp_path, capsys, key, template):
 
 # The flags that give the same values: each refuses what its setting refuses, naming itself.
 FLAGS = [
-    (headless.main, ["kill", "some-session"], "--grace"),
-    (watch.main, ["--once"], "--interval"),
-    (serve.main, [], "--port"),
-    (serve.main, [], "--max-viewers"),
+    (headless.main, ["kill", "some-session"], "--grace", []),
+    (watch.main, ["--once"], "--interval", []),
+    (headless.main, ["launch", "--hosts", "a,b"], "--nproc-per-node", ["--", "true"]),
+    (serve.main, [], "--port", []),
+    (serve.main, [], "--max-viewers", []),
 ]
 
 
@@ -78,8 +79,9 @@ def exit_status(main, argv: list[str]) -> int:
 
 
 @pytest.mark.parametrize("value", WRONG.values(), ids=WRONG.keys())
-@pytest.mark.parametrize("main, argv, flag", FLAGS, ids=[flag for *_, flag in FLAGS])
-def test_a_flag_out_of_range_is_exit_2_naming_it(tmp_path, capsys, main, argv, flag, value):
-    assert exit_status(main, [*argv, f"{flag}={value}", "--config", config(tmp_path, "[defaults]\n", "")]) == 2
+@pytest.mark.parametrize("main, before, flag, after", FLAGS, ids=[flag for _, _, flag, _ in FLAGS])
+def test_a_flag_out_of_range_is_exit_2_naming_it(tmp_path, capsys, main, before, flag, after, value):
+    argv = [*before, f"{flag}={value}", "--config", config(tmp_path, "[defaults]\n", ""), *after]
+    assert exit_status(main, argv) == 2
     err = capsys.readouterr().err
     assert f"argument {flag}: expected " in err and "Traceback" not in err, err

@@ -7,19 +7,14 @@ from __future__ import annotations
 import argparse
 import re
 
-from backends import nodes, params, runs, tmux
+from backends import nodes, params, ranges, runs, tmux
 from backends.config import ConfigError, HostConfig
 from backends.deliver import Delivery, Sent
 from backends.hosts import Host
 from backends.relaunch import relaunch
 from training.contract import RUN_ID_EXAMPLE, UsageError
+from tui.commands.flags import bounded
 from tui.commands.shared import Fleet
-
-
-def _count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return int(text)
 
 
 def _names(text: str) -> list[str]:
@@ -43,7 +38,7 @@ def add_parsers(command) -> None:
     launch.add_argument("--session", help=f"tmux session name (default {runs.session_name('<run id>')})")
     launch.add_argument("--hosts", type=_names, metavar="H1,H2,…",
                         help="run the trainer on every one of these hosts as one torchrun job (c10d rendezvous on the first)")
-    launch.add_argument("--nproc-per-node", type=_count, metavar="N", help="with --hosts: processes per host (default 1)")
+    launch.add_argument("--nproc-per-node", type=bounded(ranges.NPROC_PER_NODE), metavar="N", help="with --hosts: processes per host (default 1)")
     launch.add_argument("--rdzv-host", type=_address, metavar="ADDR",
                         help="with --hosts: the address the other hosts reach the first by (default: its configured address)")
     ship_help = ("send the local training package to the host first (to <runs_root>/code/<hash>/, only what changed) "
