@@ -63,7 +63,8 @@ class Journal:
     @classmethod
     async def open(cls, host: Host, *, target: str, session: str | None, run_id: str | None, tree: Mapping[int, int], signal: str) -> Journal:
         run_id = run_id if run_id and RUN_ID.fullmatch(run_id) else None  # a manifest's may be anyone's
-        path = _path(await host.expanded_runs_root(), run_id, session or target)
+        session = session or target
+        path = _path(await host.expanded_runs_root(), run_id, session)
         doc = {"target": target, "session": session, "run_id": run_id, "opened": time.time(),
                "tree": {str(pid): started for pid, started in sorted(tree.items())}, "signals": [], "closed": None}  # fmt: skip
         journal = cls(host, path, doc)
