@@ -241,3 +241,25 @@ def test_metrics_of_the_wrong_types_reach_the_fleet_and_the_alerts_as_blanks():
     run.add_event(logparse.parse_metrics_line('{"event": "step", "time": 101, "step": 10, "loss": NaN}'))
     [alert] = alerts.run_alerts(alerts.RunFacts(run.key, run.info, run.steps, run.oom), 200.0)
     assert alert.key == f"nan:{run.key}" and "loss is not finite at step 10" in alert.text
+
+
+async def test_the_dashboard_lists_the_host_with_its_runs_and_the_bad_dir_as_one_row(host, runs_root):
+    """The dashboard over a runs root holding a wrong manifest and a run whose steps' times
+    are infinite: the host is "ok", the run is on its row, the bad dir on its own."""
+    from tests.tui.conftest import wait_for
+    from tui.app import TracksideApp, Watched
+    from tui.screens.fleet import FleetScreen
+    from tui.state import HostStatus
+
+    await launch_good(host, runs_root)
+    write_dir(runs_root, bad_id(1), json.dumps({**manifest(bad_id(1), runs_root), "session": 5}))
+    app = TracksideApp([Watched(host, smi="nvidia-smi-absent")], poll_interval=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        good, bad = f"{host.name}/{GOOD}", f"{host.name}/{bad_id(1)}"
+        await wait_for(pilot, lambda: good in app.runs and bad in app.runs and isinstance(app.screen, FleetScreen), 60, "both rows")
+        await pilot.pause(1.0)  # more polls: none of them loses the host
+        assert app.hosts[host.name].status is HostStatus.OK and not app.hosts[host.name].message
+        assert app.runs[good].status.value == "running" and app.runs[good].step == 3 and app.runs[good].eta_s() is None
+        assert app.runs[bad].state_label == "unreadable" and app.runs[bad].info.unreadable == "session: expected text, got 5"
+        rows = dict(app.screen.rows())
+        assert str(rows[f"run:{bad}"]["power"]) == "session: expected text, got 5"
