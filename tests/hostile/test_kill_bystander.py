@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -214,6 +215,23 @@ async def test_a_planted_journal_is_never_written_through(host, tmp_path):
     journal = Path(info.run_dir, "kill.json")
     assert journal.stat().st_mode & 0o777 == 0o600 and json.loads(journal.read_text())["closed"]
     assert [s["signal"] for s in json.loads(journal.read_text())["signals"]] == ["TERM", "KILL"] and report.killed
+
+
+async def test_a_process_name_that_looks_like_a_record_is_read_as_a_name(where, tmp_path):
+    # Its name (comm, 15 bytes) holds ') ', a newline and what a stat line's fields look
+    # like: read up to its first ')' or line by line, its parent would be pid 1.
+    name = "x) S 1 1 1\n2 ("
+    program = tmp_path / name
+    shutil.copy("/bin/sleep", program)
+    named = subprocess.Popen([str(program), "600"])
+    try:
+        await eventually(lambda: Path(f"/proc/{named.pid}/comm").read_text() == name + "\n")
+        started = int(Path(f"/proc/{named.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        table = await procs.process_table(where)
+        assert table[named.pid] == procs.Proc(named.pid, os.getpid(), os.getpgid(0), os.getsid(0), False, started, name)
+    finally:
+        named.kill()
+        named.wait()
 
 
 def trackside(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
