@@ -72,6 +72,7 @@ STYLES = {
     RunStatus.OOM: "bold red",
     RunStatus.UNKNOWN: "yellow",
     RunStatus.GONE: "dim strike",
+    RunStatus.EXITED: "dim",  # its program returned to its shell: ended, no failure said
     RunStatus.UNREADABLE: "yellow",
     RunStatus.STOP_INTERRUPTED: "bold yellow",
     RunStatus.NONFINITE: "bold red",
