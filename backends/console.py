@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from backends.logparse import Progress, parse_console_line, parse_progress, step_of
+from backends.boxes import Box
 from backends.eval_heading import EvalHeading
 from backends.rounds import parse_round
 from backends.tables import Table
@@ -76,6 +77,7 @@ class ConsoleSummary:
         self._postfix_at: tuple[int, int] = (-1, 0)  # the count its postfix is drawn at, new losses there
         self._evaluated_at: int | None = None  # the step an evaluation's bar was drawn at
         self._wrapped = Wrapped()  # a record Rich's log handler wrapped, held until whole
+        self._box = Box()  # a record printed as a box of rows (stable-baselines3's)
         self._screen = False  # folding a screen's lines, not a recording
         self._shape = ""  # the line that named the last step, its numbers blanked
         self._counts = "step"  # what the steps named count: a boosting library's rounds, a table's epochs
@@ -142,7 +144,13 @@ class ConsoleSummary:
     # --- folding --------------------------------------------------------------------
 
     def _read(self, text: str) -> None:
-        """A line; a record a logger wrapped over several (backends.wrapped) folded once whole."""
+        """A line; a record a logger wrapped over several (backends.wrapped) or printed as a
+        box (backends.boxes) folded once whole."""
+        boxed, record = self._box.read(text)
+        if boxed:
+            if record is not None:
+                self._fold(record)
+            return
         records, line = self._wrapped.read(text)
         for record in records:
             self._fold(record)

@@ -62,6 +62,7 @@ MINIMUM = {
     "keras-3.15-verbose2": (5, 5),
     "trl-1.16-sft": (20, 5),  # five dataset-preparation bars per set, one saying `train dataset`, before the Trainer's
     "skorch-1.4-printlog": (8, 8),  # a table, a row an epoch
+    "sb3-2.9-ppo": (5, 0),  # a box a rollout; it names no step (n_updates counts update epochs): losses in order
     "ignite-0.5-progressbar": (83, 0),  # its postfix leads its count; its evaluations' steps are not said
 }
 

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from backends.boxes import Box
 from backends.console import ConsoleSummary
 from backends.eval_heading import EvalHeading
 from backends.logparse import parse_console_line, parse_metrics_line, parse_progress, phase_of, step_of
@@ -31,7 +32,7 @@ FRAGMENTS = [
     "validation ", "Epoch ", "Epoch [1/3]: ", "[1/40] ", " 50%|", "━", "╺", " - ", "valid_0's binary_logloss: 0.5\t",
     "train-logloss:0.5\t", "[5]\t", "[5]", "step=1 ", "'loss': '1.2', ", ":", ": ", "=", "e", "1", "1.", ".5",
     "a", "a:", "iteration 1/ 2 ", "Avg loss", "train loss ", "lm loss value: ", "[00:01<00:02", "<", "•", "0:00:01 ",
-    "_", "-", "'", '"', "loss_0=", "{", "}", "1e", "nan", "inf", "Map: ", "\u2028", "epoch ", "train_loss ", "-------  ", "  1  ",
+    "_", "-", "'", '"', "loss_0=", "{", "}", "1e", "nan", "inf", "Map: ", "\u2028", "epoch ", "train_loss ", "-------  ", "  1  ", "-----", "| train/ | |", "|    loss | 48.2 |", "|",
 ]  # fmt: skip
 
 
@@ -43,6 +44,9 @@ def _each_line_parser(text: str) -> None:
     phase_of(text)
     parse_metrics_line(text)
     parse_round(text)
+    box = Box()
+    box.read("-----")
+    box.read(text)
     table = Table()
     table.read("epoch train_loss valid_loss dur")
     table.read(text)
