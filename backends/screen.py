@@ -131,9 +131,7 @@ class Terminal:
         if width is None:
             self._put(run)
             return
-        while run:
-            if self._wrap:
-                self._x, self._wrap = self._x, False  # the cursor already stands at the next row's start
+        while run:  # a row filled leaves the cursor at the next one's start, in this line
             room = width - self._x % width
             part, run = run[:room], run[room:]
             self._put(part)
