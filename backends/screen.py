@@ -263,8 +263,8 @@ class Terminal:
             self._move_to(len(self._lines) - 1 - above, x, states)
 
     def _csi(self, params: str, inter: str, final: str, states: list[str]) -> None:
-        if inter or (params[:1] in "<=>?" and params) or len(params) + 2 > _CARRY_MAX:
-            return  # private modes (the cursor shown or hidden, the alternate screen...): nothing drawn
+        if not final or inter or (params[:1] in "<=>?" and params) or len(params) + 2 > _CARRY_MAX:
+            return  # cut short by another sequence; private modes (the cursor shown or hidden, the alternate screen...): nothing drawn
         args = [int(p) if p.isdigit() and len(p) < 6 else 0 for p in params.split(";")] if params else []
         n = max(1, args[0]) if args else 1
         start, x = self._row_start(), self._x

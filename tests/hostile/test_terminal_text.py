@@ -91,6 +91,10 @@ def test_a_loss_erased_before_it_was_shown_is_in_no_curve(drawn):
     assert list(said.curve) == [(5, 2.5)]
 
 
+def test_a_sequence_cut_short_by_another_draws_and_moves_nothing():
+    assert screen.Terminal().feed("ab\r\ncd\x1b[\x1b[0mef\x1b[3\x1b[1mgh\r\n") == ["ab", "cdefgh"]
+
+
 def test_rows_wrap_at_a_known_width_and_a_carriage_return_goes_to_the_rows_start():
     terminal = screen.Terminal(width=10)
     assert terminal.feed("0123456789abcdef\rXY\r\n") == ["0123456789abcdef", "0123456789XYcdef"]
@@ -275,7 +279,7 @@ HUGE = {
     "8-bit strings": "\x9d" * (2 << 20),
     "moves and text": "a\x1b[D" * (1 << 19),
     "backspaces": "ab\x08" * (1 << 20),
-    "ups and downs": "x\x1b[99999A\x1b[99999B\n" * (1 << 17),
+    "ups and downs": "x\x1b[99999A\x1b[99999B\n" * (1 << 16),
     "long params": "\x1b[" + "9" * (2 << 20) + "m",
     "redraws": "\r 50%|█████     | 5/10 [00:05<00:05]" * (1 << 16),
 }
