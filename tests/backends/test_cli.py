@@ -255,9 +255,12 @@ def test_gpus_on_a_real_gpu_reads_nvml_as_nvidia_smi_does(capsys, tmp_path, tmux
 def test_each_error_is_said_once_in_one_line(capsys, config):
     code, _, err = cli(capsys, "runs", "--bogus", "--config", config)
     assert code == 2 and err.strip() == "trackside: unrecognized arguments: --bogus"  # not "trackside: trackside: …"
-    for target in ("", "a b", "-x"):
+    # "a:b" is no name a tmux session can have (':' picks a window); "a b" may be one.
+    for target in ("", "a:b", "-x"):
         code, _, err = cli(capsys, "kill", target, "--config", config)
         assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err and "no mouse" not in err, err
+    code, _, err = cli(capsys, "kill", "a b", "--config", config)
+    assert (code, err.strip()) == (1, "trackside: no run or tmux session 'a b' on box")
 
 
 @pytest.mark.parametrize("item, said", [
