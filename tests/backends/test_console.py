@@ -106,6 +106,24 @@ def test_loading_bars_are_progress_not_steps():
     assert said.step is None and said.progress.phase == "loading" and said.loss is None
 
 
+def test_a_data_pass_bar_before_training_is_no_step_and_the_bar_under_way_at_the_first_loss_is():
+    """datasets' Map bar (done, labelled) and TRL's labelled preparation bars count rows; the
+    Trainer's bare bar, under way when its first dict is printed, counts steps (issue 43)."""
+    said = summarize([
+        "Map: 100%|██████████| 2000/2000 [00:00<00:00, 28383.04 examples/s]",
+        "Tokenizing train dataset: 100%|█████| 900/900 [00:00<00:00, 1995.56 examples/s]",
+        "  3%|▎         | 5/150 [00:00<00:05, 26.1it/s]",
+        hf_dict(1),
+        "  7%|▋         | 10/150 [00:00<00:05, 26.1it/s]",
+    ])
+    assert (said.step, said.total_steps, said.curve[-1]) == (10, 150, (10, 2.99))
+
+
+def test_counts_that_are_not_steps_are_neither_steps_nor_progress():
+    said = summarize(["Train Epoch: 1 [640/2560 (25%)]\tLoss: 2.302714", "Test set: Average loss: 2.2475, Accuracy: 209/360 (58%)"])
+    assert (said.step, said.progress, said.loss, said.eval_loss, said.axis) == (None, None, 2.302714, 2.2475, "point")
+
+
 def test_the_curve_is_bounded():
     said = summarize(f"step={i} loss=1.0" for i in range(CURVE_POINTS + 10))
     assert len(said.curve) == CURVE_POINTS and said.curve[-1] == (CURVE_POINTS + 9, 1.0)
