@@ -26,9 +26,13 @@ interrupted.
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -89,11 +93,30 @@ def stage(root: Path, step: int, files: dict[str, dict[str, Tensor]], skeleton: 
     empty: their images are then handed to publish apart (training/mirror.py)."""
     size = sum(t.numel() * t.element_size() for f in files.values() for t in f.values()) if ram else None
     staged = durable.stage_dir(root, step, ram_bytes=size)
-    for name, tensors in files.items():
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, staged / name)
-    (staged / STATE_JSON).write_text(json.dumps(skeleton))
-    (staged / CONFIG).write_text(json.dumps(config, indent=1))
+    try:
+        for name, tensors in files.items():
+            _save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+                       staged / name)
+        (staged / STATE_JSON).write_text(json.dumps(skeleton))
+        (staged / CONFIG).write_text(json.dumps(config, indent=1))
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)  # a half-written step, its room given back
+        raise
     return staged
+
+
+def _save_file(tensors: dict[str, Tensor], path: Path) -> None:
+    """save_file, its I/O errors raised as OSError with their errno (safetensors reports
+    the OS's error in its own exception, the errno only in the text), so a full disk is
+    ENOSPC wherever it is met."""
+    try:
+        save_file(tensors, path)
+    except SafetensorError as error:
+        code = re.search(r"os error (\d+)", str(error))
+        if code is None:
+            raise
+        number = int(code.group(1))
+        raise OSError(number, os.strerror(number), str(path)) from None
 
 
 def latest(root: Path) -> Path | None:

@@ -106,6 +106,9 @@ def train_parser() -> argparse.ArgumentParser:
     add_param_flag(p, "freeze_lm_head",
                    help="keep the draft head at the verifier's instead of training it (as "
                    "speculators does): less compute and memory per step")
+    p.add_argument("--offload-saved", action="store_true",
+                   help="EAGLE-3: keep what backward needs later in pinned host memory, not "
+                   "on the GPU (longer rows in less memory, for the copies' time)")
     p.add_argument("--gpu-mem-gib", type=POSITIVE_FLOAT,
                    help="cap this process's GPU memory (a smaller card, for tests)")
     add_param_flag(p, "save_every", default=1000,
@@ -234,6 +237,8 @@ def _train(args, device: str, argv: list[str]) -> int:
         given = [_flag(d) for d in _EAGLE3_ONLY if getattr(args, d)]
         if given:
             raise UsageError(f"{', '.join(given)}: EAGLE-3's, not for --drafter dflash")
+        if args.offload_saved:
+            raise UsageError("--offload-saved: EAGLE-3's, not for --drafter dflash")
         drafter, dflash = config_from_flags(args, dataset, max_seq_len)
     else:
         from training.drafters.eagle3 import config_from_flags
@@ -251,7 +256,8 @@ def _train(args, device: str, argv: list[str]) -> int:
         device=device, resume=args.resume, resume_from=args.resume_from, replaced_run_s=replaced_run_s,
         loss_chunk=args.loss_chunk,
         checkpoint_ttt=min(args.checkpoint_ttt, args.ttt_steps or PARAMS["ttt_steps"].default),
-        freeze_lm_head=args.freeze_lm_head, sharding=args.sharding,
+        freeze_lm_head=args.freeze_lm_head, offload_saved=args.offload_saved,
+        sharding=args.sharding,
         gpu_mem_gib=args.gpu_mem_gib, save_every=args.save_every, seed=args.seed,
         max_nonfinite=args.max_nonfinite,
         # A DFlash drafter is exported here, after the run, in speculators' layout.

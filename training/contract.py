@@ -81,7 +81,9 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
 }
 # Fields an event carries only where they mean something.
 OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {STEP: ("peak_mem_gib_ranks",), OOM: ("block_size", "max_anchors"),
-                                               CHECKPOINT: ("write_s",)}
+                                               CHECKPOINT: ("write_s",),
+                                               # a failed end's why, and the newest whole checkpoint kept
+                                               END: ("reason", "checkpoint")}
 
 # When this process imported the contract, which the trainer's entry does first: its start,
 # to a few milliseconds, on the trainer's own clock (a start event's `process_started`, so

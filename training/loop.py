@@ -16,6 +16,7 @@ Exit codes: 0 done or stopped by SIGTERM/SIGINT (after a checkpoint), 3 CUDA out
 from __future__ import annotations
 
 import dataclasses
+import errno
 import re
 import sys
 import time
@@ -66,6 +67,7 @@ class TrainConfig:
     loss_chunk: int = 2048
     checkpoint_ttt: int = 0  # TTT steps recomputed in backward, the first ones (model.step_losses)
     freeze_lm_head: bool = False  # the draft head stays the verifier's (model.freeze_lm_head)
+    offload_saved: bool = False  # what backward keeps waits in pinned host memory (EAGLE-3)
     gpu_mem_gib: float | None = None
     save_every: int = 0  # 0: only at the end and when stopped
     max_nonfinite: int = contract.MAX_NONFINITE  # skipped steps in a row that end the run
@@ -87,7 +89,7 @@ def drafter_of(cfg: TrainConfig) -> Drafter:
     """The drafter cfg trains: DFlash where cfg.dflash is set, else EAGLE-3."""
     if cfg.dflash is None:
         return Eagle3(cfg.drafter, cfg.ttt_steps, cfg.ttt_decay, cfg.checkpoint_ttt,
-                      cfg.freeze_lm_head)
+                      cfg.freeze_lm_head, cfg.offload_saved)
     return DFlash(cfg.drafter, cfg.dflash)
 
 
@@ -109,6 +111,26 @@ def record_oom(metrics: MetricsWriter, cfg: TrainConfig, device: torch.device,
     print(f"train: CUDA out of memory at max_seq_len={cfg.max_seq_len} "
           f"{said}: {error}", file=sys.stderr, flush=True)
     return EXIT_OOM
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def record_no_space(metrics: MetricsWriter, ckpt_root: Path, error: OSError) -> int:
+    """A full disk (a checkpoint that did not fit, most likely): its half-written files
+    removed, the newest whole checkpoint kept and named in the end event; the exit code."""
+    durable.sweep(ckpt_root)  # the debris is ours: no writer of this run is alive
+    kept = checkpoint.latest(ckpt_root)
+    reason = f"no space left on device: {error}"
+    try:  # the room the half-written checkpoint took is free again, most likely
+        metrics.write(contract.END, status=contract.FAILED, reason=reason,
+                      checkpoint=None if kept is None else str(kept))
+    except OSError:
+        pass
+    print(f"train: {reason}; " + (f"the last whole checkpoint, {kept}, is kept" if kept
+                                  else "no checkpoint was written before"),
+          file=sys.stderr, flush=True)
+    return contract.EXIT_FAILURE
 
 
 def train(cfg: TrainConfig) -> int:
@@ -141,6 +163,7 @@ def train(cfg: TrainConfig) -> int:
     drafting = drafter_of(cfg)
 
     metrics = MetricsWriter(cfg.run_dir / "metrics.jsonl" if rank == 0 else None)
+    ckpt_root = cfg.run_dir / "checkpoints"
     stop, batches, status = None, None, contract.COMPLETED
     # Out of memory anywhere from here (placing the model, a resumed optimizer state, a
     # step) is an `oom` event and exit 3.
@@ -157,7 +180,6 @@ def train(cfg: TrainConfig) -> int:
 
         phase_done("model")
         # --- resume ---
-        ckpt_root = cfg.run_dir / "checkpoints"
         source = cfg.resume_from or (ckpt_root if cfg.resume else None)
         step, position = resume(source, rank, drafter, trainable, optimizer, scheduler,
                                 cfg.freeze_lm_head, required=cfg.resume_from is not None)
@@ -200,53 +222,55 @@ def train(cfg: TrainConfig) -> int:
             a writer process, so this one can exit and free the device before the write is
             done (training/durable.py)."""
             nonlocal last_saved
-            sharded = cfg.sharding == "fsdp"
-            # FSDP gathers on every rank; unsharded, rank 0 holds it all and the others
-            # would copy the whole state to the CPU for nothing.
-            if last_saved != step and (sharded or rank == 0):
-                started = time.perf_counter()
-                images = None
-                if release_first and mirror is not None:
-                    weights, optimizer_state = live_state(drafter, optimizer)
-                    files, skeleton = checkpoint.tensor_files(weights, state(optimizer_state))
-                    images = mirror.fill(files)
-                if images is None:
+            try:
+                sharded = cfg.sharding == "fsdp"
+                # FSDP gathers on every rank; unsharded, rank 0 holds it all and the others
+                # would copy the whole state to the CPU for nothing.
+                if last_saved != step and (sharded or rank == 0):
+                    started = time.perf_counter()
+                    images = None
                     if release_first and mirror is not None:
-                        print("train: stopping the ordinary way: the RAM for it "
-                              + (f"was not made ready ({mirror.failed})" if mirror.failed
-                                 else "is not ready yet"), flush=True)
-                    weights, optimizer_state = gather_state(drafter, optimizer, sharded)
-                    files, skeleton = checkpoint.tensor_files(weights, state(optimizer_state))
-                else:
-                    files = {}  # they are the mirror's images
-                off_device_s = time.perf_counter() - started
-                if rank == 0:
-                    staged = checkpoint.stage(ckpt_root, step, files, skeleton, {
-                        "drafter": cfg.drafter.to_dict(), "layers": dataset.info["layers"],
-                        "num_layers": dataset.info["num_layers"],
-                        "max_seq_len": cfg.max_seq_len, "ttt_steps": cfg.ttt_steps,
-                        "freeze_lm_head": cfg.freeze_lm_head,
-                        **drafting.checkpoint_extras()},
-                        ram=release_first)
-                    del weights, optimizer_state, files
-                    stage_s = time.perf_counter() - started
-                    writer = (durable.hand_off(staged, ckpt_root, step,
-                                               cfg.run_dir / "metrics.jsonl", images)
-                              if release_first else None)
-                    if writer is None:
-                        path = durable.publish(staged, ckpt_root, step, images)
-                        metrics.write(contract.CHECKPOINT, step=step, path=str(path))
+                        weights, optimizer_state = live_state(drafter, optimizer)
+                        files, skeleton = checkpoint.tensor_files(weights, state(optimizer_state))
+                        images = mirror.fill(files)
+                    if images is None:
+                        if release_first and mirror is not None:
+                            print("train: stopping the ordinary way: the RAM for it "
+                                  + (f"was not made ready ({mirror.failed})" if mirror.failed
+                                     else "is not ready yet"), flush=True)
+                        weights, optimizer_state = gather_state(drafter, optimizer, sharded)
+                        files, skeleton = checkpoint.tensor_files(weights, state(optimizer_state))
                     else:
-                        metrics.write(contract.STAGED, step=step, writer=writer,
-                                      stage_s=round(stage_s, 3))
-                        where = "RAM made ready for it" if images else staged.parent
-                        print(f"train: step {step}'s state written to {where} in "
-                              f"{stage_s:.2f} s ({off_device_s:.2f} s of it off the device), "
-                              f"{stop.since()}; checkpoint writer pid {writer} makes it "
-                              "durable", flush=True)
-            last_saved = step
-            if world > 1:
-                dist.barrier()
+                        files = {}  # they are the mirror's images
+                    off_device_s = time.perf_counter() - started
+                    if rank == 0:
+                        staged = checkpoint.stage(ckpt_root, step, files, skeleton, {
+                            "drafter": cfg.drafter.to_dict(), "layers": dataset.info["layers"],
+                            "num_layers": dataset.info["num_layers"],
+                            "max_seq_len": cfg.max_seq_len, "ttt_steps": cfg.ttt_steps,
+                            "freeze_lm_head": cfg.freeze_lm_head,
+                            **drafting.checkpoint_extras()},
+                            ram=release_first)
+                        del weights, optimizer_state, files
+                        stage_s = time.perf_counter() - started
+                        writer = (durable.hand_off(staged, ckpt_root, step,
+                                                   cfg.run_dir / "metrics.jsonl", images)
+                                  if release_first else None)
+                        if writer is None:
+                            path = durable.publish(staged, ckpt_root, step, images)
+                            metrics.write(contract.CHECKPOINT, step=step, path=str(path))
+                        else:
+                            metrics.write(contract.STAGED, step=step, writer=writer,
+                                          stage_s=round(stage_s, 3))
+                            where = "RAM made ready for it" if images else staged.parent
+                            print(f"train: step {step}'s state written to {where} in "
+                                  f"{stage_s:.2f} s ({off_device_s:.2f} s of it off the device), "
+                                  f"{stop.since()}; checkpoint writer pid {writer} makes it "
+                                  "durable", flush=True)
+                last_saved = step
+            finally:  # every rank meets here, also when rank 0 failed to write
+                if world > 1:
+                    dist.barrier()
 
         # --- the steps ---
         stop, batches = StopRequest(), loader.iterate(position)
@@ -331,6 +355,11 @@ def train(cfg: TrainConfig) -> int:
         save(release_first=status == contract.STOPPED and cfg.export is None)
     except torch.OutOfMemoryError as error:
         return record_oom(metrics, cfg, device, error)
+    except OSError as error:
+        if error.errno not in NO_SPACE:
+            metrics.write(contract.END, status=contract.FAILED)
+            raise
+        return record_no_space(metrics, ckpt_root, error)
     except ResumeError:  # nothing was run: the run's record stays as it ended
         raise
     except BaseException:

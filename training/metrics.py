@@ -21,7 +21,9 @@ Events and fields:
               block_size, max_anchors (and ttt_steps null)
   nonfinite   time, step (the one not applied), what ("loss" or "grad_norm": which was
               not finite), in_a_row (training/nonfinite.py)
-  end         time, status ("completed", "stopped", "oom", "failed", "nonfinite")
+  end         time, status ("completed", "stopped", "oom", "failed", "nonfinite"); a
+              full disk's failed end also reason and checkpoint (the newest whole one
+              kept, or null)
 
 `step` counts optimizer steps done (the first is 1); `epoch` is the 0-based epoch the step's
 batch came from; `tokens` are the step's non-padding tokens over all ranks.

@@ -295,7 +295,11 @@ class Eagle3Drafter(nn.Module):
 
         down_weight = self.midlayer.mlp.down_weight()
 
-        def ttt_step(tokens, hidden, rotary, earlier):
+        def ttt_step(tokens, hidden, rotary, *earlier_kv):
+            # The earlier keys and values as arguments of their own, not a list: a
+            # recomputed step then saves each as a tensor, where saved-tensor hooks see it
+            # (training/offload.py), rather than holding the list.
+            earlier = list(zip(earlier_kv[::2], earlier_kv[1::2]))
             return self.midlayer(self.embed_tokens(tokens), hidden, rotary, layout, earlier,
                                  down_weight)
 
@@ -312,7 +316,7 @@ class Eagle3Drafter(nn.Module):
 
             rotary = rotary_tables(batch.position_ids + k, self.cfg.head_dim,
                                    self.cfg.rope_theta, table_dtype)
-            args = (tokens, hidden, rotary, earlier)
+            args = (tokens, hidden, rotary, *(t for kv in earlier for t in kv))
             if k < checkpoint and torch.is_grad_enabled():
                 out = torch.utils.checkpoint.checkpoint(ttt_step, *args, use_reentrant=False)
             else:

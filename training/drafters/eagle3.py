@@ -5,6 +5,7 @@ and backward, and its step fields (a loss and accuracy per TTT step). `forward_b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 
 import torch
@@ -17,6 +18,7 @@ from training.device import autocast
 from training.distributed import all_reduce
 from training.drafters import Drafter, base_shape
 from training.model import Eagle3Drafter, StepLoss
+from training.offload import HostOffload
 from training.packing import PackedBatch
 from training.vocab import build_draft_vocab, default_draft_vocab_size
 
@@ -47,12 +49,16 @@ class Unroll(nn.Module):
 # functions, because `trackside fit --probe` measures the peak memory of each phase on its
 # own.
 def forward_backward(model: nn.Module, batch: PackedBatch, ttt_steps: int, ttt_decay: float,
-                     loss_chunk: int, world: int = 1, checkpoint: int = 0
-                     ) -> tuple[list[StepLoss], list[float]]:
+                     loss_chunk: int, world: int = 1, checkpoint: int = 0,
+                     offload: bool = False) -> tuple[list[StepLoss], list[float]]:
     """Backward through Σ_k decay^k · (TTT step k's mean loss over the global batch).
-    Returns each TTT step's losses and its scored positions over all ranks."""
+    Returns each TTT step's losses and its scored positions over all ranks. `offload`:
+    what backward keeps (the recomputed TTT steps' inputs, the loss's gradients) waits in
+    pinned host memory instead of on the device (training/offload.py)."""
     device = batch.input_ids.device
-    with autocast(device):
+    kept_on_host = (HostOffload(resident=(batch.aux_hidden, batch.final_hidden)) if offload
+                    else contextlib.nullcontext())
+    with autocast(device), kept_on_host:
         per_step = Unroll.step_losses(model(batch, ttt_steps, loss_chunk, checkpoint))
     counts = all_reduce([float(s.losses.shape[0]) for s in per_step], device, world)
     # Each rank's share of the global mean; DDP averages gradients over ranks.
@@ -64,9 +70,10 @@ def forward_backward(model: nn.Module, batch: PackedBatch, ttt_steps: int, ttt_d
 
 class Eagle3(Drafter):
     def __init__(self, cfg: DrafterConfig, ttt_steps: int, ttt_decay: float,
-                 checkpoint_ttt: int, freeze_lm_head: bool):
+                 checkpoint_ttt: int, freeze_lm_head: bool, offload_saved: bool = False):
         self.cfg, self.ttt_steps, self.ttt_decay = cfg, ttt_steps, ttt_decay
         self.checkpoint_ttt, self.freeze_lm_head = checkpoint_ttt, freeze_lm_head
+        self.offload_saved = offload_saved
 
     def build(self, dataset: Dataset, device: torch.device, share: tuple[int, int]
               ) -> tuple[Eagle3Drafter, Unroll]:
@@ -92,7 +99,7 @@ class Eagle3(Drafter):
     def forward_backward(self, step: nn.Module, batch: PackedBatch, loss_chunk: int,
                          world: int) -> tuple[list[StepLoss], list[float]]:
         return forward_backward(step, batch, self.ttt_steps, self.ttt_decay, loss_chunk,
-                                world, self.checkpoint_ttt)
+                                world, self.checkpoint_ttt, self.offload_saved)
 
     def step_fields(self, losses: list[float], accuracies: list[float], counts: list[float]
                     ) -> dict:
