@@ -109,6 +109,19 @@ def test_console_lines_without_loss(line):
 
 
 @pytest.mark.parametrize(
+    "line, evaluated",
+    [
+        ("Test set: Average loss: 0.0010, Accuracy: 209/360 (58%)", 0.001),  # an evaluation: its average is its loss
+        ("Training Results - Epoch: 1  Avg accuracy: 0.50 Avg loss: 1.90", None),  # ignite's epoch average: no step's
+        ("Test: [ 9/9]  Time: 0.1  Loss:  0.6914 (0.7012)", 0.6914),  # timm's test phase
+    ],
+)
+def test_an_average_over_a_set_is_never_a_training_steps_loss(line, evaluated):
+    fields = parse_console_line(line)
+    assert "loss" not in fields and fields.get("eval_loss") == evaluated
+
+
+@pytest.mark.parametrize(
     "line, expected",
     [
         ("Loading safetensors checkpoint shards: 12/64", Progress("loading", 12, 64, None, "Loading safetensors checkpoint shards", "counter")),
@@ -131,13 +144,17 @@ def test_console_lines_without_loss(line):
         # Lightning's Rich bar (epochs from 0, to max_epochs - 1) and Keras 3's
         ("Epoch 1/2  ━━━━━━━━━╺━━━━━━━ 17/32 0:00:00 • 0:00:01 39.85it/s v_num: 0.000", Progress("training", 17, 32, 1.0, "Epoch 1/2", "rich", 1, 2)),
         ("17/32 ━━━━━━━━━━━━━━━━━━━━ 1s 76ms/step - loss: 1.2430", Progress("training", 17, 32, None, "", "keras")),
+        # Keras' verbose=2 line at an epoch's end, ignite's ProgressBar (its epochs from 1)
+        ("24/24 - 0s - 2ms/step - loss: 10.3195 - val_loss: 2.2239", Progress("training", 24, 24, None, "", "keras")),
+        ("Epoch [2/3]: [20/40]  50%|██████████████              , loss=2.06 [00:00<00:01]", Progress("training", 20, 40, 1.0, "Epoch [2/3]", "ignite", 2, 3, 1)),
     ],
 )
 def test_progress_formats(line, expected):
     assert parse_progress(line) == expected
 
 
-@pytest.mark.parametrize("line", ["", "step=12 loss=1.2", "ratio 3/4 of the way", "Shards: 65/64", "Shards: 1/0", "12:30:45"])
+# `Accuracy: 209/360` counts right answers (the mnist example's test line): no job's progress (issue 43)
+@pytest.mark.parametrize("line", ["", "step=12 loss=1.2", "ratio 3/4 of the way", "Shards: 65/64", "Shards: 1/0", "12:30:45", "Test set: Average loss: 2.2475, Accuracy: 209/360 (58%)"])
 def test_not_progress(line):
     assert parse_progress(line) is None
 
