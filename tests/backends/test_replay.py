@@ -108,13 +108,15 @@ def test_every_fixture_replayed_in_a_pane_reads_right_or_blank(config, runs_root
     listing (recording) or before it (scrollback); then one listing reads them all."""
     sessions = {f"r{k}": name for k, name in enumerate(NAMES)}
     for session, name in sessions.items():
-        play = f'tmux wait-for go; cat "$1"; tmux wait-for -S played-{session}; exec sleep 600'
+        # a channel per pane: tmux keeps one signal for a waiter not there yet, not one for each
+        play = f'tmux wait-for go-{session}; cat "$1"; tmux wait-for -S played-{session}; exec sleep 600'
         if way == "scrollback":
             play = f'cat "$1"; tmux wait-for -S played-{session}; exec sleep 600'
         tmux("new-session", "-d", "-s", session, "-x", "80", "-y", "24", "sh", "-c", play, "sh", str(FIXTURES / f"{name}.raw"))
     if way == "recording":
         assert set(listing(config)) >= set(sessions)  # seen, so recorded from here on
-        tmux("wait-for", "-S", "go")
+        for session in sessions:
+            tmux("wait-for", "-S", f"go-{session}")
     for session in sessions:
         tmux("wait-for", f"played-{session}")
     listed = listing(config)
