@@ -20,7 +20,7 @@ from training.contract import EXIT_NONFINITE
 from training.data import Dataset, sample_path, write_tensors_atomic
 from training.loop import TrainConfig, train
 from training.nonfinite import Verdict
-from training.optimizer import make_optimizer, optimizer_step, warmup_cosine
+from training.optimizer import _folds_clip, optimizer_step, warmup_cosine
 from training.synthetic import synthetic_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,13 +95,14 @@ def test_the_cli_stops_a_poisoned_run_with_exit_4_and_says_why(tmp_path, cache):
 
 
 @pytest.mark.parametrize("fused_clip", [True, False])
-def test_a_refused_step_applies_nothing_and_drops_the_gradients(fused_clip, monkeypatch):
+def test_a_refused_step_applies_nothing_and_drops_the_gradients(fused_clip):
     """A NaN gradient with a finite loss: the norm is what is named, and neither the
     weights nor AdamW's state move (its step count stays absent)."""
-    if not fused_clip:  # the clip_grad_norm_ path sharded gradients take
-        monkeypatch.setattr("training.optimizer._folds_clip", lambda optimizer: False)
     w = torch.nn.Parameter(torch.ones(4))
-    optimizer = make_optimizer([w], 0.1, torch.device("cpu"))
+    # fused: the clip folded into AdamW's grad_scale, as on CUDA; else clip_grad_norm_,
+    # the path sharded gradients take
+    optimizer = torch.optim.AdamW([w], lr=0.1, fused=fused_clip)
+    assert _folds_clip(optimizer) == fused_clip
     w.grad = torch.tensor([1.0, math.nan, 0.0, 2.0])
     verdict = Verdict([torch.ones(3)], torch.device("cpu"), 1)
     norm = optimizer_step(optimizer, [w], 1.0, apply=verdict)
