@@ -49,12 +49,12 @@ def attach_argv(host: Host, session: str, target: str | None = None) -> list[str
     return host.full_argv(argv)
 
 
-def attach(host: Host, session: str) -> int:
+def attach(host: Host, session: str, target: str | None = None) -> int:
     """Run the attach in the foreground until the user detaches; its exit status.
 
     Blocking on purpose: the caller has handed this terminal over and waits for it back.
     """
-    return subprocess.run(attach_argv(host, session)).returncode
+    return subprocess.run(attach_argv(host, session, target)).returncode
 
 
 def inside_tmux(env: Mapping[str, str] = os.environ) -> bool:

@@ -16,7 +16,7 @@ from rich.text import Text
 from textual.app import App, SuspendNotSupported
 from textual.worker import Worker
 
-from backends import attach, kill, runs
+from backends import attach, kill, runs, tmux
 from backends.alerts import kill_alert
 from backends.deliver import Delivery, Sent
 from backends.hosts import Host, HostError
@@ -348,11 +348,23 @@ class RunActions(Guarded):
         host = self.watched[run.host].host
         if attach.inside_tmux():
             self.run_worker(self._attach_inside_tmux(host, run.info.session), group="actions", exit_on_error=False)
+        else:
+            self.run_worker(self._attach_here(host, run.info.session), group="actions", exit_on_error=False)
+
+    async def _attach_here(self, host: Host, session: str) -> None:
+        # A name starting with '$' is targeted by the session's id, which only the host knows.
+        try:
+            where = await tmux.target(host, session)
+        except HostError as error:
+            self.notify(str(error), severity="warning", timeout=15)
             return
-        argv = attach.attach_argv(host, run.info.session)
+        if where is None:
+            self.notify(f"cannot open {session}: the host has no such tmux session now", severity="warning", timeout=10)
+            return
+        argv = attach.attach_argv(host, session, where)
         try:
             with self.suspend():
-                status = attach.attach(host, run.info.session)
+                status = attach.attach(host, session, where)
         except SuspendNotSupported:
             self.notify(f"this terminal cannot hand over; run: {shlex.join(argv)}", timeout=15)
             return

@@ -141,6 +141,29 @@ async def test_attach_inside_tmux_that_cannot_switch_says_so(monkeypatch, tmp_pa
         assert app.is_running
 
 
+async def test_attach_outside_tmux_to_a_session_named_like_an_id_targets_that_session(monkeypatch, local_host):
+    """tmux reads `=$0` as session id $0 whatever its name: a session named '$0' is
+    attached by its own id, found on the host first (it raised ValueError, an alert)."""
+    import subprocess
+
+    from backends import tmux
+
+    monkeypatch.delenv("TMUX", raising=False)
+    for name in ("$0", "bystander"):
+        subprocess.run(tmux.tmux_argv(local_host, "new-session", "-d", "-s", name, "sleep", "600"), check=True)
+    named = {p.session: p.session_id for p in await tmux.list_panes(local_host)}
+    app = make_app()
+    app.watched["h200-box"] = Watched(local_host)
+    async with app.run_test(size=(160, 48)) as pilot:
+        app.post_message(RunsListed("h200-box", [RunInfo(None, "$0", "h200-box", RunPhase.RUNNING, pids=[1])], NOW))
+        await wait_for(pilot, lambda: app.selected_run() is not None, what="the session's row")
+        await pilot.press("a")
+        await app.workers.wait_for_complete()
+        told = await wait_for(pilot, lambda: [n.message for n in app._notifications if "cannot hand over" in n.message], what="the attach's command")
+        assert told[0].endswith(f"attach-session -t '{named['$0']}'"), told
+        assert app.is_running and app.errors == 0
+
+
 async def test_a_host_without_nvidia_smi_reads_so_in_the_fleet_in_whole_words():
     from backends.gpu import GpuSnapshot, GpuStatus
     from tui.messages import GpusPolled
