@@ -449,7 +449,7 @@ async def test_foreign_sessions_carry_what_their_panes_printed(host, tmp_path):
     hf = listed["hf"]
     assert (hf.last_step, hf.last_loss) == (2000, 1.0)
     assert json.loads(json.dumps(hf.to_json()))["progress"] == {
-        "phase": "training", "done": 2000, "total": 10000, "eta_s": 2400.0, "label": "", "kind": "tqdm", "epoch": None, "epochs": None,
+        "phase": "training", "done": 2000, "total": 10000, "eta_s": 2400.0, "label": "", "kind": "tqdm", "epoch": None, "epochs": None, "epoch_from": None,
     }  # fmt: skip
     assert (listed["quiet"].last_step, listed["quiet"].last_loss, listed["quiet"].progress) == (None, None, None)
     # A run of ours that writes no metrics is read from its console.log, as its screen reads it.
