@@ -28,7 +28,6 @@ times: the GPU released, the checkpoint durable.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Mapping
 
@@ -43,6 +42,7 @@ from backends.kill.plan import (
     plan_kill,
 )
 from backends.kill.report import GpuDelta, KillReport
+from backends.logparse import parse_metrics_line
 from backends.procs import Proc, pane_roots, process_table, same, tree_of
 from backends.runs.stops import Journal
 from training.contract import CHECKPOINT, STAGED, STEP
@@ -263,13 +263,7 @@ async def _wait_durable(host: Host, plan: KillPlan, exited: float, timeout: floa
         result = await host.run(["tail", "-n", "8", f"{plan.manifest['run_dir']}/metrics.jsonl"])
         if not result.ok:
             return None, None, None
-        tail = []
-        for line in result.stdout.splitlines():
-            try:
-                tail.append(json.loads(line))
-            except ValueError:
-                continue
-        tail = [e for e in tail if isinstance(e, dict)]
+        tail = [e for e in map(parse_metrics_line, result.stdout.split("\n")) if e is not None]
         last = max((i for i, e in enumerate(tail) if e.get("event") == STEP), default=-1)
         staged = next((e for e in tail[last + 1:] if e.get("event") == STAGED), None)
         saved = next((e for e in tail[last + 1:] if e.get("event") == CHECKPOINT), None)

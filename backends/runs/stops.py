@@ -19,6 +19,7 @@ import math
 import time
 from collections.abc import Mapping
 
+from backends import untrusted_json
 from backends.hosts import Host, HostError
 from backends.procs import process_table, same
 from backends.runs.rundir import write_file
@@ -94,7 +95,7 @@ def _open_stop(text: str) -> dict | None:
     """A journal's interrupted stop: its session, run id, last signal and when, and its
     processes; None for a closed journal or anything that is not a journal."""
     try:
-        doc = json.loads(text)
+        doc = untrusted_json.loads(text)
     except ValueError:
         return None
     if not isinstance(doc, dict) or doc.get("closed") is not None:
