@@ -65,6 +65,7 @@ _TRAIN_KEY = re.compile(r"train(?:ing)?_")
 _MAIN_LOSSES = ("loss", "train_loss", "train/loss", "lm_loss", "train/lm_loss", "total_loss", "train/total_loss")
 # A line's own step counter; never `epoch`, which HF Trainer prints as a float.
 STEP_KEYS = frozenset({"step", "steps", "global_step", "iter", "iteration"})  # DeepSpeed's pipeline engine prints `steps: N loss: X`
+_OPTIMIZER_STEPS = frozenset({"step", "steps", "global_step"})  # first where a line names an iteration too
 
 def _uncut(text: str) -> str:
     """A tqdm bar's postfix cut at the terminal's width (`…, val_loss=0.27` of 0.2734): its
@@ -142,10 +143,14 @@ def parse_console_line(line: str) -> dict[str, int | float] | None:
 
 def step_of(fields: dict[str, int | float]) -> int | None:
     """The step a metrics line names (`step`, `global_step`, `iter`, `train/step`, ...), if
-    it is a whole number: a float there is some other counter's."""
-    for key, value in fields.items():
-        if key.rsplit("/", 1)[-1] in STEP_KEYS and isinstance(value, int) and value >= 0:
-            return value
+    it is a whole number: a float there is some other counter's. A line naming both a step
+    and an iteration counts optimizer steps by the step (litgpt's `iter 400 step 200` under
+    gradient accumulation)."""
+    named = [(key.rsplit("/", 1)[-1], value) for key, value in fields.items()]
+    for keys in (_OPTIMIZER_STEPS, STEP_KEYS):
+        for key, value in named:
+            if key in keys and isinstance(value, int) and value >= 0:
+                return value
     return None
 
 

@@ -71,6 +71,7 @@ def test_console_formats(line, expected):
         ("{'loss': 1.2, 'epoch': 3}", None),
         ("step=1.5 loss=1", None),
         ("step=-3 loss=1", None),
+        ("Epoch 1 | iter 400 step 200 | loss 2.5 | iter time: 120.00 ms (step)", 200),  # litgpt's shape: iterations, optimizer steps
     ],
 )
 def test_step_of(line, step):
