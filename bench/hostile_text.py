@@ -171,6 +171,9 @@ def dashboard_rss(tmp: Path, config: str, runs_root: str) -> dict:
     for _ in range(30):
         time.sleep(1)
         peak = max(peak, _rss_mib(dashboard))
+    for run in json.loads(_trackside(config, "runs", "--json").stdout):
+        if run["run_id"]:  # its pane's shell outlives the tmux server (it ignores SIGHUP)
+            _trackside(config, "kill", run["run_id"])
     return {
         "console_log_bytes": log.stat().st_size if log else 0, "followed_bytes": _followed_to(dashboard, log) if log else 0,
         "written_s": round(flooded_s), "read_s": round(read_s), "dashboard_cpu_s": round(_cpu_s(dashboard), 1),
