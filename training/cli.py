@@ -107,8 +107,9 @@ def train_parser() -> argparse.ArgumentParser:
                    help="keep the draft head at the verifier's instead of training it (as "
                    "speculators does): less compute and memory per step")
     p.add_argument("--offload-saved", action="store_true",
-                   help="EAGLE-3: keep what backward needs later in pinned host memory, not "
-                   "on the GPU (longer rows in less memory, for the copies' time)")
+                   help="EAGLE-3: keep what backward needs later, and AdamW's state between "
+                   "steps, in pinned host memory, not on the GPU (longer rows in less "
+                   "memory, for the copies' time)")
     p.add_argument("--gpu-mem-gib", type=POSITIVE_FLOAT,
                    help="cap this process's GPU memory (a smaller card, for tests)")
     add_param_flag(p, "save_every", default=1000,

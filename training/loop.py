@@ -39,6 +39,7 @@ from training.drafters.eagle3 import Eagle3
 from training.metrics import MetricsWriter
 from training.mirror import Mirror
 from training.nonfinite import Streak, Verdict
+from training.offload import OptimizerOffload
 from training.optimizer import make_optimizer, optimizer_step, warmup_cosine
 from training.params import PARAMS
 from training.resume import ResumeError, resume, rng_state
@@ -67,7 +68,8 @@ class TrainConfig:
     loss_chunk: int = 2048
     checkpoint_ttt: int = 0  # TTT steps recomputed in backward, the first ones (model.step_losses)
     freeze_lm_head: bool = False  # the draft head stays the verifier's (model.freeze_lm_head)
-    offload_saved: bool = False  # what backward keeps waits in pinned host memory (EAGLE-3)
+    # what backward keeps, and AdamW's state between steps, wait in pinned host memory
+    offload_saved: bool = False
     gpu_mem_gib: float | None = None
     save_every: int = 0  # 0: only at the end and when stopped
     max_nonfinite: int = contract.MAX_NONFINITE  # skipped steps in a row that end the run
@@ -275,6 +277,7 @@ def train(cfg: TrainConfig) -> int:
         # --- the steps ---
         stop, batches = StopRequest(), loader.iterate(position)
         streak = Streak(cfg.max_nonfinite)
+        state_offload = OptimizerOffload(optimizer) if cfg.offload_saved else None
         while step < total_steps:
             started = time.perf_counter()
             batch, epoch, next_position = next(batches)
@@ -282,8 +285,12 @@ def train(cfg: TrainConfig) -> int:
             # Positions are scored in units: TTT steps (EAGLE-3), block offsets (DFlash).
             scored, counts = drafting.forward_backward(unroll, batch, cfg.loss_chunk, world)
             verdict = Verdict([s.losses for s in scored], device, world)
+            if state_offload is not None:
+                state_offload.to_device()
             grad_norm = optimizer_step(optimizer, trainable.values(), cfg.grad_clip,
                                        apply=verdict)
+            if state_offload is not None:
+                state_offload.to_host()
             if verdict.what is not None:  # nothing applied; the batch is spent
                 position, in_a_row = next_position, streak.skipped()
                 metrics.write(contract.NONFINITE, step=step + 1, what=verdict.what,

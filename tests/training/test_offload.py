@@ -122,3 +122,30 @@ def test_no_copy_outlives_the_backward_that_used_it(monkeypatch):
     assert len(made) == 1 and made[0]() is not None  # the graph holds it until backward
     y.sum().backward()
     assert made[0]() is None
+
+
+def test_adamw_state_waits_in_host_buffers_between_steps_and_steps_the_same():
+    """Three steps with the state moved out after each and back before the next give the
+    weights three plain steps give; between steps the state is the host buffers, the same
+    ones every step."""
+    from training.offload import OptimizerOffload
+
+    def run(offloaded: bool):
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(16))
+        optimizer = torch.optim.AdamW([w], lr=0.1)
+        moving = OptimizerOffload(optimizer) if offloaded else None
+        buffers = []
+        for step in range(3):
+            w.grad = torch.randn(16, generator=torch.Generator().manual_seed(step))
+            if moving:
+                moving.to_device()
+                assert all(t is not b for t, b in zip(optimizer.state[w].values(), buffers))
+            optimizer.step()
+            if moving:
+                moving.to_host()
+                now = [t for t in optimizer.state[w].values() if torch.is_tensor(t)]
+                assert not buffers or all(a is b for a, b in zip(now, buffers))
+                buffers = now
+        return w.detach()
+    torch.testing.assert_close(run(True), run(False), rtol=0, atol=0)
