@@ -35,8 +35,8 @@ BLANK = {
     "torch-2.13-quickstart": {"last_step"},
     "fabric-2.6-mnist-example": {"last_step"},
     "transformers-5.25-datasets-notqdm": {"last_step"},  # disable_tqdm: its dicts name no step
-    "xgboost-3.2-sklearn": {"last_loss", "eval_loss"},
-    "sb3-2.9-ppo": {"last_step"},  # its boxes name no step (n_updates counts update epochs, iterations rollouts)  # validation_0 and _1: which is the training data is not said
+    "xgboost-3.2-sklearn": {"last_loss", "eval_loss"},  # validation_0 and _1: which is the training data is not said
+    "sb3-2.9-ppo": {"last_step"},  # its boxes name no step (n_updates counts update epochs, iterations rollouts)
 }
 
 
