@@ -90,6 +90,7 @@ class RunFacts:
     info: RunInfo
     steps: Sequence[dict] = ()  # its latest metrics step events, oldest first
     oom: dict | None = None  # its oom event, if read
+    nonfinite: dict | None = None  # its latest nonfinite event (a step skipped), if read
 
 
 def format_duration(seconds: float | None) -> str:
@@ -178,6 +179,20 @@ def _loss_alert(run: RunFacts) -> Alert | None:
     return None
 
 
+def _skipping_alert(run: RunFacts) -> Alert | None:
+    """Steps skipped since the last applied one: the trainer goes on, the run does not learn."""
+    skipped = run.nonfinite
+    if skipped is None or run.info.state is not RunPhase.RUNNING:
+        return None
+    tried, applied = skipped.get("step"), (run.steps[-1].get("step") if run.steps else None)
+    if not _number(tried) or (_number(applied) and applied >= tried):
+        return None  # a step was applied after it: the run trains again
+    in_a_row = skipped.get("in_a_row")
+    count = f"{in_a_row} steps in a row" if _number(in_a_row) else "steps"
+    what = skipped.get("what") if skipped.get("what") in ("loss", "grad_norm") else "loss or gradient"
+    return Alert(f"skipping:{run.key}", f"{run.key} skipping {count} at step {tried}: its {what} is not finite (none applied)", "error")
+
+
 def _stall_alert(run: RunFacts, now: float, rules: Rules) -> Alert | None:
     timed = [(e["time"], e.get("step", 0)) for e in _recent(run.steps) if isinstance(e.get("time"), (int, float))]
     if run.info.state is not RunPhase.RUNNING or not timed:
@@ -192,7 +207,7 @@ def _stall_alert(run: RunFacts, now: float, rules: Rules) -> Alert | None:
 
 def run_alerts(run: RunFacts, now: float, rules: Rules = Rules(), *, answered: bool = False) -> list[Alert]:
     """A run's alerts; `answered`: its end is no news (the operator stopped or relaunched it)."""
-    found = [_loss_alert(run), _stall_alert(run, now, rules)]
+    found = [_loss_alert(run), _skipping_alert(run), _stall_alert(run, now, rules)]
     if not answered:
         found.append(_ended_alert(run))
     return [alert for alert in found if alert is not None]

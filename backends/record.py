@@ -14,17 +14,18 @@ from collections import deque
 from itertools import islice
 
 from backends import pace
-from training.contract import END, OOM, START, STEP
+from training.contract import END, NONFINITE, OOM, START, STEP
 
 
 class MetricsRecord:
-    """Step events kept (the latest `keep`), the latest start, oom and end events."""
+    """Step events kept (the latest `keep`), the latest start, oom, end and nonfinite events."""
 
     def __init__(self, keep: int) -> None:
         self.steps: deque[dict] = deque(maxlen=keep)
         self.start: dict | None = None
         self.oom: dict | None = None
         self.end: dict | None = None
+        self.nonfinite: dict | None = None  # the latest skipped step's event
         self._since_start = 0  # step events since the latest start: what the pace is measured over
 
     def add(self, event: dict) -> None:
@@ -36,7 +37,7 @@ class MetricsRecord:
             self.steps.append({k: tuple(v) if isinstance(v, list) else v for k, v in event.items()})
             self._since_start += 1
         elif kind == START:
-            self.start, self.oom, self.end, self._since_start = event, None, None, 0
+            self.start, self.oom, self.end, self.nonfinite, self._since_start = event, None, None, None, 0
             config = event.get("config")
             resumed = _count(config.get("resumed_from_step")) if isinstance(config, dict) else None
             if resumed is not None and self.steps and (_count(self.steps[-1].get("step")) or 0) > resumed:
@@ -45,6 +46,8 @@ class MetricsRecord:
                 self.steps.extend(kept)
         elif kind == OOM:
             self.oom = event
+        elif kind == NONFINITE:
+            self.nonfinite = event
         elif kind == END:
             self.end = event
 

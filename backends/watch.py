@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from backends import alerts, gpu, kill, logparse, nodes, runs
 from backends.hosts import Host, HostError
-from training.contract import EXIT_FAILURE, EXIT_OK
+from training.contract import EXIT_FAILURE, EXIT_OK, NONFINITE, OOM, STEP
 
 POLL_TIMEOUT_S = 20.0
 INTERVAL_S = 5.0  # between polls
@@ -73,8 +73,9 @@ async def poll(watched: Watched, book: alerts.AlertBook, clock: Callable[[], flo
         return alerts.HostFacts(host.name, lost=_lost(error))
     for fact in read:
         events = tails.get(fact.info.run_dir, [])
-        fact.steps = [e for e in events if e["event"] == "step"]
-        fact.oom = next((e for e in reversed(events) if e["event"] == "oom"), None)
+        fact.steps = [e for e in events if e["event"] == STEP]
+        fact.oom = next((e for e in reversed(events) if e["event"] == OOM), None)
+        fact.nonfinite = next((e for e in reversed(events) if e["event"] == NONFINITE), None)
     watched.runs = facts
     now = clock()
     readings = [(r, alerts.underfed_since(r, watched.underfed.get(r.index), now)) for r in snapshot.gpus]

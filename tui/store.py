@@ -148,7 +148,7 @@ class Store:
             )
             for host in self.hosts.values()
         ]
-        listed = [RunFacts(run.key, run.info, run.steps, run.oom) for run in self.runs.values() if not run.gone]
+        listed = [RunFacts(run.key, run.info, run.steps, run.oom, run.metrics.nonfinite) for run in self.runs.values() if not run.gone]
         raised = self.alert_book.evaluate(hosts, listed, now, [*self.kill_alerts.values(), *self._lost_nodes(listed)])
         self.alerts = {alert.key: alert for alert in self.alert_book.current}
         return raised

@@ -113,3 +113,24 @@ def test_a_refused_step_applies_nothing_and_drops_the_gradients(fused_clip):
     verdict = Verdict([torch.ones(3)], torch.device("cpu"), 1)
     optimizer_step(optimizer, [w], 1.0, apply=verdict)
     assert verdict.what is None and not torch.equal(w.detach(), torch.ones(4))
+
+
+def test_a_run_skipping_steps_is_an_alert_while_it_runs_and_none_once_it_trains_again(tmp_path, cache):
+    """The dashboard and `watch` fold the trainer's real events: skipped steps since the
+    last applied one are an error alert while the run goes on (not only at its end)."""
+    from backends.alerts import RunFacts, run_alerts
+    from backends.record import MetricsRecord
+    from backends.runs import RunInfo, RunPhase
+
+    run_dir = tmp_path / "run"
+    assert train(config(poisoned(tmp_path, every=1), run_dir, steps=10, max_nonfinite=2)) == EXIT_NONFINITE
+    running = [e for e in events(run_dir) if e["event"] != "end"]  # as a listing saw it mid-run
+    record = MetricsRecord(keep=50)
+    for event in running:
+        record.add(event)
+    info = RunInfo("r", "s", "box", RunPhase.RUNNING, pids=[1])
+    [alert] = run_alerts(RunFacts("box/r", info, record.steps, record.oom, record.nonfinite), 0.0)
+    assert alert.key == "skipping:box/r" and alert.severity == "error"
+    assert "skipping 2 steps in a row at step 1: its loss is not finite (none applied)" in alert.text
+    record.add({"event": "step", "time": 1.0, "step": 1, "loss": 2.0})  # a later batch trained
+    assert run_alerts(RunFacts("box/r", info, record.steps, record.oom, record.nonfinite), 1.0) == []
