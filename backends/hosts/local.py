@@ -4,7 +4,9 @@ the call."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
+import signal
 from collections.abc import Sequence
 
 from backends.hosts.base import (
@@ -36,6 +38,7 @@ class LocalHost(Host):
             )
         except FileNotFoundError:
             return CommandResult(127, "", f"{full[0]}: command not found")
+        pidfd = _pidfd(proc)
         try:
             out, err = await asyncio.wait_for(
                 proc.communicate(input.encode() if input is not None else None), timeout
@@ -45,7 +48,7 @@ class LocalHost(Host):
         finally:
             # Timed out or cancelled (a monitor stopping, the app quitting): the command
             # must not outlive the call, nor its pipes be left for the loop's close.
-            await _killed(proc)
+            await _killed(proc, pidfd)
         return CommandResult(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
     async def chunks(self, argv):
@@ -60,22 +63,47 @@ class LocalHost(Host):
             )
         except FileNotFoundError:
             raise HostError(self.name, f"{full[0]}: command not found")
+        pidfd = _pidfd(proc)
         try:
             assert proc.stdout is not None
             while chunk := await proc.stdout.read(CHUNK_BYTES):
                 yield chunk
         finally:
-            await _killed(proc)
+            await _killed(proc, pidfd)
 
 
-async def _killed(proc: asyncio.subprocess.Process) -> None:
+def _pidfd(proc: asyncio.subprocess.Process) -> int | None:
+    """A pidfd on proc, taken as it starts: a signal through it reaches this process or
+    none, never another that reused its pid. None if it is gone already or this kernel
+    has no pidfds (before Linux 5.3)."""
+    try:
+        return os.pidfd_open(proc.pid)
+    except OSError:
+        return None
+
+
+async def _killed(proc: asyncio.subprocess.Process, pidfd: int | None) -> None:
     """Kill proc if it still runs and reap it, even through further cancellations (a
     worker cancelled again while it cleans up, as the app quits): a process left unreaped
     when the event loop closes is reported as an error, its pipes collected without a loop.
     A SIGKILLed process is reaped within milliseconds; a cancellation that arrived
-    meanwhile is raised afterwards."""
-    if proc.returncode is None:
-        proc.kill()
+    meanwhile is raised afterwards.
+
+    The signal is never sent through proc.kill(): Popen.send_signal polls first, and that
+    poll reaps a process that has just ended ahead of asyncio's child watcher, which then
+    logs "Unknown child process pid N, will report returncode 255" on stderr (and reports
+    255). The watcher stays the only one to reap; a process it reaped already is not
+    signalled (ESRCH)."""
+    try:
+        if proc.returncode is None and pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        elif proc.returncode is None:  # no pidfd: the pid, as Popen would, without its poll
+            os.kill(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it ended on its own; the watcher has its status
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
     cancelled = None
     while True:
         try:
