@@ -28,9 +28,14 @@ def demo_argv(params: dict) -> list[str]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    from tui.cli import SUMMARIES
+
     parser = argparse.ArgumentParser(
         prog="trackside",
         description="The dashboard over the configured hosts; `trackside demo` shows it on a small CPU run.",
+        epilog="commands (trackside COMMAND --help for each one's flags):\n"
+        + "\n".join(f"  {name:<9} {line}" for name, line in SUMMARIES.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("command", nargs="?", choices=["demo"], help="demo: launch a small CPU run and watch it")
     parser.add_argument("--config", metavar="PATH", help="hosts file (default ~/.config/trackside/config.toml)")

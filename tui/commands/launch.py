@@ -55,7 +55,10 @@ def add_parsers(command) -> None:
 
 
 def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
-    """`launch`'s own arguments and the command it runs (after --)."""
+    """`launch`'s own arguments and the command it runs (after --); with -h or --help
+    before any, launch's own arguments alone (its help is printed, nothing runs)."""
+    if "--" not in argv and {"-h", "--help"} & set(argv):
+        return argv, []
     if "--" not in argv:
         raise UsageError("trackside launch: give the command after --, e.g. trackside launch -- trackside train --synthetic")
     split = argv.index("--")
