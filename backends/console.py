@@ -39,6 +39,7 @@ from backends.boxes import Box
 from backends.eval_heading import EvalHeading
 from backends.rounds import parse_round
 from backends.tables import Table
+from backends.timm_log import TimmLog
 from backends.wrapped import INDENT, Wrapped
 from backends.training_bar import TrainingBar
 from backends.screen import Terminal, visible_text
@@ -82,6 +83,7 @@ class ConsoleSummary:
         self._shape = ""  # the line that named the last step, its numbers blanked
         self._counts = "step"  # what the steps named count: a boosting library's rounds, a table's epochs
         self._table = Table()
+        self._timm = TimmLog()
         self._bars = TrainingBar()  # which bar is the training loop's
         self._new_epoch = False  # the latest training bar is a new epoch's, the one before ended the last
         self._heading = EvalHeading()
@@ -164,10 +166,11 @@ class ConsoleSummary:
         if (boosted := parse_round(text)) is not None:
             self._numbered(boosted.number, boosted.loss, boosted.eval_loss, "round")
             return
-        if (row := self._table.read(text)) is not False:
-            if row is not True:
-                self._numbered(row[0], row[1].get("loss"), row[1].get("eval_loss"), self._table.counts)
-            return
+        for reader in (self._table, self._timm):
+            if (row := reader.read(text)) is not False:
+                if row is not True:
+                    self._numbered(row[0], row[1].get("loss"), row[1].get("eval_loss"), reader.counts)
+                return
         bar_step = None
         progress = parse_progress(text) if "/" in text else None
         if progress is None and not text.startswith(INDENT):

@@ -24,6 +24,7 @@ from backends.eval_heading import EvalHeading
 from backends.logparse import parse_console_line, parse_metrics_line, parse_progress, phase_of, step_of
 from backends.rounds import parse_round
 from backends.tables import Table
+from backends.timm_log import TimmLog
 
 LONG = 40_000
 BUDGET_S = 1.0
@@ -33,6 +34,7 @@ FRAGMENTS = [
     "train-logloss:0.5\t", "[5]\t", "[5]", "step=1 ", "'loss': '1.2', ", ":", ": ", "=", "e", "1", "1.", ".5",
     "a", "a:", "iteration 1/ 2 ", "Avg loss", "train loss ", "lm loss value: ", "[00:01<00:02", "<", "•", "0:00:01 ",
     "_", "-", "'", '"', "loss_0=", "{", "}", "1e", "nan", "inf", "Map: ", "\u2028", "epoch ", "train_loss ", "-------  ", "  1  ", "-----", "| train/ | |", "|    loss | 48.2 |", "|",
+    "Train: 0 [   5/6 (100%)]  Loss: 0.5 (0.4)  ", "Test: [   1/1]  Time: 0.1 (0.1)  Loss:   0.3 ( 0.3)", '"loss": ', "  ",
 ]  # fmt: skip
 
 
@@ -50,6 +52,9 @@ def _each_line_parser(text: str) -> None:
     table = Table()
     table.read("epoch train_loss valid_loss dur")
     table.read(text)
+    timm = TimmLog()
+    timm.read("Train: 0 [   0/6 ( 17%)]  Loss: 0.7 (0.7)")
+    timm.read(text)
     heading = EvalHeading()
     heading.heading(text)
     heading.trained(text)
