@@ -40,6 +40,7 @@ from backends.eval_heading import EvalHeading
 from backends.rounds import parse_round
 from backends.tables import Table
 from backends.timm_log import TimmLog
+from backends.ultralytics_log import UltralyticsLog
 from backends.wrapped import INDENT, Wrapped
 from backends.training_bar import TrainingBar
 from backends.screen import Terminal, visible_text
@@ -82,8 +83,7 @@ class ConsoleSummary:
         self._screen = False  # folding a screen's lines, not a recording
         self._shape = ""  # the line that named the last step, its numbers blanked
         self._counts = "step"  # what the steps named count: a boosting library's rounds, a table's epochs
-        self._table = Table()
-        self._timm = TimmLog()
+        self._readers = (UltralyticsLog(), Table(), TimmLog())  # of a line their own, each its library's
         self._bars = TrainingBar()  # which bar is the training loop's
         self._new_epoch = False  # the latest training bar is a new epoch's, the one before ended the last
         self._heading = EvalHeading()
@@ -166,7 +166,7 @@ class ConsoleSummary:
         if (boosted := parse_round(text)) is not None:
             self._numbered(boosted.number, boosted.loss, boosted.eval_loss, "round")
             return
-        for reader in (self._table, self._timm):
+        for reader in self._readers:
             if (row := reader.read(text)) is not False:
                 if row is not True:
                     self._numbered(row[0], row[1].get("loss"), row[1].get("eval_loss"), reader.counts)

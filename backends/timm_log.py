@@ -17,8 +17,14 @@ import math
 import re
 
 _NUMBER = r"([-+]?\d{1,20}(?:\.\d{0,20})?(?:e[-+]?\d{1,4})?|nan|inf)"
-_TRAIN = re.compile(r"Train: (\d{1,9}) \[\s{0,9}(\d{1,9})/(\d{1,9}) \(\s{0,3}\d{1,3}%\)\]\s{1,4}Loss: " + _NUMBER + r" \(" + _NUMBER + r"\)")
-_TEST = re.compile(r"Test( \(EMA\))?: \[\s{0,9}(\d{1,9})/(\d{1,9})\]\s{1,4}Time: \S{1,24} \(\S{1,24}\)\s{1,4}Loss:\s{0,9}" + _NUMBER + r" \(\s{0,9}" + _NUMBER + r"\)")
+_TRAIN = re.compile(
+    r"Train: (\d{1,9}) \[\s{0,9}(\d{1,9})/(\d{1,9}) \(\s{0,3}\d{1,3}%\)\]\s{1,4}"
+    r"Loss: " + _NUMBER + r" \(" + _NUMBER + r"\)"
+)
+_TEST = re.compile(
+    r"Test( \(EMA\))?: \[\s{0,9}(\d{1,9})/(\d{1,9})\]\s{1,4}Time: \S{1,24} \(\S{1,24}\)\s{1,4}"
+    r"Loss:\s{0,9}" + _NUMBER + r" \(\s{0,9}" + _NUMBER + r"\)"
+)
 _RESULTS = re.compile(r"\s{0,40}(?:[\[\]{}],?|\"\w{1,64}\": .{0,200})")  # a line of the results JSON
 
 

@@ -17,7 +17,8 @@ import re
 from backends.logparse import Progress
 
 # Bars that count something other than training steps, whatever their phase says.
-NOT_TRAINING = re.compile(r"eval|valid|test|predict|generat|sanity", re.IGNORECASE)
+# (ultralytics' `train: Scanning … 32/32` counts its files)
+NOT_TRAINING = re.compile(r"eval|valid|test|predict|generat|sanity|scanning", re.IGNORECASE)
 # A label that is the training loop's name, not one that mentions it (TRL's `Tokenizing train
 # dataset` is a data pass): `Training`, `train`, `Train steps`; an epoch is read apart.
 _TRAINING_LABEL = re.compile(r"train(?:ing)?(?:[ _-](?:steps?|loop|iters?|iterations?))?", re.IGNORECASE)
