@@ -12,7 +12,7 @@ from typing import NoReturn
 
 from training import contract, register
 from training.bytecode import keep_bytecode
-from training.contract import EXIT_OK, EXIT_USAGE, UsageError
+from training.contract import EXIT_OK, EXIT_USAGE, OneLineParser, UsageError
 from training.memory.terms import SHARDINGS
 from training.params import EXCLUSIVE, PARAMS, add_param_flag
 
@@ -61,7 +61,7 @@ def _pids(text: str) -> tuple[int, ...]:
 def train_parser() -> argparse.ArgumentParser:
     from training.config import DFLASH_PRESETS, PRESETS
 
-    p = argparse.ArgumentParser(prog="trackside train",
+    p = OneLineParser(prog="trackside train",
                                 description="Train an EAGLE-3 or DFlash drafter on hidden "
                                             "states.")
     p.add_argument("--drafter", choices=["eagle3", "dflash"], default="eagle3")
@@ -301,7 +301,7 @@ def _train(args, device: str, argv: list[str]) -> int:
 
 
 def extract_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="trackside extract",
+    p = OneLineParser(prog="trackside extract",
                                 description="Capture a causal LM's hidden states into a "
                                             "data directory.")
     p.add_argument("--model", required=True,
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
             return fit_main(argv)
     except UsageError as exc:
         if str(exc):
-            print(f"trackside {command}: error: {exc}", file=sys.stderr)
+            print(f"trackside {command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print("usage: trackside {train,extract,fit} …", file=sys.stderr)
     return EXIT_USAGE

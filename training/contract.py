@@ -9,6 +9,7 @@ import it and nothing else of `training` that loads torch).
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import secrets
@@ -28,8 +29,18 @@ MAX_NONFINITE = 5  # the trainer's default --max-nonfinite
 class UsageError(Exception):
     """A bad argument or value: exit 2 (EXIT_USAGE), the message naming the flag or key.
 
-    An empty message means it was already said (argparse printed it, or rank 0 of a
-    torchrun run speaks for every rank), so the one catching it prints nothing."""
+    An empty message means it was already said (rank 0 of a torchrun run speaks for
+    every rank), so the one catching it prints nothing."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose mistake is a UsageError of one line, the flag and why (`--max-seq-len:
+    must be ≥ 128 (got 10)`), never its usage text above it; whoever catches it names the
+    command. Every `trackside` command parses with it."""
+
+    def error(self, message: str):
+        raise UsageError(message.removeprefix("argument "))
+
 
 # A run id is the UTC minute it was made and 4 random hex digits: sorting ids sorts runs by
 # start, and two launches in one minute differ but for 1 time in 65,536.

@@ -103,6 +103,10 @@ def read_prompts(path: Path, tokenizer) -> list[tuple[list[int], list[bool]]]:
 def load_model(spec: str):
     """(model, tokenizer or None): a model directory or hub id, or a config.json, which
     makes a randomly initialised model (seed 0) — for tests and dry runs."""
+    # A hub id is `name` or `owner/name`: anything else is a path, and one that is not
+    # there is said as such (the hub's loader would call it a malformed repo id).
+    if not Path(spec).exists() and (spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or spec.endswith(".json")):
+        raise ExtractError("--model", f"no such {'file' if spec.endswith('.json') else 'directory'}: {spec}")
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     path = Path(spec)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from training import memory
 from training.config import DFLASH_PRESETS, PRESETS, DFlashConfig, DrafterConfig
-from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError
+from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, OneLineParser, UsageError
 from training.memory import Calibration, GiB, Measurement, StepShape
 from training.params import PARAMS, add_param_flag, anchor_room
 
@@ -28,7 +28,7 @@ def _positive_int(flag: str, value: int | None) -> None:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="trackside fit",
         description="Predict the peak GPU memory of a training step and the largest "
                     "max_seq_len that fits.")
@@ -79,12 +79,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_param_flag(dflash, "block_size", help="default: the run's or the preset's")
     add_param_flag(dflash, "soft_kl", help="default: the run's, the preset's, else "
                    f"{PARAMS['soft_kl'].default:g}")
-    try:
-        args = p.parse_args(argv)
-    except SystemExit as e:  # argparse already printed the message (or the help)
-        if e.code == 0:
-            raise
-        raise UsageError("") from e
+    args = p.parse_args(argv)
     for flag in ("world_size", "multiple"):  # fit's own
         _positive_int("--" + flag.replace("_", "-"), getattr(args, flag))
     if not args.gpu_mem_gib > 0 or not math.isfinite(args.gpu_mem_gib):

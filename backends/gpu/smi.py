@@ -186,7 +186,7 @@ async def read_smi(host: Host, smi: str) -> GpuSnapshot:
             host.run(_apps_argv(smi), timeout=SMI_TIMEOUT_S),
         )
     except HostError as e:
-        return GpuSnapshot(GpuStatus.ERROR, str(e), source="nvidia-smi")
+        return GpuSnapshot(GpuStatus.ERROR, e.reason, source="nvidia-smi")  # its host is said by whoever shows it
     if (failure := smi_failure(gpus_result, smi)) is not None:
         return GpuSnapshot(*failure, source="nvidia-smi")
     gpus = parse_query_gpu(gpus_result.stdout)

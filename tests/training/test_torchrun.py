@@ -125,7 +125,7 @@ def test_an_out_that_holds_a_run_is_refused_by_every_rank_with_one_message(tmp_p
     ended = [rank.communicate(timeout=120) for rank in ranks]
     assert [rank.returncode for rank in ranks] == [2, 2], [err[-2000:] for _, err in ended]
     said = [line for _, err in ended for line in err.splitlines() if line.strip()]
-    assert said == [(f"trackside train: error: --out {out} already holds a run; pass --resume "
+    assert said == [(f"trackside train: --out {out} already holds a run; pass --resume "
                      "or choose another directory")]
     assert (out / "metrics.jsonl").read_text() == '{"event": "start"}\n'
     assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]  # nothing written

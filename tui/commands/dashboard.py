@@ -13,7 +13,7 @@ from backends.config import ConfigError, load_config
 from backends.hosts import LocalHost
 from backends.own_session import mark_own_pane
 from backends.runs import RunInfo
-from training.contract import EXIT_FAILURE, EXIT_USAGE, local_runs_root
+from training.contract import EXIT_FAILURE, EXIT_USAGE, OneLineParser, UsageError, local_runs_root
 from tui.app import Demo, TracksideApp, Watched
 
 DEMO_PARAMS = {"max_seq_len": 256, "ttt_steps": 3, "steps": 20000, "lr": 3e-3}
@@ -30,7 +30,7 @@ def demo_argv(params: dict) -> list[str]:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     from tui.cli import SUMMARIES
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="trackside",
         description="The dashboard over the configured hosts; `trackside demo` shows it on a small CPU run.",
         epilog="commands (trackside COMMAND --help for each one's flags):\n"
@@ -60,7 +60,11 @@ def dashboard(config_path: str | None, *, read_only: bool = False) -> TracksideA
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except UsageError as error:
+        print(f"trackside: {error}", file=sys.stderr)
+        return EXIT_USAGE
     if args.command == "demo":
         demo = Demo(demo_argv(DEMO_PARAMS), f"trackside-demo-{time.strftime('%H%M%S')}", dict(DEMO_PARAMS))
         app = TracksideApp([Watched(LocalHost(runs_root=local_runs_root()))], demo=demo, read_only=args.read_only)

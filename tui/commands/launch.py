@@ -14,7 +14,7 @@ from backends.hosts import Host
 from backends.relaunch import relaunch
 from training.contract import RUN_ID_EXAMPLE, UsageError
 from tui.commands.flags import bounded
-from tui.commands.shared import Fleet
+from tui.commands.shared import Fleet, Said
 
 
 def _names(text: str) -> list[str]:
@@ -60,10 +60,10 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" not in argv and {"-h", "--help"} & set(argv):
         return argv, []
     if "--" not in argv:
-        raise UsageError("trackside launch: give the command after --, e.g. trackside launch -- trackside train --synthetic")
+        raise Said("trackside launch: give the command after --, e.g. trackside launch -- trackside train --synthetic")
     split = argv.index("--")
     if not argv[split + 1 :]:
-        raise UsageError("trackside launch: the command after -- is empty")
+        raise Said("trackside launch: the command after -- is empty")
     return argv[:split], argv[split + 1 :]
 
 
@@ -73,11 +73,11 @@ def check(args: argparse.Namespace) -> None:
         if args.hosts is None:
             given = [flag for flag, value in (("--nproc-per-node", args.nproc_per_node), ("--rdzv-host", args.rdzv_host)) if value]
             if given:
-                raise UsageError(f"trackside launch: {given[0]} goes with --hosts")
+                raise Said(f"trackside launch: {given[0]} goes with --hosts")
         if args.hosts is not None and args.host is not None:
-            raise UsageError("trackside launch: --host and --hosts: give one")
+            raise Said("trackside launch: --host and --hosts: give one")
         if args.hosts is not None and args.ship:
-            raise UsageError("trackside launch: --ship is for a run on one host, not --hosts")
+            raise Said("trackside launch: --ship is for a run on one host, not --hosts")
         if args.session is not None:
             try:
                 tmux.check_session_name(args.session)
@@ -100,14 +100,14 @@ def _check_nodes(args, fleet: Fleet) -> None:
         try:
             config.host(name)
         except ConfigError as e:
-            raise UsageError(f"trackside launch: --hosts: {e.problem}") from None
+            raise Said(f"trackside launch: --hosts: {e.problem}") from None
     if runs.train_args_start(args.command, config.host(args.hosts[0]).train_command) is None:
-        raise UsageError(f"trackside launch: --hosts runs the trainer (-- trackside train …), not {args.command[0]}")
+        raise Said(f"trackside launch: --hosts runs the trainer (-- trackside train …), not {args.command[0]}")
     if args.rdzv_host is None:
         try:
             nodes.rendezvous_host([fleet.hosts[name] for name in args.hosts])
         except runs.RunError as e:
-            raise UsageError(f"trackside launch: --hosts: {e}") from None
+            raise Said(f"trackside launch: --hosts: {e}") from None
 
 
 async def _delivered(host: Host, delivery: Delivery, trainer: bool) -> Sent:

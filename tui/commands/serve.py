@@ -18,6 +18,7 @@ import sys
 
 from backends import ranges
 from tui.commands.flags import bounded
+from training.contract import EXIT_USAGE, OneLineParser, UsageError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
@@ -26,7 +27,7 @@ TOKEN_ENV = "TRACKSIDE_SERVE_TOKEN"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="trackside serve",
         description="The dashboard in a browser page (one dashboard process per open page).",
         epilog="From another machine: ssh -L 8765:127.0.0.1:8765 HOST, then open http://127.0.0.1:8765/",
@@ -77,7 +78,10 @@ def fail(message: str, status: int) -> int:
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except UsageError as error:
+        return fail(str(error), EXIT_USAGE)
     token = args.token or os.environ.get(TOKEN_ENV) or None
     loopback = is_loopback(args.host)
     if args.no_token and token is not None:

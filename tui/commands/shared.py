@@ -3,22 +3,26 @@ naming the command), rows in aligned columns, and the hosts a command reads."""
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 from backends import sanitize
 from backends.config import Config
 from backends.hosts import Host
-from training.contract import UsageError
+from training.contract import OneLineParser, UsageError
 
 
 class Said(UsageError):
     """A usage error whose message already names the command (`trackside kill: …`)."""
 
 
-class Parser(argparse.ArgumentParser):
+class Parser(OneLineParser):
+    """The one-line parser, its error naming the command (`trackside kill: --grace: …`)."""
+
     def error(self, message: str):
-        raise Said(f"{self.prog}: {message}")
+        try:
+            super().error(message)
+        except UsageError as error:
+            raise Said(f"{self.prog}: {error}") from None
 
 
 def table(rows: list[tuple[str, ...]]) -> str:

@@ -7,19 +7,18 @@ Exit status: 0, or with `--once` 1 when any alert is up; 2 for a bad argument or
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 
 from backends import alerts, ranges, sanitize
 from backends.config import ConfigError, load_config
 from backends.watch import INTERVAL_S, Watched, watch
-from training.contract import EXIT_OK, EXIT_USAGE
+from training.contract import EXIT_OK, EXIT_USAGE, OneLineParser, UsageError
 from tui.commands.flags import bounded
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="trackside watch",
         description="Print the dashboard's alerts as lines, and run the config's [alerts] command on each.",
     )
@@ -28,11 +27,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--once", action="store_true", help="poll once, print what is up, exit 1 if anything is")
     parser.add_argument("--interval", type=bounded(ranges.WATCH_INTERVAL), default=INTERVAL_S, metavar="S",
                         help=f"seconds between polls (default {INTERVAL_S:g})")  # fmt: skip
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         config = load_config(args.config)
         entries = [config.host(name) for name in args.host] if args.host else config.hosts
-    except ConfigError as error:
+    except (UsageError, ConfigError) as error:
         print(f"trackside watch: {error}", file=sys.stderr)
         return EXIT_USAGE
     made = config.make_hosts()
