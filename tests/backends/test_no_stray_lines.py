@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.backends.test_runs import PY, tmux_dir  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,6 +50,7 @@ def test_short_host_commands_read_to_their_end_leave_stderr_empty():
     assert done.stderr == ""
 
 
+@pytest.mark.slow  # 20 s of commands against a real tmux run
 def test_runs_watch_plot_and_kill_print_no_stray_line(tmp_path, tmux_dir):  # noqa: F811 (fixture)
     root = tmp_path / "runs"
     root.mkdir()
