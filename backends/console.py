@@ -40,6 +40,7 @@ from backends.eval_heading import EvalHeading
 from backends.rounds import parse_round
 from backends.tables import Table
 from backends.timm_log import TimmLog
+from backends.composer_log import ComposerLog
 from backends.ultralytics_log import UltralyticsLog
 from backends.wrapped import INDENT, Wrapped
 from backends.training_bar import TrainingBar
@@ -83,7 +84,7 @@ class ConsoleSummary:
         self._screen = False  # folding a screen's lines, not a recording
         self._shape = ""  # the line that named the last step, its numbers blanked
         self._counts = "step"  # what the steps named count: a boosting library's rounds, a table's epochs
-        self._readers = (UltralyticsLog(), Table(), TimmLog())  # of a line their own, each its library's
+        self._readers = (UltralyticsLog(), Table(), TimmLog(), ComposerLog())  # of lines their own, each its library's
         self._bars = TrainingBar()  # which bar is the training loop's
         self._new_epoch = False  # the latest training bar is a new epoch's, the one before ended the last
         self._heading = EvalHeading()
@@ -156,8 +157,8 @@ class ConsoleSummary:
         records, line = self._wrapped.read(text)
         for record in records:
             self._fold(record)
-        if line is not None and not (line.startswith(INDENT) and self._rich_step is None):
-            self._fold(line)  # (the wrapped rest of a line that was no metrics record is not read alone)
+        if line is not None and not (line.startswith(INDENT) and not line.startswith(3 * INDENT) and self._rich_step is None):
+            self._fold(line)  # (the wrapped rest of a line that was no record is not read alone; one past column 48 is a line)
 
     def _fold(self, text: str) -> None:
         if (epoch := _KERAS_EPOCH.fullmatch(text)) is not None:

@@ -37,7 +37,6 @@ BLANK = {
     "transformers-5.25-datasets-notqdm": {"last_step"},  # disable_tqdm: its dicts name no step
     "xgboost-3.2-sklearn": {"last_loss", "eval_loss"},  # validation_0 and _1: which is the training data is not said
     "composer-0.32-progress-bar": {"last_loss", "eval_loss"},  # Composer cuts its bars at the terminal's width: the postfix never printed
-    "composer-0.32-console": {"last_loss", "eval_loss"},  # ConsoleLogger's indented lines under its heading: not read yet
     "ultralytics-8.4-yolo": {"last_loss", "eval_loss"},  # three losses (box, cls, dfl), no total; its validation prints none
     "sb3-2.9-ppo": {"last_step"},  # its boxes name no step (n_updates counts update epochs, iterations rollouts)
 }

@@ -25,6 +25,7 @@ from backends.logparse import parse_console_line, parse_metrics_line, parse_prog
 from backends.rounds import parse_round
 from backends.tables import Table
 from backends.timm_log import TimmLog
+from backends.composer_log import ComposerLog
 from backends.ultralytics_log import UltralyticsLog
 
 LONG = 40_000
@@ -37,6 +38,7 @@ FRAGMENTS = [
     "_", "-", "'", '"', "loss_0=", "{", "}", "1e", "nan", "inf", "Map: ", "\u2028", "epoch ", "train_loss ", "-------  ", "  1  ", "-----", "| train/ | |", "|    loss | 48.2 |", "|",
     "Train: 0 [   5/6 (100%)]  Loss: 0.5 (0.4)  ", "Test: [   1/1]  Time: 0.1 (0.1)  Loss:   0.3 ( 0.3)", '"loss": ', "  ",
     "Epoch    GPU_mem   box_loss ", "  1/3  0G  ", "0.8073  ", "Class  Images ", "all  8 ", "Scanning ",
+    "[epoch=1][batch=2/8]:", "[epoch=", "Train loss/train/total: ", "Eval metrics/eval/CrossEntropy: 1.2",
 ]  # fmt: skip
 
 
@@ -60,6 +62,9 @@ def _each_line_parser(text: str) -> None:
     yolo = UltralyticsLog()
     yolo.read("      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size")
     yolo.read(text)
+    composer = ComposerLog()
+    composer.read("[epoch=1][batch=1/8]:")
+    composer.read(text)
     heading = EvalHeading()
     heading.heading(text)
     heading.trained(text)
