@@ -37,11 +37,8 @@ from collections.abc import Iterable
 from backends.logparse import Progress, parse_console_line, parse_progress, step_of
 from backends.boxes import Box
 from backends.eval_heading import EvalHeading
+from backends.line_readers import line_readers
 from backends.rounds import parse_round
-from backends.tables import Table
-from backends.timm_log import TimmLog
-from backends.composer_log import ComposerLog
-from backends.ultralytics_log import UltralyticsLog
 from backends.wrapped import INDENT, Wrapped
 from backends.training_bar import TrainingBar
 from backends.screen import Terminal, visible_text
@@ -84,7 +81,7 @@ class ConsoleSummary:
         self._screen = False  # folding a screen's lines, not a recording
         self._shape = ""  # the line that named the last step, its numbers blanked
         self._counts = "step"  # what the steps named count: a boosting library's rounds, a table's epochs
-        self._readers = (UltralyticsLog(), Table(), TimmLog(), ComposerLog())  # of lines their own, each its library's
+        self._readers = line_readers()  # of lines in a library's own shape
         self._bars = TrainingBar()  # which bar is the training loop's
         self._new_epoch = False  # the latest training bar is a new epoch's, the one before ended the last
         self._heading = EvalHeading()

@@ -25,6 +25,7 @@ from backends.logparse import parse_console_line, parse_metrics_line, parse_prog
 from backends.rounds import parse_round
 from backends.tables import Table
 from backends.timm_log import TimmLog
+from backends.torchtune_log import TorchtuneLog
 from backends.composer_log import ComposerLog
 from backends.ultralytics_log import UltralyticsLog
 
@@ -39,6 +40,7 @@ FRAGMENTS = [
     "Train: 0 [   5/6 (100%)]  Loss: 0.5 (0.4)  ", "Test: [   1/1]  Time: 0.1 (0.1)  Loss:   0.3 ( 0.3)", '"loss": ', "  ",
     "Epoch    GPU_mem   box_loss ", "  1/3  0G  ", "0.8073  ", "Class  Images ", "all  8 ", "Scanning ",
     "[epoch=1][batch=2/8]:", "[epoch=", "Train loss/train/total: ", "Eval metrics/eval/CrossEntropy: 1.2",
+    "2|14|Loss: 2.8415", "1|", "|Loss: ",
 ]  # fmt: skip
 
 
@@ -65,6 +67,7 @@ def _each_line_parser(text: str) -> None:
     composer = ComposerLog()
     composer.read("[epoch=1][batch=1/8]:")
     composer.read(text)
+    TorchtuneLog().read(text)
     heading = EvalHeading()
     heading.heading(text)
     heading.trained(text)
