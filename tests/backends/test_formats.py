@@ -67,6 +67,7 @@ MINIMUM = {
     "ignite-0.5-progressbar": (83, 0),  # its postfix leads its count; its evaluations' steps are not said
     "composer-0.32-progress-bar": (0, 0),  # its bars cut at 80 columns by Composer, the loss postfix never printed
     "composer-0.32-console": (13, 3),  # ConsoleLogger's `[epoch=1][batch=2/8]:` heading (on its bar's row) and metric lines
+    "litgpt-0.5-pretrain": (20, 4),  # `iter 4 step 2` under accumulation 2; `iter 10: val loss` dated at step 5
     "torchtune-0.6-full-finetune": (20, 0),  # its bar's description `2|14|Loss: 2.84` names the step, the bar counts the epoch's
     "fastai-2.8-fit-one-cycle": (4, 4),  # its table, a row an epoch from 0, under fastprogress' bars
     "ultralytics-8.4-yolo": (0, 0),  # three losses and no total, cut at 80 columns: its epoch only (not `Scanning … 32/32`)

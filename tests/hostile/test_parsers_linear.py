@@ -24,6 +24,7 @@ from backends.eval_heading import EvalHeading
 from backends.logparse import parse_console_line, parse_metrics_line, parse_progress, phase_of, step_of
 from backends.rounds import parse_round
 from backends.tables import Table
+from backends.litgpt_log import LitgptLog
 from backends.timm_log import TimmLog
 from backends.torchtune_log import TorchtuneLog
 from backends.composer_log import ComposerLog
@@ -41,6 +42,7 @@ FRAGMENTS = [
     "Epoch    GPU_mem   box_loss ", "  1/3  0G  ", "0.8073  ", "Class  Images ", "all  8 ", "Scanning ",
     "[epoch=1][batch=2/8]:", "[epoch=", "Train loss/train/total: ", "Eval metrics/eval/CrossEntropy: 1.2",
     "2|14|Loss: 2.8415", "1|", "|Loss: ",
+    "Epoch 1 | iter 4 step 2 | loss train: 3.4, ", "iter 4: val loss 3.2, ", "iter ",
 ]  # fmt: skip
 
 
@@ -68,6 +70,9 @@ def _each_line_parser(text: str) -> None:
     composer.read("[epoch=1][batch=1/8]:")
     composer.read(text)
     TorchtuneLog().read(text)
+    litgpt = LitgptLog()
+    litgpt.read("Epoch 1 | iter 4 step 2 | loss train: 3.456, val: n/a |")
+    litgpt.read(text)
     heading = EvalHeading()
     heading.heading(text)
     heading.trained(text)
