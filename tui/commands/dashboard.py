@@ -28,7 +28,7 @@ def demo_argv(params: dict) -> list[str]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from tui.cli import SUMMARIES
+    from tui.commands import SUMMARIES
 
     parser = OneLineParser(
         prog="trackside",
