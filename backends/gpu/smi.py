@@ -41,8 +41,23 @@ SMI_TIMEOUT_S = 15.0
 _INT = re.compile(r"[-+]?\d+")
 _FLOAT = re.compile(r"[-+]?\d+(?:\.\d+)?")
 # Units nvidia-smi appends without `nounits` ("77.98 W", "0 MiB", "99 %", "345 MHz").
-_UNIT = re.compile(r"\s*(?:W|MiB|%|MHz|C)$")
-_HEADER_UNIT = re.compile(r"\s*\[[^\]]*\]$")
+# Cut by string methods, not an end-anchored pattern: `\s*…$` is tried from every
+# position of a line, quadratic on a long one.
+_UNITS = ("MiB", "MHz", "W", "%", "C")
+
+
+def _without_unit(text: str) -> str:
+    for unit in _UNITS:
+        if text.endswith(unit):
+            return text.removesuffix(unit).rstrip()
+    return text
+
+
+def _without_header_unit(cell: str) -> str:
+    """`power.draw [W]` → `power.draw`."""
+    if cell.endswith("]") and "[" in cell:
+        return cell[: cell.rindex("[")].rstrip()
+    return cell
 
 
 def _value(raw: str) -> str | None:
@@ -57,7 +72,7 @@ def _number(raw: str, pattern: re.Pattern[str], kind: Callable[[str], int | floa
     text = _value(raw)
     if text is None:
         return None
-    text = _UNIT.sub("", text)
+    text = _without_unit(text)
     return kind(text) if pattern.fullmatch(text) else None
 
 
@@ -85,7 +100,7 @@ _GPU_COLUMNS: dict[str, tuple[str, Callable[[str], object]]] = {
 
 def _header_fields(line: str, first: str) -> list[str] | None:
     """The field names of a `--format=csv` header line (units dropped), else None."""
-    cells = [_HEADER_UNIT.sub("", c.strip()) for c in line.split(",")]
+    cells = [_without_header_unit(c.strip()) for c in line.split(",")]
     return cells if cells[0] == first else None
 
 
