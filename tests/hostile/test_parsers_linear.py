@@ -46,6 +46,18 @@ FRAGMENTS = [
 ]  # fmt: skip
 
 
+# Each library's reader, with the line that makes it read the next one as its own.
+READERS = [
+    (Box, "-----"),
+    (Table, "epoch train_loss valid_loss dur"),
+    (TimmLog, "Train: 0 [   0/6 ( 17%)]  Loss: 0.7 (0.7)"),
+    (UltralyticsLog, "      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size"),
+    (ComposerLog, "[epoch=1][batch=1/8]:"),
+    (TorchtuneLog, None),
+    (LitgptLog, "Epoch 1 | iter 4 step 2 | loss train: 3.456, val: n/a |"),
+]
+
+
 def _each_line_parser(text: str) -> None:
     fields = parse_console_line(text)
     if fields is not None:
@@ -54,25 +66,11 @@ def _each_line_parser(text: str) -> None:
     phase_of(text)
     parse_metrics_line(text)
     parse_round(text)
-    box = Box()
-    box.read("-----")
-    box.read(text)
-    table = Table()
-    table.read("epoch train_loss valid_loss dur")
-    table.read(text)
-    timm = TimmLog()
-    timm.read("Train: 0 [   0/6 ( 17%)]  Loss: 0.7 (0.7)")
-    timm.read(text)
-    yolo = UltralyticsLog()
-    yolo.read("      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size")
-    yolo.read(text)
-    composer = ComposerLog()
-    composer.read("[epoch=1][batch=1/8]:")
-    composer.read(text)
-    TorchtuneLog().read(text)
-    litgpt = LitgptLog()
-    litgpt.read("Epoch 1 | iter 4 step 2 | loss train: 3.456, val: n/a |")
-    litgpt.read(text)
+    for reader, primed in READERS:
+        state = reader()
+        if primed is not None:  # a line that puts the reader in the state where `text` is parsed
+            state.read(primed)
+        state.read(text)
     heading = EvalHeading()
     heading.heading(text)
     heading.trained(text)
