@@ -110,12 +110,18 @@ def test_a_runs_root_another_user_can_write_is_refused_over_ssh(capsys, tmp_path
     assert os.listdir(root) == []
 
 
-def test_a_planted_scrollback_link_leaves_the_file_it_points_at_untouched(capsys, tmp_path, tmux_dir):
+def root_and_secret(tmp_path: Path, text: str) -> tuple[Path, Path]:
+    """An empty runs root, and a file only root may read: what a planted link points at."""
     root = tmp_path / "runs"
     root.mkdir()
     secret = tmp_path / "secret"
-    secret.write_text("root only\n")
+    secret.write_text(text)
     secret.chmod(0o600)
+    return root, secret
+
+
+def test_a_planted_scrollback_link_leaves_the_file_it_points_at_untouched(capsys, tmp_path, tmux_dir):
+    root, secret = root_and_secret(tmp_path, "root only\n")
     pane = session("job", "sh", "-c", "echo hello; sleep 60")
     # Where the listing records this pane: the attacker reads the name and time from tmux.
     rec = recording.recording_of(str(root), None, pane)
@@ -272,11 +278,7 @@ async def test_a_dead_recording_pipe_is_restarted_by_the_next_listing_and_says_s
 
 
 def test_a_recording_swapped_for_a_link_is_refused_never_read_through(capsys, tmp_path, tmux_dir):
-    root = tmp_path / "runs"
-    root.mkdir()
-    secret = tmp_path / "secret"
-    secret.write_text("loss 0.123 root only\n")
-    secret.chmod(0o600)
+    root, secret = root_and_secret(tmp_path, "loss 0.123 root only\n")
     pane = session("job", "sh", "-c", "echo hello; sleep 60")
     config = box_config(tmp_path, root)
     assert cli(capsys, "runs", "--config", config)[0] == 0  # records the pane
