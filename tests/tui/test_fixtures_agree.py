@@ -1,9 +1,14 @@
-"""The fleet and `trackside runs --json` say the same of every captured trainer.
+"""The dashboard reads every captured trainer as its library recorded it, and as
+`trackside runs --json` does.
 
 Each fixture of tests/fixtures/consoles/ (real libraries' output, as their panes received
-it) is printed again in a tmux pane of 80×24 on this test's own tmux server while a
-dashboard watches; then the fleet's row and the headless command's JSON must agree on
-state, step, loss and ETA: one fold, one record, whichever view reads it.
+it) is printed again in a tmux pane of 80×24 on this test's own tmux server once a
+dashboard of 80×24 watches it (so every byte is in its recording, as in test_replay's
+"recording" way). Then, for every session, the fleet's row and the run screen, as the app
+renders them, are compared with the library's own record by test_replay's one comparison:
+no field wrong, blank only where its BLANK says. The fleet's row and the headless
+command's JSON must also agree on state, step, loss and ETA: one fold, one record,
+whichever view reads it.
 """
 
 from __future__ import annotations
@@ -17,38 +22,71 @@ from pathlib import Path
 from backends.alerts import format_duration
 from backends.hosts import LocalHost
 from tests.backends.test_formats import FIXTURES, NAMES
-from tests.backends.test_replay import BLANK, recorded
+from tests.backends.test_replay import BLANK, wrong_and_blank
 from tests.backends.test_runs import tmux_dir  # noqa: F401 (fixture)
-from tests.tui.conftest import wait_for
+from tests.tui.conftest import screen_text, wait_for
 from tui.app import TracksideApp, Watched
 from tui.screens.fleet import run_cells
+from tui.screens.run import RunScreen
 
 SESSIONS = {re.sub(r"[^A-Za-z0-9_-]", "_", name): name for name in NAMES}
+NUMBER = r"(-?[\d,]*\.?\d+(?:e[+-]?\d+)?|-?inf|nan|—)"  # format_number's shapes; — is none
 
 
-async def test_the_fleet_and_runs_json_agree_on_every_fixture(tmux_dir, runs_root, tmp_path):  # noqa: F811
+def number(text: str | None) -> float | None:
+    """A number as the dashboard printed it, back to a number; `—` or nothing is blank."""
+    if text is None or text == "—":
+        return None
+    value = float(text.replace(",", ""))
+    return int(value) if value.is_integer() and "." not in text and "e" not in text else value
+
+
+def fleet_row(app, session: str) -> dict[str, object]:
+    """The fleet's row for a session, cell by cell as its table holds them to draw."""
+    table = app.screen.query_one("#fleet")
+    cells = dict(zip((c.key.value for c in table.ordered_columns), table.get_row(f"run:local/{session}")))
+    step = re.match(NUMBER, str(cells["step"]))  # `152 (epoch 2, 48/104)`
+    return {"last_step": number(step and step[1]), "last_loss": number(str(cells["loss"]).strip()), "eval_loss": None}
+
+
+def stats_drawn(app) -> str:
+    """The run screen's stats as the screen draws them: the lines of its region."""
+    if not isinstance(app.screen, RunScreen):
+        return ""
+    box = app.screen.query_one("#stats").content_region
+    return "\n".join(line[box.x:box.right].strip() for line in screen_text(app).splitlines()[box.y:box.bottom])
+
+
+def run_screen(text: str) -> dict[str, object]:
+    """The run screen's step, loss and evaluation loss, read off its drawn stats."""
+    said = {field: re.search(rf"^{label} {NUMBER}", text, re.M) for field, label in
+            (("last_step", "step"), ("last_loss", "loss"), ("eval_loss", "eval loss"))}  # fmt: skip
+    return {field: number(found and found[1]) for field, found in said.items()}
+
+
+async def test_the_dashboard_reads_every_fixture_as_its_library_recorded_it(tmux_dir, runs_root, tmp_path):  # noqa: F811
     host = LocalHost(runs_root=runs_root)
     app = TracksideApp([Watched(host, smi="nvidia-smi-absent")], poll_interval=0.5)
-    async with app.run_test(size=(160, 48)) as pilot:
+    async with app.run_test(size=(80, 24)) as pilot:
         for session, name in SESSIONS.items():
             raw = FIXTURES / f"{name}.raw"
-            subprocess.run(
-                ["tmux", "new-session", "-d", "-s", session, "-x", "80", "-y", "24",
-                 "sh", "-c", 'sleep 1; cat "$1"; sleep 600', "sh", str(raw)],
-                check=True,
-            )  # fmt: skip
+            play = f'tmux wait-for go-{session}; cat "$1"; tmux wait-for -S played-{session}; exec sleep 600'
+            subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "80", "-y", "24", "sh", "-c", play, "sh", str(raw)],
+                           check=True)  # fmt: skip
         keys = [f"local/{s}" for s in SESSIONS]
-        await wait_for(pilot, lambda: all(k in app.runs for k in keys), 30, "every session in the fleet")
+        await wait_for(pilot, lambda: all(k in app.runs and app.runs[k].info.recorded_since for k in keys), 60,
+                       "every session in the fleet, recorded")  # fmt: skip
+        for session in SESSIONS:
+            subprocess.run(["tmux", "wait-for", "-S", f"go-{session}"], check=True, timeout=60)
+        for session in SESSIONS:
+            subprocess.run(["tmux", "wait-for", f"played-{session}"], check=True, timeout=60)
 
-        # A row whose library recorded a training loss that trackside reads (some are blank
-        # by design: test_replay's BLANK) shows one once its pane's output is read.
-        with_loss = [f"local/{s}" for s, name in SESSIONS.items()
-                     if recorded(name)["last_loss"] is not None and "last_loss" not in BLANK.get(name, ())]  # fmt: skip
-
+        # Every row reads what it will read once the dashboard has read its whole recording.
         def settled():
-            return all(app.runs[k].loss is not None for k in with_loss)
+            return all(not wrong_and_blank(name, fleet_row(app, s))[1] - BLANK.get(name, set()) - {"eval_loss"}
+                       for s, name in SESSIONS.items())  # fmt: skip
 
-        await wait_for(pilot, settled, 60, "a loss on every row that reads one")
+        await wait_for(pilot, settled, 60, "every row's step and loss, but for BLANK's")
         await pilot.pause(3.0)  # a listing or two after the last byte: every row as it ends
         config = tmp_path / "config.toml"
         config.write_text(f"[hosts.box]\nruns_root = {json.dumps(runs_root)}\n")
@@ -56,13 +94,31 @@ async def test_the_fleet_and_runs_json_agree_on_every_fixture(tmux_dir, runs_roo
                               capture_output=True, text=True, timeout=120)  # fmt: skip
         assert done.returncode == 0, done.stderr
         listed = {r["session"]: r for r in json.loads(done.stdout)}
-        for session in SESSIONS:
+        wrong, blanks = {}, {}
+        for session, name in SESSIONS.items():
             run, doc = app.runs[f"local/{session}"], listed[session]
             cells = run_cells(run, app.hosts["local"])
             shown = (run.state_label, run.step, run.loss, cells["eta"])
             said = (doc["status"], doc["last_step"], doc["last_loss"], format_duration(doc["eta_s"]))
             assert shown == said, f"{session}: fleet {shown}, runs --json {said}"
             assert cells["state"].plain.startswith(doc["status"])
+
+            row = fleet_row(app, session)
+            app.open_run(f"local/{session}")
+            await pilot.pause()
+            text = await wait_for(pilot, lambda: "\nstate " in stats_drawn(app) and stats_drawn(app), 10, f"{session}'s run screen")
+            screen = run_screen(text)
+            app.pop_screen()
+            await pilot.pause()
+            await wait_for(pilot, lambda: not isinstance(app.screen, RunScreen), 10, "the fleet again")
+            bad_row, blank_row = wrong_and_blank(name, row)
+            bad_screen, blank_screen = wrong_and_blank(name, screen)
+            if bad_row or bad_screen:
+                wrong[name] = [f"fleet {w}" for w in bad_row] + [f"run screen {w}" for w in bad_screen]
+            if blank_screen or blank_row - {"eval_loss"}:  # the fleet has no evaluation column
+                blanks[name] = blank_screen | (blank_row - {"eval_loss"})
+        assert wrong == {}, "read wrong"
+        assert blanks == BLANK
 
 
 def test_every_fixture_has_a_session_name():
