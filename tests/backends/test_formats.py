@@ -133,3 +133,11 @@ def test_a_panes_scrollback_is_read_right_or_not_at_all(name):
     assert_read_right(said.curve, doc["train"], said.counted)
     assert_read_right(said.eval_curve, doc["eval"])
     assert said.step in (None, doc["last_step"])
+
+
+def test_sklearns_iterations_are_epochs_and_another_loops_are_steps():
+    """scikit-learn's `Iteration N, loss = X` (eight decimals) counts passes over the data;
+    the same words from another loop, a loss as it happened to print it, count steps."""
+    for line, axis in (("Iteration 30, loss = 0.62071366", "epoch"), ("Iteration 30, loss = 0.6207", "step")):
+        said = summarize([line])
+        assert (said.axis, said.step, said.loss) == (axis, 30, float(line.rsplit(" ", 1)[1]))

@@ -72,9 +72,10 @@ def wrong_and_blank(name: str, run: dict) -> tuple[list[str], set[str]]:
 
 def curve_wrong(name: str, said: ConsoleSummary) -> list:
     """Points of the session's curves (what `plot` and the run screen draw) that are not the
-    library's at that x."""
+    library's at that x, and their axis if it is not what the library's record counts (or
+    `point`: nothing printed a step). Records from before the truth said its x count steps."""
     doc = truth(name)
-    bad = []
+    bad = [] if said.axis in (doc.get("x", "step"), "point") else [("axis", said.axis, "of", doc["x"])]
     for metric, points, read in (("loss", doc["train"], said.curve), ("eval_loss", doc["eval"], said.eval_curve)):
         if said.axis == "point":  # no step printed: the losses in order
             values = iter(v for _, v in points)
