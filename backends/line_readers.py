@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from backends.composer_log import ComposerLog
 from backends.litgpt_log import LitgptLog
+from backends.sb3_log import Sb3Log
 from backends.sklearn_log import SklearnLog
 from backends.tables import Table
 from backends.timm_log import TimmLog
@@ -15,4 +16,4 @@ from backends.ultralytics_log import UltralyticsLog
 
 def line_readers() -> tuple:
     """Fresh readers for one console (some keep what they saw: a header, an epoch)."""
-    return UltralyticsLog(), Table(), TimmLog(), ComposerLog(), TorchtuneLog(), LitgptLog(), SklearnLog()
+    return UltralyticsLog(), Table(), TimmLog(), ComposerLog(), TorchtuneLog(), LitgptLog(), SklearnLog(), Sb3Log()

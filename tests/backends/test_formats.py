@@ -62,7 +62,7 @@ MINIMUM = {
     "keras-3.15-verbose2": (5, 5),
     "trl-1.16-sft": (20, 5),  # five dataset-preparation bars per set, one saying `train dataset`, before the Trainer's
     "skorch-1.4-printlog": (8, 8),  # a table, a row an epoch
-    "sb3-2.9-ppo": (5, 0),  # a box a rollout; it names no step (n_updates counts update epochs): losses in order
+    "sb3-2.9-ppo": (5, 0),  # a box a rollout, its loss at its `train/n_updates` (update epochs, not optimizer steps)
     "sentence-transformers-6.3-fit": (12, 3),  # the HF Trainer's console, a `Loading weights: 23/23` bar first
     "ignite-0.5-progressbar": (83, 0),  # its postfix leads its count; its evaluations' steps are not said
     "composer-0.32-progress-bar": (0, 0),  # its bars cut at 80 columns by Composer, the loss postfix never printed

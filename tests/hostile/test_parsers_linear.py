@@ -25,6 +25,7 @@ from backends.logparse import parse_console_line, parse_metrics_line, parse_prog
 from backends.rounds import parse_round
 from backends.tables import Table
 from backends.litgpt_log import LitgptLog
+from backends.sb3_log import Sb3Log
 from backends.sklearn_log import SklearnLog
 from backends.timm_log import TimmLog
 from backends.torchtune_log import TorchtuneLog
@@ -44,7 +45,7 @@ FRAGMENTS = [
     "[epoch=1][batch=2/8]:", "[epoch=", "Train loss/train/total: ", "Eval metrics/eval/CrossEntropy: 1.2",
     "2|14|Loss: 2.8415", "1|", "|Loss: ",
     "Epoch 1 | iter 4 step 2 | loss train: 3.4, ", "iter 4: val loss 3.2, ", "iter ",
-    "Iteration 30, loss = 0.62071366", "Iteration ", ", loss = ",
+    "Iteration 30, loss = 0.62071366", "Iteration ", ", loss = ", "train/loss=41.6 ", "train/n_updates=10 ", "train/",
 ]  # fmt: skip
 
 
@@ -58,6 +59,7 @@ READERS = [
     (TorchtuneLog, None),
     (LitgptLog, "Epoch 1 | iter 4 step 2 | loss train: 3.456, val: n/a |"),
     (SklearnLog, None),
+    (Sb3Log, None),
 ]
 
 
