@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backends import tmux
 from backends.hosts import Host, HostError
@@ -44,6 +44,10 @@ class Proc:
     zombie: bool
     started: int  # clock ticks after boot: with the pid, the process's identity
     command: str = ""  # its process name (comm)
+    # Its terminal's foreground process group (-1: none), and whether it is stopped (^Z):
+    # where a pane's shell is (at_prompt), no part of who the process is.
+    tpgid: int = field(default=-1, compare=False)
+    stopped: bool = field(default=False, compare=False)
 
 
 def parse_stat(pid: int, text: str) -> Proc | None:
@@ -58,7 +62,8 @@ def parse_stat(pid: int, text: str) -> Proc | None:
     if not all(n.isdigit() for n in numbers):
         return None
     ppid, pgid, sid, started = map(int, numbers)
-    return Proc(pid, ppid, pgid, sid, state in ("Z", "X"), started, command)
+    tpgid = int(fields[5]) if fields[5].removeprefix("-").isdigit() else -1
+    return Proc(pid, ppid, pgid, sid, state in ("Z", "X"), started, command, tpgid, state in ("T", "t"))
 
 
 async def process_table(host: Host) -> dict[int, Proc]:
@@ -133,12 +138,17 @@ async def pane_roots(host: Host, session: str) -> set[int]:
 
 
 def at_prompt(table: dict[int, Proc], pane: tmux.Pane) -> bool:
-    """Whether a live pane's process is a shell that runs nothing: what was typed at it
-    has returned to it. A pane whose process is the program itself dies with it instead."""
+    """Whether a live pane's process is a shell whose foreground program has returned to
+    it: the shell holds its terminal again (the terminal's foreground group is the
+    shell's), and no child runs in the shell's own group (a shell without job control,
+    `sh -c prog`, runs its program there). A job left in the background (`tensorboard &`)
+    is not the program; a job stopped with ^Z still is. A pane whose process is the
+    program itself dies with it instead."""
     root = table.get(pane.pid)
-    if root is None or pane.dead or root.zombie or root.command.lstrip("-") not in _SHELLS:
+    if root is None or pane.dead or root.zombie or root.command.lstrip("-") not in _SHELLS or root.tpgid != root.pgid:
         return False
-    return not any(p.ppid == root.pid and not p.zombie for p in table.values())
+    children = [p for p in table.values() if p.ppid == root.pid and not p.zombie]
+    return not any(p.pgid == root.pgid or p.stopped for p in children)
 
 
 def shell_jobs(table: dict[int, Proc], pane: tmux.Pane) -> set[int] | None:

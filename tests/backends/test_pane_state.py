@@ -47,3 +47,22 @@ def test_a_shell_that_ran_nothing_and_a_program_run_by_a_script_are_not_exited(c
     runs = listed(config)
     assert runs["idle"]["state"] == "running" and runs["idle"]["last_step"] is None
     assert runs["scripted"]["state"] == "running"
+
+
+def test_a_background_job_does_not_keep_a_program_back_at_its_shell_running(config):  # noqa: F811
+    """The shell's foreground is what returned: a job left in the background (`tensorboard &`
+    before the trainer) is not the program; a job stopped with ^Z still is."""
+    subprocess.run(["tmux", "new-session", "-d", "-s", "bg", "-x", "80", "-y", "24", "bash", "--norc", "--noprofile", "-i"], check=True)
+    prompt_after("bg", "sleep 600 & true")
+    subprocess.run(["tmux", "send-keys", "-t", "=bg:", "printf 'step=3 loss=2.5\\n'; sleep 700", "Enter"], check=True)
+    for _ in range(100):  # the first listing records the pane from here on; a later one reads the line
+        run = listed(config)["bg"]
+        if run["last_step"] == 3:
+            break
+    assert (run["state"], run["last_step"]) == ("running", 3)
+    subprocess.run(["tmux", "send-keys", "-t", "=bg:", "C-z", ""], check=True)
+    prompt_after("bg", "printf 'step=4 loss=2.25\\n'")
+    assert (listed(config)["bg"]["state"], listed(config)["bg"]["last_step"]) == ("running", 4)  # the stopped sleep 700
+    prompt_after("bg", "kill -9 %2")
+    run = listed(config)["bg"]
+    assert (run["state"], run["last_step"], run["last_loss"]) == ("exited", 4, pytest.approx(2.25))
