@@ -167,6 +167,8 @@ class ConsoleSummary:
         for reader in self._readers:
             if (row := reader.read(text)) is not False:
                 if row is not True:
+                    if "/" in text and (bar := parse_progress(text)) is not None:
+                        self.progress = dataclasses.replace(bar, phase="training")  # the library's own loop's bar
                     self._numbered(row[0], row[1].get("loss"), row[1].get("eval_loss"), reader.counts)
                 return
         bar_step = None

@@ -141,3 +141,11 @@ def test_sklearns_iterations_are_epochs_and_another_loops_are_steps():
     for line, axis in (("Iteration 30, loss = 0.62071366", "epoch"), ("Iteration 30, loss = 0.6207", "step")):
         said = summarize([line])
         assert (said.axis, said.step, said.loss) == (axis, 30, float(line.rsplit(" ", 1)[1]))
+
+
+def test_a_bar_a_librarys_reader_reads_is_the_runs_progress():
+    """torchtune's bar, whose description its reader reads, is its loop's: the progress is
+    its count, not the bare `0/10` drawn before its first step named one."""
+    said = summarize(["  0%|          | 0/10 [00:00<?, ?it/s]", "2|14|Loss: 2.8415: 40%|████      | 4/10 [00:00<00:00, 64.82it/s]"])
+    assert (said.step, said.loss) == (14, 2.8415)
+    assert (said.progress.done, said.progress.total, said.progress.phase) == (4, 10, "training")
