@@ -8,9 +8,15 @@ import contextlib
 import os
 import shlex
 import time
+import warnings
 from collections.abc import AsyncIterator, Sequence
 
-import asyncssh
+# cryptography (51 and on) warns on import that DSA is deprecated, from asyncssh's own modules:
+# three lines on the stderr of every command, burying what it prints (issue 44's "no
+# stray lines"). Only that warning, raised in asyncssh's modules, is silenced.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="DSA is deprecated", module="asyncssh")
+    import asyncssh
 
 from backends.hosts.base import (
     CHUNK_BYTES,
