@@ -229,8 +229,8 @@ class RunState:
 
     @property
     def tokens_per_s(self) -> float | None:
-        """The latest step's, while it runs: an ended run has no pace."""
-        return self.metrics.value("tokens_per_s") if self.status is RunStatus.RUNNING else None
+        """Over its pace window (backends/pace.py), while it runs: an ended run has no pace."""
+        return self.metrics.tokens_per_s() if self.status is RunStatus.RUNNING else None
 
     def eta_s(self) -> float | None:
         """From the step events' rate; without them, what its console's bars say; none

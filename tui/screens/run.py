@@ -11,7 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Header, Input, Log, Static
 
-from backends import sanitize
+from backends import pace, sanitize
 from backends.runs import launcher_code
 from backends.runs.status import RunStatus
 from tui.curves import positions_shown
@@ -63,7 +63,9 @@ def stats_text(run: RunState, now: float) -> Text:
     text.append("  ".join(f"{k} {format_number(params[k])}" for k in shown) + "\n", style="cyan")
     last = run.last or {}
     text.append(f"step {run.step_text}\n")
-    text.append(f"loss {format_number(run.loss)}   tokens/s {format_number(run.tokens_per_s)}   ETA {format_duration(run.eta_s())}\n")
+    text.append(f"loss {format_number(run.loss)}   tokens/s {format_number(run.tokens_per_s)}   ETA {format_duration(run.eta_s())}")
+    # Both reckoned over the same window of step events; a console's ETA is its bar's own.
+    text.append(f"   (over {pace.WINDOW_LABEL})\n" if run.steps else "\n", style="dim")
     if run.console.eval_loss is not None and not run.steps:
         at = run.console.eval_curve[-1][0] if run.console.eval_curve else None
         text.append(f"eval loss {format_number(run.console.eval_loss)}" + (f" at step {at}" if at is not None else "") + "\n")
