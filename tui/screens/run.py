@@ -65,7 +65,8 @@ def stats_text(run: RunState, now: float) -> Text:
     text.append(f"step {run.step_text}\n")
     text.append(f"loss {format_number(run.loss)}   tokens/s {format_number(run.tokens_per_s)}   ETA {format_duration(run.eta_s())}")
     # Both reckoned over the same window of step events; a console's ETA is its bar's own.
-    text.append(f"   (over {pace.WINDOW_LABEL})\n" if run.steps else "\n", style="dim")
+    paced = run.steps and run.status is RunStatus.RUNNING
+    text.append(f"   (over {pace.WINDOW_LABEL})\n" if paced else "\n", style="dim")
     if run.console.eval_loss is not None and not run.steps:
         at = run.console.eval_curve[-1][0] if run.console.eval_curve else None
         text.append(f"eval loss {format_number(run.console.eval_loss)}" + (f" at step {at}" if at is not None else "") + "\n")
