@@ -67,7 +67,7 @@ def stats_text(run: RunState, now: float) -> Text:
     last = run.last or {}
     text.append(f"step {run.step_text}\n")
     # tokens/s and the ETA reckoned over one window of step events, said where they are
-    # (a console's ETA is its bar's own); two spaces apart, to fit the stats' 52 columns.
+    # (a console's ETA is its bar's own); two spaces apart, to fit the stats' column.
     text.append(f"loss {format_number(run.loss)}  tokens/s {format_number(run.tokens_per_s)}  ETA {format_duration(run.eta_s())}")
     if run.steps and run.status is RunStatus.RUNNING:
         text.append(f"  {PACE_SAID}", style="dim")

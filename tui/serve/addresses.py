@@ -18,7 +18,7 @@ GLOBAL_SCOPE = 0  # if_inet6's scope of an address others can reach (link-local 
 def url_hosts(host: str) -> list[str]:
     """The hosts to open the server at, as a URL writes them (an IPv6 one in brackets):
     `host` itself, or for a wildcard each non-loopback address of this machine's interfaces
-    of its family, then the machine's name."""
+    of its family (read as Linux keeps them; elsewhere none), then the machine's name."""
     family = WILDCARDS.get(host)
     if family is None:
         return [_in_url(host)]
