@@ -27,9 +27,12 @@ class MetricsRecord:
         self.end: dict | None = None
         self.nonfinite: dict | None = None  # the latest skipped step's event
         self._since_start = 0  # step events since the latest start: what the pace is measured over
+        self._window: list[dict] | None = None  # pace_window's, until a step or start is added
 
     def add(self, event: dict) -> None:
         kind = event.get("event")
+        if kind in (STEP, START):
+            self._window = None
         if kind == STEP:
             # Lists as tuples: the dict then holds only atomic values, and the garbage
             # collector stops tracking it; 5,000 steps of two lists each were a quarter of
@@ -82,10 +85,21 @@ class MetricsRecord:
         value = (self.last or {}).get(field)
         return value if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
+    def pace_window(self) -> list[dict]:
+        """The step events its pace is measured over (backends/pace.py), all since its
+        latest start; found again only after a new step or start (the dashboard asks on
+        every repaint, and a minute of fast steps is thousands)."""
+        if self._window is None:
+            self._window = pace.window(islice(reversed(self.steps), self._since_start))
+        return self._window
+
+    def tokens_per_s(self) -> float | None:
+        """Over its pace window (pace.WINDOW_S)."""
+        return pace.tokens_per_s(self.pace_window())
+
     def eta_s(self, params: dict) -> float | None:
-        """To the run's last step at its pace since its latest start."""
-        recent = list(islice(reversed(self.steps), min(self._since_start, pace.RATE_WINDOW)))[::-1]
-        return pace.eta_s(recent, pace.total_steps(self.start, params))
+        """To the run's last step at its pace over its window since its latest start."""
+        return pace.eta_s(self.pace_window(), pace.total_steps(self.start, params))
 
 
 def _count(value) -> int | None:

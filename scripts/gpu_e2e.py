@@ -459,7 +459,7 @@ class Flow:
         expected = dflash_prediction(run, changes, gpu_total_gib(self.app.hosts["local"]))
         self.facts["dflash_prediction"] = expected
         if "error" in expected:  # a CPU run's peak is no GPU memory: the model has nothing to scale
-            said = "no memory model for this run yet" in text
+            said = "a CPU run: no GPU memory to predict" in text
             self.check("the edit form says plainly it has no memory model for this run",
                        said and self.mode.device == "cpu", expected["error"])  # fmt: skip
             return

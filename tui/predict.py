@@ -47,6 +47,21 @@ class Basis:
         return Cost(*_schedule(self, params), *_memory(self, params, gpu_mem_gib))
 
 
+def no_memory_model(basis: Basis) -> str:
+    """Why the edit has no predicted peak, in words of ours (the start event is anyone's)."""
+    if not basis.start:
+        return "no start event yet: predicted once the run has started"
+    config = basis.start.get("config")
+    device = config.get("device", "cuda") if isinstance(config, dict) else "cuda"
+    if device != "cuda":
+        return f"{'a CPU run' if device == 'cpu' else 'not a CUDA run'}: no GPU memory to predict"
+    try:
+        memory.shape_from_start(basis.start)
+    except ValueError:
+        return "its start event does not describe a drafter the memory model knows"
+    return "the memory model failed on these values"
+
+
 def _peak_bytes(basis: Basis) -> int | None:
     return round(basis.peak_mem_gib * memory.GiB) if basis.peak_mem_gib else None
 

@@ -229,8 +229,8 @@ class RunState:
 
     @property
     def tokens_per_s(self) -> float | None:
-        """The latest step's, while it runs: an ended run has no pace."""
-        return self.metrics.value("tokens_per_s") if self.status is RunStatus.RUNNING else None
+        """Over its pace window (backends/pace.py), while it runs: an ended run has no pace."""
+        return self.metrics.tokens_per_s() if self.status is RunStatus.RUNNING else None
 
     def eta_s(self) -> float | None:
         """From the step events' rate; without them, what its console's bars say; none
@@ -243,12 +243,19 @@ class RunState:
 
     @property
     def step_text(self) -> str:
-        """`152 (epoch 2, 48/104)`: the latest step, and where it falls in its epoch."""
+        """`152 (epoch 1, 48/104)`: the latest step, and where it falls in its epoch, the
+        epoch numbered as the trainer numbers it (from 0: its step event's `epoch`, the
+        `epoch=` of its log)."""
         step, per_epoch = self.step, self.steps_per_epoch
         if step is None or not per_epoch or step < 1:
             return format_number(step)
         epoch, in_epoch = divmod(step - 1, per_epoch)
-        return f"{format_number(step)} (epoch {epoch + 1}, {in_epoch + 1}/{per_epoch})"
+        said = self.last.get("epoch") if self.last else None
+        if isinstance(said, int) and not isinstance(said, bool) and said != epoch:
+            # Its loader is elsewhere than its step count says (a skipped step spends a
+            # batch): the trainer's epoch, and no place in it.
+            return f"{format_number(step)} (epoch {said})"
+        return f"{format_number(step)} (epoch {epoch}, {in_epoch + 1}/{per_epoch})"
 
     @property
     def status(self) -> RunStatus:
@@ -278,11 +285,15 @@ class RunState:
 
     def startup_said(self) -> str:
         """Where the start-up's seconds went, from the start event (`imports and CUDA 3.8,
-        data 0.0, model 0.4`, a resume's load where there was one); empty if it does not say."""
+        data 0.0, model 0.4` on a GPU, `imports 3.8, …` on a CPU, a resume's load where there
+        was one); empty if it does not say."""
         phases = (self.start or {}).get("startup_s")
         if not isinstance(phases, dict):
             return ""
-        names = {"imports_device": "imports and CUDA", "replaced_run": "the run it replaces stopping",
+        # The first phase is the imports and the device's set-up: CUDA's only on a GPU.
+        device = self.metrics.config.get("device")
+        device_said = {"cuda": "imports and CUDA", "cpu": "imports"}.get(device, f"imports and {device}" if isinstance(device, str) else "imports")
+        names = {"imports_device": device_said, "replaced_run": "the run it replaces stopping",
                  "data": "data", "model": "model", "resume": "resume"}
         return ", ".join(f"{names[k]} {v:.1f}" for k, v in phases.items()
                          if k in names and isinstance(v, (int, float)) and (k != "resume" or v > 0))

@@ -8,7 +8,7 @@ import posixpath
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import asdict, dataclass, field, fields
 
-from backends import procs, tmux
+from backends import pace, procs, tmux
 from backends.console import ConsoleSummary
 from backends.panes import Recordings, panes_on_gpu, run_pane
 from backends.record import MetricsRecord
@@ -27,7 +27,8 @@ METRICS_READ_BYTES = 1 << 20  # of each end of metrics.jsonl: its lines are a fe
 # record-separator line with the dir, the manifest (its first "$3" bytes), a file-separator
 # with the recorded exit status, a unit-separator with whether the trainer of a run typed by
 # hand (training/register.py) is alive, a group-separator line, then the first and last
-# "$2" lines of metrics.jsonl (within "$4" bytes of either end). The files may be anyone's:
+# "$2" lines of metrics.jsonl (within "$4" bytes of either end), and before those a live
+# run's pace window of "$5" seconds (_PACE_LINES). The files may be anyone's:
 # the separators in them become '?', so no file can end its record or forge another (JSON
 # holds none of them raw, so no valid file changes).
 _RUN_DIR_GLOB = "[0123456789]" * 8 + "-" + "[0123456789]" * 4 + "-" + "[0123456789abcdef]" * 4
@@ -46,10 +47,27 @@ for d in "$1"/RUN_DIR/; do
   printf '\035\n'
   if [ -f "${d}metrics.jsonl" ]; then
     head -c "$4" "${d}metrics.jsonl" | head -n 1 | clean; echo
-    tail -c "$4" "${d}metrics.jsonl" | tail -n "$2" | clean
+    w=$5; [ -f "${d}exit_status" ] && w=-1  # an ended run has no pace to measure
+    tail -c "$4" "${d}metrics.jsonl" | awk -v n="$2" -v w="$w" 'PACE_LINES' | clean
   fi
 done
-""".replace("RUN_DIR", _RUN_DIR_GLOB)
+"""
+# Of the tail read: its last "n" lines, and from the first step event at least "w" seconds
+# older than the latest (a live run's pace window, backends/pace.py) on; which lines are
+# step events and their times are read roughly here, exactly in Python from what is sent.
+_PACE_LINES = r"""
+{ line[NR] = $0 }
+/^[{]"event": "step", "time": [0-9]/ { s = $0; sub(/^[{]"event": "step", "time": /, "", s); t[NR] = s + 0; last = NR }
+END {
+  from = NR - n + 1
+  if (w >= 0 && last) {
+    for (i = last; i > 1 && !(i in t && t[i] <= t[last] - w); i--) ;
+    if (i < from) from = i
+  }
+  for (i = (from < 1 ? 1 : from); i <= NR; i++) print line[i]
+}
+"""
+_READ_RUNS = _READ_RUNS.replace("RUN_DIR", _RUN_DIR_GLOB).replace("PACE_LINES", _PACE_LINES)
 
 
 class RunPhase(enum.Enum):
@@ -97,9 +115,9 @@ class RunInfo:
     session_open: bool = True  # its tmux session still there to attach to (an ended run's may be gone)
     progress: Progress | None = None  # a foreign session's latest bar or N/M counter
     nodes: list[NodeInfo] = field(default_factory=list)  # a multi-node run's, in node order; else empty
-    tokens_per_s: float | None = None  # the latest step's
+    tokens_per_s: float | None = None  # over the pace window (backends/pace.py)
     tau: float | None = None  # a DFlash run's latest expected accepted length
-    eta_s: float | None = None  # to the last step at the recent rate (backends/pace.py)
+    eta_s: float | None = None  # to the last step at the rate over the pace window (backends/pace.py)
     # A session trackside did not launch: what its run pane printed (backends.panes), the
     # pane (`window.pane`), and since when its curve holds every step printed (epoch s;
     # None: only what its screen showed).
@@ -119,11 +137,11 @@ class RunInfo:
         shown = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "console"}
         doc = asdict(RunInfo(**shown))
         del doc["console"]
-        return {**doc, "state": self.state.value}
+        return {**doc, "state": self.state.value, "pace_window_s": pace.WINDOW_S}
 
 
 def _metrics(lines: list[str]) -> MetricsRecord:
-    record = MetricsRecord(keep=METRICS_TAIL_LINES + 1)
+    record = MetricsRecord(keep=len(lines))  # the last lines and a live run's pace window
     for line in lines:
         # A line being written as we read, or garbage: not ours to judge.
         if (event := parse_metrics_line(line)) is not None:
@@ -162,7 +180,7 @@ def launcher_code(end_status: str | None, exit_status: int | None) -> bool:
 async def _read_run_dirs(host: Host) -> list[tuple[str, dict | str, int | None, MetricsRecord]]:
     """(run dir, its manifest or why it is unreadable, recorded exit status, metrics) for
     every run dir on the host; a run typed by hand has `trainer_alive` added to its manifest."""
-    args = [await runs_root(host), str(METRICS_TAIL_LINES), str(MAX_BYTES + 1), str(METRICS_READ_BYTES)]
+    args = [await runs_root(host), str(METRICS_TAIL_LINES), str(MAX_BYTES + 1), str(METRICS_READ_BYTES), str(pace.WINDOW_S)]
     result = await host.run(["sh", "-c", _READ_RUNS, "sh", *args])
     if not result.ok:
         raise HostError(host.name, f"cannot read run dirs: {result.stderr.strip()}")
@@ -250,7 +268,7 @@ async def list_runs(
                 metrics.step, metrics.value("loss"), metrics.steps_per_epoch,
                 [] if ended else alive, manifest.get("run_dir"), manifest.get("parent"), manifest.get("started"),
                 metrics.end_status, this_dashboard=session in dashboard, session_open=bool(own), nodes=nodes,
-                tokens_per_s=None if ended else metrics.value("tokens_per_s"), tau=metrics.value("tau"),
+                tokens_per_s=None if ended else metrics.tokens_per_s(), tau=metrics.value("tau"),
                 eta_s=None if ended else metrics.eta_s(manifest["params"]), code=code_of(manifest),
             )  # fmt: skip
         )

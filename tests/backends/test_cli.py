@@ -204,7 +204,8 @@ def test_runs_shows_what_the_fleet_shows_of_a_run():
     dflash = runs.RunInfo("r1", "s1", "local", runs.RunPhase.RUNNING, last_step=240, last_loss=2.807,
                           tokens_per_s=37449.2, tau=2.5714, eta_s=27130.0, params={"max_anchors": 1024})
     eagle = runs.RunInfo("r2", "s2", "local", runs.RunPhase.EXITED, 0, last_step=9, tokens_per_s=812.0, eta_s=5.0)
-    header, first, second = show_runs([dflash, eagle]).splitlines()
+    header, first, second, window = show_runs([dflash, eagle]).splitlines()
+    assert window == "TOK/S and ETA: over each run's last 60 s of steps"  # backends/pace.py
     at = header.index("TOK/S")  # the columns are aligned: read each row from there
     assert header[at:].split()[:3] == ["TOK/S", "τ", "ETA"]
     assert first[at:].split()[:3] == ["37,449", "2.57", "7h32m"]

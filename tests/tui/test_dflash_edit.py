@@ -104,7 +104,7 @@ def predicted(**cost) -> SimpleNamespace:
     fields = {"steps_per_epoch": 1500, "epoch_s": 5250.0, "peak_gib": None, "largest_max_seq_len": None,
               "fewest_checkpoint_ttt": None, "largest_max_anchors": None}  # fmt: skip
     params = {"max_seq_len": 16384, "block_size": 16, "max_anchors": 1024, "soft_kl": 0.15}
-    return SimpleNamespace(params=params, steps_per_epoch=1500,
+    return SimpleNamespace(params=params, steps_per_epoch=1500, start={"config": {"device": "cpu"}},
                            predict=lambda changes, total=None: SimpleNamespace(**{**fields, **cost}))
 
 
@@ -122,7 +122,7 @@ def test_anchors_past_the_largest_that_fits_will_not_fit():
 
 def test_no_memory_model_reads_as_a_dash():
     text = cost_text(predicted(), {"max_anchors": 2048}, 140.0).plain
-    assert "peak memory      —  (no memory model for this run yet)" in text
+    assert "peak memory      —  (a CPU run: no GPU memory to predict)" in text
 
 
 async def predicted_in(form: EditScreen, pilot, **values: str) -> str:

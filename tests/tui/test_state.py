@@ -64,10 +64,10 @@ def test_a_loading_run_shows_its_phase():
 
 
 @pytest.mark.parametrize("step, per_epoch, shown", [
-    (152, 104, "152 (epoch 2, 48/104)"),
-    (104, 104, "104 (epoch 1, 104/104)"),
-    (105, 104, "105 (epoch 2, 1/104)"),
-    (20000, 4120, "20,000 (epoch 5, 3520/4120)"),
+    (152, 104, "152 (epoch 1, 48/104)"),
+    (104, 104, "104 (epoch 0, 104/104)"),
+    (105, 104, "105 (epoch 1, 1/104)"),
+    (20000, 4120, "20,000 (epoch 4, 3520/4120)"),
     (152, None, "152"),
     (None, 104, "—"),
 ])
@@ -82,7 +82,7 @@ def test_the_step_of_a_metrics_stream_counts_from_its_start_event():
     run = RunState("h/r", "h", run_info())
     for event in metrics_events(5):
         run.add_event(event)
-    assert run.step_text == "5 (epoch 1, 5/4120)"
+    assert run.step_text == "5 (epoch 0, 5/4120)"
 
 
 def test_a_host_status_given_as_its_word_reads_as_the_enum():

@@ -3,7 +3,7 @@ shows them (backends.runs.status's words), a table or JSON."""
 
 from __future__ import annotations
 
-from backends import gpu, nodes, runs
+from backends import gpu, nodes, pace, runs
 from backends.alerts import format_duration
 from backends.hosts import Host
 from backends.logparse import Progress
@@ -39,7 +39,7 @@ def show_runs(infos: list[runs.RunInfo], *, by_host: bool = False) -> str:
     """The listing as a table; `by_host`, a HOST column first (several hosts listed)."""
     if not infos:
         return "no runs and no tmux sessions"
-    rows = [("HOST",) * by_host + RUN_COLUMNS]
+    rows, paced = [("HOST",) * by_host + RUN_COLUMNS], False
     for r in infos:
         state = describe(r)
         if runs.launcher_code(r.end_status, r.exit_status):
@@ -54,7 +54,9 @@ def show_runs(infos: list[runs.RunInfo], *, by_host: bool = False) -> str:
             " ".join(f"{k}={v}" for k, v in r.params.items()) or "-", " ".join(map(str, r.pids)) or "-",
         ))  # fmt: skip
         rows += [("",) * by_host + row for row in _show_nodes(r)]
-    return table(rows)
+        paced = paced or isinstance(r.tokens_per_s, (int, float)) or (r.eta_s is not None and r.progress is None)
+    # The window is said where a number from it is shown (a foreign run's ETA is its bar's).
+    return table(rows) + (f"\nTOK/S and ETA: over each run's last {pace.WINDOW_LABEL} of steps" if paced else "")
 
 
 async def run(args, fleet: Fleet) -> tuple[list, str, list[str]]:

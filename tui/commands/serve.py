@@ -18,6 +18,7 @@ import sys
 
 from backends import ranges
 from tui.commands.flags import bounded
+from tui.serve import addresses
 from training.contract import EXIT_USAGE, OneLineParser, UsageError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -119,18 +120,20 @@ def main(argv: list[str]) -> int:
         max_viewers=args.max_viewers,
         read_only=args.read_only,
     )
-    url = f"http://{args.host if ':' not in args.host else f'[{args.host}]'}:{args.port}/"
+    # On a wildcard, every address of this machine: 0.0.0.0 is no URL to open.
+    urls = [f"http://{host}:{args.port}/" for host in addresses.url_hosts(args.host)]
+    where = urls[0] if len(urls) == 1 else f"port {args.port} of every address of this machine"
 
     def started() -> None:
-        print(f"trackside serve: the dashboard on {url}{' (read-only)' if args.read_only else ''}, "
+        print(f"trackside serve: the dashboard on {where}{' (read-only)' if args.read_only else ''}, "
               f"up to {args.max_viewers} viewers; Ctrl+C stops it", flush=True)  # fmt: skip
         if generated:
-            print(f"trackside serve: token (shown only now): {token}\n  open {url}?token={token}", flush=True)
-        elif token:
-            print(f"trackside serve: open {url}?token=<your token>", flush=True)
-        else:
+            print(f"trackside serve: token (shown only now): {token}", flush=True)
+        elif not token:
             print("trackside serve: warning: --no-token: every user of this machine can drive this dashboard, "
                   "and stop or relaunch your runs with it", file=sys.stderr, flush=True)  # fmt: skip
+        for url in urls:
+            print(f"  open {url}" + (f"?token={token}" if generated else "?token=<your token>" if token else ""), flush=True)
         if loopback:
             print(f"  from another machine: ssh -L {args.port}:127.0.0.1:{args.port} <this host>, "
                   f"then http://127.0.0.1:{args.port}/", flush=True)  # fmt: skip

@@ -12,7 +12,7 @@ from textual.worker import Worker, WorkerState
 
 from backends import params as run_params
 from tui.inert import inert
-from tui.predict import Basis
+from tui.predict import Basis, no_memory_model
 from tui.state import HostState, RunState, format_duration, format_number
 from tui.screens.dialog import Dialog
 
@@ -191,7 +191,7 @@ def cost_text(basis: Basis, changes: dict, gpu_total: float | None) -> Text:
     text.append(f"{format_duration(now.epoch_s)} → ≈{format_duration(new.epoch_s)}\n")
     text.append("peak memory      ")
     if new.peak_gib is None:
-        text.append("—  (no memory model for this run yet)\n", style="dim")
+        text.append(f"—  ({no_memory_model(basis)})\n", style="dim")
         return text
     # A DFlash run's params always hold its block size (its start event's), an EAGLE-3 run's never.
     depth = f"block_size {params['block_size']}" if "block_size" in params else f"ttt_steps {params.get('ttt_steps')}"

@@ -11,7 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Header, Input, Log, Static
 
-from backends import sanitize
+from backends import pace, sanitize
 from backends.runs import launcher_code
 from backends.runs.status import RunStatus
 from tui.curves import positions_shown
@@ -24,6 +24,9 @@ from tui.widgets.gpu_panel import GpuPanel
 from tui.widgets.loss_chart import LossChart
 
 LOG_LINES = 2000  # shown; rewritten down to half when full
+# The window tokens/s and the ETA are measured over, in a no-break space: on a narrow
+# screen the whole of it wraps, never "(60" above "s)".
+PACE_SAID = f"({pace.WINDOW_LABEL})".replace(" ", "\u00a0")
 
 
 SHOWN = ("max_seq_len", "ttt_steps", "lr", "batch_rows", "steps")
@@ -63,7 +66,12 @@ def stats_text(run: RunState, now: float) -> Text:
     text.append("  ".join(f"{k} {format_number(params[k])}" for k in shown) + "\n", style="cyan")
     last = run.last or {}
     text.append(f"step {run.step_text}\n")
-    text.append(f"loss {format_number(run.loss)}   tokens/s {format_number(run.tokens_per_s)}   ETA {format_duration(run.eta_s())}\n")
+    # tokens/s and the ETA reckoned over one window of step events, said where they are
+    # (a console's ETA is its bar's own); two spaces apart, to fit the stats' column.
+    text.append(f"loss {format_number(run.loss)}  tokens/s {format_number(run.tokens_per_s)}  ETA {format_duration(run.eta_s())}")
+    if run.steps and run.status is RunStatus.RUNNING:
+        text.append(f"  {PACE_SAID}", style="dim")
+    text.append("\n")
     if run.console.eval_loss is not None and not run.steps:
         at = run.console.eval_curve[-1][0] if run.console.eval_curve else None
         text.append(f"eval loss {format_number(run.console.eval_loss)}" + (f" at step {at}" if at is not None else "") + "\n")
