@@ -242,6 +242,13 @@ class RunState:
         return self.metrics.eta_s(self.params)
 
     @property
+    def x_word(self) -> str:
+        """What its step counts: a trainer's steps, or for a run read from its console alone
+        the library's own axis (`round`, `epoch`, `n_updates`), as its curves say."""
+        axis = self.console.axis
+        return "step" if self.last or axis == "point" else axis
+
+    @property
     def step_text(self) -> str:
         """`152 (epoch 1, 48/104)`: the latest step, and where it falls in its epoch, the
         epoch numbered as the trainer numbers it (from 0: its step event's `epoch`, the

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from backends.alerts import format_duration
 from backends.hosts import LocalHost
-from tests.backends.test_formats import FIXTURES, NAMES
+from tests.backends.test_formats import FIXTURES, NAMES, shown_as, truth
 from tests.backends.test_replay import BLANK, wrong_and_blank
 from tests.backends.test_runs import tmux_dir  # noqa: F401 (fixture)
 from tests.tui.conftest import screen_text, wait_for
@@ -57,11 +57,33 @@ def stats_drawn(app) -> str:
     return "\n".join(line[box.x:box.right].strip() for line in screen_text(app).splitlines()[box.y:box.bottom])
 
 
+AXIS = "step|round|epoch|n_updates"  # what the stats' count says it counts
+
+
 def run_screen(text: str) -> dict[str, object]:
     """The run screen's step, loss and evaluation loss, read off its drawn stats."""
     said = {field: re.search(rf"^{label} {NUMBER}", text, re.M) for field, label in
-            (("last_step", "step"), ("last_loss", "loss"), ("eval_loss", "eval loss"))}  # fmt: skip
+            (("last_step", f"(?:{AXIS})"), ("last_loss", "loss"), ("eval_loss", "eval loss"))}  # fmt: skip
     return {field: number(found and found[1]) for field, found in said.items()}
+
+
+def dating_wrong(name: str, text: str) -> list[str]:
+    """The words and dates the stats put on their numbers, against the record: the count is
+    named for what the library counts, and an evaluation dated `at W N` was its loss at N."""
+    doc, bad = truth(name), []
+    axis = doc.get("x") or "step"
+    count = re.search(rf"^({AXIS}) {NUMBER}", text, re.M)
+    if count and count[2] != "—" and count[1] != axis:
+        bad.append(f"its count says {count[1]}, the library counts {axis}")
+    dated = re.search(rf"^eval loss {NUMBER} at ({AXIS}) (\d+)", text, re.M)
+    if dated:
+        if dated[2] != axis:
+            bad.append(f"eval loss dated by {dated[2]}, the library counts {axis}")
+        at = int(dated[3])
+        if not any(x == at and shown_as(number(dated[1]), v) for x, v in doc["eval"]):
+            bad.append(f"eval loss {dated[1]} at {dated[2]} {at}: the record's there is "
+                       f"{[v for x, v in doc['eval'] if x == at] or 'none'}")
+    return bad
 
 
 async def test_the_dashboard_reads_every_fixture_as_its_library_recorded_it(tmux_dir, runs_root, tmp_path):  # noqa: F811
@@ -113,6 +135,7 @@ async def test_the_dashboard_reads_every_fixture_as_its_library_recorded_it(tmux
             await wait_for(pilot, lambda: not isinstance(app.screen, RunScreen), 10, "the fleet again")
             bad_row, blank_row = wrong_and_blank(name, row)
             bad_screen, blank_screen = wrong_and_blank(name, screen)
+            bad_screen += dating_wrong(name, text)
             if bad_row or bad_screen:
                 wrong[name] = [f"fleet {w}" for w in bad_row] + [f"run screen {w}" for w in bad_screen]
             if blank_screen or blank_row - {"eval_loss"}:  # the fleet has no evaluation column

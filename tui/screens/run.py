@@ -65,7 +65,7 @@ def stats_text(run: RunState, now: float) -> Text:
     shown = [k for k in (DFLASH_SHOWN if run.is_dflash else SHOWN) if k in params]
     text.append("  ".join(f"{k} {format_number(params[k])}" for k in shown) + "\n", style="cyan")
     last = run.last or {}
-    text.append(f"step {run.step_text}\n")
+    text.append(f"{run.x_word} {run.step_text}\n")
     # tokens/s and the ETA reckoned over one window of step events, said where they are
     # (a console's ETA is its bar's own); two spaces apart, to fit the stats' column.
     text.append(f"loss {format_number(run.loss)}  tokens/s {format_number(run.tokens_per_s)}  ETA {format_duration(run.eta_s())}")
@@ -73,8 +73,14 @@ def stats_text(run: RunState, now: float) -> Text:
         text.append(f"  {PACE_SAID}", style="dim")
     text.append("\n")
     if run.console.eval_loss is not None and not run.steps:
-        at = run.console.eval_curve[-1][0] if run.console.eval_curve else None
-        text.append(f"eval loss {format_number(run.console.eval_loss)}" + (f" at step {at}" if at is not None else "") + "\n")
+        # Dated only when the curve's last point is this evaluation (one the fold could not
+        # place yet is not the one before it) and the curve's x is a count the library
+        # printed, not the losses' order.
+        curve = run.console.eval_curve
+        dated = curve and curve[-1][1] == run.console.eval_loss and run.console.axis != "point"
+        at = curve[-1][0] if dated else None
+        text.append(f"eval loss {format_number(run.console.eval_loss)}"
+                    + (f" at {run.x_word} {at}" if at is not None else "") + "\n")
     if info.run_id is None and not info.this_dashboard:
         if info.recorded_since:
             since = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.recorded_since))
