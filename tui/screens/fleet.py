@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import DataTable, Header, Input
 
 from backends.gpu import GpuSnapshot, GpuStatus
 from backends.runs.status import RunStatus
+from tui.keys import KEYS, RUN_ACTIONS
 from tui.state import HostState, HostStatus, RunState, format_duration, format_number, node_label
 from tui.widgets.alert_bar import AlertBar
 from tui.widgets.footer import Footer
@@ -219,6 +221,21 @@ class FleetScreen(Guarded, Screen):
             return  # console lines change no cell here that the once-a-second tick misses
         self.query_one(AlertBar).show(list(self.app.alerts.values()))
         self.rebuild()
+
+    def on_key(self, event: events.Key) -> None:
+        # A run key on a host row: its binding is disabled there, so Textual lets the key
+        # through in silence; say what it needs.
+        table = self.query_one(DataTable)
+        if not table.row_count or self.selected_run_key() is not None:
+            return
+        host = (table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value or "").removeprefix("host:")
+        for binding in KEYS:
+            if binding.action in RUN_ACTIONS and event.key in binding.key.split(","):
+                if self.app.action_allowed(binding.action, self) is None:  # not a read-only dashboard's hidden key
+                    has_runs = any(run.home == host for run in self.app.runs.values())
+                    self.notify(f"select a run: {binding.description} acts on a run, not on host {host}"
+                                + ("" if has_runs else " (it has none)"), timeout=5)  # fmt: skip
+                return
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         # Only while the fleet is in view: an Enter pressed twice selected the row twice
