@@ -4,13 +4,22 @@ columns that matter uncut, and a run key on a host row that says why it did noth
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from textual.widgets import Button, DataTable, Input, Static
 
+from backends.series import Overlay, from_metrics
 from tests.tui.conftest import screen_text, wait_for
 from tui.keys import KEYS, RUN_ACTIONS
-from tui.sample import RUN_KEY, feed, make_app, on_run
+from tui.curves import Curves, Overlaid
+from tui.messages import OverlaysRead
+from tui.sample import (
+    CHILD_ID, DFLASH_KEY, RUN_KEY, child_metrics_events, dflash_events, dflash_info, feed, make_app, on_run,
+)  # fmt: skip
 from tui.screens.edit import EditScreen
+from tui.state import RunState
+from tui.widgets.loss_chart import LossChart, draw
 
 SIZE = (80, 24)
 
@@ -62,3 +71,53 @@ async def test_the_edit_forms_error_is_in_sight_where_it_is_typed(field):
         await pilot.pause()
         assert in_sight(app, form.query_one("#edit-diff")) and in_sight(app, form.query_one("#edit-cost")), screen_text(app)
         assert f"{field}: " in screen_text(app) and "4096" in screen_text(app), screen_text(app)
+
+
+def parent_and_picked() -> dict:
+    """What `o` and a relaunch draw behind the sample run: its parent's curve and a run picked
+    from the fleet, each named as the app names them."""
+    series = from_metrics(CHILD_ID, "h200-box", "".join(json.dumps(e) + "\n" for e in child_metrics_events()))
+    return {
+        f"h200-box/{CHILD_ID}": Overlay("parent: max_seq_len 16384 → 8192, ttt_steps 5 → 3", series),
+        "h200-box/their-sft": Overlay("their-sft", series),
+    }
+
+
+@pytest.mark.parametrize("overlaid", [False, True], ids=["alone", "with-parent-and-picked"])
+async def test_the_chart_keeps_its_x_axis_under_a_legend_of_one_line(overlaid):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await on_run(pilot)
+        if overlaid:
+            app.post_message(OverlaysRead(RUN_KEY, parent_and_picked()))
+            await wait_for(pilot, lambda: "┄┄ their-sft" in screen_text(app), 10, "the overlays' legend")
+        chart = app.screen.query_one(LossChart)
+        await wait_for(pilot, lambda: chart.curves.labels, 10, "the curves plotted")
+        await pilot.pause()
+        shown = screen_text(app).splitlines()
+        assert in_sight(app, chart), "\n".join(shown)
+        axis = next((i for i, line in enumerate(shown) if " └┬" in line), None)
+        assert axis is not None, "\n".join(shown)
+        assert shown[axis + 1].split()[::len(shown[axis + 1].split()) - 1] == ["1", "300"], "\n".join(shown)
+        legend = next((i for i, line in enumerate(shown) if "total" in line), None)
+        assert legend is not None, "\n".join(shown)
+        assert all(name in shown[legend] for name in chart.curves.labels), "\n".join(shown)
+        rows = axis - legend - 1 - overlaid
+        assert rows >= 4, "\n".join(shown)  # the curves' own rows, between the legends and the axis
+
+
+def test_a_dflash_legend_and_long_overlay_names_fit_one_line_each_of_80_columns():
+    """τ and every block position's name on the title's line; two ancestors whose names
+    together outrun the line, each cut to its share (both colours named), not wrapped."""
+    run = RunState(DFLASH_KEY, "h200-box", dflash_info())
+    for event in dflash_events():
+        run.add_event(event)
+    curves = Curves(0.3)
+    curves.update(run)
+    long = "grandparent: max_seq_len 8192 → 16384, ttt_steps 3 → 5, code 1a2b3c4 → 9f8e7d6"
+    series = parent_and_picked()[f"h200-box/{CHILD_ID}"].series
+    overlaid = [Overlaid(Overlay(long, series), 0.3), Overlaid(Overlay(long.replace("grand", ""), series), 0.3)]
+    lines = draw(curves, 80, 16, False, overlaid).plain.splitlines()
+    assert len(lines) == 16 and all(len(line) <= 80 for line in lines)
+    assert "τ " in lines[0] and all(name in lines[0] for name in curves.labels), lines[0]
+    assert lines[1].count("┄") == 2 and lines[1].count("…") == 2 and "grandparent: max_seq_len" in lines[1], lines[1]
