@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from rich.cells import cell_len
 from textual.widgets import Button, DataTable, Input, Static
 
 from backends.series import Overlay, from_metrics
@@ -15,9 +16,11 @@ from tui.keys import KEYS, RUN_ACTIONS
 from tui.curves import Curves, Overlaid
 from tui.messages import OverlaysRead
 from tui.sample import (
-    CHILD_ID, DFLASH_KEY, RUN_KEY, child_metrics_events, dflash_events, dflash_info, feed, make_app, on_run,
+    CHILD_ID, DFLASH_KEY, RUN_ID, RUN_KEY, child_metrics_events, dflash_events, dflash_info, feed, feed_foreign, make_app,
+    on_run,
 )  # fmt: skip
 from tui.screens.edit import EditScreen
+from tui.screens.fleet import COLUMNS
 from tui.state import RunState
 from tui.widgets.loss_chart import LossChart, draw
 
@@ -121,3 +124,25 @@ def test_a_dflash_legend_and_long_overlay_names_fit_one_line_each_of_80_columns(
     assert len(lines) == 16 and all(len(line) <= 80 for line in lines)
     assert "τ " in lines[0] and all(name in lines[0] for name in curves.labels), lines[0]
     assert lines[1].count("┄") == 2 and lines[1].count("…") == 2 and "grandparent: max_seq_len" in lines[1], lines[1]
+
+
+async def test_the_fleet_at_80_columns_shows_what_an_operator_needs_uncut():
+    """A run's id, state, step, loss, tokens/s and ETA, each whole, with no column past the
+    screen's edge (the run id scrolled away with them); a wider terminal shows more."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await feed_foreign(pilot)
+        table = app.screen.query_one(DataTable)
+        shown = [c.key.value for c in table.ordered_columns]
+        assert {"name", "state", "step", "loss", "tps", "eta"} <= set(shown), shown
+        assert sum(c.get_render_width(table) for c in table.ordered_columns) <= table.scrollable_content_region.width
+        assert table.max_scroll_x == 0
+        for row in table.ordered_rows:
+            for column, cell in zip(table.ordered_columns, table.get_row(row.key)):
+                assert cell_len(str(cell)) <= column.width, (row.key.value, column.key.value, str(cell))
+        text = screen_text(app)
+        assert RUN_ID in text and "300" in text and "ETA" in text and "tokens/s" in text, text
+    wide = make_app()
+    async with wide.run_test(size=(160, 48)) as pilot:
+        await feed_foreign(pilot)
+        assert [c.key.value for c in wide.screen.query_one(DataTable).ordered_columns] == [key for key, _, _ in COLUMNS]
