@@ -71,9 +71,11 @@ class EditScreen(Dialog[dict | None]):
                             id=f"param-{name}",
                             compact=True,
                         )
-                yield Static(id="edit-errors")
                 yield Static(id="edit-diff")
                 yield Static(Text("predicting…", style="dim"), id="edit-cost")
+            # Out of the scrolling body, over the buttons: a value's error, which is why
+            # Keep is off, is in sight while it is typed, wherever its field is.
+            yield Static(id="edit-errors")
             with Horizontal(classes="buttons"):
                 yield Button("Cancel", id="cancel")
                 yield Button("Keep (r relaunches)", id="keep", variant="primary")
@@ -139,7 +141,9 @@ class EditScreen(Dialog[dict | None]):
             drafter = "dflash" if self.run.is_dflash else "eagle3"
             errors = [str(error) for error in run_params.conflicts(self.relaunched(changes), drafter)]
         self.changes = changes
-        self.query_one("#edit-errors", Static).update(inert(Text("\n".join(errors), style="bold red")))
+        shown_errors = self.query_one("#edit-errors", Static)
+        shown_errors.update(inert(Text("\n".join(errors), style="bold red")))
+        shown_errors.display = bool(errors)
         self.query_one("#edit-diff", Static).update(inert(self.diff_text()))  # a manifest's values are anyone's
         self.query_one("#keep", Button).disabled = bool(errors)
         return not errors

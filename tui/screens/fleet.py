@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import DataTable, Header, Input
 
 from backends.gpu import GpuSnapshot, GpuStatus
 from backends.runs.status import RunStatus
+from tui.keys import KEYS, RUN_ACTIONS
 from tui.state import HostState, HostStatus, RunState, format_duration, format_number, node_label
 from tui.widgets.alert_bar import AlertBar
 from tui.widgets.footer import Footer
@@ -28,6 +30,27 @@ COLUMNS = [
     ("eta", "ETA", 7),
     ("power", "GPU power (W of limit)", None),
 ]
+# A narrower terminal shows fewer columns, never one cut at its edge (80 columns showed
+# five, the step cut, and scrolling to the loss hid the run id). What 80 columns keep, at
+# these widths (the step alone, without its place in its epoch); then, as they fit, in
+# this order: a column, or a kept one at its full width.
+NARROW = {"name": 20, "state": 18, "step": 8, "loss": 7, "eta": 7}
+ADDED = ("tps", "power", "step", "state", "msl", "ttt")
+POWER_WIDTH = 38  # eight cards' draws and their limit: `250 257 … 299 /600 W`
+PADDING = 2  # a DataTable cell's, both sides
+
+
+def shown_columns(room: int) -> dict[str, int | None]:
+    """The columns shown in `room` cells and their widths, in COLUMNS' order."""
+    full = {key: width for key, _, width in COLUMNS}
+    widths: dict[str, int] = dict(NARROW)
+    used = sum(width + PADDING for width in widths.values())
+    for key in ADDED:
+        width = full[key] or POWER_WIDTH
+        more = width - widths[key] if key in widths else width + PADDING
+        if used + more <= room:
+            widths[key], used = width, used + more
+    return {key: (widths[key] if full[key] else None) for key, _, _ in COLUMNS if key in widths}
 
 
 def power_summary(host: HostState) -> Text | str:
@@ -101,6 +124,7 @@ def run_cells(run: RunState, host: HostState) -> dict[str, object]:
         "msl": format_number(params.get("max_seq_len")),
         "ttt": f"τ{format_number(run.tau, 2)}" if run.is_dflash else format_number(params.get("ttt_steps")),
         "step": run.step_text,
+        "step_alone": format_number(run.step),  # the step column's text where it is narrow
         "loss": format_number(run.loss, width=7),
         "tps": format_number(run.tokens_per_s),
         "eta": format_duration(run.eta_s()),
@@ -140,15 +164,17 @@ class FleetScreen(Guarded, Screen):
         yield Footer()
 
     composed = False  # the app may report changes between push and compose
+    columns: dict[str, int | None] = {}  # the columns shown and their widths
 
     def on_mount(self) -> None:
         self.composed = True
         self.sub_title = "fleet"
         self.query_one("#filter").display = False
-        table = self.query_one(DataTable)
-        for key, label, width in COLUMNS:
-            table.add_column(label, key=key, width=width)
         self.rebuild()
+
+    def on_resize(self, event: events.Resize) -> None:
+        if self.composed:
+            self.rebuild()
 
     def on_unmount(self) -> None:
         self.composed = False
@@ -190,11 +216,14 @@ class FleetScreen(Guarded, Screen):
         return rows
 
     def rebuild(self) -> None:
-        """Update the table in place; re-add rows only when the set of rows changed."""
+        """Update the table in place; re-add rows only when the set of rows (or of the
+        columns the screen's width shows) changed."""
         table = self.query_one(DataTable)
-        rows = self.rows()
+        scrollbar = table.styles.scrollbar_size_vertical if table.show_vertical_scrollbar else 0
+        columns = shown_columns(self.size.width - scrollbar)
+        rows = [(key, self._shown(cells, columns)) for key, cells in self.rows()]
         current = [key.value for key in table.rows]
-        if current == [key for key, _ in rows]:
+        if current == [key for key, _ in rows] and columns == self.columns:
             for key, cells in rows:
                 for column, value in cells.items():
                     if str(table.get_cell(key, column)) != str(value):
@@ -203,9 +232,14 @@ class FleetScreen(Guarded, Screen):
             return
         selected = self.query_one(DataTable).cursor_row
         selected_key = current[selected] if 0 <= selected < len(current) else None
-        table.clear()
+        table.clear(columns=columns != self.columns)
+        if columns != self.columns:
+            for key, label, _ in COLUMNS:
+                if key in columns:
+                    table.add_column(label, key=key, width=columns[key])
+            self.columns = columns
         for key, cells in rows:
-            table.add_row(*(inert(cells[c]) for c, _, _ in COLUMNS), key=key)  # names and params are anyone's
+            table.add_row(*(inert(cell) for cell in cells.values()), key=key)  # names and params are anyone's
         keys = [key for key, _ in rows]
         if selected_key not in keys or not any(k.startswith("run:") for k in current):
             # Until the user has runs to choose from, start on the first run: the keys act there.
@@ -214,11 +248,32 @@ class FleetScreen(Guarded, Screen):
             table.move_cursor(row=keys.index(selected_key))
         self.app.refresh_bindings()
 
+    @staticmethod
+    def _shown(cells: dict[str, object], columns: dict[str, int | None]) -> dict[str, object]:
+        """A row's cells in the columns shown: the step alone where its column is narrow."""
+        narrow = columns.get("step") == NARROW["step"] and "step_alone" in cells
+        return {key: cells["step_alone" if key == "step" and narrow else key] for key in columns}
+
     def state_changed(self, *, host=None, run=None, events=(), lines=()) -> None:
         if not self.composed or (run is not None and not events):
             return  # console lines change no cell here that the once-a-second tick misses
         self.query_one(AlertBar).show(list(self.app.alerts.values()))
         self.rebuild()
+
+    def on_key(self, event: events.Key) -> None:
+        # A run key on a host row: its binding is disabled there, so Textual lets the key
+        # through in silence; say what it needs.
+        table = self.query_one(DataTable)
+        if not table.row_count or self.selected_run_key() is not None:
+            return
+        host = (table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value or "").removeprefix("host:")
+        for binding in KEYS:
+            if binding.action in RUN_ACTIONS and event.key in binding.key.split(","):
+                if self.app.action_allowed(binding.action, self) is None:  # not a read-only dashboard's hidden key
+                    has_runs = any(run.home == host for run in self.app.runs.values())
+                    self.notify(f"select a run: {binding.description} acts on a run, not on host {host}"
+                                + ("" if has_runs else " (it has none)"), timeout=5)  # fmt: skip
+                return
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         # Only while the fleet is in view: an Enter pressed twice selected the row twice

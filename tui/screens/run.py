@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -27,6 +28,7 @@ LOG_LINES = 2000  # shown; rewritten down to half when full
 # The window tokens/s and the ETA are measured over, in a no-break space: on a narrow
 # screen the whole of it wraps, never "(60" above "s)".
 PACE_SAID = f"({pace.WINDOW_LABEL})".replace(" ", "\u00a0")
+TOP_MIN = 3  # the GPUs-and-stats band's lines however short the terminal (it scrolls the rest)
 
 
 SHOWN = ("max_seq_len", "ttt_steps", "lr", "batch_rows", "steps")
@@ -125,12 +127,28 @@ def nodes_text(text: Text, run: RunState) -> None:
         text.append(f"  PIDs {' '.join(map(str, node.pids))}\n" if node.pids else "\n", style="dim")
 
 
+class RunLog(Log):
+    """Textual's Log, kept at its end through a resize while it was there: a layout change
+    that shrank it (the GPUs' band fitted to a short terminal) left it short of its end,
+    where it no longer follows new lines."""
+
+    at_end = True
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        self.at_end = new_value >= self.max_scroll_y
+
+    def on_resize(self, event: events.Resize) -> None:
+        if self.at_end:
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+
+
 class LogPane(Vertical):
     """The log with its filter: `l` fills the screen with both, so a filter opened over
     the full log is in sight."""
 
     ALLOW_MAXIMIZE = True
-    DEFAULT_CSS = "LogPane { height: 1fr; min-height: 4; }"
+    DEFAULT_CSS = "LogPane { height: 1fr; min-height: 3; }"  # its border and two lines on a short terminal
 
 
 class RunScreen(Guarded, Screen):
@@ -141,7 +159,8 @@ class RunScreen(Guarded, Screen):
     console_shown: tuple = (None, None)  # progress and console loss the stats last showed
     stats_shown: Text | None = None
     stats_height = 0  # lines the stats took at their last layout
-    top_cap: int | None = None  # the GPUs' band's height, where the run's GPUs outgrow the stylesheet's
+    top_cap: int | None = None  # the GPUs' band's height cap, as _fit_top last set it
+    gpu_lines = 0  # the lines the run's GPUs took at their last showing
     # The log's offset when a write last left it at its end: still there at the next
     # write, nobody scrolled, and the log follows even if a layout change shrank it.
     log_end_y: float | None = None
@@ -170,7 +189,7 @@ class RunScreen(Guarded, Screen):
         yield LossChart(id="loss")
         with LogPane():
             yield Input(placeholder="show only log lines containing… (Esc clears)", id="log-filter")
-            yield Log(id="log")
+            yield RunLog(id="log")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -222,7 +241,11 @@ class RunScreen(Guarded, Screen):
         if not self.composed:
             return
         app = self.app
-        self.query_one(AlertBar).show(list(app.alerts.values()))
+        bar = self.query_one(AlertBar)
+        before = bar.shown
+        bar.show(list(app.alerts.values()))
+        if bar.shown is not before:  # its height is known once it is laid out
+            self.call_after_refresh(self._fit_top)
         current = self.run
         if current is None:
             self._show_stats(Text(self.waiting))
@@ -246,11 +269,21 @@ class RunScreen(Guarded, Screen):
             if lines:
                 self._write_log(lines)
 
-    def _fit_top(self, lines: int | None) -> None:
+    def on_resize(self, event: events.Resize) -> None:
+        self.call_after_refresh(self._fit_top)
+
+    def _fit_top(self, lines: int | None = None) -> None:
         """Let the GPUs' band grow past the stylesheet's cap, up to half the screen, when
-        the run's GPUs need it (two hosts of eight are sixteen lines); back to the cap
-        when they fit."""
-        cap = max(self.top_lines, min(lines, self.size.height // 2)) if lines and lines > self.top_lines else None
+        the run's GPUs need it (two hosts of eight are sixteen lines); hold it under the
+        cap on a short terminal, where the chart's least (its legends, curves and axis) and
+        the log's come first: 80×24 scrolled the whole screen, the chart's axis out of
+        sight. What the band cannot show, it scrolls."""
+        if lines is not None:
+            self.gpu_lines = lines
+        wanted = max(self.top_lines, min(self.gpu_lines, self.size.height // 2))
+        fixed = sum(w.outer_size.height for w in (self.query_one(Header), self.query_one(AlertBar), self.query_one(Footer)) if w.display)
+        least = sum(w.styles.min_height.cells or 0 for w in (self.query_one(LossChart), self.query_one(LogPane)))
+        cap = max(TOP_MIN, min(wanted, self.size.height - fixed - least))
         if cap != self.top_cap:
             self.query_one("#top").styles.max_height = cap
             self.top_cap = cap

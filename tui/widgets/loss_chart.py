@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 
+from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
 from textual.app import RenderResult
@@ -39,11 +40,14 @@ RUNS = [[[sum(DOTS[side][top : bottom + 1]) for bottom in range(4)] for top in r
 
 
 class LossChart(Guarded, Widget):
-    DEFAULT_CSS = """
-    LossChart {
+    DEFAULT_CSS = f"""
+    LossChart {{
         width: 1fr;
         height: 1fr;
-    }
+        min-height: {MIN_SIZE[1]};
+        text-wrap: nowrap;  /* a line too long is cut, never wrapped onto the axis's rows */
+        text-overflow: clip;
+    }}
     """
 
     def __init__(self, **kwargs) -> None:
@@ -154,7 +158,10 @@ def draw(
         x_axis, by = "step", " by step (tokens not logged)"
     if x_axis == "step" and counts != "step":
         by = {"round": " by round", "point": " by printed point (no step printed)"}.get(counts, f" by {counts}")
-    title = f"loss{by} ({smoothing_words(smoothing)}, {'log' if log_y else 'linear'} y)"
+    scale = "log" if log_y else "linear"
+    # The title shortened where the legend beside it needs the room (legend_line).
+    titles = (f"loss{by} ({smoothing_words(smoothing)}, {scale} y)",
+              f"loss{by} ({smoothing_words(smoothing, short=True)}, {scale[:3]} y)", "loss")  # fmt: skip
     own = [y for _, ys in points for y in ys if y is not None]
     if not own:
         points = []
@@ -169,7 +176,7 @@ def draw(
     found = own + [y for ps in behind for _, y in ps]
     text = Text(no_wrap=True, overflow="crop", end="")
     if not found:
-        text.append(title.center(width), TITLE)
+        text.append(titles[0].center(width), TITLE)
         text.append("\n" * (height - 1))
         return text
     y0, y1 = min(found), max(found)
@@ -200,21 +207,14 @@ def draw(
         draw_own(0)
     styles = [None, TOTAL, *[STEP_COLORS[(k - 1) % len(STEP_COLORS)] for k in range(1, len(points))]]
     styles += [OVERLAY_COLORS[j % len(OVERLAY_COLORS)] for j in range(len(behind))]
+    room = width - margin - 2
     text.append(" " * (margin + 2))
-    text.append(title, TITLE)
-    # τ before the legend: the line is cut at the chart's width, and τ is DFlash's headline
-    tau = tau_legend(curves) if curves is not None else None
-    if tau:
-        text.append("  ")
-        text.append(tau)
-    for k, name in enumerate(curves.labels[: len(points)] if points else ()):
-        text.append("  ")
-        text.append("━━ " + name, styles[k + 1])
+    names = curves.labels[: len(points)] if points else []
+    text.append(legend_line(titles, curves, list(zip(names, styles[1:])), room))
     if overlaid:
         text.append("\n" + " " * (margin + 2))
-        for j, o in enumerate(overlaid):
-            text.append("  " if j else "")
-            text.append("┄┄ " + o.label + ("" if behind[j] else " (none in view)"), styles[len(points) + 1 + j])
+        labels = [o.label + ("" if behind[j] else " (none in view)") for j, o in enumerate(overlaid)]
+        text.append(entries_line("┄", labels, styles[len(points) + 1 :], room))
     for r in range(rows):
         text.append("\n")
         text.append(y_labels.get(r, "").rjust(margin), AXIS)
@@ -255,7 +255,47 @@ def draw(
     return text
 
 
-def tau_legend(curves: Curves) -> Text | None:
+def legend_line(titles: tuple[str, ...], curves: Curves | None, entries: list[tuple[str, Style]], room: int) -> Text:
+    """The title, a DFlash run's τ and each curve's name in its colour, on one line of
+    `room` cells: the marks narrowed, τ's course shortened, then the title, before the
+    chart's edge cuts what is left. τ comes before the legend: it is DFlash's headline."""
+    line = Text()
+    for title in titles:
+        for mark, gap, cells in (("━━ ", "  ", TAU_CELLS), ("━ ", " ", TAU_CELLS), ("━ ", " ", TAU_CELLS // 2)):
+            line = Text(title, TITLE)
+            tau = tau_legend(curves, cells) if curves is not None else None
+            if tau:
+                line.append(gap)
+                line.append(tau)
+            for name, style in entries:
+                line.append(gap)
+                line.append(mark + name, style)
+            if line.cell_len <= room:
+                return line
+    return line
+
+
+def entries_line(mark: str, labels: list[str], styles: list[Style], room: int) -> Text:
+    """Other runs' names in their colours on one line of `room` cells: each name whole where
+    they fit, else each cut to a fair share (the shortest whole), so every colour is named."""
+    wide = sum(3 + cell_len(label) for label in labels) + 2 * (len(labels) - 1)
+    mark, gap = (mark * 2 + " ", "  ") if wide <= room else (mark + " ", " ")
+    left = room - (len(mark) + len(gap)) * len(labels) + len(gap)
+    cut: dict[int, Text] = {}
+    for k, i in enumerate(sorted(range(len(labels)), key=lambda i: cell_len(labels[i]))):
+        share = max(1, left // (len(labels) - k))
+        cut[i] = Text(labels[i])
+        cut[i].truncate(share, overflow="ellipsis")
+        left -= cut[i].cell_len
+    line = Text()
+    for i, style in zip(range(len(labels)), styles):
+        line.append(gap if i else "")
+        line.append(mark, style)
+        line.append(cut[i].plain, style)
+    return line
+
+
+def tau_legend(curves: Curves, cells: int = TAU_CELLS) -> Text | None:
     """A DFlash run's τ (expected accepted tokens per block): the latest logged, as the
     stats show it, and its course over the run in a few cells, smoothed as the losses are."""
     latest = next((v for v in reversed(curves.tau_raw) if v is not None), None)
@@ -263,7 +303,7 @@ def tau_legend(curves: Curves) -> Text | None:
         return None
     values = list(curves.tau)
     values = values[next(i for i, v in enumerate(values) if v is not None) :]
-    cells = min(TAU_CELLS, len(values))
+    cells = min(cells, len(values))
     course = [values[round(i * (len(values) - 1) / max(1, cells - 1))] for i in range(cells)]
     low, high = min(course), max(course)
     scale = (len(SPARKS) - 1) / (high - low) if high > low else 0.0
@@ -281,11 +321,11 @@ def overlay_points(points: list[tuple[float, float]], x0: float, x1: float, log_
     return [(x, math.log10(y) if log_y else y) for x, y in kept]
 
 
-def smoothing_words(weight: float) -> str:
+def smoothing_words(weight: float, short: bool = False) -> str:
     """An EMA weight as an operator reads it: about how many points it averages."""
     if weight >= 1:
-        return "smoothing off"
-    return f"smoothed over ~{round(2 / weight - 1)} points"
+        return "raw" if short else "smoothing off"
+    return f"~{round(2 / weight - 1)}-pt avg" if short else f"smoothed over ~{round(2 / weight - 1)} points"
 
 
 def ticks(count: int) -> list[int]:
