@@ -142,6 +142,12 @@ class RunLog(Log):
         if self.at_end:
             self.scroll_end(animate=False, immediate=True, x_axis=False)
 
+    def watch_show_horizontal_scrollbar(self, shown: bool) -> None:
+        # A line wider than the log brings its scrollbar (overflow-x: auto) after the write
+        # scrolled to the end: a row less, and the newest line under the scrollbar.
+        if shown and self.at_end:
+            self.call_after_refresh(self.scroll_end, animate=False, immediate=True, x_axis=False)
+
 
 class LogPane(Vertical):
     """The log with its filter: `l` fills the screen with both, so a filter opened over
