@@ -44,6 +44,9 @@ def node_label(node: runs.NodeInfo, end_status: str | None) -> tuple[str, str]:
     return words, STYLES[status]
 
 
+# A count that is not steps, as a narrow column abbreviates what it counts.
+X_SHORT = {"round": "rd", "epoch": "ep", "n_updates": "upd"}
+
 class HostStatus(enum.StrEnum):
     """Whether the dashboard reaches a host. A str enum: the monitor reports the word."""
 
@@ -240,6 +243,13 @@ class RunState:
         if not self.steps:
             return self.console.eta_s
         return self.metrics.eta_s(self.params)
+
+    @property
+    def step_counted(self) -> str:
+        """The step as a narrow column shows it: the count, and what it counts where that is
+        not steps (`40 rd`: LightGBM's round 40)."""
+        short = X_SHORT.get(self.x_word)
+        return f"{format_number(self.step)} {short}" if short and self.step is not None else format_number(self.step)
 
     @property
     def x_word(self) -> str:

@@ -28,6 +28,7 @@ from tests.tui.conftest import screen_text, wait_for
 from tui.app import TracksideApp, Watched
 from tui.screens.fleet import run_cells
 from tui.screens.run import RunScreen
+from tui.state import X_SHORT
 
 SESSIONS = {re.sub(r"[^A-Za-z0-9_-]", "_", name): name for name in NAMES}
 NUMBER = r"(-?[\d,]*\.?\d+(?:e[+-]?\d+)?|-?inf|nan|—)"  # format_number's shapes; — is none
@@ -45,8 +46,19 @@ def fleet_row(app, session: str) -> dict[str, object]:
     """The fleet's row for a session, cell by cell as its table holds them to draw."""
     table = app.screen.query_one("#fleet")
     cells = dict(zip((c.key.value for c in table.ordered_columns), table.get_row(f"run:local/{session}")))
-    step = re.match(NUMBER, str(cells["step"]))  # `152 (epoch 2, 48/104)`
+    step = re.match(NUMBER, str(cells["step"]))  # `152 (epoch 2, 48/104)`, `40 rd` at 80 columns
     return {"last_step": number(step and step[1]), "last_loss": number(str(cells["loss"]).strip()), "eval_loss": None}
+
+
+def unit_wrong(name: str, app, session: str) -> list[str]:
+    """The fleet's step column says what it counts where that is not steps (`40 rd`)."""
+    table = app.screen.query_one("#fleet")
+    cells = dict(zip((c.key.value for c in table.ordered_columns), table.get_row(f"run:local/{session}")))
+    said = re.fullmatch(rf"{NUMBER}(?: (\w+))?", str(cells["step"]).strip())
+    axis = truth(name).get("x") or "step"
+    if said and said[1] != "—" and said[2] != X_SHORT.get(axis):
+        return [f"its step column says {str(cells['step']).strip()!r}, the library counts {axis}"]
+    return []
 
 
 def stats_drawn(app) -> str:
@@ -134,6 +146,7 @@ async def test_the_dashboard_reads_every_fixture_as_its_library_recorded_it(tmux
             await pilot.pause()
             await wait_for(pilot, lambda: not isinstance(app.screen, RunScreen), 10, "the fleet again")
             bad_row, blank_row = wrong_and_blank(name, row)
+            bad_row += unit_wrong(name, app, session)
             bad_screen, blank_screen = wrong_and_blank(name, screen)
             bad_screen += dating_wrong(name, text)
             if bad_row or bad_screen:

@@ -123,8 +123,8 @@ def run_cells(run: RunState, host: HostState) -> dict[str, object]:
         "state": label,
         "msl": format_number(params.get("max_seq_len")),
         "ttt": f"τ{format_number(run.tau, 2)}" if run.is_dflash else format_number(params.get("ttt_steps")),
-        "step": run.step_text,
-        "step_alone": format_number(run.step),  # the step column's text where it is narrow
+        "step": run.step_text if run.x_word == "step" else f"{run.x_word} {run.step_text}",
+        "step_alone": run.step_counted,  # the step column's text where it is narrow
         "loss": format_number(run.loss, width=7),
         "tps": format_number(run.tokens_per_s),
         "eta": format_duration(run.eta_s()),
