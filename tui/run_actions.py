@@ -193,8 +193,10 @@ class RunActions(Guarded):
         # stopping, is relaunched the moment the SIGTERM is out: it imports while the run
         # stops and waits for its processes to end before it touches the GPU (resuming, for
         # the checkpoint their stop saved too, and refuses to start if there is none). Else
-        # the relaunch starts once the GPU is free.
-        early = relaunch and own_trainer_on_one_host(run) and not (sent and sent.synced)
+        # the relaunch starts once the GPU is free, and the kill has closed the run's
+        # session: a session the user named passes its name on, which it can only once closed.
+        early = (relaunch and own_trainer_on_one_host(run) and not (sent and sent.synced)
+                 and runs.named_by_user(plan.manifest or {}) is None)
 
         def relaunch_now(after_pids: list[int] | None = None) -> None:
             self.in_flight.start(RELAUNCH, run.key, self._relaunch(run, sent, resume, after_pids=after_pids))
@@ -282,7 +284,8 @@ class RunActions(Guarded):
             return
         new = self._show_relaunched(run, info)
         self.pending.pop(run.key, None)
-        self.notify(f"relaunched as {new.key}" + (f": {info.judged}" if info.judged else ""), title="relaunch")
+        said = "; ".join(filter(None, [info.judged, info.session_note]))
+        self.notify(f"relaunched as {new.key}" + (f": {said}" if said else ""), title="relaunch")
 
     def _show_relaunched(self, run: RunState, info) -> RunState:
         """The relaunched run, adopted; the screen that showed its parent shows it."""

@@ -11,6 +11,7 @@ from backends.runs.launch import (
     Launched,
     launch,
     launch_command,
+    named_by_user,
     relaunch,
     resolve_program,
     session_name,
