@@ -14,7 +14,7 @@ from tests.backends.test_watch import TRAIN_COMMAND
 from tests.tui.conftest import TRAIN, screen_text, wait_for
 from tui.app import TracksideApp, Watched
 from tui.messages import ConsoleBatch, RunsListed
-from tui.sample import NOW, RUN_KEY, feed, make_app, on_run
+from tui.sample import NOW, RUN_KEY, feed, kill_plan, make_app, on_run
 from tui.screens.confirm import Confirm
 from tui.screens.fleet import FleetScreen
 from tui.screens.help import HelpScreen
@@ -57,11 +57,15 @@ async def test_help_shows_the_apps_keys_not_the_widgets():
 
 async def test_relaunch_of_a_running_run_asks_first_naming_it_and_no_launches_nothing():
     app = make_app()
+
+    async def read_plan(run):  # the sample's host is a stand-in: its plan as `k` shows it
+        return kill_plan()
+
+    app._read_plan = read_plan
     async with app.run_test(size=(160, 48)) as pilot:
         await on_run(pilot)
         await pilot.press("r")
-        await pilot.pause()
-        assert isinstance(app.screen, Confirm)
+        await wait_for(pilot, lambda: isinstance(app.screen, Confirm), 5, "r's question")
         question = app.screen.question.plain  # its title (the first line) and the rest
         assert RUN_KEY in question and "eagle3-8k" in question and "4200" in question
         await wait_for(pilot, lambda: getattr(app.focused, "id", None) == "no", 5, "No focused: the default answer")
