@@ -1,5 +1,5 @@
-"""The operator's actions on a run — kill (after a confirmed plan), relaunch, edit,
-attach — and the demo's launch: the app's half that reaches hosts.
+"""The operator's actions on a run — kill (after a confirmed plan), relaunch, edit — and
+the demo's launch: the app's half that reaches hosts (attach: tui/attach_action.py).
 
 Each action that touches a host runs in a worker of the "actions" group and reports back
 as a screen or a notification, so a key never waits on the network.
@@ -7,18 +7,16 @@ as a screen or a notification, so a key never waits on the network.
 
 from __future__ import annotations
 
-import shlex
 import time
 from collections.abc import Coroutine
 from functools import cached_property
 
-from textual.app import App, SuspendNotSupported
+from textual.app import App
 from textual.worker import Worker
 
-from backends import attach, kill, runs, tmux
+from backends import kill, runs
 from backends.alerts import kill_alert
 from backends.deliver import Delivery, Sent
-from backends.hosts import Host, HostError
 from backends.relaunch import relaunch
 from tui.guard import Guarded
 from tui.screens.run import RunScreen
@@ -376,39 +374,3 @@ class RunActions(Guarded):
             self._changed(run=run.key)
 
         self.push_screen(EditScreen(run, self.hosts[run.host], self.pending.get(run.key, {})), keep)
-
-    def action_attach(self) -> None:
-        run = self.selected_run()
-        if run is None:
-            return
-        host = self.watched[run.host].host
-        if attach.inside_tmux():
-            self.run_worker(self._attach_inside_tmux(host, run.info.session), group="actions", exit_on_error=False)
-        else:
-            self.run_worker(self._attach_here(host, run.info.session), group="actions", exit_on_error=False)
-
-    async def _attach_here(self, host: Host, session: str) -> None:
-        # A name starting with '$' is targeted by the session's id, which only the host knows.
-        try:
-            where = await tmux.target(host, session)
-        except HostError as error:
-            self.notify(str(error), severity="warning", timeout=15)
-            return
-        if where is None:
-            self.notify(f"cannot open {session}: the host has no such tmux session now", severity="warning", timeout=10)
-            return
-        argv = attach.attach_argv(host, session, where)
-        try:
-            with self.suspend():
-                status = attach.attach(host, session, where)
-        except SuspendNotSupported:
-            self.notify(f"this terminal cannot hand over; run: {shlex.join(argv)}", timeout=15)
-            return
-        if status != 0:
-            self.notify(f"{shlex.join(argv)} exited {status}", severity="warning", timeout=10)
-
-    async def _attach_inside_tmux(self, host: Host, session: str) -> None:
-        try:
-            self.notify(await attach.attach_inside_tmux(host, session), timeout=8)
-        except (attach.AttachError, HostError) as error:
-            self.notify(str(error), severity="warning", timeout=15)
