@@ -12,6 +12,7 @@ from backends.runs.launch import (
     launch,
     launch_command,
     named_by_user,
+    parent_session_name,
     relaunch,
     resolve_program,
     session_name,

@@ -333,7 +333,7 @@ async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False,
         argv, params = run_params.edited(argv, parent.get("params", {}), changes)
     if sent is None and parent.get("code"):
         sent = Sent(Shipped.of_record(parent["code"]))
-    session, note = await _parent_session_name(host, parent)
+    session, note = await parent_session_name(host, parent)
     launched = await launch(
         host, argv, session=session, params=params, parent=run_id,
         train_command=train_command, resume_from=resume_from, on_started=on_started, sent=sent,
@@ -356,9 +356,9 @@ def named_by_user(manifest: dict) -> str | None:
         return None
 
 
-async def _parent_session_name(host: Host, parent: dict) -> tuple[str | None, str]:
-    """The session a relaunch of `parent` is launched in, and why not its parent's (words,
-    or ""). A user's name passes on once its session is gone, as it is after a kill (which
+async def parent_session_name(host: Host, parent: dict) -> tuple[str | None, str]:
+    """The session a relaunch of `parent` (its manifest on `host`) is launched in there,
+    and why not its parent's (words, or ""). A user's name passes on once its session is gone, as it is after a kill (which
     closes it before R relaunches) or holds only the parent's ended pane, closed now: its
     output is in its console.log. A session that still runs anything keeps the name."""
     name = named_by_user(parent)
