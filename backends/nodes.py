@@ -43,6 +43,7 @@ from backends.runs import (
     launch_command,
     launcher_code,
     list_runs,
+    parent_session_name,
     read_manifest,
     resolve_program,
     run_dir,
@@ -192,10 +193,18 @@ async def relaunch_nodes(
     if missing:
         raise RunError(f"run {run_id} has nodes on {', '.join(missing)}, not hosts of the config")
     argv, params = run_params.edited(manifest["argv"], manifest.get("params", {}), changes)
-    return await launch_nodes(
+    # The session name the user gave passes on where every node's session is gone (each
+    # node's manifest names its own pane); else the run goes to trackside's name, said.
+    kept = [await parent_session_name(hosts[n["host"]], await read_manifest(hosts[n["host"]], run_id)) for n in spans]
+    session = kept[0][0] if all(name == kept[0][0] for name, _ in kept) else None
+    launched = await launch_nodes(
         [hosts[n["host"]] for n in spans], argv, manifest["nproc_per_node"], train_commands=train_commands,
-        params=params, parent=run_id, rdzv_host=manifest["rdzv_endpoint"].rpartition(":")[0],
+        params=params, parent=run_id, session=session, rdzv_host=manifest["rdzv_endpoint"].rpartition(":")[0],
     )  # fmt: skip
+    notes = [f"on {n['host']}, {note}" for n, (_, note) in zip(spans, kept) if note]
+    if notes:
+        launched.session_note = f"{'; '.join(notes)}: this run is in tmux session {launched.session}"
+    return launched
 
 
 def merge(infos: Sequence[RunInfo]) -> list[RunInfo]:

@@ -17,6 +17,16 @@ def use_cuda_allocator_settings() -> None:
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 
+def use_cpu_threads() -> None:
+    """Half this process's cores (at least one) for a CPU run's intra-op threads, unless
+    OMP_NUM_THREADS says otherwise. A CPU run shares its machine (with the dashboard that
+    watches the demo, with tests): at a thread per core, each of a step's many parallel
+    regions waits at OpenMP's barrier for the thread the scheduler put behind another
+    process, which a small step pays on every op (docs/benchmarks.md, "CPU threads")."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // 2))
+
+
 def precision(device: torch.device) -> str:
     """bf16 autocast on CUDA (as forward_backward runs it), fp32 on CPU."""
     return "bf16" if device.type == "cuda" else "fp32"

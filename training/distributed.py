@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from training import checkpoint
-from training.device import use_cuda_allocator_settings
+from training.device import use_cpu_threads, use_cuda_allocator_settings
 
 
 def join_processes(device_type: str, sharding: str = "ddp") -> tuple[torch.device, int, int]:
@@ -36,6 +36,7 @@ def join_processes(device_type: str, sharding: str = "ddp") -> tuple[torch.devic
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     else:
+        use_cpu_threads()
         device = torch.device("cpu")
     backend = "nccl" if device.type == "cuda" else "gloo"
     if world > 1 and not dist.is_initialized():

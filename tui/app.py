@@ -33,6 +33,7 @@ from tui.guard import ErrorPolicy, error_log_path
 from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS, action_allowed, refusal
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, OverlaysRead, RunsListed
 from tui.monitor import HostMonitor
+from tui.attach_action import AttachAction
 from tui.run_actions import RunActions
 from tui.screens.protocols import Filters, FocusesLog, SelectsRun, ShowsState
 from tui.state import RunState
@@ -59,7 +60,7 @@ class Demo:
     params: dict = field(default_factory=dict)
 
 
-class TracksideApp(ErrorPolicy, RunActions, App):
+class TracksideApp(ErrorPolicy, RunActions, AttachAction, App):
     CSS_PATH = "trackside.tcss"
     TITLE = "trackside"
     BINDINGS = KEYS

@@ -1,5 +1,5 @@
-"""The operator's actions on a run — kill (after a confirmed plan), relaunch, edit,
-attach — and the demo's launch: the app's half that reaches hosts.
+"""The operator's actions on a run — kill (after a confirmed plan), relaunch, edit — and
+the demo's launch: the app's half that reaches hosts (attach: tui/attach_action.py).
 
 Each action that touches a host runs in a worker of the "actions" group and reports back
 as a screen or a notification, so a key never waits on the network.
@@ -7,19 +7,16 @@ as a screen or a notification, so a key never waits on the network.
 
 from __future__ import annotations
 
-import shlex
 import time
 from collections.abc import Coroutine
 from functools import cached_property
 
-from rich.text import Text
-from textual.app import App, SuspendNotSupported
+from textual.app import App
 from textual.worker import Worker
 
-from backends import attach, kill, runs, tmux
+from backends import kill, runs
 from backends.alerts import kill_alert
 from backends.deliver import Delivery, Sent
-from backends.hosts import Host, HostError
 from backends.relaunch import relaunch
 from tui.guard import Guarded
 from tui.screens.run import RunScreen
@@ -75,6 +72,23 @@ class RunActions(Guarded):
     def in_flight(self) -> InFlight:
         return InFlight(self)
 
+    @cached_property
+    def relaunch_words(self) -> dict[str, tuple[str, bool]]:
+        """Each run's relaunch's latest word and whether it failed: what R's kill report
+        says of it, read when the report opens and updated while it is open."""
+        return {}
+
+    def _tell_relaunch(self, key: str, said: str, *, failed: bool = False, timeout: float, title: str = "") -> None:
+        """A relaunch's word: in the kill report of its run where that is open (a toast
+        would cover it), else a toast."""
+        from tui.screens.kill import KillReportScreen
+
+        self.relaunch_words[key] = said, failed
+        if isinstance(self.screen, KillReportScreen) and self.screen.key == key:
+            self.screen.relaunch_said(said, failed)
+        else:
+            self.notify(said, severity="error" if failed else "information", timeout=timeout, title=title)
+
     async def action_quit(self) -> None:
         # Quitting ends the kill under way between its SIGTERM and its SIGKILL: a run that
         # ignores SIGTERM would live on, its release never checked. Said first; q again
@@ -114,17 +128,22 @@ class RunActions(Guarded):
             return True
         return False
 
+    async def _read_plan(self, run: RunState) -> kill.KillPlan:
+        """What stopping `run` would signal, read now: the one list of its processes that
+        the kill dialog and r's question both show. With every watched host: a multi-node
+        run's plan covers each node on its own."""
+        watched = self.watched[run.host]
+        return await kill.plan_kill(
+            watched.host, run.info.run_id or run.info.session, smi=watched.smi,
+            hosts={name: w.host for name, w in self.watched.items()},
+            smis={name: w.smi for name, w in self.watched.items()},
+        )  # fmt: skip
+
     async def _plan_kill(self, run: RunState, relaunch: bool) -> None:
         from tui.screens.kill import KillConfirm
 
-        watched = self.watched[run.host]
         try:
-            # With every watched host: a multi-node run's plan covers each node on its own.
-            plan = await kill.plan_kill(
-                watched.host, run.info.run_id or run.info.session, smi=watched.smi,
-                hosts={name: w.host for name, w in self.watched.items()},
-                smis={name: w.smi for name, w in self.watched.items()},
-            )  # fmt: skip
+            plan = await self._read_plan(run)
         except kill.KillError as refused:  # our own session, a run that ended meanwhile, a gone one
             self.notify(str(refused), severity="warning", timeout=8)
             return
@@ -185,6 +204,8 @@ class RunActions(Guarded):
                 return
             self.notify("shipped " + "; ".join(sent.said()), timeout=5)
         self.notify(f"stopping {run.key}…", timeout=3)
+        if relaunch:
+            self.relaunch_words[run.key] = "relaunch: once the run has stopped", False
         self.alert_book.stopped(run.key)
         self.stopped_runs.add(run.key)
         signalled = time.monotonic()
@@ -193,8 +214,10 @@ class RunActions(Guarded):
         # stopping, is relaunched the moment the SIGTERM is out: it imports while the run
         # stops and waits for its processes to end before it touches the GPU (resuming, for
         # the checkpoint their stop saved too, and refuses to start if there is none). Else
-        # the relaunch starts once the GPU is free.
-        early = relaunch and own_trainer_on_one_host(run) and not (sent and sent.synced)
+        # the relaunch starts once the GPU is free, and the kill has closed the run's
+        # session: a session the user named passes its name on, which it can only once closed.
+        early = (relaunch and own_trainer_on_one_host(run) and not (sent and sent.synced)
+                 and runs.named_by_user(plan.manifest or {}) is None)
 
         def relaunch_now(after_pids: list[int] | None = None) -> None:
             self.in_flight.start(RELAUNCH, run.key, self._relaunch(run, sent, resume, after_pids=after_pids))
@@ -226,12 +249,14 @@ class RunActions(Guarded):
                 self.kill_alerts.pop(f"held:{where}", None)
         for name in run.hosts:
             self._poll_runs(name)
-        self.push_screen(KillReportScreen(run.key, report))
+        # The report says what the stop's toasts said as it went ("stopping…", "the
+        # checkpoint is being made durable", the relaunch's): at 80×24 they covered it and
+        # its Close, one of them no longer true. Alerts stay in the alerts screen.
+        self.clear_notifications()
+        self.push_screen(KillReportScreen(run.key, report, self.relaunch_words.get(run.key) if relaunch else None))
         self._changed(run=run.key)
 
     def action_relaunch(self) -> None:
-        from tui.screens.confirm import Confirm
-
         run = self.selected_run()
         if run is None:
             return
@@ -243,21 +268,29 @@ class RunActions(Guarded):
         if run.info.state != runs.RunPhase.RUNNING:
             self.in_flight.start(RELAUNCH, run.key, self._relaunch(run))
             return
-        # A second copy beside a live original doubles its GPU memory: say so, default No.
-        question = Text()
-        question.append(f"Relaunch while {run.key} still runs?\n\n", style="bold")
-        if len(run.info.nodes) > 1:
-            question.append(f"its nodes on {'+'.join(run.hosts)} keep running: ")
-        else:
-            question.append(f"tmux session {run.info.session} keeps running (PIDs {', '.join(map(str, run.info.pids)) or '—'}): ")
-        question.append("two copies, on a GPU twice the memory.\n")
-        question.append("R stops it first, then relaunches.", style="cyan")
+        if self.in_flight.under_way(PLAN_KILL):  # one dialog at a time, as k's
+            return
+        self.in_flight.start(PLAN_KILL, "", self._ask_relaunch(run))
+
+    async def _ask_relaunch(self, run: RunState) -> None:
+        """r on a live run: a second copy beside it doubles its GPU memory. Say so, naming
+        what keeps running as the kill dialog would name it (its plan), default No."""
+        from tui.screens.kill import relaunch_question
+
+        try:
+            plan = await self._read_plan(run)
+        except kill.AlreadyEnded:  # ended meanwhile: nothing runs beside the relaunch
+            self.in_flight.start(RELAUNCH, run.key, self._relaunch(run))
+            return
+        except Exception as error:
+            self.notify(f"cannot list {run.key}'s processes: {error}", severity="error", timeout=10)
+            return
 
         def answered(yes: bool | None) -> None:
             if yes:
                 self.in_flight.start(RELAUNCH, run.key, self._relaunch(run))
 
-        self.push_screen(Confirm(question, "Yes, run both", text_id="relaunch-question"), answered)
+        self.push_screen(relaunch_question(run.key, plan), answered)
 
     async def _relaunch(self, run: RunState, sent: Sent | None = None, resume: bool = False,
                         after_pids: list[int] | None = None) -> None:
@@ -268,7 +301,7 @@ class RunActions(Guarded):
         watched = self.watched[run.host]
         described = (", ".join(f"{k}={v}" for k, v in changes.items()) or "unchanged parameters") + (
             ", from its checkpoint" if resume else "")
-        self.notify(f"relaunching {run.key} with {described}…", timeout=3)
+        self._tell_relaunch(run.key, f"relaunching {run.key} with {described}…", timeout=3)
         try:
             # A run on one host is shown as soon as its session exists, reading `starting`
             # while it loads; the launch returns once its start is judged.
@@ -278,11 +311,12 @@ class RunActions(Guarded):
                 on_started=lambda started: self._show_relaunched(run, started), after_pids=after_pids or (),
             )  # fmt: skip
         except Exception as error:
-            self.notify(f"could not relaunch {run.key}: {error}", severity="error", timeout=10)
+            self._tell_relaunch(run.key, f"could not relaunch {run.key}: {error}", failed=True, timeout=10)
             return
         new = self._show_relaunched(run, info)
         self.pending.pop(run.key, None)
-        self.notify(f"relaunched as {new.key}" + (f": {info.judged}" if info.judged else ""), title="relaunch")
+        said = "; ".join(filter(None, [info.judged, info.session_note]))
+        self._tell_relaunch(run.key, f"relaunched as {new.key}" + (f": {said}" if said else ""), timeout=5, title="relaunch")
 
     def _show_relaunched(self, run: RunState, info) -> RunState:
         """The relaunched run, adopted; the screen that showed its parent shows it."""
@@ -340,39 +374,3 @@ class RunActions(Guarded):
             self._changed(run=run.key)
 
         self.push_screen(EditScreen(run, self.hosts[run.host], self.pending.get(run.key, {})), keep)
-
-    def action_attach(self) -> None:
-        run = self.selected_run()
-        if run is None:
-            return
-        host = self.watched[run.host].host
-        if attach.inside_tmux():
-            self.run_worker(self._attach_inside_tmux(host, run.info.session), group="actions", exit_on_error=False)
-        else:
-            self.run_worker(self._attach_here(host, run.info.session), group="actions", exit_on_error=False)
-
-    async def _attach_here(self, host: Host, session: str) -> None:
-        # A name starting with '$' is targeted by the session's id, which only the host knows.
-        try:
-            where = await tmux.target(host, session)
-        except HostError as error:
-            self.notify(str(error), severity="warning", timeout=15)
-            return
-        if where is None:
-            self.notify(f"cannot open {session}: the host has no such tmux session now", severity="warning", timeout=10)
-            return
-        argv = attach.attach_argv(host, session, where)
-        try:
-            with self.suspend():
-                status = attach.attach(host, session, where)
-        except SuspendNotSupported:
-            self.notify(f"this terminal cannot hand over; run: {shlex.join(argv)}", timeout=15)
-            return
-        if status != 0:
-            self.notify(f"{shlex.join(argv)} exited {status}", severity="warning", timeout=10)
-
-    async def _attach_inside_tmux(self, host: Host, session: str) -> None:
-        try:
-            self.notify(await attach.attach_inside_tmux(host, session), timeout=8)
-        except (attach.AttachError, HostError) as error:
-            self.notify(str(error), severity="warning", timeout=15)

@@ -11,6 +11,8 @@ from backends.runs.launch import (
     Launched,
     launch,
     launch_command,
+    named_by_user,
+    parent_session_name,
     relaunch,
     resolve_program,
     session_name,

@@ -64,10 +64,12 @@ class Launched(RunInfo):
     loading, or ended cleanly)."""
 
     judged: str = ""
+    # A relaunch that could not take its parent's session name: where the run went instead.
+    session_note: str = ""
 
     def to_json(self) -> dict:
         listed = RunInfo(**{f.name: getattr(self, f.name) for f in fields(RunInfo)})
-        return {**listed.to_json(), "judged": self.judged}
+        return {**listed.to_json(), "judged": self.judged, **({"session_note": self.session_note} if self.session_note else {})}
 
 
 def session_name(run_id: str) -> str:
@@ -331,11 +333,45 @@ async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False,
         argv, params = run_params.edited(argv, parent.get("params", {}), changes)
     if sent is None and parent.get("code"):
         sent = Sent(Shipped.of_record(parent["code"]))
-    return await launch(
-        host, argv, params=params, parent=run_id,
+    session, note = await parent_session_name(host, parent)
+    launched = await launch(
+        host, argv, session=session, params=params, parent=run_id,
         train_command=train_command, resume_from=resume_from, on_started=on_started, sent=sent,
         after_pids=after_pids,
     )  # fmt: skip
+    if note:
+        launched.session_note = f"{note}: this run is in tmux session {launched.session}"
+    return launched
+
+
+def named_by_user(manifest: dict) -> str | None:
+    """The session name the user gave the run (`launch --session`), which its relaunches
+    keep; None for the name trackside made (`session_name`), or one it could not make."""
+    name = manifest.get("session")
+    if not isinstance(name, str) or name == session_name(manifest["run_id"]):
+        return None
+    try:
+        return tmux.check_session_name(name)
+    except ValueError:
+        return None
+
+
+async def parent_session_name(host: Host, parent: dict) -> tuple[str | None, str]:
+    """The session a relaunch of `parent` (its manifest on `host`) is launched in there,
+    and why not its parent's (words, or ""). A user's name passes on once its session is gone, as it is after a kill (which
+    closes it before R relaunches) or holds only the parent's ended pane, closed now: its
+    output is in its console.log. A session that still runs anything keeps the name."""
+    name = named_by_user(parent)
+    if name is None:
+        return None, ""
+    panes = await tmux.list_panes(host, name)
+    if any(p.pid != parent.get("pane_pid") for p in panes):
+        return None, f"tmux session {name} holds panes other than its parent's"
+    if any(not p.dead for p in panes):
+        return None, f"its parent still runs in tmux session {name}"
+    if panes:
+        await tmux.kill_session(host, name)
+    return name, ""
 
 
 def _without_resume(argv: Sequence[str]) -> list[str]:

@@ -29,3 +29,17 @@ def test_launch_of_a_trainer_that_dies_after_the_window_fails(capsys, tmp_path, 
     code, out, err = cli(capsys, "launch", "--config", str(path), "--", "trackside", "train", "--synthetic")
     assert code == 1 and out == "", out
     assert "exited with status 2" in err and "before its start event" in err and "| --block-size needs --drafter dflash" in err
+
+
+def test_relaunch_says_where_the_run_went_when_it_cannot_keep_its_session_name(capsys, config):
+    code, out, err = cli(capsys, "launch", "--config", config, "--session", "mytrain", "--", "sleep", "60")
+    assert code == 0, err
+    run_id = re.search(r"^launched (\S+) ", out)[1]
+    code, out, err = cli(capsys, "relaunch", "--json", run_id, "--config", config)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["session_note"] == f"its parent still runs in tmux session mytrain: this run is in tmux session {doc['session']}"
+    code, out, err = cli(capsys, "kill", run_id, "--config", config)
+    assert code == 0, err
+    code, out, err = cli(capsys, "relaunch", run_id, "--config", config)
+    assert code == 0 and "in tmux session mytrain\n" in out and "this run is in" not in out, out

@@ -119,9 +119,9 @@ def test_two_nodes_train_as_two_processes_stop_together_relaunch_and_lose_one(ca
     # stopped by trackside ends `stopped` with exit 0).
     one = cli(capsys, "launch", "--config", config, "--host", "local", "--",
               PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "training", "train", *ARGS)  # fmt: skip
-    two = cli(capsys, "launch", "--config", config, "--hosts", "local,node2", "--nproc-per-node", "1", "--",
+    two = cli(capsys, "launch", "--config", config, "--hosts", "local,node2", "--nproc-per-node", "1", "--session", "pair", "--",
               "trackside", "train", *ARGS)  # fmt: skip
-    assert [(n["host"], n["session"]) for n in two["nodes"]] == [("local", f"ts-{two['run_id']}"), ("node2", f"ts-{two['run_id']}")]
+    assert [(n["host"], n["session"]) for n in two["nodes"]] == [("local", "pair"), ("node2", "pair")]
     assert len({n["run_dir"] for n in two["nodes"]}) == 2
     wait_for(lambda: len(losses(one)) >= 3 and len(losses(two)) >= 3, what="3 steps of each run")
 
@@ -158,6 +158,7 @@ def test_two_nodes_train_as_two_processes_stop_together_relaunch_and_lose_one(ca
     # is SIGKILLed and `trackside watch` names it and stops node 0.
     child = cli(capsys, "relaunch", two["run_id"], "--config", config, "--set", "ttt_steps=2")
     assert child["parent"] == two["run_id"] and [n["host"] for n in child["nodes"]] == ["local", "node2"]
+    assert [n["session"] for n in child["nodes"]] == ["pair", "pair"]  # the name given at launch, kept (issue 44)
     wait_for(lambda: len(losses(child)) >= 2, what="2 steps of the relaunch")
     assert metrics(child)[0]["config"]["ttt_steps"] == 2
     said = lose_node(config, child["run_id"])

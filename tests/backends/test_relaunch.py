@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from backends import runs
+from backends import kill, runs, tmux
 from backends.deliver import Delivery
 from backends.hosts import LocalHost
 from backends.relaunch import relaunch
@@ -56,3 +56,25 @@ def test_only_backends_relaunch_chooses_between_one_node_and_many():
         if re.search(r"(?<!def )\b(?:runs\.relaunch|relaunch_nodes)\(", path.read_text(encoding="utf-8"))
     }  # fmt: skip
     assert callers == {"backends/relaunch.py"}
+
+
+async def test_a_relaunch_keeps_the_session_name_the_user_gave_once_its_session_is_gone(host):
+    """`launch --session mytrain`, killed, relaunched: `tmux attach -t mytrain` finds the
+    new run (it came back as ts-… before, issue 44)."""
+    parent = await runs.launch(host, ["sleep", "30"], session="mytrain")
+    await kill.kill_run(host, parent.run_id, grace_s=5, nvml=False)
+    child, _ = await relaunch({host.name: host}, host, parent.run_id, {})
+    assert child.session == "mytrain" and not child.session_note
+    assert (await runs.read_manifest(host, child.run_id))["session"] == "mytrain"
+    assert [p.pid for p in await tmux.list_panes(host, "mytrain")] == child.pids
+
+
+async def test_an_ended_runs_session_passes_its_name_on_and_a_live_one_says_where_the_run_went(host):
+    ended = await runs.launch(host, ["true"], session="done")  # its dead pane kept in its session
+    child, _ = await relaunch({host.name: host}, host, ended.run_id, {})
+    assert child.session == "done" and not child.session_note
+    live = await runs.launch(host, ["sleep", "30"], session="busy")
+    beside, _ = await relaunch({host.name: host}, host, live.run_id, {})
+    assert beside.session == runs.session_name(beside.run_id)
+    assert beside.session_note == f"its parent still runs in tmux session busy: this run is in tmux session {beside.session}"
+    assert [p.pid for p in await tmux.list_panes(host, "busy")] == live.pids  # left alone

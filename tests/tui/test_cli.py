@@ -63,3 +63,36 @@ def test_ctrl_c_while_the_demo_run_stops_says_what_is_left_without_a_traceback(t
             subprocess.run(["tmux", "kill-session", "-t", f"={session}"], capture_output=True)
     assert demo.returncode == 130, (out, err)
     assert "Traceback" not in err and "interrupted: the demo run may still be running" in err, err
+
+
+def test_the_demo_stops_the_runs_relaunched_from_its_run(local_host, capsys):
+    """`trackside demo`, e → R → q: the demo's run had ended and its relaunch went on
+    training (it said "it had already ended", exit 0). Its lineage is stopped, each said."""
+    import asyncio
+
+    from backends import kill, runs
+    from backends.relaunch import relaunch
+    from tui.commands.dashboard import end_demo_run
+
+    host = local_host
+
+    async def demo_then_R():
+        demo = await runs.launch(host, ["sleep", "600"])
+        await kill.kill_run(host, demo.run_id, grace_s=5, nvml=False)
+        child, _ = await relaunch({host.name: host}, host, demo.run_id, {})
+        grandchild, _ = await relaunch({host.name: host}, host, child.run_id, {})
+        return demo, child, grandchild
+
+    demo, child, grandchild = asyncio.run(demo_then_R())
+    assert end_demo_run(host, demo, keep=True) == 0
+    kept = capsys.readouterr().out
+    assert f"its relaunch {child.run_id} (from {demo.run_id}) goes on in tmux session {child.session}" in kept
+    assert f"stop it with: trackside kill {grandchild.run_id}" in kept and "the demo run" not in kept  # it ended
+    assert end_demo_run(host, demo, keep=False) == 0
+    said = capsys.readouterr().out
+    assert f"stopping the demo run {demo.run_id}" in said and "it had already ended" in said
+    assert f"stopping its relaunch {child.run_id} (from {demo.run_id})" in said
+    assert f"stopping its relaunch {grandchild.run_id} (from {child.run_id})" in said
+    assert said.count("stopped in ") == 2
+    listed = {info.run_id: info.state for info in asyncio.run(runs.list_runs(host))}
+    assert runs.RunPhase.RUNNING not in listed.values(), listed

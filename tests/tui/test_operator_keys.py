@@ -14,7 +14,7 @@ from tests.backends.test_watch import TRAIN_COMMAND
 from tests.tui.conftest import TRAIN, screen_text, wait_for
 from tui.app import TracksideApp, Watched
 from tui.messages import ConsoleBatch, RunsListed
-from tui.sample import NOW, RUN_KEY, feed, make_app, on_run
+from tui.sample import NOW, RUN_KEY, feed, kill_plan, make_app, on_run
 from tui.screens.confirm import Confirm
 from tui.screens.fleet import FleetScreen
 from tui.screens.help import HelpScreen
@@ -57,11 +57,15 @@ async def test_help_shows_the_apps_keys_not_the_widgets():
 
 async def test_relaunch_of_a_running_run_asks_first_naming_it_and_no_launches_nothing():
     app = make_app()
+
+    async def read_plan(run):  # the sample's host is a stand-in: its plan as `k` shows it
+        return kill_plan()
+
+    app._read_plan = read_plan
     async with app.run_test(size=(160, 48)) as pilot:
         await on_run(pilot)
         await pilot.press("r")
-        await pilot.pause()
-        assert isinstance(app.screen, Confirm)
+        await wait_for(pilot, lambda: isinstance(app.screen, Confirm), 5, "r's question")
         question = app.screen.question.plain  # its title (the first line) and the rest
         assert RUN_KEY in question and "eagle3-8k" in question and "4200" in question
         await wait_for(pilot, lambda: getattr(app.focused, "id", None) == "no", 5, "No focused: the default answer")
@@ -428,9 +432,6 @@ async def test_R_again_while_the_run_is_being_stopped_relaunches_it_once(local_h
     """R, y; then R or r again while the trainer is still saving on SIGTERM: no second
     dialog (answered Yes it relaunched the run twice); the run is relaunched once."""
     info, key, app = await fake_run(local_host, "slow-stop", grace_s=20)
-    told: list[str] = []
-    notify = app.notify
-    app.notify = lambda message, **kwargs: (told.append(str(message)), notify(message, **kwargs))[1]
     async with app.run_test(size=(160, 48)) as pilot:
         await open_run_when(pilot, key, lambda run: run.steps, "the run's steps")
         await kill_confirmed(pilot, "R")
@@ -442,8 +443,11 @@ async def test_R_again_while_the_run_is_being_stopped_relaunches_it_once(local_h
         await wait_for(pilot, lambda: children(app, info), 30, "the relaunched run")
         await pilot.pause(2.0)
         assert len(children(app, info)) == 1, sorted(app.runs)
-        # The relaunch says how its start was judged: by the trainer's start event.
-        assert any(t.startswith("relaunched as") and "start event came" in t for t in told), told
+        # The relaunch says how its start was judged: by the trainer's start event (in the
+        # kill report where that is open, else in a toast).
+        said, failed = await wait_for(pilot, lambda: app.relaunch_words[key][0].startswith("relaunched as") and app.relaunch_words[key],
+                                      30, "the relaunch's word")  # fmt: skip
+        assert not failed and "start event came" in said, said
 
 
 @pytest.mark.parametrize("quit_key", ["q", "ctrl+q"])

@@ -81,7 +81,9 @@ async def test_launch_kill_edit_relaunch(local_host):
             pilot, lambda: screen.run_key not in (first.key, second.key) and screen.run, 60, "the kill-and-relaunched run"
         )
         assert third.info.parent == second.info.run_id and third.params["ttt_steps"] == 3
-        assert second.info.session not in await tmux.list_sessions(local_host)
+        # The session the demo named passes from run to run, held by the newest alone.
+        assert second.info.session == third.info.session == "tui-pilot"
+        assert [p.pid for p in await tmux.list_panes(local_host, "tui-pilot")] == third.info.pids
 
 
 async def test_a_session_trackside_did_not_launch_shows_its_console_loss(local_host, tmux_socket):

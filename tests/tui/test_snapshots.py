@@ -25,7 +25,7 @@ from tui.sample import (
     multinode_plan, on_dflash_run, on_run, run_info,
 )  # fmt: skip
 from tui.screens.edit import EditScreen
-from tui.screens.kill import KillConfirm, KillReportScreen
+from tui.screens.kill import KillConfirm, KillReportScreen, relaunch_question
 
 SIZE = (160, 48)
 
@@ -238,7 +238,8 @@ DIALOGS = {
         "NOT released",
     ),
     "relaunch-question": Shown(
-        on_run, pressing("r"), f"Relaunch while {RUN_KEY} still runs?", ("Yes, run both",), "R stops it first"
+        on_run, pushing(lambda: relaunch_question(RUN_KEY, kill_plan())), f"Relaunch while {RUN_KEY} still runs?",
+        ("Yes, run both",), "R stops it first",
     ),
     "overlay-picker": Shown(
         on_run_after_a_sweep, pressing("o"), f"Draw which run's loss behind {RUN_KEY}?", (), sweep_run(SWEEP - 1).run_id

@@ -165,4 +165,6 @@ async def run_relaunch(args, fleet: Fleet, name: str) -> tuple[dict, str, list[s
     info, sent = await relaunch(fleet.hosts, fleet.hosts[name], args.run, args.changes, args.resume,
                                 train_commands=fleet.train_commands, ship=ship, ship_asked=bool(args.ship))  # fmt: skip
     doc = _launched(info, relaunch=True, sent=sent)
-    return doc, _show_launched(doc, info.judged, sent), []
+    if info.session_note:
+        doc["session_note"] = info.session_note
+    return doc, _show_launched(doc, "\n".join(filter(None, [info.judged, doc.get("session_note")])), sent), []

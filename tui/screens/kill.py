@@ -45,6 +45,11 @@ def plan_text(key: str, plan: KillPlan, relaunch: dict | None, resume: bool | No
     return text
 
 
+def plan_pids(plan: KillPlan) -> str:
+    """One host's processes of a plan, as every dialog names them."""
+    return ", ".join(map(str, plan.pids)) or "—"
+
+
 def _plan_part(text: Text, plan: KillPlan, *, alone: bool) -> None:
     """One host's part of a plan: its session, PIDs, ranks and GPU holdings."""
     text.append("tmux session  ", style="dim")
@@ -52,7 +57,7 @@ def _plan_part(text: Text, plan: KillPlan, *, alone: bool) -> None:
     text.append("pane PIDs     ", style="dim")
     text.append(", ".join(map(str, plan.pane_pids)) + "\n")
     text.append("processes     ", style="dim")
-    text.append(", ".join(map(str, plan.pids)))
+    text.append(plan_pids(plan))
     text.append("\n              (SIGTERM, then SIGKILL after the grace period)\n" if alone else "\n")
     if plan.first:  # torchrun's workers: one per rank
         text.append("ranks         ", style="dim")
@@ -70,6 +75,19 @@ def _plan_part(text: Text, plan: KillPlan, *, alone: bool) -> None:
         text.append(f"{' ' * 14}not this run's, left alone: {holding(p)}\n", style="yellow")
     for note in plan.notes:
         text.append(f"{note}\n", style="dim")
+
+
+def relaunch_question(key: str, plan: KillPlan) -> Confirm:
+    """r on a live run: a second copy beside it doubles its GPU memory. What keeps running
+    is named as the kill dialog names it, from the same plan; default No."""
+    question = Text()
+    question.append(f"Relaunch while {key} still runs?\n\n", style="bold")
+    for part in (plan, *plan.nodes):
+        where = f" on {part.host}" if plan.nodes else ""
+        question.append(f"tmux session {part.session}{where} keeps running (PIDs {plan_pids(part)})\n")
+    question.append("Two copies, on a GPU twice the memory.\n")
+    question.append("R stops it first, then relaunches.", style="cyan")
+    return Confirm(question, "Yes, run both", text_id="relaunch-question")
 
 
 class KillConfirm(Confirm):
@@ -139,18 +157,40 @@ def _report_part(text: Text, report) -> None:
 
 
 class KillReportScreen(Dialog[None]):
-    BINDINGS = [Binding("escape,enter", "dismiss", "Close", id="trackside.kill.close")]
+    """The kill's report; after R, how its relaunch goes, said here as it happens: a toast
+    would cover the report and its Close at 80×24."""
 
-    def __init__(self, key: str, report) -> None:
+    BINDINGS = [Binding("escape,enter", "dismiss", "Close", id="trackside.kill.close")]
+    DEFAULT_CSS = "#kill-answers { height: auto; }"
+
+    def __init__(self, key: str, report, relaunch: tuple[str, bool] | None = None) -> None:
         super().__init__()
         self.key = key
         self.report = report
+        self.relaunch = relaunch  # the relaunch's latest word and whether it failed; None: none follows
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield from titled(report_text(self.key, self.report), "kill-report")
-            with Horizontal(classes="buttons"):
-                yield Button("Close", id="close", variant="primary")
+            # Docked with the buttons, in sight however long the report.
+            with Vertical(id="kill-answers", classes="closes"):
+                line = Static(self._relaunch_line(), id="kill-relaunch")
+                line.display = self.relaunch is not None  # after k, no line
+                yield line
+                with Horizontal(classes="buttons"):
+                    yield Button("Close", id="close", variant="primary")
+
+    def _relaunch_line(self) -> Text:
+        if self.relaunch is None:
+            return Text()
+        said, failed = self.relaunch
+        return inert(Text(said, style="bold red" if failed else "cyan"))
+
+    def relaunch_said(self, said: str, failed: bool = False) -> None:
+        """The relaunch's latest word, in place of the one before."""
+        self.relaunch = said, failed
+        for line in self.query("#kill-relaunch").results(Static):
+            line.update(self._relaunch_line())
 
     def on_mount(self) -> None:
         self.query_one(Button).focus()
