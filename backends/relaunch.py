@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from backends import nodes, runs
-from backends.deliver import Delivery, Sent
+from backends.ship.deliver import Delivery, Sent
 from backends.hosts import Host
 from training.contract import UsageError
 

@@ -181,7 +181,7 @@ def new_session_argv(host: Host, session: str, command: Sequence[str], pipe: str
         "new-session", "-d", "-s", literal(session), "-x", "200", "-y", "50", "-P", "-F", "#{pane_pid}",
         "--", *command,
         THEN, "set-option", "-w", "-t", target, "remain-on-exit", "on",
-        # tmux runs the pipe command (a shell command: backends.recording.recorder) with sh -c.
+        # tmux runs the pipe command (a shell command: backends.logs.recording.recorder) with sh -c.
         THEN, "pipe-pane", "-o", "-t", target, literal(pipe, strftime=True),
     )  # fmt: skip
 

@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from backends import alerts, gpu, kill, logparse, nodes, runs
+from backends import alerts, gpu, kill, nodes, runs
+from backends.logs import logparse
 from backends.hosts import Host, HostError
 from training.contract import EXIT_FAILURE, EXIT_OK, NONFINITE, OOM, STEP
 

@@ -18,7 +18,7 @@ from textual.worker import Worker
 
 from backends import attach, kill, runs, tmux
 from backends.alerts import kill_alert
-from backends.deliver import Delivery, Sent
+from backends.ship.deliver import Delivery, Sent
 from backends.hosts import Host, HostError
 from backends.relaunch import relaunch
 from tui.guard import Guarded

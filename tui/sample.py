@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from backends.console import summarize
+from backends.logs.console import summarize
 from backends.gpu import GpuProcess, GpuReading, GpuSnapshot, GpuStatus
 from backends.hosts import HostUnreachable, LocalHost
 from backends.kill import KillPlan

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 from backends.alerts import format_duration  # the alerts' texts and the screens read durations alike
 from backends import pace, runs
-from backends.console import ConsoleSummary
+from backends.logs.console import ConsoleSummary
 from backends.gpu import GpuSnapshot
-from backends.logparse import Progress
-from backends.record import MetricsRecord
+from backends.logs.logparse import Progress
+from backends.logs.record import MetricsRecord
 from backends.runs.status import RunStatus, node_words, status_of, status_words
 
 HISTORY = 120  # GPU samples kept per card (two minutes at 1 Hz)

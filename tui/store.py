@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from backends import nodes, runs, screen
+from backends import nodes, runs
+from backends.logs import screen
 from backends.alerts import Alert, AlertBook, HostFacts, RunFacts, underfed_since
 from backends.gpu import GpuSnapshot
 from tui.state import GpuTrace, HostState, HostStatus, RunState, run_key

@@ -13,10 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 from backends import params as run_params
-from backends import recording, tmux
-from backends.deliver import Sent
+from backends import tmux
+from backends.logs import recording
+from backends.ship.deliver import Sent
 from backends.hosts import Host
-from backends.logparse import parse_metrics_line
+from backends.logs.logparse import parse_metrics_line
 from backends.runs.listing import RunInfo, RunPhase
 from backends.runs.rundir import (
     EXIT_STATUS_FILE,

@@ -9,7 +9,7 @@ import enum
 import signal
 import time
 
-from backends.logparse import Progress
+from backends.logs.logparse import Progress
 from backends.runs.listing import RunInfo, RunPhase, launcher_code
 from training.contract import ENDED_NONFINITE
 

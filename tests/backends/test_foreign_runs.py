@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from backends import panes, recording, tmux
+from backends import tmux
+from backends.logs import panes, recording
 from backends.hosts import LocalHost
 from tests.backends.test_runs import PY, fake_trackside, tmux_dir  # noqa: F401 (fixture)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from backends import runs
-from backends.deliver import Delivery
+from backends.ship.deliver import Delivery
 from backends.hosts import LocalHost
 from backends.relaunch import relaunch
 from backends.runs.rundir import write_manifest

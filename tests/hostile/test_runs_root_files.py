@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from backends import recording, runs, tmux
+from backends import runs, tmux
+from backends.logs import recording
 from backends.hosts import HostError, LocalHost
 from tests.backends.test_cli import cli, cli_json, config  # noqa: F401 (fixture)
 from tests.backends.test_kill import FAKE_SMI

@@ -9,7 +9,7 @@ import re
 
 from backends import nodes, params, ranges, runs, tmux
 from backends.config import ConfigError, HostConfig
-from backends.deliver import Delivery, Sent
+from backends.ship.deliver import Delivery, Sent
 from backends.hosts import Host
 from backends.relaunch import relaunch
 from training.contract import RUN_ID_EXAMPLE, UsageError

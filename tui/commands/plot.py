@@ -19,7 +19,8 @@ import sys
 
 import plotext as plt
 
-from backends import runs, sanitize, series, tmux
+from backends import runs, sanitize, tmux
+from backends.logs import series
 from backends.config import ConfigError, load_config
 from backends.hosts import HostError
 from training.contract import (

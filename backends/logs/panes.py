@@ -1,4 +1,4 @@
-"""What panes said (backends.console's fold), read from their recorded output: each pane
+"""What panes said (backends.logs.console's fold), read from their recorded output: each pane
 of a tmux session trackside did not launch, and which pane holds its run; and the
 console.log of a run of trackside's that writes no metrics.jsonl (any program launched).
 
@@ -14,8 +14,9 @@ import codecs
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from backends import procs, recording, tmux
-from backends.console import ConsoleSummary
+from backends import procs, tmux
+from backends.logs import recording
+from backends.logs.console import ConsoleSummary
 from backends.hosts import Host
 
 
@@ -26,7 +27,7 @@ class _Tape:
     summary: ConsoleSummary
     offset: int = 0
     # A character cut by the end of a read waits for the rest (at most 3 bytes); the line
-    # being drawn waits in the summary's terminal (bounded there, backends.screen).
+    # being drawn waits in the summary's terminal (bounded there, backends.logs.screen).
     utf8: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
     inode: str = "-"  # the live file last read: another one there means it turned
     started: bool = False  # its scrollback (what the pane held before) was read
