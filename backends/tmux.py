@@ -146,7 +146,7 @@ def literal(text: str, *, strftime: bool = False) -> str:
 
 
 def _socket(host: Host | None) -> str | None:
-    return getattr(host, "tmux_socket", None)
+    return host.tmux_socket if host is not None else None
 
 
 class _Then:

@@ -59,7 +59,7 @@ class Recordings:
             return {}
         root = await host.expanded_runs_root()
         await recording.start(host, root, panes)
-        socket = getattr(host, "tmux_socket", None)
+        socket = host.tmux_socket
         recs = {p.pane_id: recording.recording_of(root, socket, p) for p in panes}
         tapes = {pid: self._tapes.get(rec.log) or _Tape(ConsoleSummary()) for pid, rec in recs.items()}
         self._tapes = {recs[pid].log: tape for pid, tape in tapes.items()}  # panes gone are forgotten
