@@ -53,14 +53,13 @@ from pathlib import Path
 from typing import Any
 
 from backends import alerts, ranges
-from backends.ship import sync
-from backends.ship.deliver import DEFAULT_PYTHON, Delivery
 from backends.gpu import DEFAULT_SMI
 from backends.hosts import DEFAULT_RUNS_ROOT, Host, LocalHost, SSHHost
 from backends.hosts import MAX_CHANNELS as DEFAULT_MAX_CHANNELS
 from backends.kill import GRACE_S
 from backends.runs import TRAIN_COMMAND
-from backends.ship import local_package
+from backends.ship import local_package, sync
+from backends.ship.deliver import DEFAULT_PYTHON, Delivery
 from training.contract import local_runs_root
 
 

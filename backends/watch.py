@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from backends import alerts, gpu, kill, nodes, runs
-from backends.logs import logparse
 from backends.hosts import Host, HostError
+from backends.logs import logparse
 from training.contract import EXIT_FAILURE, EXIT_OK, NONFINITE, OOM, STEP
 
 POLL_TIMEOUT_S = 20.0

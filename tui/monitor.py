@@ -24,8 +24,8 @@ from textual.app import App
 from textual.worker import Worker
 
 from backends import gpu, runs, tmux
-from backends.logs import logparse, panes, streams
 from backends.hosts import AuthFailed, Host, HostError, HostKeyRejected, HostUnreachable
+from backends.logs import logparse, panes, streams
 from backends.retry import Backoff
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
 

@@ -18,9 +18,9 @@ from textual.worker import Worker
 
 from backends import attach, kill, runs, tmux
 from backends.alerts import kill_alert
-from backends.ship.deliver import Delivery, Sent
 from backends.hosts import Host, HostError
 from backends.relaunch import relaunch
+from backends.ship.deliver import Delivery, Sent
 from tui.guard import Guarded
 from tui.screens.run import RunScreen
 from tui.state import RunState, run_key

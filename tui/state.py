@@ -11,10 +11,10 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from backends.alerts import format_duration  # the alerts' texts and the screens read durations alike
 from backends import pace, runs
-from backends.logs.console import ConsoleSummary
+from backends.alerts import format_duration  # the alerts' texts and the screens read durations alike
 from backends.gpu import GpuSnapshot
+from backends.logs.console import ConsoleSummary
 from backends.logs.logparse import Progress
 from backends.logs.record import MetricsRecord
 from backends.runs.status import RunStatus, node_words, status_of, status_words

@@ -34,14 +34,14 @@ import re
 from collections import deque
 from collections.abc import Iterable
 
-from backends.logs.logparse import Progress, parse_console_line, parse_progress, step_of
 from backends.logs.boxes import Box
 from backends.logs.eval_heading import EvalHeading
 from backends.logs.libraries import line_readers
+from backends.logs.logparse import Progress, parse_console_line, parse_progress, step_of
 from backends.logs.rounds import parse_round
-from backends.logs.wrapped import INDENT, Wrapped
-from backends.logs.training_bar import TrainingBar
 from backends.logs.screen import Terminal, visible_text
+from backends.logs.training_bar import TrainingBar
+from backends.logs.wrapped import INDENT, Wrapped
 
 CURVE_POINTS = 5000  # (step, loss) points kept per series: a run that logs for days stays bounded
 _EVALUATING = re.compile(r"eval|valid|test", re.IGNORECASE)

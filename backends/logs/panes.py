@@ -15,9 +15,9 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from backends import procs, tmux
+from backends.hosts import Host
 from backends.logs import recording
 from backends.logs.console import ConsoleSummary
-from backends.hosts import Host
 
 
 @dataclass

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from backends import runs
-from backends.logs import console, panes
 from backends.hosts import Host
+from backends.logs import console, panes
 from backends.logs.logparse import parse_metrics_line
 
 X_AXES = ("step", "tokens", "time")

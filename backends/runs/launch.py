@@ -14,9 +14,8 @@ from dataclasses import dataclass, fields
 
 from backends import params as run_params
 from backends import tmux
-from backends.logs import recording
-from backends.ship.deliver import Sent
 from backends.hosts import Host
+from backends.logs import recording
 from backends.logs.logparse import parse_metrics_line
 from backends.runs.listing import RunInfo, RunPhase
 from backends.runs.rundir import (
@@ -33,6 +32,7 @@ from backends.runs.rundir import (
     write_manifest,
 )
 from backends.ship import Shipped
+from backends.ship.deliver import Sent
 from training.contract import new_run_id
 
 TRAIN_COMMAND = ["trackside", "train"]  # the trainer, where a host configures no other

@@ -9,11 +9,11 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import asdict, dataclass, field, fields
 
 from backends import procs, tmux
+from backends.hosts import Host, HostError
 from backends.logs.console import ConsoleSummary
+from backends.logs.logparse import Progress, parse_metrics_line
 from backends.logs.panes import Recordings, panes_on_gpu, run_pane
 from backends.logs.record import MetricsRecord
-from backends.hosts import Host, HostError
-from backends.logs.logparse import Progress, parse_metrics_line
 from backends.own_session import own_sessions
 from backends.runs.manifest import MAX_BYTES, ManifestError, parse_manifest
 from backends.runs.rundir import manifest_exit_status, parse_exit_status, record_end, runs_root

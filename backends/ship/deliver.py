@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends import ship
-from backends.ship import sync
 from backends.hosts import Host
+from backends.ship import sync
 
 DEFAULT_PYTHON = "python3"  # what runs shipped code on a host that names no other
 

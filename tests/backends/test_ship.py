@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from backends import runs, ship
-from backends.logs import series
 from backends.hosts import SSHHost
+from backends.logs import series
 from tests.backends.test_cli import cli
 from tests.backends.test_runs import tmux_dir  # noqa: F401 (fixture)
 

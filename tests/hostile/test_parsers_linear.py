@@ -21,16 +21,16 @@ from hypothesis import strategies as st
 from backends.logs.boxes import Box
 from backends.logs.console import ConsoleSummary
 from backends.logs.eval_heading import EvalHeading
-from backends.logs.logparse import parse_console_line, parse_metrics_line, parse_progress, phase_of, step_of
-from backends.logs.rounds import parse_round
-from backends.logs.libraries.tables import Table
+from backends.logs.libraries.composer import ComposerLog
 from backends.logs.libraries.litgpt import LitgptLog
 from backends.logs.libraries.sb3 import Sb3Log
 from backends.logs.libraries.sklearn import SklearnLog
+from backends.logs.libraries.tables import Table
 from backends.logs.libraries.timm import TimmLog
 from backends.logs.libraries.torchtune import TorchtuneLog
-from backends.logs.libraries.composer import ComposerLog
 from backends.logs.libraries.ultralytics import UltralyticsLog
+from backends.logs.logparse import parse_console_line, parse_metrics_line, parse_progress, phase_of, step_of
+from backends.logs.rounds import parse_round
 
 LONG = 40_000
 BUDGET_S = 1.0

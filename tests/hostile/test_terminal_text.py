@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from textual.widgets import Log
 
 from backends import sanitize
+from backends.hosts import LocalHost
 from backends.logs import panes, screen, streams
 from backends.logs.console import ConsoleSummary
-from backends.hosts import LocalHost
 from backends.logs.logparse import Progress
 from backends.runs import RunInfo, RunPhase
 from tests.backends.test_foreign_runs import trackside

@@ -14,8 +14,8 @@ import pytest
 from rich.text import Text
 
 from backends import runs
-from backends.runs import RunInfo, RunPhase
 from backends.logs.series import Overlay, from_metrics
+from backends.runs import RunInfo, RunPhase
 from tests.tui.conftest import launch_and_wait_ended, TRAIN, screen_text, wait_for
 from tui.app import TracksideApp, Watched
 from tui.curves import Curves, Overlaid

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from backends import runs
-from backends.ship.deliver import Delivery
 from backends.runs import RunPhase
+from backends.ship.deliver import Delivery
 from backends.ship.sync import SyncEntry
 from tests.backends.test_runs import tmux_dir  # noqa: F401 (fixture)
 from tests.backends.test_ship import package, set_value, start_value

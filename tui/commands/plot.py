@@ -20,9 +20,9 @@ import sys
 import plotext as plt
 
 from backends import runs, sanitize, tmux
-from backends.logs import series
 from backends.config import ConfigError, load_config
 from backends.hosts import HostError
+from backends.logs import series
 from training.contract import (
     EXIT_FAILURE,
     EXIT_OK,
