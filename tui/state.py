@@ -11,8 +11,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from backends import pace, runs
 from backends.alerts import format_duration  # the alerts' texts and the screens read durations alike
+from backends import pace, runs
 from backends.gpu import GpuSnapshot
 from backends.logs.console import ConsoleSummary
 from backends.logs.logparse import Progress
