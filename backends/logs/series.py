@@ -19,6 +19,7 @@ from backends import runs
 from backends.hosts import Host
 from backends.logs import console, panes
 from backends.logs.logparse import parse_metrics_line
+from training.contract import START, STEP
 
 X_AXES = ("step", "tokens", "time")
 # Metrics named by what an operator asks for: the accuracy of the first drafted token
@@ -137,13 +138,13 @@ def from_metrics(name: str, host: str, text: str, *, params: dict | None = None,
         event = parse_metrics_line(line)
         if event is None:
             continue
-        if event["event"] == "start":
+        if event["event"] == START:
             start_time = number(event.get("time")) if start_time is None else start_time
             config = event.get("config")
             resumed = number(config.get("resumed_from_step")) if isinstance(config, dict) else None
             if resumed is not None:
                 events = [e for e in events if (number(e.get("step")) or 0) <= resumed]
-        elif event["event"] == "step":
+        elif event["event"] == STEP:
             events.append(event)
     return Series(name, host, dict(params or {}), parent, tuple(events), start_time)
 
