@@ -28,7 +28,6 @@ FACTS = {
     "the trainer's command, trackside train": r"""["']trackside["'],\s*["']train["']""",
     "an SSH host's channels at once, 8": r"(?i)max_channels\W.*\b8\b",
     "a launched run's tmux session name, ts-<run id>": r"""["']ts-""",
-    "the dashboard's poll period, 1000 ms": r"(?i)poll_ms\W[^/]*\b1000\b",  # not a conversion (/ 1000)
     "the interpreter of shipped code, python3": r"""["']python3["']""",
 }
 
