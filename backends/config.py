@@ -52,14 +52,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from backends import alerts, ranges, sync
-from backends.deliver import DEFAULT_PYTHON, Delivery
+from backends import alerts, ranges
 from backends.gpu import DEFAULT_SMI
 from backends.hosts import DEFAULT_RUNS_ROOT, Host, LocalHost, SSHHost
 from backends.hosts import MAX_CHANNELS as DEFAULT_MAX_CHANNELS
 from backends.kill import GRACE_S
 from backends.runs import TRAIN_COMMAND
-from backends.ship import local_package
+from backends.ship import local_package, sync
+from backends.ship.deliver import DEFAULT_PYTHON, Delivery
 from training.contract import local_runs_root
 
 
@@ -220,7 +220,7 @@ class HostConfig(Shared):
     jump_config: HostConfig | None = field(default=None, repr=False, compare=False)
 
     def delivery(self) -> Delivery:
-        """What a shipping launch takes to this host (backends.deliver)."""
+        """What a shipping launch takes to this host (backends.ship.deliver)."""
         package = Path(self.ship_from).expanduser() if self.ship_from else local_package()
         return Delivery(package, self.python, tuple(self.sync))
 

@@ -9,7 +9,7 @@ but tab; invalid text (lone surrogates) becomes U+FFFD. With no ESC, C1 or C0 le
 sequence can form again. It is one pass of a regex whose every alternative is a run of
 one class after another, so it never backtracks: linear in the text.
 
-backends.screen interprets these sequences (it draws what they draw); this module says
+backends.logs.screen interprets these sequences (it draws what they draw); this module says
 what they are and removes them.
 """
 

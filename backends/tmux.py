@@ -146,7 +146,7 @@ def literal(text: str, *, strftime: bool = False) -> str:
 
 
 def _socket(host: Host | None) -> str | None:
-    return getattr(host, "tmux_socket", None)
+    return host.tmux_socket if host is not None else None
 
 
 class _Then:
@@ -181,7 +181,7 @@ def new_session_argv(host: Host, session: str, command: Sequence[str], pipe: str
         "new-session", "-d", "-s", literal(session), "-x", "200", "-y", "50", "-P", "-F", "#{pane_pid}",
         "--", *command,
         THEN, "set-option", "-w", "-t", target, "remain-on-exit", "on",
-        # tmux runs the pipe command (a shell command: backends.recording.recorder) with sh -c.
+        # tmux runs the pipe command (a shell command: backends.logs.recording.recorder) with sh -c.
         THEN, "pipe-pane", "-o", "-t", target, literal(pipe, strftime=True),
     )  # fmt: skip
 

@@ -18,8 +18,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from backends import alerts, gpu, kill, logparse, nodes, runs
+from backends import alerts, gpu, kill, nodes, runs
 from backends.hosts import Host, HostError
+from backends.logs import logparse
 from training.contract import EXIT_FAILURE, EXIT_OK, NONFINITE, OOM, STEP
 
 POLL_TIMEOUT_S = 20.0

@@ -1,5 +1,5 @@
 """What hostile pane text costs: the sanitizer's and the line terminal's speed
-(backends/sanitize.py, backends/screen.py), `trackside runs` with one 20 KB line in a real
+(backends/sanitize.py, backends/logs/screen.py), `trackside runs` with one 20 KB line in a real
 pane against without it, and the dashboard's RSS after 90 MB of output with no newline in
 a run it follows.
 
@@ -24,7 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from backends import sanitize, screen  # noqa: E402
+from backends import sanitize  # noqa: E402
+from backends.logs import screen
 
 PY = sys.executable
 BAR = " 45%|████▌     | 45/100 [00:10<00:12,  4.50it/s, loss=2.31]\r"

@@ -67,7 +67,7 @@ def new_run_id() -> str:
     return f"{time.strftime(RUN_ID_TIME_FORMAT, time.gmtime())}-{secrets.token_hex(2)}"
 
 
-# metrics.jsonl's events (training/metrics.py writes them, backends/record.py folds them)
+# metrics.jsonl's events (training/metrics.py writes them, backends/logs/record.py folds them)
 START, STEP, CHECKPOINT, OOM, END = "start", "step", "checkpoint", "oom", "end"
 # A stopping trainer's state is off the device and a writer process (pid `writer`) is making
 # it durable: its `checkpoint` event follows, maybe after the trainer's `end` (a checkpoint

@@ -22,10 +22,11 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from backends import gpu, kill, runs, sanitize, series
+from backends import gpu, kill, runs, sanitize
 from backends.alerts import COMMAND_TIMEOUT_S, Alert, AlertBook, Rules, run_command
-from backends.deliver import Delivery
 from backends.hosts import Host
+from backends.logs import series
+from backends.ship.deliver import Delivery
 from training.contract import local_runs_root
 from tui.alerts import announce
 from tui.escape_cache import bound_escape_cache

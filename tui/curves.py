@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections import deque
 
-from backends.series import Overlay, SeriesError, number, part_name
+from backends.logs.series import Overlay, SeriesError, number, part_name
 from tui.state import STEP_HISTORY, RunState
 
 X_AXES = ("step", "tokens")  # what `x` toggles between

@@ -57,7 +57,7 @@ class MetricsBatch(HostMessage):
 
 
 class OverlaysRead(Message):
-    """Runs to draw behind run `key` (run key → backends.series.Overlay), read by a worker;
+    """Runs to draw behind run `key` (run key → backends.logs.series.Overlay), read by a worker;
     `drop`, a run key to draw no longer."""
 
     def __init__(self, key: str, overlays: dict, drop: str | None = None) -> None:

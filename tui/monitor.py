@@ -23,10 +23,12 @@ from collections.abc import Callable
 from textual.app import App
 from textual.worker import Worker
 
-from backends import gpu, logparse, panes, runs, streams, tmux
+from backends import gpu, runs, tmux
 from backends.hosts import AuthFailed, Host, HostError, HostKeyRejected, HostUnreachable
+from backends.logs import logparse, panes, streams
 from backends.retry import Backoff
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
+from tui.state import HostStatus
 
 FLUSH_S = 0.25  # each batch scrolls the log and lays the screen out again: 4 a second reads as live
 PANE_LINES = 200  # a foreign pane's later captures: its screen and what scrolled off it since
@@ -38,17 +40,17 @@ FOLLOW_RETRY_S = 2.0
 FOLLOW_RETRY_CAP_S = 30.0
 
 
-def failure_status(error: BaseException) -> tuple[str, str]:
+def failure_status(error: BaseException) -> tuple[HostStatus, str]:
     """How a failed poll reads in the fleet: (status, message in words)."""
     if isinstance(error, (AuthFailed, HostKeyRejected)):
-        return "auth", str(error)
+        return HostStatus.AUTH, str(error)
     if isinstance(error, HostUnreachable):
-        return "offline", str(error)
+        return HostStatus.OFFLINE, str(error)
     if isinstance(error, (TimeoutError, asyncio.TimeoutError)):
-        return "offline", f"no answer within {POLL_TIMEOUT_S:.0f}s"
+        return HostStatus.OFFLINE, f"no answer within {POLL_TIMEOUT_S:.0f}s"
     if isinstance(error, HostError):
-        return "error", str(error)
-    return "error", f"{type(error).__name__}: {error}"
+        return HostStatus.ERROR, str(error)
+    return HostStatus.ERROR, f"{type(error).__name__}: {error}"
 
 
 def new_lines(previous: list[str], current: list[str]) -> list[str]:
@@ -84,7 +86,7 @@ class HostMonitor:
         host: Host,
         *,
         smi: str = gpu.DEFAULT_SMI,
-        interval: float = 1.0,
+        interval: float,  # seconds between polls: the config's poll_ms, where its default is
         runs_every: int = 2,
         clock: Callable[[], float] = time.time,
     ) -> None:

@@ -16,8 +16,8 @@ from textual.worker import Worker
 
 from backends import kill, runs
 from backends.alerts import kill_alert
-from backends.deliver import Delivery, Sent
 from backends.relaunch import relaunch
+from backends.ship.deliver import Delivery, Sent
 from tui.guard import Guarded
 from tui.screens.run import RunScreen
 from tui.state import RunState, run_key

@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from backends.console import summarize
 from backends.gpu import GpuProcess, GpuReading, GpuSnapshot, GpuStatus
 from backends.hosts import HostUnreachable, LocalHost
 from backends.kill import KillPlan
+from backends.logs.console import summarize
 from backends.runs import NodeInfo, RunInfo, RunPhase
 from tui.app import TracksideApp, Watched
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed

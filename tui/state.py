@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 from backends.alerts import format_duration  # the alerts' texts and the screens read durations alike
 from backends import pace, runs
-from backends.console import ConsoleSummary
 from backends.gpu import GpuSnapshot
-from backends.logparse import Progress
-from backends.record import MetricsRecord
+from backends.logs.console import ConsoleSummary
+from backends.logs.logparse import Progress
+from backends.logs.record import MetricsRecord
 from backends.runs.status import RunStatus, node_words, status_of, status_words
 
 HISTORY = 120  # GPU samples kept per card (two minutes at 1 Hz)
@@ -114,7 +114,7 @@ class RunState:
     key: str
     host: str
     info: runs.RunInfo
-    # Its metrics.jsonl, as followed (backends/record.py: the listing's fold too).
+    # Its metrics.jsonl, as followed (backends/logs/record.py: the listing's fold too).
     metrics: MetricsRecord = field(default_factory=lambda: MetricsRecord(STEP_HISTORY))
     # What its followed console.log said, until a listing has read it: a run without step
     # events (a foreign session's panes, or a program of ours) has its listing's instead
@@ -124,7 +124,7 @@ class RunState:
     garbled: int = 0
     gone: bool = False  # the run no longer appears in the host's listing
     gone_since: float | None = None  # the listing's time when it first did not
-    # Run key → backends.series.Overlay: other runs drawn dim behind this one's loss (its
+    # Run key → backends.logs.series.Overlay: other runs drawn dim behind this one's loss (its
     # ancestors, runs picked from the fleet); replaced whole, never changed in place.
     overlays: dict = field(default_factory=dict)
     stopped_here: bool = False  # stopped by a kill from this dashboard

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from backends import nodes, runs, screen
+from backends import nodes, runs
 from backends.alerts import Alert, AlertBook, HostFacts, RunFacts, underfed_since
 from backends.gpu import GpuSnapshot
+from backends.logs import screen
 from tui.state import GpuTrace, HostState, HostStatus, RunState, run_key
 
 GONE_KEEP_S = 60.0  # a run gone from its host's listing stays this long, seen to go, then leaves the fleet

@@ -60,6 +60,10 @@ def check_argv(argv: Sequence[str]) -> list[str]:
 class Host(ABC):
     """A machine that runs argv lists. Subclasses implement `run` and `chunks`."""
 
+    # The tmux server (`tmux -L NAME`) its sessions live on: None is the user's default,
+    # where the sessions trackside did not launch are; a test sets its own server's.
+    tmux_socket: str | None = None
+
     def __init__(self, name: str, *, prefix: Sequence[str] = (), runs_root: str = DEFAULT_RUNS_ROOT):
         self.name = name
         self.prefix = list(prefix)

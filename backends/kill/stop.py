@@ -42,7 +42,7 @@ from backends.kill.plan import (
     plan_kill,
 )
 from backends.kill.report import GpuDelta, KillReport
-from backends.logparse import parse_metrics_line
+from backends.logs.logparse import parse_metrics_line
 from backends.procs import Proc, pane_roots, process_table, same, tree_of
 from backends.runs.stops import Journal
 from training.contract import CHECKPOINT, STAGED, STEP

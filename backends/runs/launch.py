@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 from backends import params as run_params
-from backends import recording, tmux
-from backends.deliver import Sent
+from backends import tmux
 from backends.hosts import Host
-from backends.logparse import parse_metrics_line
+from backends.logs import recording
+from backends.logs.logparse import parse_metrics_line
 from backends.runs.listing import RunInfo, RunPhase
 from backends.runs.rundir import (
     EXIT_STATUS_FILE,
@@ -32,6 +32,7 @@ from backends.runs.rundir import (
     write_manifest,
 )
 from backends.ship import Shipped
+from backends.ship.deliver import Sent
 from training.contract import new_run_id
 
 TRAIN_COMMAND = ["trackside", "train"]  # the trainer, where a host configures no other
@@ -140,7 +141,7 @@ async def launch(
     A node of a multi-node run (backends/nodes.py) passes the run id its nodes share,
     `wrap` (the resolved command → the torchrun that runs it) and `extra` manifest fields.
 
-    `sent` (backends.deliver), code already on the host and in place: the trainer runs
+    `sent` (backends.ship.deliver), code already on the host and in place: the trainer runs
     from its shipped package, and the manifest records what the run runs.
 
     `after_pids`, the processes of a run still stopping that this one replaces: the
@@ -305,7 +306,7 @@ async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False,
     With `resume`, the new run starts from the parent's latest checkpoint (the trainer's
     `--resume-from` the parent's checkpoints), one still being written included, or with
     `after_pids` (the parent still stopping) the one its stop is about to save.
-    With `sent`, it runs that code (backends.deliver); without, the code its parent ran:
+    With `sent`, it runs that code (backends.ship.deliver); without, the code its parent ran:
     the parent's shipped package where it had one, else the host's trainer.
     """
     parent = await read_manifest(host, run_id)

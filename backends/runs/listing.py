@@ -9,11 +9,11 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import asdict, dataclass, field, fields
 
 from backends import pace, procs, tmux
-from backends.console import ConsoleSummary
-from backends.panes import Recordings, panes_on_gpu, run_pane
-from backends.record import MetricsRecord
 from backends.hosts import Host, HostError
-from backends.logparse import Progress, parse_metrics_line
+from backends.logs.console import ConsoleSummary
+from backends.logs.logparse import Progress, parse_metrics_line
+from backends.logs.panes import Recordings, panes_on_gpu, run_pane
+from backends.logs.record import MetricsRecord
 from backends.own_session import own_sessions
 from backends.runs.manifest import MAX_BYTES, ManifestError, parse_manifest
 from backends.runs.rundir import manifest_exit_status, parse_exit_status, record_end, runs_root
@@ -118,7 +118,7 @@ class RunInfo:
     tokens_per_s: float | None = None  # over the pace window (backends/pace.py)
     tau: float | None = None  # a DFlash run's latest expected accepted length
     eta_s: float | None = None  # to the last step at the rate over the pace window (backends/pace.py)
-    # A session trackside did not launch: what its run pane printed (backends.panes), the
+    # A session trackside did not launch: what its run pane printed (backends.logs.panes), the
     # pane (`window.pane`), and since when its curve holds every step printed (epoch s;
     # None: only what its screen showed).
     console: ConsoleSummary | None = None
@@ -150,7 +150,7 @@ def _metrics(lines: list[str]) -> MetricsRecord:
 
 
 def code_of(manifest: dict) -> dict | None:
-    """The code a run runs, as its manifest records it (backends.deliver): the shipped
+    """The code a run runs, as its manifest records it (backends.ship.deliver): the shipped
     package's hash and `git describe`, each synced directory's; None if it recorded none."""
     code, synced = manifest.get("code"), manifest.get("synced") or []
     if not code and not synced:

@@ -9,9 +9,9 @@ import enum
 import signal
 import time
 
-from backends.logparse import Progress
+from backends.logs.logparse import Progress
 from backends.runs.listing import RunInfo, RunPhase, launcher_code
-from training.contract import ENDED_NONFINITE
+from training.contract import COMPLETED, ENDED_NONFINITE, FAILED, STOPPED
 
 
 class RunStatus(enum.Enum):
@@ -60,15 +60,15 @@ def status_of(info: RunInfo, *, end: str | None = None, oom: bool = False, gone:
     if end == ENDED_NONFINITE:
         return RunStatus.NONFINITE
     code = info.exit_status
-    if end == "completed":
+    if end == COMPLETED:
         return RunStatus.FINISHED
-    if end == "stopped" or stopped_here:
+    if end == STOPPED or stopped_here:
         return RunStatus.STOPPED
     if code is None:
-        return RunStatus.FAILED if end == "failed" else RunStatus.UNKNOWN
+        return RunStatus.FAILED if end == FAILED else RunStatus.UNKNOWN
     if code < 0:
         return RunStatus.KILLED
-    return RunStatus.FAILED if code or end == "failed" else RunStatus.FINISHED
+    return RunStatus.FAILED if code or end == FAILED else RunStatus.FINISHED
 
 
 def status_words(status: RunStatus, exit_status: int | None, progress: Progress | None = None, stop: dict | None = None) -> str:

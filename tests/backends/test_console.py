@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.console import CURVE_POINTS, ConsoleSummary, summarize
-from backends.logparse import Progress
+from backends.logs.console import CURVE_POINTS, ConsoleSummary, summarize
+from backends.logs.logparse import Progress
 
 relaxed = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

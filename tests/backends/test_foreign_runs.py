@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from backends import panes, recording, tmux
+from backends import tmux
 from backends.hosts import LocalHost
+from backends.logs import panes, recording
 from tests.backends.test_runs import PY, fake_trackside, tmux_dir  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[2]

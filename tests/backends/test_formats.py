@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.console import ConsoleSummary, summarize
+from backends.logs.console import ConsoleSummary, summarize
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "consoles"
 NAMES = sorted(p.stem for p in FIXTURES.glob("*.json"))

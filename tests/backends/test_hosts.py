@@ -86,3 +86,21 @@ def test_shell_command_quotes_each_argument_once():
 def test_bad_argv_is_refused(argv):
     with pytest.raises((TypeError, ValueError)):
         LocalHost().shell_command(argv)
+
+
+async def test_every_host_names_its_tmux_server_and_tmux_runs_there(tmp_path):
+    """`Host.tmux_socket`: None for the user's default server, where sessions trackside did
+    not launch live; set, a server of its own, which every tmux command then uses."""
+    from backends import tmux
+    from backends.hosts import SSHHost
+    from scripts.local_box import end_tmux_server
+
+    assert LocalHost().tmux_socket is None and SSHHost("box", "127.0.0.1").tmux_socket is None
+    host = LocalHost()
+    host.tmux_socket = f"trackside-host-{os.getpid()}"
+    try:
+        await tmux.new_session(host, "named", ["sleep", "60"], f"cat > {tmp_path / 'pane.log'}")
+        assert await tmux.list_sessions(host) == ["named"]
+        assert "named" not in await tmux.list_sessions(LocalHost())
+    finally:
+        end_tmux_server("tmux", "-L", host.tmux_socket)

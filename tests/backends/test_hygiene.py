@@ -9,7 +9,8 @@ import os
 import pwd
 import uuid
 
-from backends import recording, tmux
+from backends import tmux
+from backends.logs import recording
 from scripts.local_box import end_tmux_server
 
 

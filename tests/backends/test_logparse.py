@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.logparse import Progress, parse_console_line, parse_metrics_line, parse_progress, phase_of, step_of
-from backends.screen import visible_text
+from backends.logs.logparse import Progress, parse_console_line, parse_metrics_line, parse_progress, phase_of, step_of
+from backends.logs.screen import visible_text
 from backends.untrusted_json import LARGEST_INT
 
 relaxed = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from backends import kill, runs, tmux
-from backends.deliver import Delivery
 from backends.hosts import LocalHost
 from backends.relaunch import relaunch
 from backends.runs.rundir import write_manifest
+from backends.ship.deliver import Delivery
 from tests.backends.test_runs import tmux_dir  # noqa: F401  (a tmux server of the test's own)
 from training.contract import UsageError, new_run_id
 

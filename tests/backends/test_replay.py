@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from backends import panes
-from backends.console import ConsoleSummary
 from backends.hosts import LocalHost
+from backends.logs import panes
+from backends.logs.console import ConsoleSummary
 from tests.backends.test_formats import FIXTURES, NAMES, shown_as, truth
 from tests.backends.test_runs import PY, tmux_dir  # noqa: F401 (fixture)
 

@@ -486,7 +486,7 @@ async def test_the_listing_carries_the_pace_and_tau_the_dashboard_shows(host):
 def test_a_garbled_metrics_file_never_fails_the_listing():
     """metrics.jsonl is the trainer's, or anyone's garbage: a start whose config is a list,
     a step of null, a resume point written as text. The fold takes them and says less."""
-    from backends.record import MetricsRecord
+    from backends.logs.record import MetricsRecord
 
     record = MetricsRecord(64)
     for event in [

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from backends import series
+from backends.logs import series
 
 
 def jsonl(*events: dict) -> str:

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from backends import runs, series, ship
+from backends import runs, ship
 from backends.hosts import SSHHost
+from backends.logs import series
 from tests.backends.test_cli import cli
 from tests.backends.test_runs import tmux_dir  # noqa: F401 (fixture)
 

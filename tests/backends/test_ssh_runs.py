@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from backends import kill, procs, runs, streams, tmux
+from backends import kill, procs, runs, tmux
+from backends.logs import streams
 from backends.runs import RunPhase
 from tests.backends.test_kill import FAKE_SMI
 from tests.backends.test_runs import HOSTILE, argv_echo, eventually, tmux_dir, written  # noqa: F401 (fixture)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from backends.hosts import LocalHost
-from backends.streams import Line, follow
+from backends.logs.streams import Line, follow
 from tests.waiting import wait_until
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from backends import ship, sync
+from backends import ship
+from backends.ship import sync
 from tests.backends.test_cli import cli
 from tests.backends.test_runs import tmux_dir  # noqa: F401 (fixture)
 from tests.backends.test_ship import cli_ok, host_table, sent, write_config  # noqa: F401 (fixture)

@@ -18,19 +18,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.boxes import Box
-from backends.console import ConsoleSummary
-from backends.eval_heading import EvalHeading
-from backends.logparse import parse_console_line, parse_metrics_line, parse_progress, phase_of, step_of
-from backends.rounds import parse_round
-from backends.tables import Table
-from backends.litgpt_log import LitgptLog
-from backends.sb3_log import Sb3Log
-from backends.sklearn_log import SklearnLog
-from backends.timm_log import TimmLog
-from backends.torchtune_log import TorchtuneLog
-from backends.composer_log import ComposerLog
-from backends.ultralytics_log import UltralyticsLog
+from backends.logs.boxes import Box
+from backends.logs.console import ConsoleSummary
+from backends.logs.eval_heading import EvalHeading
+from backends.logs.libraries.composer import ComposerLog
+from backends.logs.libraries.litgpt import LitgptLog
+from backends.logs.libraries.sb3 import Sb3Log
+from backends.logs.libraries.sklearn import SklearnLog
+from backends.logs.libraries.tables import Table
+from backends.logs.libraries.timm import TimmLog
+from backends.logs.libraries.torchtune import TorchtuneLog
+from backends.logs.libraries.ultralytics import UltralyticsLog
+from backends.logs.logparse import parse_console_line, parse_metrics_line, parse_progress, phase_of, step_of
+from backends.logs.rounds import parse_round
 
 LONG = 40_000
 BUDGET_S = 1.0

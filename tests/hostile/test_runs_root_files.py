@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from backends import recording, runs, tmux
+from backends import runs, tmux
 from backends.hosts import HostError, LocalHost
+from backends.logs import recording
 from tests.backends.test_cli import cli, cli_json, config  # noqa: F401 (fixture)
 from tests.backends.test_kill import FAKE_SMI
 from tests.backends.test_runs import eventually, tmux_dir  # noqa: F401 (fixture)

@@ -19,10 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from textual.widgets import Log
 
-from backends import panes, sanitize, screen, streams
-from backends.console import ConsoleSummary
+from backends import sanitize
 from backends.hosts import LocalHost
-from backends.logparse import Progress
+from backends.logs import panes, screen, streams
+from backends.logs.console import ConsoleSummary
+from backends.logs.logparse import Progress
 from backends.runs import RunInfo, RunPhase
 from tests.backends.test_foreign_runs import trackside
 from tests.backends.test_runs import tmux_dir  # noqa: F401 (fixture)

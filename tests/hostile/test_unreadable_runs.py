@@ -222,7 +222,8 @@ WRONG_TYPED_EVENTS = [
 def test_metrics_of_the_wrong_types_reach_the_fleet_and_the_alerts_as_blanks():
     """Not a traceback on the fleet's tick: what is not a number of the right kind is shown
     as none, and a loss read as absent (Infinity) is still a loss that is not finite."""
-    from backends import alerts, logparse
+    from backends import alerts
+    from backends.logs import logparse
     from tui.screens.fleet import run_cells
     from tui.state import HostState, RunState
 

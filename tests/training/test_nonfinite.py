@@ -119,7 +119,7 @@ def test_a_run_skipping_steps_is_an_alert_while_it_runs_and_none_once_it_trains_
     """The dashboard and `watch` fold the trainer's real events: skipped steps since the
     last applied one are an error alert while the run goes on (not only at its end)."""
     from backends.alerts import RunFacts, run_alerts
-    from backends.record import MetricsRecord
+    from backends.logs.record import MetricsRecord
     from backends.runs import RunInfo, RunPhase
 
     run_dir = tmp_path / "run"

@@ -10,7 +10,7 @@ import pytest
 from rich.cells import cell_len
 from textual.widgets import Button, DataTable, Input, Static
 
-from backends.series import Overlay, from_metrics
+from backends.logs.series import Overlay, from_metrics
 from tests.tui.conftest import screen_text, wait_for
 from tui.keys import KEYS, RUN_ACTIONS
 from tui.curves import Curves, Overlaid

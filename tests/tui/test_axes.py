@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.console import summarize
+from backends.logs.console import summarize
 from backends.runs import RunInfo, RunPhase
 from tests.backends.test_runs import PY, tmux_dir  # noqa: F401 (fixture)
 from tui.curves import Curves

@@ -14,8 +14,8 @@ import pytest
 from rich.text import Text
 
 from backends import runs
+from backends.logs.series import Overlay, from_metrics
 from backends.runs import RunInfo, RunPhase
-from backends.series import Overlay, from_metrics
 from tests.tui.conftest import launch_and_wait_ended, TRAIN, screen_text, wait_for
 from tui.app import TracksideApp, Watched
 from tui.curves import Curves, Overlaid
@@ -189,7 +189,7 @@ async def test_r_relaunches_a_real_run_and_its_child_shows_the_parent_behind_it(
 
 
 async def test_the_legend_says_when_the_code_changed_between_parent_and_child(local_host):
-    # A relaunch that shipped an edited training package (backends/ship.py): its parent's
+    # A relaunch that shipped an edited training package (backends/ship/__init__.py): its parent's
     # curve is named by the code's change as well as the params'.
     root = Path(local_host.runs_root)
     code = {CHILD: "9f8e7d6c5b4a", PARENT: "1a2b3c4d5e6f", GRANDPARENT: "1a2b3c4d5e6f"}

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from backends import runs
-from backends.deliver import Delivery
 from backends.runs import RunPhase
-from backends.sync import SyncEntry
+from backends.ship.deliver import Delivery
+from backends.ship.sync import SyncEntry
 from tests.backends.test_runs import tmux_dir  # noqa: F401 (fixture)
 from tests.backends.test_ship import package, set_value, start_value
 from tests.backends.test_sync import box_dir, printed, work_dir

@@ -55,7 +55,7 @@ def test_an_oom_event_and_the_oom_exit_code_read_alike():
 
 
 def test_a_loading_run_shows_its_phase():
-    from backends.logparse import Progress
+    from backends.logs.logparse import Progress
 
     run = ended(Listed.RUNNING)
     run.info.progress = Progress("loading", 3, 10, None)

@@ -9,9 +9,9 @@ import re
 
 from backends import nodes, params, ranges, runs, tmux
 from backends.config import ConfigError, HostConfig
-from backends.deliver import Delivery, Sent
 from backends.hosts import Host
 from backends.relaunch import relaunch
+from backends.ship.deliver import Delivery, Sent
 from training.contract import RUN_ID_EXAMPLE, UsageError
 from tui.commands.flags import bounded
 from tui.commands.shared import Fleet, Said

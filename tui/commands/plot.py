@@ -19,9 +19,10 @@ import sys
 
 import plotext as plt
 
-from backends import runs, sanitize, series, tmux
+from backends import runs, sanitize, tmux
 from backends.config import ConfigError, load_config
 from backends.hosts import HostError
+from backends.logs import series
 from training.contract import (
     EXIT_FAILURE,
     EXIT_OK,

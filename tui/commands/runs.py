@@ -6,7 +6,7 @@ from __future__ import annotations
 from backends import gpu, nodes, pace, runs
 from backends.alerts import format_duration
 from backends.hosts import Host
-from backends.logparse import Progress
+from backends.logs.logparse import Progress
 from backends.reach import everywhere
 from backends.runs.status import describe
 from tui.commands.shared import Fleet, table

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from backends import untrusted_json
-from backends.screen import visible_text
+from backends.logs.screen import visible_text
 
 
 def parse_metrics_line(line: str) -> dict | None:

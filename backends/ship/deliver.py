@@ -1,5 +1,5 @@
 """What a launch takes to its host: the training package (backends.ship) and the host's
-synced directories (backends.sync) — found out, sent, then put in place.
+synced directories (backends.ship.sync) — found out, sent, then put in place.
 
 The order is the contract with whoever stops a run to relaunch it (`R`): `send` does all
 the travelling and every check that can fail (caps, interpreter, room, a host that cannot
@@ -14,8 +14,9 @@ import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backends import ship, sync
+from backends import ship
 from backends.hosts import Host
+from backends.ship import sync
 
 DEFAULT_PYTHON = "python3"  # what runs shipped code on a host that names no other
 

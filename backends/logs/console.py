@@ -1,12 +1,12 @@
 """What a console said: its training and evaluation losses by step, its progress, its ETA.
 
 A trainer that writes no metrics.jsonl is known only by what it prints: each pane's
-recorded output is folded here (backends.panes), every redraw of a bar included, and a
+recorded output is folded here (backends.logs.panes), every redraw of a bar included, and a
 console.log or a pane's capture the same way, so the command line and the screen agree.
 
 Where a step comes from, first that applies:
 - the step a line names (`step=12`, `iter 100:`, `"step": 3`, `iteration 10/ 100`), a
-  boosting round (backends.rounds) or a table's row (backends.tables), as printed;
+  boosting round (backends.logs.rounds) or a table's row (backends.logs.libraries.tables), as printed;
 - a training bar's count: the run's own when the bar counts the run (HF Trainer's), else
   the epoch's, made global with the bar's epoch: Lightning's `Epoch E:` tqdm bar and
   `Epoch E/M ━━` Rich bar count epochs from 0, Keras' `Epoch E/M` line above its bars from
@@ -19,7 +19,7 @@ Where a step comes from, first that applies:
 A loss with no step anywhere (no bar, no counter) is kept in order (`counted`): the curve's
 x then counts losses, and the step shown stays unknown.
 
-A count is a step only when it is the training loop's bar's (backends.training_bar: told
+A count is a step only when it is the training loop's bar's (backends.logs.training_bar: told
 by its shape and what comes with it, never by the bar nearest a loss) or labelled as one:
 `Map: 2000/2000` and `Accuracy: 209/360` are not. Evaluation losses (`eval_loss`, a
 validation or test line, the loss after a heading such as `Test Error:`) are their own
@@ -34,14 +34,14 @@ import re
 from collections import deque
 from collections.abc import Iterable
 
-from backends.logparse import Progress, parse_console_line, parse_progress, step_of
-from backends.boxes import Box
-from backends.eval_heading import EvalHeading
-from backends.line_readers import line_readers
-from backends.rounds import parse_round
-from backends.wrapped import INDENT, Wrapped
-from backends.training_bar import TrainingBar
-from backends.screen import Terminal, visible_text
+from backends.logs.boxes import Box
+from backends.logs.eval_heading import EvalHeading
+from backends.logs.libraries import line_readers
+from backends.logs.logparse import Progress, parse_console_line, parse_progress, step_of
+from backends.logs.rounds import parse_round
+from backends.logs.screen import Terminal, visible_text
+from backends.logs.training_bar import TrainingBar
+from backends.logs.wrapped import INDENT, Wrapped
 
 CURVE_POINTS = 5000  # (step, loss) points kept per series: a run that logs for days stays bounded
 _EVALUATING = re.compile(r"eval|valid|test", re.IGNORECASE)
@@ -144,8 +144,8 @@ class ConsoleSummary:
     # --- folding --------------------------------------------------------------------
 
     def _read(self, text: str) -> None:
-        """A line; a record a logger wrapped over several (backends.wrapped) or printed as a
-        box (backends.boxes) folded once whole."""
+        """A line; a record a logger wrapped over several (backends.logs.wrapped) or printed as a
+        box (backends.logs.boxes) folded once whole."""
         boxed, record = self._box.read(text)
         if boxed:
             if record is not None:
@@ -281,7 +281,7 @@ class ConsoleSummary:
             self._placed_by_bar(step)
 
     def _numbered(self, number: int, loss: float | None, eval_loss: float | None, counts: str) -> None:
-        """A boosting round's line (backends.rounds) or a table's row (backends.tables): its
+        """A boosting round's line (backends.logs.rounds) or a table's row (backends.logs.libraries.tables): its
         number is the step, as printed, counting `counts`."""
         self._named, self._counts = True, counts
         if loss is not None:

@@ -1,4 +1,4 @@
-"""stable-baselines3's record, as backends.boxes folds its box into one line
+"""stable-baselines3's record, as backends.logs.boxes folds its box into one line
 (`time/total_timesteps=1536 train/loss=41.6 train/n_updates=10 …`): its loss is at the
 box's `train/n_updates`, the updates its `train()` has applied so far, labelled as such
 and kept as printed (a PPO update is one of its `n_epochs` passes over a rollout, not an

@@ -1,4 +1,4 @@
-"""What panes said (backends.console's fold), read from their recorded output: each pane
+"""What panes said (backends.logs.console's fold), read from their recorded output: each pane
 of a tmux session trackside did not launch, and which pane holds its run; and the
 console.log of a run of trackside's that writes no metrics.jsonl (any program launched).
 
@@ -14,9 +14,10 @@ import codecs
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from backends import procs, recording, tmux
-from backends.console import ConsoleSummary
+from backends import procs, tmux
 from backends.hosts import Host
+from backends.logs import recording
+from backends.logs.console import ConsoleSummary
 
 
 @dataclass
@@ -26,7 +27,7 @@ class _Tape:
     summary: ConsoleSummary
     offset: int = 0
     # A character cut by the end of a read waits for the rest (at most 3 bytes); the line
-    # being drawn waits in the summary's terminal (bounded there, backends.screen).
+    # being drawn waits in the summary's terminal (bounded there, backends.logs.screen).
     utf8: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
     inode: str = "-"  # the live file last read: another one there means it turned
     started: bool = False  # its scrollback (what the pane held before) was read
@@ -58,7 +59,7 @@ class Recordings:
             return {}
         root = await host.expanded_runs_root()
         await recording.start(host, root, panes)
-        socket = getattr(host, "tmux_socket", None)
+        socket = host.tmux_socket
         recs = {p.pane_id: recording.recording_of(root, socket, p) for p in panes}
         tapes = {pid: self._tapes.get(rec.log) or _Tape(ConsoleSummary()) for pid, rec in recs.items()}
         self._tapes = {recs[pid].log: tape for pid, tape in tapes.items()}  # panes gone are forgotten

@@ -15,6 +15,9 @@ is opened without following a link, every directory on its way too): a link to
 /etc/shadow here would otherwise arrive there as a file holding this machine's. What is
 shipped under the runs root is its user's alone there (0600 files, 0700 directories; the
 root checked as backends/runsroot.py says).
+
+The package is shipping whole: this module the trees and the training package, `sync` a
+user's directories (trees too), `deliver` both sent before a kill and put in place after.
 """
 
 from __future__ import annotations

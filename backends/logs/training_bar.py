@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from backends.logparse import Progress
+from backends.logs.logparse import Progress
 
 # Bars that count something other than training steps, whatever their phase says.
 # (ultralytics' `train: Scanning … 32/32` counts its files)

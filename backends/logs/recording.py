@@ -160,7 +160,7 @@ async def start(host: Host, root: str, panes: list[tmux.Pane]) -> None:
     piped, or the user did, is left as it is; a dashboard's is never recorded).
     RunsRootRefused where the runs root, or a directory or file of a recording in it,
     is not this user's alone."""
-    socket = getattr(host, "tmux_socket", None)
+    socket = host.tmux_socket
     args: list[str] = []
     for pane in panes:
         if pane.dead or pane.piped or not pane.pane_id or pane.dashboard:

@@ -2,14 +2,14 @@
 (`  epoch    train_loss    valid_acc    valid_loss     dur`, a rule of dashes, then rows)
 and fastai's (`epoch     train_loss  valid_loss  accuracy  time`). The first column counts
 the rows (an epoch, a step), kept as printed; a row's losses are read by their columns'
-names, as a `name=value` line would be (backends.logparse).
+names, as a `name=value` line would be (backends.logs.logparse).
 """
 
 from __future__ import annotations
 
 import re
 
-from backends.logparse import parse_console_line
+from backends.logs.logparse import parse_console_line
 
 _NAME = re.compile(r"[A-Za-z_][\w/.@-]{0,63}")
 _COUNTERS = frozenset({"epoch", "step", "iter", "iteration"})

@@ -2,7 +2,7 @@
 overlays draw them.
 
 A run trackside launched is read from its run dir: metrics.jsonl's step events, or, for a
-program that writes none, its console.log folded by `backends.console`. A tmux session it
+program that writes none, its console.log folded by `backends.logs.console`. A tmux session it
 did not launch is read from its pane's scrollback through the same fold, so it has a loss
 against steps and nothing else. Files are read by `runs.read_file`: a missing one is no
 curve, one that cannot be read a RunError naming it.
@@ -15,9 +15,11 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from backends import console, panes, runs
+from backends import runs
 from backends.hosts import Host
-from backends.logparse import parse_metrics_line
+from backends.logs import console, panes
+from backends.logs.logparse import parse_metrics_line
+from training.contract import START, STEP
 
 X_AXES = ("step", "tokens", "time")
 # Metrics named by what an operator asks for: the accuracy of the first drafted token
@@ -136,13 +138,13 @@ def from_metrics(name: str, host: str, text: str, *, params: dict | None = None,
         event = parse_metrics_line(line)
         if event is None:
             continue
-        if event["event"] == "start":
+        if event["event"] == START:
             start_time = number(event.get("time")) if start_time is None else start_time
             config = event.get("config")
             resumed = number(config.get("resumed_from_step")) if isinstance(config, dict) else None
             if resumed is not None:
                 events = [e for e in events if (number(e.get("step")) or 0) <= resumed]
-        elif event["event"] == "step":
+        elif event["event"] == STEP:
             events.append(event)
     return Series(name, host, dict(params or {}), parent, tuple(events), start_time)
 

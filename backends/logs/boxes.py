@@ -1,6 +1,6 @@
 """A record printed as a box, a row a value, between rules of dashes: stable-baselines3's
 logger (`| train/ | |` heads a section, `|    loss | 48.2 |` a value in it). Its rows are
-read as one `section/key=value` line (backends.logparse names its losses: `train/loss` is
+read as one `section/key=value` line (backends.logs.logparse names its losses: `train/loss` is
 the run's, `train/value_loss` one of its parts)."""
 
 from __future__ import annotations
