@@ -24,6 +24,7 @@ from textual.screen import Screen
 
 from backends import gpu, kill, runs, sanitize
 from backends.alerts import COMMAND_TIMEOUT_S, Alert, AlertBook, Rules, run_command
+from backends.config import Defaults
 from backends.hosts import Host
 from backends.logs import series
 from backends.ship.deliver import Delivery
@@ -82,7 +83,7 @@ class TracksideApp(ErrorPolicy, RunActions, AttachAction, App):
         demo: Demo | None = None,
         monitor: bool = True,
         clock: Callable[[], float] = time.time,
-        poll_interval: float = 1.0,
+        poll_interval: float = Defaults.poll_ms / 1000,
         grace_s: float = kill.GRACE_S,
         alert_rules: Rules = Rules(),
         alert_command: list[str] | None = None,

@@ -8,6 +8,8 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import DataTable, Header, Input
 
+from backends.alerts import UNDERFED_POWER
+from backends.config import Defaults
 from backends.gpu import GpuSnapshot, GpuStatus
 from backends.runs.status import RunStatus
 from tui.keys import KEYS, RUN_ACTIONS
@@ -63,7 +65,7 @@ def power_summary(host: HostState) -> Text | str:
         if r.power_w is None or not r.power_limit_w:
             text.append("? ")
             continue
-        text.append(f"{r.power_w:.0f}", style="red" if r.power_w < 0.5 * r.power_limit_w else "green")
+        text.append(f"{r.power_w:.0f}", style="red" if r.power_w < UNDERFED_POWER * r.power_limit_w else "green")
         text.append(" ")
     limits = {r.power_limit_w for r in readings if r.power_limit_w}
     text.append(f"/{limits.pop():.0f} W" if len(limits) == 1 else "W")
@@ -194,7 +196,7 @@ class FleetScreen(Guarded, Screen):
         hosts once, under its first node's host, each node on a row of its own below it."""
         app = self.app
         now = app.clock()
-        interval = next(iter(app.monitors.values())).interval if app.monitors else 1.0
+        interval = next(iter(app.monitors.values())).interval if app.monitors else Defaults.poll_ms / 1000
         needle = self.query_one("#filter", Input).value.strip().lower()
         rows = []
         for host in app.hosts.values():

@@ -15,6 +15,7 @@ from textual.widgets import Header, Input, Log, Static
 from backends import pace, sanitize
 from backends.runs import launcher_code
 from backends.runs.status import RunStatus
+from training.contract import STEP
 from tui.curves import positions_shown
 from tui.guard import Guarded
 from tui.inert import inert
@@ -270,7 +271,7 @@ class RunScreen(Guarded, Screen):
             self.console_shown = console
             self._show_stats(stats_text(current, app.clock()))
         if run == current.key:
-            if any(e.get("event") == "step" for e in events):
+            if any(e.get("event") == STEP for e in events):
                 self.query_one(LossChart).show(current)
             if lines:
                 self._write_log(lines)

@@ -8,7 +8,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
 
 from backends.gpu import GpuStatus
-from tui.state import HostState
+from tui.state import HostState, HostStatus
 from tui.guard import Guarded
 from tui.inert import inert
 
@@ -64,7 +64,7 @@ def gpu_line(reading, host: str = "") -> Text:
 def no_gpu_text(host: HostState, is_local: bool) -> str | None:
     """What to say instead of bars, or None when there are GPUs to show."""
     snapshot = host.gpus
-    if host.status != "ok" and snapshot is None:
+    if host.status is not HostStatus.OK and snapshot is None:
         return f"{host.name}: {host.status} {host.message}".strip()
     if snapshot is None:
         return "reading GPUs…"
