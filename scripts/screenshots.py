@@ -28,6 +28,7 @@ from tui.screens.ship import ShipRelaunch  # noqa: E402
 
 OUT = REPO / "screenshots"
 SIZE = (160, 48)
+NARROW_SIZE = (80, 24)
 
 
 async def shoot(wanted) -> list[Path]:
@@ -108,7 +109,8 @@ def _indent_by_x(match: re.Match) -> str:
     return f'x="{float(x) + shift:g}"{y} textLength="{float(length) - shift:g}"{rest}>{after}<'
 
 
-NAMES = ("fleet", "foreign-run", "self-kill-refused", "run", "kill", "ship-relaunch", "edit", "plot", "run-lineage", "dflash-run")
+NAMES = ("fleet", "foreign-run", "self-kill-refused", "run", "kill", "ship-relaunch", "edit", "plot", "run-lineage", "dflash-run",
+         "fleet-80x24", "edit-80x24")
 
 
 def main(argv: list[str]) -> int:
@@ -123,6 +125,8 @@ def main(argv: list[str]) -> int:
         svgs.append(asyncio.run(lineage_svg()))
     if "dflash-run" in wanted:
         svgs.append(asyncio.run(dflash_svg()))
+    if wanted & {"fleet-80x24", "edit-80x24"}:
+        svgs += asyncio.run(narrow_svgs(wanted))
     pngs = to_png(svgs)
     for svg in svgs:
         print(svg.relative_to(REPO), "(+ .png)" if pngs else "")
@@ -184,6 +188,31 @@ async def lineage_svg() -> Path:
             await pilot.pause(0.6)  # the chart replots at most twice a second
             path = Path(app.save_screenshot("run-lineage.svg", str(OUT)))
     return path
+
+
+async def narrow_svgs(wanted) -> list[Path]:
+    """The fleet and the edit form as an 80×24 terminal shows them: the columns an operator
+    needs uncut, and a value typed wrong with its error in sight over Keep."""
+    from textual.widgets import Input
+
+    app, saved = make_app(), []
+    async with app.run_test(size=NARROW_SIZE, notifications=True) as pilot:
+        await feed_foreign(pilot, model=PRESETS["llama3-8b"].to_dict())
+        if "fleet-80x24" in wanted:
+            saved.append(Path(app.save_screenshot("fleet-80x24.svg", str(OUT))))
+        if "edit-80x24" in wanted:
+            app.clear_notifications()  # the alerts' toasts time out; the alert bar keeps them
+            app.open_run(RUN_KEY)
+            await pilot.pause()
+            run = app.runs[RUN_KEY]
+            form = EditScreen(run, app.hosts[run.host], {})
+            app.push_screen(form)
+            await pilot.pause()
+            form.query_one("#param-max_seq_len", Input).focus()
+            await pilot.press("ctrl+a", "ctrl+k", *"32k")
+            await pilot.pause()
+            saved.append(Path(app.save_screenshot("edit-80x24.svg", str(OUT))))
+    return saved
 
 
 async def dflash_svg() -> Path:
