@@ -12,7 +12,7 @@ import pytest
 from backends import runs
 from backends.hosts import LocalHost
 from scripts.local_box import end_tmux_server
-from tests.waiting import HANG_S, niced
+from tests.waiting import HANG_S, niced, trainer_started
 
 # The trainer as the dashboard's tests run it (a host's train command): niced.
 TRAINER = niced([sys.executable, "-m", "training", "train"])
@@ -65,10 +65,20 @@ async def wait_for(pilot, condition, timeout: float = 60.0, what: str = "conditi
 
 
 async def launch_and_wait_ended(host, argv: list[str], timeout: float = 90.0) -> runs.RunInfo:
-    """A short real run, launched and left to end: the parent a relaunch test starts from."""
+    """A short real run, launched and left to end: the parent a relaunch test starts from.
+    Its start (a torch import as long as the machine's load makes it) is waited for up to
+    HANG_S, its steps and end up to `timeout`."""
     parent = await runs.launch(host, argv)
+
+    async def running() -> bool:
+        return (await runs.list_runs(host))[0].state is runs.RunPhase.RUNNING
+
+    deadline = time.monotonic() + HANG_S
+    while not trainer_started(parent.run_dir) and await running():
+        assert time.monotonic() < deadline, "the parent run never started"
+        await asyncio.sleep(0.2)
     deadline = time.monotonic() + timeout
-    while (await runs.list_runs(host))[0].state is runs.RunPhase.RUNNING:
+    while await running():
         assert time.monotonic() < deadline, "the parent run never ended"
         await asyncio.sleep(0.2)
     return parent
