@@ -46,6 +46,47 @@ def pytest_configure(config):
         os.environ.pop(name, None)
 
 
+# The slowest tests, slowest first (docs/testing.md, "What takes time"): each starts first
+# on a worker of its own, not last on one worker while the others sit idle. Then every
+# other `slow` test, then the rest, each in collection order.
+SLOWEST = (
+    "tests/tui/test_monkey.py::test_random_keys_under_pilot_never_stop_the_dashboard[80x24]",
+    "tests/tui/test_monkey.py::test_random_keys_in_a_tmux_pane_never_stop_trackside_demo",
+    "tests/training/test_checkpoint.py::test_kill_9_at_random_moments_then_resume_continues_exactly",
+    "tests/tui/test_monkey.py::test_random_keys_under_pilot_never_stop_the_dashboard[160x48]",
+    "tests/training/test_train.py::test_synthetic_200_steps_meet_the_contract_and_learn",
+    "tests/hostile/test_kill_bystander.py::test_sshd_gone_mid_kill_leaves_a_stop_the_next_listing_shows",
+    "tests/backends/test_multinode.py::test_two_nodes_train_as_two_processes_stop_together_relaunch_and_lose_one",
+    "tests/training/test_release_first.py::test_kill_9_of_the_trainer_while_staging_or_of_the_writer_mid_write_leaves_whole_checkpoints",
+)
+
+
+@pytest.hookimpl(trylast=True)  # after `-m`, `-k` and the like deselected theirs
+def pytest_collection_modifyitems(config, items):
+    """Slowest first, for `--dist worksteal` (scripts/test.sh): its workers each take an
+    equal run of the collection, in order, and a worker with nothing left steals the back
+    half of the longest queue. So the slow tests are dealt one to each run's front, where
+    they start at once and are never what is stolen; each worker collects, and all deal
+    the same (the count of workers is theirs as well)."""
+    rank = {node_id: i for i, node_id in enumerate(SLOWEST)}
+    slow = sorted((i for i in items if i.nodeid in rank or i.get_closest_marker("slow")),
+                  key=lambda i: rank.get(i.nodeid, len(rank)))
+    chosen = {id(i) for i in slow}
+    rest = [i for i in items if id(i) not in chosen]
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    # The run each worker is sent: xdist's split, pending // workers left, in turn.
+    sizes, left = [], len(items)
+    for n in range(workers, 0, -1):
+        sizes.append(left // n)
+        left -= sizes[-1]
+    runs = [slow[w::workers] for w in range(workers)]
+    for run, size in zip(runs, sizes):
+        take = max(0, size - len(run))
+        run.extend(rest[:take])
+        del rest[:take]
+    items[:] = [i for run in runs for i in run] + rest
+
+
 def pytest_unconfigure(config):
     shutil.rmtree(OWN.get("made", ""), ignore_errors=True)
     shutil.rmtree(OWN.get("TMUX_TMPDIR", ""), ignore_errors=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from backends import runs
 from tests.backends.test_kill import FAKE_SMI, SAVES_ON_TERM, gpu_procs, ready_pids  # noqa: F401 (fixtures)
 from tests.backends.test_runs import PY, TRAIN, eventually, host, tmux_dir, written  # noqa: F401 (fixtures)
+from tests.waiting import HANG_S, trainer_started
 from tui.commands.headless import main
 
 
@@ -25,6 +26,15 @@ def config(tmp_path: Path, runs_root: str) -> str:
     return str(path)
 
 
+async def started(host) -> runs.RunInfo:
+    """A trainer launched and three steps in: its start event waited for first, up to
+    HANG_S (the launch stops looking after its own minute: a torch import under load)."""
+    info = await runs.launch(host, [*TRAIN, "--steps", "100000", "--save-every", "0"])
+    await eventually(lambda: trainer_started(info.run_dir), HANG_S)
+    await eventually(lambda: sum(e["event"] == "step" for e in events(info.run_dir)) >= 3, 60)
+    return info
+
+
 async def kill_cli(capsys, tmp_path, runs_root, *argv: str) -> tuple[int, str]:
     code = await asyncio.to_thread(main, ["kill", *argv, "--config", config(tmp_path, runs_root), "--host", "box", "--grace", "20"])
     out, err = capsys.readouterr()
@@ -32,8 +42,7 @@ async def kill_cli(capsys, tmp_path, runs_root, *argv: str) -> tuple[int, str]:
 
 
 async def test_kill_of_a_trainer_reports_the_gpu_released_then_the_checkpoint_durable(host, gpu_procs, tmp_path, runs_root, capsys):
-    info = await runs.launch(host, [*TRAIN, "--steps", "100000", "--save-every", "0"])
-    await eventually(lambda: sum(e["event"] == "step" for e in events(info.run_dir)) >= 3, 60)
+    info = await started(host)
     pane = json.loads(written(Path(info.run_dir, "manifest.json")))["pane_pid"]
     trainer = int(Path(f"/proc/{pane}/task/{pane}/children").read_text().split()[0])
     gpu_procs({trainer: (0, 30000)})
@@ -51,8 +60,7 @@ async def test_kill_of_a_trainer_reports_the_gpu_released_then_the_checkpoint_du
 
 
 async def test_kill_json_gives_both_times_and_not_waited_for_another_program(host, gpu_procs, tmp_path, runs_root, capsys):
-    info = await runs.launch(host, [*TRAIN, "--steps", "100000", "--save-every", "0"])
-    await eventually(lambda: sum(e["event"] == "step" for e in events(info.run_dir)) >= 3, 60)
+    info = await started(host)
     code, out = await kill_cli(capsys, tmp_path, runs_root, "--json", info.run_id)
     report = json.loads(out)
     assert code == 0 and report["checkpoint"] == "durable"

@@ -22,10 +22,11 @@ from backends import runs, tmux
 from backends.hosts import LocalHost
 from backends.runs import RunPhase
 from scripts.local_box import end_tmux_server
+from tests.waiting import HANG_S, niced, trainer_started
 from training.contract import WRITING_MARKER
 
 PY = sys.executable
-TRAIN = [PY, "-m", "training", "train", "--synthetic", "--max-seq-len", "128", "--ttt-steps", "2"]
+TRAIN = niced([PY, "-m", "training", "train", "--synthetic", "--max-seq-len", "128", "--ttt-steps", "2"])
 
 
 @pytest.fixture
@@ -175,7 +176,8 @@ async def test_a_launch_says_how_it_was_judged(host, tmp_path):
 
 
 async def test_the_real_trainer_is_judged_by_its_start_event(host):
-    info = await runs.launch(host, [*TRAIN, "--steps", "100000"])
+    # Waited for as long as a hang would take: the launch's own minute is not a torch import's at load 10.
+    info = await runs.launch(host, [*TRAIN, "--steps", "100000"], start_wait_s=HANG_S)
     assert info.state is RunPhase.RUNNING and info.judged.startswith("started: its start event came "), info.judged
     first = Path(info.run_dir, "metrics.jsonl").read_text().splitlines()[0]
     assert json.loads(first)["event"] == "start"
@@ -462,9 +464,10 @@ async def test_the_listing_carries_the_pace_and_tau_the_dashboard_shows(host):
     ETA, the ETA reckoned as the dashboard reckons it from the same step events."""
     from tui.state import RunState as Shown
 
-    argv = [PY, "-m", "training", "train", "--synthetic", "--drafter", "dflash", "--steps", "5000",
-            "--max-seq-len", "128", "--block-size", "4", "--max-anchors", "8"]  # fmt: skip
+    argv = niced([PY, "-m", "training", "train", "--synthetic", "--drafter", "dflash", "--steps", "5000",
+                  "--max-seq-len", "128", "--block-size", "4", "--max-anchors", "8"])  # fmt: skip
     info = await runs.launch(host, argv, startup_s=0)
+    await eventually(lambda: trainer_started(info.run_dir), HANG_S)
 
     async def live():
         listed = next(r for r in await runs.list_runs(host) if r.run_id == info.run_id)

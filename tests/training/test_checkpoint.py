@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.waiting import HANG_S, Changes, niced
 from training import checkpoint
+from training.contract import START
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["train", "--synthetic", "--steps", "5000", "--max-seq-len", "128", "--ttt-steps",
@@ -53,8 +55,8 @@ def env(tmp_path_factory) -> dict:
 
 
 def start(run_dir: Path, environ: dict, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "training", *FAST, "--out", str(run_dir),
-                             *extra], cwd=ROOT, env=environ, stdout=subprocess.DEVNULL,
+    return subprocess.Popen(niced([sys.executable, "-m", "training", *FAST, "--out", str(run_dir),
+                                   *extra]), cwd=ROOT, env=environ, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -72,6 +74,18 @@ def wait_for(predicate, timeout: float, poll: float = 0.02) -> bool:
             return True
         time.sleep(poll)
     return False
+
+
+def started(run_dir: Path, before: int = 0) -> bool:
+    """Whether the trainer's start event is on file (after the run's first `before` events):
+    waited for up to HANG_S, a bound for a hang, not for a torch import as long as the
+    machine's load makes it."""
+    return wait_for(lambda: any(e["event"] == START for e in events(run_dir)[before:]), HANG_S)
+
+
+def after_start(run_dir: Path, check, timeout: float, before: int = 0) -> bool:
+    """Whether check() came true within `timeout` of the trainer's start event."""
+    return started(run_dir, before) and wait_for(check, timeout)
 
 
 def writing(ckpt: Path) -> bool:
@@ -108,10 +122,11 @@ def test_kill_9_at_random_moments_then_resume_continues_exactly(tmp_path, tmp_pa
     rng = random.Random(1234)
     mid_checkpoint_kills = 0
     proc = start(run_dir, environ)
-    assert wait_for(lambda: checkpoint.latest(ckpt) is not None, 60)
+    assert after_start(run_dir, lambda: checkpoint.latest(ckpt) is not None, 60)
     for trial in range(20):  # half of them aimed at a checkpoint being written
         if trial % 2:  # aim at the window where a checkpoint is being written
-            wait_for(lambda: writing(ckpt), 10, poll=0.0005)
+            with Changes(ckpt) as changes:  # woken as the writer makes its directory
+                changes.wait_until(lambda: writing(ckpt), 10)
         else:
             time.sleep(rng.uniform(0.0, 1.5))  # start-up, steps or saves
         proc.send_signal(signal.SIGKILL)
@@ -124,7 +139,7 @@ def test_kill_9_at_random_moments_then_resume_continues_exactly(tmp_path, tmp_pa
         assert state["step"] == int(found.name.removeprefix("step-"))
         before = len(events(run_dir))
         proc = start(run_dir, environ, "--resume")
-        assert wait_for(lambda: len(events(run_dir)) > before + 1, 60), proc.stderr
+        assert after_start(run_dir, lambda: len(events(run_dir)) > before + 1, 60, before), proc.stderr
         resumed = events(run_dir)[before:]
         assert resumed[0]["event"] == "start"
         assert resumed[0]["config"]["resumed_from_step"] == state["step"]
@@ -142,7 +157,7 @@ def test_kill_9_at_random_moments_then_resume_continues_exactly(tmp_path, tmp_pa
     last = max(seen)
     reference = tmp_path / "reference"
     proc = start(reference, environ)
-    assert wait_for(lambda: any(e.get("step", 0) >= last for e in events(reference)), 120)
+    assert after_start(reference, lambda: any(e.get("step", 0) >= last for e in events(reference)), HANG_S)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     expected = {e["step"]: e["loss"] for e in events(reference) if e["event"] == "step"}
@@ -155,7 +170,7 @@ def test_kill_9_at_random_moments_then_resume_continues_exactly(tmp_path, tmp_pa
 def test_sigterm_saves_and_exits_0_within_one_step(tmp_path, tmp_path_factory):
     run_dir = tmp_path / "run"
     proc = start(run_dir, env(tmp_path_factory), "--save-every", "0")
-    assert wait_for(lambda: sum(e["event"] == "step" for e in events(run_dir)) >= 3, 60)
+    assert after_start(run_dir, lambda: sum(e["event"] == "step" for e in events(run_dir)) >= 3, 60)
     proc.send_signal(signal.SIGTERM)
     # Read after the signal: at least every step finished before it is on file.
     at_signal = max(e["step"] for e in events(run_dir) if e["event"] == "step")
@@ -171,7 +186,7 @@ def test_sigterm_again_while_stopping_still_saves_and_exits_0(tmp_path, tmp_path
     # a rank saves and ends: SIGTERM keeps arriving, every 10 ms, until the trainer exits.
     run_dir = tmp_path / "run"
     proc = start(run_dir, env(tmp_path_factory), "--save-every", "0")
-    assert wait_for(lambda: sum(e["event"] == "step" for e in events(run_dir)) >= 3, 60)
+    assert after_start(run_dir, lambda: sum(e["event"] == "step" for e in events(run_dir)) >= 3, 60)
     signals = 0
     while proc.poll() is None:  # polled first: a reaped pid is never signalled
         proc.send_signal(signal.SIGTERM)

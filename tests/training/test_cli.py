@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import niced
 from training.cli import main
 from training.synthetic import synthetic_dataset
 
@@ -136,8 +137,8 @@ def test_extract_layers_out_of_range_for_the_model(tmp_path, capsys):
 
 
 def test_the_module_entry_point_exits_2_as_a_process(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "training", "train", "--synthetic",
-                             "--ttt-steps", "0"], cwd=ROOT, capture_output=True, text=True,
+    result = subprocess.run(niced([sys.executable, "-m", "training", "train", "--synthetic",
+                                   "--ttt-steps", "0"]), cwd=ROOT, capture_output=True, text=True,
                             env={**os.environ, "TRACKSIDE_RUNS_ROOT": str(tmp_path)})
     assert result.returncode == 2
     assert "--ttt-steps" in result.stderr and "Traceback" not in result.stderr

@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.training.test_checkpoint import wait_for
+from tests.training.test_checkpoint import after_start
+from tests.waiting import niced
 from training import checkpoint, durable
 from training.attention import dense_attention
 from training.cli import main
@@ -452,22 +453,22 @@ def test_resume_after_kill_9_continues_exactly(cache, tmp_path):
     run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"
 
     def start(*extra):
-        return subprocess.Popen([sys.executable, "-m", "training", *FAST, "--steps", "1000",
-                                 "--save-every", "3", "--out", str(run_dir), *extra],
+        return subprocess.Popen(niced([sys.executable, "-m", "training", *FAST, "--steps", "1000",
+                                       "--save-every", "3", "--out", str(run_dir), *extra]),
                                 cwd=ROOT, env=environ, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
     proc = start()
     # Killed a step after a checkpoint, so the resumed run redoes steps it had logged.
     steps = lambda: [e["step"] for e in read_events(run_dir) if e["event"] == "step"]  # noqa: E731
-    assert wait_for(lambda: (s := steps()) and s[-1] > 3 and s[-1] % 3 == 1, 60)
+    assert after_start(run_dir, lambda: (s := steps()) and s[-1] > 3 and s[-1] % 3 == 1, 60)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     found = checkpoint.latest(ckpt)
     saved_step = int(found.name.removeprefix("step-"))
     before = len(read_events(run_dir))
     proc = start("--resume")
-    assert wait_for(lambda: sum(e["event"] == "step" for e in read_events(run_dir)[before:])
-                    >= 4, 60), proc.stderr
+    assert after_start(run_dir, lambda: sum(e["event"] == "step" for e in read_events(run_dir)[before:])
+                       >= 4, 60, before), proc.stderr
     proc.send_signal(signal.SIGTERM)  # stages its state, hands it to its writer, exits 0
     assert proc.wait(timeout=60) == 0
     durable.wait_for_writer(ckpt, print, timeout_s=60)  # the checkpoint, durable after the exit

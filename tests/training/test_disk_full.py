@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import niced
 from training import checkpoint
 from training.config import PRESETS
 from training.loop import TrainConfig, train
@@ -52,8 +53,8 @@ def test_a_checkpoint_that_does_not_fit_keeps_the_last_whole_one(tmp_path, cache
     # Room for the metrics and one checkpoint and a half: step 2's fits, step 4's does not.
     run_dir = small_disk(int(1.5 * size) + 256 * 1024) / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "training", "train", "--data", str(data), "--max-seq-len", "512",
-         "--steps", "4", "--save-every", "2", "--out", str(run_dir)],
+        niced([sys.executable, "-m", "training", "train", "--data", str(data), "--max-seq-len", "512",
+               "--steps", "4", "--save-every", "2", "--out", str(run_dir)]),
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 1, result.stderr

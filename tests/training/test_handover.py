@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import niced
 from training.handover import StillRunning, alive, wait_for_exit
 
 REPO = Path(__file__).resolve().parents[2]
-TRAIN = [sys.executable, "-m", "training", "train", "--synthetic", "--preset", "tiny", "--device", "cpu",
-         "--max-seq-len", "128", "--ttt-steps", "2", "--steps", "1"]
+TRAIN = niced([sys.executable, "-m", "training", "train", "--synthetic", "--preset", "tiny", "--device", "cpu",
+               "--max-seq-len", "128", "--ttt-steps", "2", "--steps", "1"])
 
 
 def events(run_dir: Path) -> list[dict]:

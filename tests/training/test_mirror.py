@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.training.test_checkpoint import env, events, stopped_and_durable, wait_for
+from tests.training.test_checkpoint import after_start, env, events, stopped_and_durable
 from tests.training.test_release_first import said, start
 from training import checkpoint, durable
 from training.mirror import Mirror
@@ -76,20 +76,21 @@ def test_a_trainer_stopped_through_the_mirror_resumes_on_the_uninterrupted_curve
     environ = env(tmp_path_factory)
     run_dir = tmp_path / "run"
     proc = start(run_dir, environ, "--save-every", "0")
-    assert wait_for(lambda: sum(e["event"] == "step" for e in events(run_dir)) >= 20, 60)
+    assert after_start(run_dir, lambda: sum(e["event"] == "step" for e in events(run_dir)) >= 20, 60)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, said(proc)
     assert "state written to RAM made ready for it" in said(proc)
     stopped = stopped_and_durable(run_dir)
+    before = len(events(run_dir))
     proc = start(run_dir, environ, "--save-every", "0", "--resume")
-    assert wait_for(lambda: sum(e["event"] == "step" for e in events(run_dir)) >= stopped + 10, 60)
+    assert after_start(run_dir, lambda: sum(e["event"] == "step" for e in events(run_dir)) >= stopped + 10, 60, before)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
 
     resumed = [e for e in events(run_dir) if e["event"] == "step" and e["step"] > stopped]
     reference = tmp_path / "reference"
     proc = start(reference, environ, "--save-every", "0")
-    assert wait_for(lambda: sum(e["event"] == "step" for e in events(reference)) >= resumed[-1]["step"], 60)
+    assert after_start(reference, lambda: sum(e["event"] == "step" for e in events(reference)) >= resumed[-1]["step"], 60)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     expected = {e["step"]: e["loss"] for e in events(reference) if e["event"] == "step"}

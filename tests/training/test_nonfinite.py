@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.waiting import niced
 from training.checkpoint import latest
 from training.config import PRESETS
 from training.contract import EXIT_NONFINITE
@@ -83,8 +84,8 @@ def test_nonfinite_steps_in_a_row_end_the_run_with_exit_4(tmp_path, cache):
 def test_the_cli_stops_a_poisoned_run_with_exit_4_and_says_why(tmp_path, cache):
     run_dir = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "training", "train", "--data", str(poisoned(tmp_path, every=1)),
-         "--max-seq-len", "512", "--steps", "10", "--max-nonfinite", "2", "--out", str(run_dir)],
+        niced([sys.executable, "-m", "training", "train", "--data", str(poisoned(tmp_path, every=1)),
+               "--max-seq-len", "512", "--steps", "10", "--max-nonfinite", "2", "--out", str(run_dir)]),
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 4, result.stderr

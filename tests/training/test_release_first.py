@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.training.test_checkpoint import ROOT, env, events, wait_for
+from tests.training.test_checkpoint import ROOT, after_start, env, events, started, wait_for
+from tests.waiting import HANG_S, Changes, niced
 from training import checkpoint, durable
 from training.contract import WRITER_NAME, WRITING_MARKER
 
@@ -32,7 +33,7 @@ def start(run_dir: Path, environ: dict, *extra: str) -> subprocess.Popen:
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / f"said-{time.monotonic_ns()}.txt"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "training", *RUN, "--out", str(run_dir), *extra],
+        proc = subprocess.Popen(niced([sys.executable, "-m", "training", *RUN, "--out", str(run_dir), *extra]),
                                 cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT)
     proc.log = log
     return proc
@@ -87,7 +88,7 @@ def complete_checkpoints_only(ckpt: Path) -> int:
 def resumes_at(run_dir: Path, environ: dict, step: int) -> subprocess.Popen:
     before = len(events(run_dir))
     proc = start(run_dir, environ, "--resume")
-    assert wait_for(lambda: len(events(run_dir)) > before + 1, 60), proc.poll()
+    assert after_start(run_dir, lambda: len(events(run_dir)) > before + 1, 60, before), proc.poll()
     resumed = events(run_dir)[before:]
     assert resumed[0]["event"] == "start" and resumed[0]["config"]["resumed_from_step"] == step
     assert resumed[1]["event"] == "step" and resumed[1]["step"] == step + 1
@@ -105,11 +106,12 @@ def test_the_trainer_exits_before_its_checkpoint_is_durable_and_resume_waits_for
     run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"
     environ = env(tmp_path_factory)
     proc = start(run_dir, environ)
-    assert wait_for(lambda: checkpoint.latest(ckpt) is not None and steps(run_dir) > 30, 60)
+    assert after_start(run_dir, lambda: checkpoint.latest(ckpt) is not None and steps(run_dir) > 30, 60)
     caught = 0
     for trial in range(5):  # the writer is stopped before it is done in most of them
-        proc.send_signal(signal.SIGTERM)
-        assert wait_for(lambda: writer_pid(ckpt) is not None, 30, poll=0.0002)
+        with Changes(ckpt) as changes:  # woken as the writer writes its marker
+            proc.send_signal(signal.SIGTERM)
+            assert changes.wait_until(lambda: writer_pid(ckpt) is not None, 30)
         writer = writer_pid(ckpt)
         # Not sent: done already (a small state is written in milliseconds): not caught, below.
         signal_writer(writer, signal.SIGSTOP)
@@ -129,7 +131,7 @@ def test_the_trainer_exits_before_its_checkpoint_is_durable_and_resume_waits_for
             before = len(events(run_dir))
             waiting = start(run_dir, environ, "--resume")
             what = f"step {step}'s checkpoint (writer pid {writer})"
-            assert wait_for(lambda: f"waiting up to 120 s for {what} to be durable" in said(waiting), 30), said(waiting)
+            assert wait_for(lambda: f"waiting up to 120 s for {what} to be durable" in said(waiting), HANG_S), said(waiting)
             time.sleep(1.0)
             assert len(events(run_dir)) == before  # it reads nothing while the writer writes
         finally:
@@ -152,14 +154,17 @@ def test_kill_9_of_the_trainer_while_staging_or_of_the_writer_mid_write_leaves_w
     environ = env(tmp_path_factory)
     rng = random.Random(33)
     proc = start(run_dir, environ)
+    assert started(run_dir)  # the later trainers' starts: in resumes_at
     lost = 0
     for trial in range(8):
         assert wait_for(lambda: checkpoint.latest(ckpt) is not None and steps(run_dir) > 30, 60)
         previous = complete_checkpoints_only(ckpt)
         before = len(events(run_dir))
+        changes = Changes(ckpt) if trial % 2 else None  # woken as the writer writes its marker
         proc.send_signal(signal.SIGTERM)
-        if trial % 2:  # the writer, at a moment of its write
-            assert wait_for(lambda: writer_pid(ckpt) is not None, 30, poll=0.0002)
+        if changes:  # the writer, at a moment of its write
+            with changes:
+                assert changes.wait_until(lambda: writer_pid(ckpt) is not None, 30)
             writer = writer_pid(ckpt)
             time.sleep(rng.uniform(0, 0.01))
             if writer is not None:  # None: done already, this trial's write not cut (nor if not sent)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import niced
+
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["train", "--synthetic", "--steps", "8", "--max-seq-len", "256", "--ttt-steps", "3",
         "--save-every", "0"]
@@ -36,13 +38,13 @@ def test_two_gloo_ranks_match_one_process_with_the_same_global_batch(tmp_path_fa
                                                                       tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path_factory.getbasetemp() / "xdg-cache"),
            "OMP_NUM_THREADS": "1"}
-    single = subprocess.run([sys.executable, "-m", "training", *ARGS, "--batch-rows", "2",
-                             "--out", str(tmp_path / "one")], cwd=ROOT, env=env,
+    single = subprocess.run(niced([sys.executable, "-m", "training", *ARGS, "--batch-rows", "2",
+                                   "--out", str(tmp_path / "one")]), cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=180)
     assert single.returncode == 0, single.stderr
-    ranks = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                            "--nproc_per_node", "2", "-m", "training", *ARGS,
-                            "--batch-rows", "1", "--out", str(tmp_path / "two")],
+    ranks = subprocess.run(niced([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                  "--nproc_per_node", "2", "-m", "training", *ARGS,
+                                  "--batch-rows", "1", "--out", str(tmp_path / "two")]),
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert ranks.returncode == 0, ranks.stderr[-3000:]
 
@@ -89,10 +91,10 @@ def test_a_rank_that_looks_at_out_after_rank_0_wrote_it_still_trains(tmp_path_fa
            # while rank 1 is still starting
            "TORCH_GLOO_LAZY_INIT": "1",
            "LATE_RANK_WAITS_FOR": str(out / "metrics.jsonl"), "LATE_RANK_WAITS_S": "15"}
-    ranks = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                            "--nproc_per_node", "2", "-m", "training", "train", "--synthetic",
-                            "--steps", "2", "--max-seq-len", "128", "--ttt-steps", "1",
-                            "--out", str(out)],
+    ranks = subprocess.run(niced([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                  "--nproc_per_node", "2", "-m", "training", "train", "--synthetic",
+                                  "--steps", "2", "--max-seq-len", "128", "--ttt-steps", "1",
+                                  "--out", str(out)]),
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert ranks.returncode == 0, ranks.stderr[-3000:]
     events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -117,8 +119,8 @@ def test_an_out_that_holds_a_run_is_refused_by_every_rank_with_one_message(tmp_p
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path_factory.getbasetemp() / "xdg-cache"),
            "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
            "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
-    ranks = [subprocess.Popen([sys.executable, "-m", "training", "train", "--synthetic",
-                               "--steps", "2", "--out", str(out)], cwd=ROOT,
+    ranks = [subprocess.Popen(niced([sys.executable, "-m", "training", "train", "--synthetic",
+                                     "--steps", "2", "--out", str(out)]), cwd=ROOT,
                               env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in (0, 1)]

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.waiting import niced
 from training.checkpoint import latest
 from training.config import PRESETS
 from training.data import Dataset, Loader, Position
@@ -98,8 +99,8 @@ def test_the_step_clips_as_clip_grad_norm_does_fused_or_not(scale, fused):
 def test_synthetic_200_steps_meet_the_contract_and_learn(tmp_path, cache):
     run_dir = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "training", "train", "--synthetic", "--steps", "200",
-         "--out", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+        niced([sys.executable, "-m", "training", "train", "--synthetic", "--steps", "200",
+               "--out", str(run_dir)]), cwd=ROOT, capture_output=True, text=True, timeout=600,
         # One thread: tiny matmuls gain nothing from more, and lose a lot on a shared box.
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr

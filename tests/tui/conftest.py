@@ -12,8 +12,11 @@ import pytest
 from backends import runs
 from backends.hosts import LocalHost
 from scripts.local_box import end_tmux_server
+from tests.waiting import HANG_S, niced, trainer_started
 
-TRAIN = [sys.executable, "-m", "training", "train", "--synthetic"]
+# The trainer as the dashboard's tests run it (a host's train command): niced.
+TRAINER = niced([sys.executable, "-m", "training", "train"])
+TRAIN = [*TRAINER, "--synthetic"]
 
 
 # What an app under test said in notifications, kept on the app (a toast is gone by the
@@ -62,13 +65,33 @@ async def wait_for(pilot, condition, timeout: float = 60.0, what: str = "conditi
 
 
 async def launch_and_wait_ended(host, argv: list[str], timeout: float = 90.0) -> runs.RunInfo:
-    """A short real run, launched and left to end: the parent a relaunch test starts from."""
+    """A short real run, launched and left to end: the parent a relaunch test starts from.
+    Its start (a torch import as long as the machine's load makes it) is waited for up to
+    HANG_S, its steps and end up to `timeout`."""
     parent = await runs.launch(host, argv)
+
+    async def running() -> bool:
+        return (await runs.list_runs(host))[0].state is runs.RunPhase.RUNNING
+
+    deadline = time.monotonic() + HANG_S
+    while not trainer_started(parent.run_dir) and await running():
+        assert time.monotonic() < deadline, "the parent run never started"
+        await asyncio.sleep(0.2)
     deadline = time.monotonic() + timeout
-    while (await runs.list_runs(host))[0].state is runs.RunPhase.RUNNING:
+    while await running():
         assert time.monotonic() < deadline, "the parent run never ended"
         await asyncio.sleep(0.2)
     return parent
+
+
+async def demo_run(pilot, screen):
+    """The demo's run on its screen once its launch has ended: at its trainer's start event,
+    as long after as the machine's load makes the torch import (up to HANG_S), or failed,
+    saying why."""
+    launching = lambda: any(w.group == "actions" and w.is_running for w in pilot.app.workers)  # noqa: E731
+    await wait_for(pilot, lambda: screen.run or not launching(), HANG_S, "the demo run's launch to end")
+    assert screen.run is not None, f"the demo run did not launch: {screen_text(pilot.app)}"
+    return screen.run
 
 
 def screen_text(app) -> str:

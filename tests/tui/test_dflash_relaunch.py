@@ -10,6 +10,7 @@ from textual.widgets import Input, Static
 
 from backends import runs
 from tests.tui.conftest import launch_and_wait_ended, TRAIN, screen_text, wait_for
+from tests.waiting import HANG_S
 from tui.app import TracksideApp, Watched
 from tui.screens.edit import EditScreen
 from tui.widgets.loss_chart import LossChart
@@ -54,5 +55,5 @@ async def test_a_real_dflash_run_charted_edited_in_max_anchors_and_relaunched(lo
         await wait_for(pilot, lambda: app.screen.run_key == child.key, timeout=10, what="the screen on the child")
         await wait_for(pilot, lambda: "┄┄ parent: max_anchors 8 → 16" in screen_text(app), timeout=10, what="the parent's legend")
         # the child trains with it: its start event says so
-        await wait_for(pilot, lambda: child.start is not None, timeout=60, what="the child's start event")
+        await wait_for(pilot, lambda: child.start is not None, timeout=HANG_S, what="the child's start event")
         assert child.start["config"]["dflash"]["max_anchors"] == 16 and child.params["max_anchors"] == 16

@@ -17,6 +17,7 @@ from backends import runs
 from backends.logs.series import Overlay, from_metrics
 from backends.runs import RunInfo, RunPhase
 from tests.tui.conftest import launch_and_wait_ended, TRAIN, screen_text, wait_for
+from tests.waiting import HANG_S
 from tui.app import TracksideApp, Watched
 from tui.curves import Curves, Overlaid
 from tui.messages import MetricsBatch, RunsListed
@@ -185,6 +186,7 @@ async def test_r_relaunches_a_real_run_and_its_child_shows_the_parent_behind_it(
         )
         await wait_for(pilot, lambda: app.screen.run_key == child, timeout=10, what="the screen on the child")
         await wait_for(pilot, lambda: "┄┄ parent: ttt_steps 2 → 3" in screen_text(app), timeout=10, what="the parent's legend")
+        await wait_for(pilot, lambda: app.runs[child].start is not None, timeout=HANG_S, what="the child's start event")
         await wait_for(pilot, lambda: braille(chart_styles(app).get(OVERLAY_COLORS[0], "")) > 10, timeout=60, what="the parent's curve (drawn over the child's own range, which grows as it trains)")
 
 

@@ -26,7 +26,8 @@ from textual.command import CommandPalette
 from backends import params as run_params
 from backends import runs
 from tests.tui import monkey
-from tests.tui.conftest import TRAIN, screen_text, wait_for
+from tests.tui.conftest import TRAIN, demo_run, screen_text, wait_for
+from tests.waiting import HANG_S, trainer_started, until
 from tui.app import Demo, TracksideApp, Watched
 from tui.screens.confirm import Confirm
 from tui.screens.kill import KillConfirm
@@ -81,7 +82,8 @@ async def test_random_keys_under_pilot_never_stop_the_dashboard(local_host, monk
     app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent")], demo=demo, grace_s=5)
     async with app.run_test(size=size) as pilot:
         screen = await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.is_mounted and app.screen, 10, "the run screen")
-        run = await wait_for(pilot, lambda: screen.run, 30, "the demo run to launch")
+        run = await demo_run(pilot, screen)
+        await wait_for(pilot, lambda: trainer_started(run.info.run_dir), HANG_S, "the demo run's start event")
         await wait_for(pilot, lambda: run.steps, 90, "the run's first steps")
         background(run.info.pids)
         session = run.info.session
@@ -184,11 +186,22 @@ def test_random_keys_in_a_tmux_pane_never_stop_trackside_demo(tmp_path, tmux_soc
     def alive() -> bool:
         return not done.exists()
 
-    deadline = time.monotonic() + 90
-    while "step" not in screen() or "loss" not in screen():
+    def started() -> bool:
         assert alive(), f"trackside demo ended before its run trained:\n{screen()}"
-        assert time.monotonic() < deadline, f"the demo run never showed a step:\n{screen()}"
-        time.sleep(0.5)
+        return any(trainer_started(d) for d in (tmp_path / "runs").glob("*"))
+
+    def step_drawn() -> bool:
+        shown = screen()
+        assert alive(), f"trackside demo ended before its run trained:\n{shown}"
+        return "step" in shown and "loss" in shown
+
+    # The dashboard's start and its trainer's (the torch import, as long as the machine's
+    # load makes it), then the first step drawn.
+    until(started, HANG_S, "the demo run's start event", interval=0.5)
+    until(step_drawn, 90, "the demo run's first step on screen", interval=0.5)
+    # As under Pilot: the run trains at nice 19, for the keys to meet a live one.
+    panes = _tmux(tmux_socket, "list-panes", "-a", "-F", "#{session_name} #{pane_pid}").split("\n")
+    background([int(pid) for name, _, pid in (p.partition(" ") for p in panes) if name.startswith("trackside-demo-")])
     cautious = 0  # keys left during which a dialog may still be on its way
     palette_due = 0  # keys left during which the palette may still open (Enter would run its command)
     try:

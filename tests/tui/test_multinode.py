@@ -21,6 +21,7 @@ from backends.runs import RunPhase
 from tests.backends.test_kill import FAKE_SMI
 from tests.backends.test_multinode import ARGS, two_hosts  # noqa: F401 (a fixture)
 from tests.tui.conftest import screen_text, wait_for
+from tests.waiting import HANG_S
 from tui.app import TracksideApp, Watched
 from tui.messages import GpusPolled, RunsListed
 from tui.sample import (
@@ -124,6 +125,8 @@ async def test_k_stops_a_real_two_node_run_named_once_in_the_fleet_and_r_relaunc
         key = f"local/{info.run_id}"
         app = TracksideApp([Watched(hosts[name], FAKE_SMI, commands[name]) for name in ("local", "node2")], poll_interval=0.25, grace_s=60)
         async with app.run_test(size=(160, 48)) as pilot:
+            # Its start: two torch imports, as long as the machine's load makes them.
+            await wait_for(pilot, lambda: (r := app.runs.get(key)) and r.start, timeout=HANG_S, what="rank 0's start event")
             # Listed once, both nodes running as their own hosts list them, rank 0's steps
             # followed from whichever node's run dir the rendezvous gave them.
             run = await wait_for(

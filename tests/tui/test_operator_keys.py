@@ -3,6 +3,9 @@ session, the log after a filter, `a` inside tmux."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from textual import events
 from textual.command import CommandPalette
@@ -11,7 +14,8 @@ from textual.widgets import Log
 from backends import runs
 from backends.runs import RunInfo, RunPhase
 from tests.backends.test_watch import TRAIN_COMMAND
-from tests.tui.conftest import TRAIN, screen_text, wait_for
+from tests.tui.conftest import TRAIN, TRAINER, screen_text, wait_for
+from tests.waiting import HANG_S, Changes, trainer_started
 from tui.app import TracksideApp, Watched
 from tui.messages import ConsoleBatch, RunsListed
 from tui.sample import NOW, RUN_KEY, feed, kill_plan, make_app, on_run
@@ -24,6 +28,7 @@ from tui.widgets.footer import Footer
 from tui.widgets.loss_chart import LossChart
 
 FOREIGN = RunInfo(None, "someone-elses", "h200-box", RunPhase.RUNNING, pids=[777])
+TUI = Path(__file__).resolve().parents[2] / "tui"
 
 
 async def test_the_palette_lists_the_run_actions_of_the_screen_it_was_opened_on():
@@ -398,34 +403,65 @@ def children(app, info) -> list[str]:
     return [k for k, r in app.runs.items() if r.info.parent == info.run_id]
 
 
-@pytest.mark.parametrize("keys", [["k", "k", "k"], ["R", "R"], ["k", "R"]])
-async def test_kill_keys_in_quick_succession_open_one_dialog(local_host, keys):
+# The actions of the keys, called in one breath: both asked for before the first one's
+# worker has started (one read of the terminal holding both keys).
+ACTIONS = {"k": "action_kill", "R": "action_kill_relaunch", "r": "action_relaunch"}
+
+
+def press_all(app, keys: list[str], one_breath: bool) -> None:
+    for k in keys:
+        if one_breath:
+            getattr(app, ACTIONS[k])()
+        else:
+            app.post_message(events.Key(k, k))
+
+
+@pytest.mark.parametrize("keys, one_breath", [(["k", "k", "k"], False), (["R", "R"], False), (["k", "R"], False),
+                                              (["k", "R"], True)])  # fmt: skip
+async def test_kill_keys_in_quick_succession_open_one_dialog(local_host, keys, one_breath):
     """As a terminal delivers a double press (the app still reading the run's processes
-    for the first): two or three kill dialogs stacked for the same run, each answerable."""
+    for the first): two or three kill dialogs stacked for the same run, each answerable.
+    Known as under way from the moment it is asked for (the in-flight registry), not once
+    a worker has begun; and no longer once its dialog is answered: the next k asks again."""
     _, key, app = await fake_run(local_host, "stall")
     async with app.run_test(size=(160, 48)) as pilot:
         await open_run_when(pilot, key, lambda run: run.steps, "the run's steps")
-        for k in keys:
-            app.post_message(events.Key(k, k))
+        press_all(app, keys, one_breath)
         await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm), 15, "the kill dialog")
         await pilot.pause(1.0)  # time for a second plan, had one been started
         assert [type(s) for s in app.screen_stack].count(KillConfirm) == 1, app.screen_stack
         assert (app.screen.relaunch is not None) is (keys[0] == "R")  # the first key's dialog
-        await pilot.press("escape")
+        await pilot.press("n" if one_breath else "escape")
+        await pilot.pause()
         assert isinstance(app.screen, RunScreen)
+        app.action_kill()
+        await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm), 15, "the kill dialog again")
 
 
-async def test_r_twice_on_an_ended_run_relaunches_it_once(local_host):
+@pytest.mark.parametrize("one_breath", [False, True])
+async def test_r_twice_on_an_ended_run_relaunches_it_once(local_host, one_breath):
     """r on an ended run relaunches at once, no question: a double press launched two
     copies of it (two children of one parent, each taking the GPU)."""
     info, key, app = await fake_run(local_host, "fail")
     async with app.run_test(size=(160, 48)) as pilot:
         await open_run_when(pilot, key, lambda run: run.info.state is not RunPhase.RUNNING, "the run's end")
-        for k in ("r", "r"):
-            app.post_message(events.Key(k, k))
+        press_all(app, ["r", "r"], one_breath)
         await wait_for(pilot, lambda: children(app, info), 30, "the relaunched run")
         await pilot.pause(2.0)  # a second relaunch, had one started, is listed by now
         assert len(children(app, info)) == 1, sorted(app.runs)
+        assert not any(isinstance(s, Confirm) for s in app.screen_stack)
+
+
+def test_no_worker_name_is_read_back_as_state():
+    """The actions under way are known by what they do and to which run (tui/in_flight.py),
+    not by worker names read back."""
+    read_back = re.compile(r"\b(?:w|worker)\.name\s*(==|\.startswith|\.removeprefix)|_worker_under_way")
+    found = [
+        f"{path.relative_to(TUI)}:{n}: {line.strip()}"
+        for path in TUI.rglob("*.py") for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if read_back.search(line)
+    ]  # fmt: skip
+    assert found == []
 
 
 async def test_R_again_while_the_run_is_being_stopped_relaunches_it_once(local_host):
@@ -545,39 +581,42 @@ async def test_R_relaunches_once_the_gpu_is_free_while_the_checkpoint_is_still_b
     import signal
     import threading
     import time
-    from pathlib import Path
 
     argv = [*TRAIN, "--steps", "100000", "--max-seq-len", "128", "--ttt-steps", "2", "--save-every", "0"]
-    info = await runs.launch(local_host, argv, train_command=TRAIN[:4])
-    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent", train_command=TRAIN[:4])], poll_interval=0.2)
+    info = await runs.launch(local_host, argv, train_command=TRAINER)
+    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent", train_command=TRAINER)], poll_interval=0.2)
 
-    def hold_the_writer(run_dir: str, held: list[int]) -> None:
-        """SIGSTOP the writer named by the run's `staged` event, polling tightly."""
-        metrics, deadline = Path(run_dir, "metrics.jsonl"), time.monotonic() + 60
-        while time.monotonic() < deadline:
-            for line in metrics.read_text().splitlines()[::-1]:
-                if '"staged"' in line:
-                    writer = json.loads(line)["writer"]
-                    try:
-                        os.kill(writer, signal.SIGSTOP)
-                    except ProcessLookupError:
-                        return  # written already: not caught
-                    time.sleep(0.01)  # stopped by now
-                    if '"checkpoint"' in metrics.read_text().split('"staged"')[-1]:
-                        os.kill(writer, signal.SIGCONT)  # done before the stop: not caught
-                    else:
-                        held.append(writer)
-                    return
-            time.sleep(0.0002)
+    def hold_the_writer(run_dir: str, held: list[int], changes: Changes) -> None:
+        """SIGSTOP the writer named by the run's `staged` event, woken by each write of it."""
+        metrics = Path(run_dir, "metrics.jsonl")
+
+        def staged() -> str | None:
+            return next((line for line in metrics.read_text().splitlines()[::-1] if '"staged"' in line), None)
+
+        with changes:
+            if not changes.wait_until(staged, 60):
+                return
+        writer = json.loads(staged())["writer"]
+        try:
+            os.kill(writer, signal.SIGSTOP)
+        except ProcessLookupError:
+            return  # written already: not caught
+        time.sleep(0.01)  # stopped by now
+        if '"checkpoint"' in metrics.read_text().split('"staged"')[-1]:
+            os.kill(writer, signal.SIGCONT)  # done before the stop: not caught
+        else:
+            held.append(writer)
 
     async with app.run_test(size=(160, 48)) as pilot:
         for _ in range(4):
             key = f"local/{info.run_id}"
+            await wait_for(pilot, lambda: trainer_started(info.run_dir), HANG_S, "the trainer's start event")
             await open_run_when(pilot, key, lambda run: run.steps, "the run's steps")
             await pilot.press("R")
             await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm), 15, "the kill dialog")
             held: list[int] = []
-            holder = threading.Thread(target=hold_the_writer, args=(info.run_dir, held), daemon=True)
+            changes = Changes(info.run_dir)  # before y: the staged event is not missed
+            holder = threading.Thread(target=hold_the_writer, args=(info.run_dir, held, changes), daemon=True)
             holder.start()
             await pilot.press("y")
             await wait_for(pilot, lambda: not holder.is_alive(), 60, "the trainer's staged event")
@@ -615,10 +654,11 @@ async def test_R_with_c_relaunches_the_edited_run_from_its_checkpoint_at_80x24(l
     from pathlib import Path
 
     argv = [*TRAIN, "--steps", "100000", "--max-seq-len", "128", "--ttt-steps", "2", "--save-every", "0"]
-    info = await runs.launch(local_host, argv, train_command=TRAIN[:4])
-    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent", train_command=TRAIN[:4])], poll_interval=0.2)
+    info = await runs.launch(local_host, argv, train_command=TRAINER)
+    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent", train_command=TRAINER)], poll_interval=0.2)
     key = f"local/{info.run_id}"
     async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: trainer_started(info.run_dir), HANG_S, "the trainer's start event")
         await open_run_when(pilot, key, lambda run: len(run.steps) >= 2, "the run's steps")
         app.pending[key] = {"max_seq_len": 192}
         await pilot.press("R")
@@ -629,7 +669,7 @@ async def test_R_with_c_relaunches_the_edited_run_from_its_checkpoint_at_80x24(l
         assert dialog.resume and "continuing from its checkpoint" in plan_shown(dialog)
         await pilot.press("y")
         [child] = await wait_for(pilot, lambda: children(app, info), 60, "the relaunched run")
-        start = await wait_for(pilot, lambda: app.runs[child].start, 60, "the child's start event")
+        start = await wait_for(pilot, lambda: app.runs[child].start, HANG_S, "the child's start event")
         said = app.runs[child].startup_said()
     stopped = [json.loads(line) for line in Path(info.run_dir, "metrics.jsonl").read_text().splitlines()]
     last_step = [e["step"] for e in stopped if e["event"] == "step"][-1]
@@ -653,11 +693,12 @@ async def test_R_starts_the_new_trainer_while_the_old_one_stops_at_80x24(local_h
     from pathlib import Path
 
     argv = [*TRAIN, "--steps", "100000", "--max-seq-len", "128", "--ttt-steps", "2", "--save-every", "0"]
-    info = await runs.launch(local_host, argv, train_command=TRAIN[:4])
-    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent", train_command=TRAIN[:4])], poll_interval=0.2)
+    info = await runs.launch(local_host, argv, train_command=TRAINER)
+    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent", train_command=TRAINER)], poll_interval=0.2)
     key = f"local/{info.run_id}"
     [trainer] = map(int, subprocess.run(["pgrep", "-P", str(info.pids[0])], capture_output=True, text=True).stdout.split())
     async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: trainer_started(info.run_dir), HANG_S, "the trainer's start event")
         await open_run_when(pilot, key, lambda run: run.steps, "the run's steps")
         app.pending[key] = {"max_seq_len": 192}
         os.kill(trainer, signal.SIGSTOP)
@@ -666,12 +707,12 @@ async def test_R_starts_the_new_trainer_while_the_old_one_stops_at_80x24(local_h
             [child] = await wait_for(pilot, lambda: children(app, info), 30, "the relaunched run")
             console = Path(app.runs[child].info.run_dir, "console.log")
             await wait_for(pilot, lambda: console.exists() and "waiting for the run this replaces" in console.read_text(),
-                           60, "the new trainer waiting")  # fmt: skip
+                           HANG_S, "the new trainer waiting")  # fmt: skip
             await pilot.pause(2.0)
             assert app.runs[child].start is None  # not started while the old one is there
         finally:
             os.kill(trainer, signal.SIGCONT)
-        start = await wait_for(pilot, lambda: app.runs[child].start, 60, "the child's start event")
+        start = await wait_for(pilot, lambda: app.runs[child].start, HANG_S, "the child's start event")
         await wait_for(pilot, lambda: app.runs[child].steps, 60, "the child's first step")
         said = app.runs[child].startup_said()
     stopped = [json.loads(line) for line in Path(info.run_dir, "metrics.jsonl").read_text().splitlines()]

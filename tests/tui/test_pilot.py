@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from backends import kill, tmux
-from tests.tui.conftest import TRAIN, screen_text, wait_for
+from tests.tui.conftest import TRAIN, demo_run, screen_text, wait_for
+from tests.waiting import HANG_S, trainer_started
 from tui.app import Demo, TracksideApp, Watched
 from tui.screens.edit import EditScreen
 from tui.screens.kill import KillConfirm, KillReportScreen
@@ -27,7 +28,8 @@ async def test_launch_kill_edit_relaunch(local_host):
     app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent")], demo=demo, grace_s=GRACE_S)
     async with app.run_test(size=(160, 48)) as pilot:
         screen = await wait_for(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.is_mounted and app.screen, 10, "the run screen")
-        first = await wait_for(pilot, lambda: screen.run, 30, "the demo run to launch")
+        first = await demo_run(pilot, screen)
+        await wait_for(pilot, lambda: trainer_started(first.info.run_dir), HANG_S, "the demo run's start event")
         await wait_for(pilot, lambda: len(first.steps) >= 2, 90, "step events")
         assert first.loss is not None
         assert "no GPU on this machine" in screen_text(app)
@@ -68,7 +70,7 @@ async def test_launch_kill_edit_relaunch(local_host):
             pilot, lambda: screen.run_key != first.key and screen.run, 30, "the relaunched run on screen"
         )
         assert second.info.parent == first.info.run_id
-        await wait_for(pilot, lambda: second.start is not None, 90, "the new run's start event")
+        await wait_for(pilot, lambda: second.start is not None, HANG_S, "the new run's start event")
         assert second.start["config"]["ttt_steps"] == 3
         await wait_for(pilot, lambda: second.steps, 60, "the new run to train")
         assert len(second.steps[-1]["loss_ttt"]) == 3

@@ -19,9 +19,10 @@ import pytest
 from backends import runs
 from backends.hosts import LocalHost
 from scripts.local_box import end_tmux_server
+from tests.waiting import niced
 from tui.cli import main
 
-TRAIN = [sys.executable, "-m", "training", "train", "--synthetic", "--steps", "12", "--max-seq-len", "128", "--ttt-steps", "2"]
+TRAIN = niced([sys.executable, "-m", "training", "train", "--synthetic", "--steps", "12", "--max-seq-len", "128", "--ttt-steps", "2"])
 # A program of someone else's: it prints its loss, and stays in its pane to be read.
 FOREIGN = [sys.executable, "-c", "import time\nfor s in range(1, 31): print(f'step {s} loss={4 - s / 10:.2f}', flush=True)\ntime.sleep(60)"]
 
