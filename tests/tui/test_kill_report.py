@@ -13,7 +13,7 @@ from textual.widgets import Button
 from textual.widgets._toast import Toast
 
 from backends import kill, runs, tmux
-from tests.tui.conftest import TRAIN, wait_for
+from tests.tui.conftest import TRAIN, TRAINER, wait_for
 from tests.tui.test_operator_keys import children, kill_confirmed, open_run_when
 from tui.app import TracksideApp, Watched
 from tui.screens.confirm import Confirm
@@ -26,8 +26,8 @@ def overlaps(a, b) -> bool:
 
 async def test_after_R_the_report_is_in_sight_with_its_relaunch_and_the_session_keeps_its_name(local_host):
     argv = [*TRAIN, "--steps", "100000", "--max-seq-len", "128", "--ttt-steps", "2", "--save-every", "0"]
-    info = await runs.launch(local_host, argv, session="mytrain", train_command=TRAIN[:4])
-    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent", train_command=TRAIN[:4])], poll_interval=0.2)
+    info = await runs.launch(local_host, argv, session="mytrain", train_command=TRAINER)
+    app = TracksideApp([Watched(local_host, smi="nvidia-smi-absent", train_command=TRAINER)], poll_interval=0.2)
     key = f"local/{info.run_id}"
     async with app.run_test(size=(80, 24), notifications=True) as pilot:  # toasts drawn, as a terminal draws them
         await open_run_when(pilot, key, lambda run: run.steps, "the run's steps")
