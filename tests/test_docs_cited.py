@@ -29,6 +29,14 @@ def test_code_cites_a_heading_that_is_there(folder):
     assert wrong == []
 
 
+@pytest.mark.parametrize("page", ["README.md", *sorted(p.name for p in DOCS.glob("*.md"))])
+def test_the_docs_cite_a_heading_that_is_there(page):
+    path = ROOT / page if page == "README.md" else DOCS / page
+    text = re.sub(r"\s*\n\s*", " ", path.read_text())
+    cited = re.findall(r'docs/([\w-]+)\.md\)?,? "([^"]+)"', text)  # docs/x.md "T", [docs/x.md](…) "T"
+    assert [(p, t) for p, t in cited if not any(h.startswith(t) for h in headings(DOCS / f"{p}.md"))] == []
+
+
 def test_the_load_page_holds_no_rounds():
     page = (DOCS / "load.md").read_text()
     assert not re.search(r"\brounds? \d", page, re.IGNORECASE)
