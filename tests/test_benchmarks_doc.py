@@ -73,14 +73,10 @@ def test_bench_results_holds_what_the_current_page_cites_and_no_more():
 
 @pytest.mark.parametrize("folder", CITING)
 def test_code_cites_a_heading_not_a_round(folder):
-    current, archive = headings(CURRENT), headings(ARCHIVE)
+    # That the heading cited is there: tests/test_docs_cited.py, for every page.
     for path in (ROOT / folder).rglob("*.py"):
         text = re.sub(r"\s*\n\s*#?\s*", " ", path.read_text())  # a citation wrapped over comment lines
         assert not re.search(r"docs/benchmarks\.md,? rounds? \d", text), path
-        for page, title in re.findall(r'docs/(benchmarks(?:-archive)?)\.md, "([^"]+)"', text):
-            assert title in (current if page == "benchmarks" else archive) or any(
-                h.startswith(title) for h in (current if page == "benchmarks" else archive)
-            ), (path, title)
 
 
 def test_the_readme_cites_headings_not_sessions():

@@ -1,5 +1,6 @@
 """docs/testing.md says how to run the suite and what takes time: every marker the suite
-registers, the monkeys' defaults as the tests have them, and no diary of sessions."""
+registers, the monkeys' defaults as the tests have them, and no diary of sessions; the
+README points here for the suite's time instead of restating it."""
 
 from __future__ import annotations
 
@@ -24,3 +25,10 @@ def test_the_monkeys_defaults_are_the_tests_own():
 
 def test_it_is_not_a_diary():
     assert not re.search(r"\bsessions? \d", DOC, re.IGNORECASE)
+
+
+def test_the_readme_points_here_for_the_suites_time():
+    readme = (ROOT / "README.md").read_text()
+    testing = readme[readme.index("\n## Testing") : readme.index("\n## ", readme.index("\n## Testing") + 1)]
+    assert "(docs/testing.md)" in testing
+    assert not re.search(r"\b\d+ ?(min|minutes)\b", testing)  # the figures are this page's alone

@@ -2,7 +2,7 @@
 
 Textual caches every style's escapes (16,384 entries). Each rendered segment's style
 carries its screen offset (for text selection), so under a scrolling log almost every
-style is new and the cache only fills (docs/load.md, "What changed in round 3").
+style is new and the cache only fills (docs/load.md, "What holds the figures").
 """
 
 from __future__ import annotations

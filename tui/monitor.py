@@ -3,7 +3,7 @@
 A host's GPUs come from one long-lived stream (`backends.gpu.stream_gpus`: one
 `nvidia-smi -lms` channel), not a poll a second: each poll opened two SSH channels and
 started nvidia-smi twice on the host, and the channels' cyclic garbage fed the app's
-collector (docs/load.md, "What changed in round 3"). The run listing, with a refresh of the per-process
+collector (docs/load.md, "What holds the figures"). The run listing, with a refresh of the per-process
 rows that streamed samples lack, is polled by its own loop, which sleeps only after a
 listing finished, so listings of one host never overlap and a slow host is listed slower
 rather than piled up. Each followed file has its own worker that buffers lines and posts

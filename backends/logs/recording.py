@@ -10,8 +10,8 @@ into a file under the runs root, after writing what its scrollback held then (re
 
 The live file rotates at SEGMENT_BYTES, one older segment kept, so a pane that prints
 for weeks holds at most two segments on disk; the recorder is a `sh` and a `head` per
-pane, reading what the pane prints and nothing more (docs/design.md states the cost), given
-inline so that nothing under the runs root is ever run, and kept going through a full disk.
+pane, reading what the pane prints and nothing more (its cost: docs/benchmarks.md, "Pane
+recording"), given inline so that nothing under the runs root is ever run, and kept going through a full disk.
 The pipe ends with its pane; one that ended before it (killed) is started again by the next
 listing, the log saying so. The runs root and every path of a recording in it are this
 user's alone, or refused (backends/runsroot.py). A pane whose output already goes to a

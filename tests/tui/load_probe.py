@@ -9,7 +9,7 @@ per sample. Its own work is not subtracted from the bench's CPU and latency figu
 
     .venv/bin/python tests/tui/load_probe.py --seconds 420 --json FILE
 
-docs/load.md, "Round 4: does memory level off?".
+docs/load.md, "Memory levels off".
 """
 
 import ctypes
