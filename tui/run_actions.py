@@ -16,7 +16,7 @@ from textual.worker import Worker
 
 from backends import kill, runs
 from backends.alerts import kill_alert
-from backends.relaunch import relaunch
+from backends.relaunch import Relaunch, relaunch
 from backends.ship.deliver import Delivery, Sent
 from tui.guard import Guarded
 from tui.screens.run import RunScreen
@@ -306,9 +306,9 @@ class RunActions(Guarded):
             # A run on one host is shown as soon as its session exists, reading `starting`
             # while it loads; the launch returns once its start is judged.
             info, _ = await relaunch(
-                {name: w.host for name, w in self.watched.items()}, watched.host, run.info.run_id, changes,
-                resume, train_commands={name: w.train_command for name, w in self.watched.items()}, sent=sent,
-                on_started=lambda started: self._show_relaunched(run, started), after_pids=after_pids or (),
+                Relaunch(watched.host.name, run.info.run_id, changes, resume, sent=sent, after_pids=after_pids or ()),
+                {name: w.host for name, w in self.watched.items()}, {name: w.train_command for name, w in self.watched.items()},
+                on_started=lambda started: self._show_relaunched(run, started),
             )  # fmt: skip
         except Exception as error:
             self._tell_relaunch(run.key, f"could not relaunch {run.key}: {error}", failed=True, timeout=10)

@@ -3,7 +3,7 @@ confirmation shows and at most what the kill signals: the process trees of the r
 panes (`backends.procs`), each pid with its start time, what they hold on the GPUs and who
 else holds memory there. A tree is rooted only at pids tmux names as the session's live
 panes (`procs.pane_roots`), never at a record a process could print, nor at pid 1. A
-multi-node run's plan holds one plan per node, each on its own host (backends/nodes.py
+multi-node run's plan holds one plan per node, each on its own host (backends/nodes/
 launches them)."""
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ async def launch(
     starts from (`--resume-from`): its newest checkpoint, once a writer still making it
     durable is done, so a relaunch need not wait for the write before it starts.
 
-    A node of a multi-node run (backends/nodes.py) passes the run id its nodes share,
+    A node of a multi-node run (backends/nodes/launch.py) passes the run id its nodes share,
     `wrap` (the resolved command → the torchrun that runs it) and `extra` manifest fields.
 
     `sent` (backends.ship.deliver), code already on the host and in place: the trainer runs
@@ -298,10 +298,31 @@ async def _last_lines(host: Host, session: str) -> list[str]:
     return lines[-FAILED_START_LINES:]
 
 
-async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False, *, train_command: Sequence[str] | None = None,
+@dataclass(frozen=True)
+class Parent:
+    """A run to be launched again, as its manifest on its host says: read once, by
+    backends.relaunch, which decides from it how the run is relaunched and hands it on."""
+
+    host: Host
+    run_id: str
+    manifest: dict
+
+    @classmethod
+    async def read(cls, host: Host, run_id: str) -> Parent:
+        return cls(host, run_id, await read_manifest(host, run_id))
+
+    @property
+    def nodes(self) -> list[dict]:
+        """The hosts, sessions and run dirs of a multi-node run's nodes (backends.nodes); none
+        for a run on one host."""
+        return self.manifest.get("nodes") or []
+
+
+async def relaunch(parent: Parent, changes: dict, resume: bool = False, *, train_command: Sequence[str] | None = None,
                    on_started: Callable[[RunInfo], None] | None = None, sent: Sent | None = None,
                    after_pids: Sequence[int] = ()) -> Launched:
-    """The parent's argv with changed params, in a new run dir linked to its parent.
+    """The parent's argv with changed params, in a new run dir on its host linked to it: a
+    run on one host (backends.relaunch decides which runs are).
 
     With `resume`, the new run starts from the parent's latest checkpoint (the trainer's
     `--resume-from` the parent's checkpoints), one still being written included, or with
@@ -309,32 +330,29 @@ async def relaunch(host: Host, run_id: str, changes: dict, resume: bool = False,
     With `sent`, it runs that code (backends.ship.deliver); without, the code its parent ran:
     the parent's shipped package where it had one, else the host's trainer.
     """
-    parent = await read_manifest(host, run_id)
-    if len(parent.get("nodes") or []) > 1:  # one node alone would wait for the others forever
-        spans = ", ".join(n["host"] for n in parent["nodes"])
-        raise RunError(f"run {run_id} spans hosts {spans}: relaunch every node together (backends.relaunch)")
-    argv = _without_resume(parent["argv"])
+    host, run_id, manifest = parent.host, parent.run_id, parent.manifest
+    argv = _without_resume(manifest["argv"])
     resume_from = None
     if train_args_start(argv, train_command) is None:
         # Another program (a trainer of the user's, its directory synced): the same argv
         # again, the one thing a relaunch can do with a command it cannot read.
         if changes or resume:
             raise RunError(f"run {run_id} is not a trainer run ({' '.join(argv)}): its parameters cannot be changed")
-        params = parent.get("params") or {}
+        params = manifest.get("params") or {}
     else:
         if resume and after_pids:
             # The parent is still stopping: the checkpoint its stop saves comes after this
             # launch. The trainer waits for the parent's processes, then for the writer, and
             # refuses to start if there is still none (`--resume-from` requires one).
-            resume_from = f"{parent['run_dir']}/checkpoints"
+            resume_from = f"{manifest['run_dir']}/checkpoints"
         elif resume:
-            resume_from = await checkpoints_to_resume(host, parent["run_dir"])
+            resume_from = await checkpoints_to_resume(host, manifest["run_dir"])
             if resume_from is None:
-                raise RunError(f"run {run_id} has no checkpoint to resume from in {parent['run_dir']}/checkpoints")
-        argv, params = run_params.edited(argv, parent.get("params", {}), changes)
-    if sent is None and parent.get("code"):
-        sent = Sent(Shipped.of_record(parent["code"]))
-    session, note = await parent_session_name(host, parent)
+                raise RunError(f"run {run_id} has no checkpoint to resume from in {manifest['run_dir']}/checkpoints")
+        argv, params = run_params.edited(argv, manifest.get("params", {}), changes)
+    if sent is None and manifest.get("code"):
+        sent = Sent(Shipped.of_record(manifest["code"]))
+    session, note = await parent_session_name(host, manifest)
     launched = await launch(
         host, argv, session=session, params=params, parent=run_id,
         train_command=train_command, resume_from=resume_from, on_started=on_started, sent=sent,

@@ -83,7 +83,7 @@ class RunPhase(enum.Enum):
 
 @dataclass
 class NodeInfo:
-    """One host's part of a multi-node run (backends/nodes.py): its torchrun agent and
+    """One host's part of a multi-node run (backends/nodes/): its torchrun agent and
     workers, in its own tmux session and run dir on that host."""
 
     host: str

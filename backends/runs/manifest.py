@@ -103,7 +103,7 @@ A_TIME = _kind("a time like 2026-11-29T09:30:00Z", lambda v: isinstance(v, str) 
 A_NUMBER = _kind("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
 
 # Every field a launch (backends/runs/launch.py), a registered run (training/register.py), a
-# multi-node launch (backends/nodes.py) and shipped or synced code (backends/ship/deliver.py) write.
+# multi-node launch (backends/nodes/) and shipped or synced code (backends/ship/deliver.py) write.
 SHAPE = _object({
     "run_id": A_RUN_ID,
     "host": TEXT,

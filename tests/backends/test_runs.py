@@ -20,6 +20,7 @@ import pytest
 
 from backends import runs, tmux
 from backends.hosts import LocalHost
+from backends.relaunch import Relaunch, relaunch
 from backends.runs import RunPhase
 from scripts.local_box import end_tmux_server
 from tests.waiting import HANG_S, niced, trainer_started
@@ -291,6 +292,11 @@ def stand_in_trainer(tmp_path: Path, name: str, body: str) -> list[str]:
     return [PY, str(script)]
 
 
+def alone(host, train_command=None) -> tuple[dict, dict]:
+    """The fleet of one host a relaunch reaches, and its train command."""
+    return {host.name: host}, {host.name: train_command}
+
+
 def fake_trainer(tmp_path: Path) -> list[str]:
     """A stand-in train command for the argv plumbing: records the argv it was given,
     starts, then lingers."""
@@ -305,11 +311,11 @@ async def test_trainer_argv_gets_out_params_and_relaunch_links_parent(host, tmp_
     assert json.loads(await eventually(lambda: written(argv_file))) == ["--synthetic", "--ttt-steps", "3", "--lr=0.0001", "--out", first.run_dir]
 
     with pytest.raises(runs.RunError, match="no checkpoint"):
-        await runs.relaunch(host, first.run_id, {}, resume=True, train_command=train)
+        await relaunch(Relaunch(host.name, first.run_id, resume=True), *alone(host, train))
     # Still stopping (R started as the SIGTERM goes out): the checkpoint its stop saves
     # comes after this launch, so none is looked for; the trainer waits for the run and
     # its writer, and refuses to start if there is still none.
-    stopping = await runs.relaunch(host, first.run_id, {}, resume=True, train_command=train, after_pids=[os.getpid()])
+    stopping, _ = await relaunch(Relaunch(host.name, first.run_id, resume=True, after_pids=[os.getpid()]), *alone(host, train))
     argv = json.loads(await eventually(lambda: written(Path(stopping.run_dir, "argv.json"))))
     assert argv[argv.index("--resume-from") + 1] == f"{first.run_dir}/checkpoints"
     assert argv[argv.index("--after-pids") + 1] == str(os.getpid())
@@ -320,8 +326,8 @@ async def test_trainer_argv_gets_out_params_and_relaunch_links_parent(host, tmp_
     (checkpoints / WRITING_MARKER).write_text('{"pid": 1, "step": 10}')
 
     started = []  # told as soon as its session exists, before its start is judged
-    second = await runs.relaunch(host, first.run_id, {"ttt_steps": 5, "max_seq_len": 16384}, resume=True, train_command=train,
-                                 on_started=started.append)  # fmt: skip
+    asked = Relaunch(host.name, first.run_id, {"ttt_steps": 5, "max_seq_len": 16384}, resume=True)
+    second, _ = await relaunch(asked, *alone(host, train), on_started=started.append)
     assert [(s.run_id, s.state, s.parent) for s in started] == [(second.run_id, RunPhase.RUNNING, first.run_id)]
     assert second.parent == first.run_id and second.run_id != first.run_id
     assert second.params == {"ttt_steps": 5, "lr": 1e-4, "max_seq_len": 16384}
@@ -335,14 +341,14 @@ async def test_trainer_argv_gets_out_params_and_relaunch_links_parent(host, tmp_
 
     # A bare flag and a step count: switched on, then off again, by a relaunch.
     changes = {"freeze_lm_head": True, "checkpoint_ttt": 2}
-    third = await runs.relaunch(host, second.run_id, changes, train_command=train)
+    third, _ = await relaunch(Relaunch(host.name, second.run_id, changes), *alone(host, train))
     assert third.params == {**second.params, **changes}
     argv = json.loads(await eventually(lambda: written(Path(third.run_dir, "argv.json"))))
     assert argv.count("--freeze-lm-head") == 1 and argv.count("--checkpoint-ttt") == 1
     assert "--resume-from" not in argv  # resumes only when asked, from its own parent
     assert argv[argv.index("--checkpoint-ttt") + 1] == "2"
     changes = {"freeze_lm_head": False, "checkpoint_ttt": 0}
-    fourth = await runs.relaunch(host, third.run_id, changes, train_command=train)
+    fourth, _ = await relaunch(Relaunch(host.name, third.run_id, changes), *alone(host, train))
     argv = json.loads(await eventually(lambda: written(Path(fourth.run_dir, "argv.json"))))
     assert "--checkpoint-ttt" not in argv and "--freeze-lm-head" not in argv
     assert fourth.params["checkpoint_ttt"] == 0 and fourth.params["freeze_lm_head"] is False
@@ -357,12 +363,12 @@ def test_launch_command_maps_trackside_train_to_the_hosts_train_command():
 
 async def test_relaunch_refuses_unknown_runs_and_non_trainer_runs(host):
     with pytest.raises(runs.RunError, match="not a run id"):
-        await runs.relaunch(host, "../../etc", {})
+        await relaunch(Relaunch(host.name, "../../etc"), *alone(host))
     with pytest.raises(runs.RunError, match="no run"):
-        await runs.relaunch(host, "20260101-0000-abcd", {})
+        await relaunch(Relaunch(host.name, "20260101-0000-abcd"), *alone(host))
     plain = await runs.launch(host, ["sleep", "30"])
     with pytest.raises(runs.RunError, match="not a trainer run"):
-        await runs.relaunch(host, plain.run_id, {"ttt_steps": 5})
+        await relaunch(Relaunch(host.name, plain.run_id, {"ttt_steps": 5}), *alone(host))
 
 
 def fake_trackside(tmp_path: Path) -> Path:

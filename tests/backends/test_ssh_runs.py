@@ -12,9 +12,10 @@ import pytest
 
 from backends import kill, procs, runs, tmux
 from backends.logs import streams
+from backends.relaunch import Relaunch, relaunch
 from backends.runs import RunPhase
 from tests.backends.test_kill import FAKE_SMI
-from tests.backends.test_runs import HOSTILE, argv_echo, eventually, tmux_dir, written  # noqa: F401 (fixture)
+from tests.backends.test_runs import HOSTILE, alone, argv_echo, eventually, tmux_dir, written  # noqa: F401 (fixture)
 
 TRAIN = ["trackside", "train", "--synthetic", "--steps", "100000", "--save-every", "1000", "--max-seq-len", "256"]
 
@@ -86,7 +87,7 @@ async def test_launch_stream_kill_relaunch_over_ssh(remote):
     killed = next(r for r in await runs.list_runs(remote) if r.run_id == first.run_id)
     assert (killed.state, killed.exit_status) == (RunPhase.EXITED, 0) and killed.last_step >= 2
 
-    second = await runs.relaunch(remote, first.run_id, {"ttt_steps": 5}, resume=True)
+    second, _ = await relaunch(Relaunch(remote.name, first.run_id, {"ttt_steps": 5}, resume=True), *alone(remote))
     assert second.parent == first.run_id and second.params["ttt_steps"] == 5
     events = await metrics_until(remote, second.run_dir, lambda ev: len(steps(ev)) >= 2)
     start = events[0]

@@ -71,7 +71,7 @@ def test_the_demo_stops_the_runs_relaunched_from_its_run(local_host, capsys):
     import asyncio
 
     from backends import kill, runs
-    from backends.relaunch import relaunch
+    from backends.relaunch import Relaunch, relaunch
     from tui.commands.dashboard import end_demo_run
 
     host = local_host
@@ -79,8 +79,8 @@ def test_the_demo_stops_the_runs_relaunched_from_its_run(local_host, capsys):
     async def demo_then_R():
         demo = await runs.launch(host, ["sleep", "600"])
         await kill.kill_run(host, demo.run_id, grace_s=5, nvml=False)
-        child, _ = await relaunch({host.name: host}, host, demo.run_id, {})
-        grandchild, _ = await relaunch({host.name: host}, host, child.run_id, {})
+        child, _ = await relaunch(Relaunch(host.name, demo.run_id), {host.name: host})
+        grandchild, _ = await relaunch(Relaunch(host.name, child.run_id), {host.name: host})
         return demo, child, grandchild
 
     demo, child, grandchild = asyncio.run(demo_then_R())

@@ -18,6 +18,7 @@ import pytest
 
 from backends import runs
 from backends.hosts import LocalHost
+from backends.relaunch import Relaunch, relaunch
 from scripts.local_box import end_tmux_server
 from tests.waiting import niced
 from tui.cli import main
@@ -50,7 +51,7 @@ async def _parent_and_child(host: LocalHost) -> tuple[runs.RunInfo, runs.RunInfo
     parent = await runs.launch(host, TRAIN)
     # Relaunched at once, not after its parent: the lineage is the manifest's, and the two
     # short trainings overlap rather than queue.
-    child = await runs.relaunch(host, parent.run_id, {"ttt_steps": 3})
+    child, _ = await relaunch(Relaunch(host.name, parent.run_id, {"ttt_steps": 3}), {host.name: host})
     await runs.launch(host, FOREIGN, session="printer")  # ours, but no metrics.jsonl: its console.log
     subprocess.run(["tmux", "new-session", "-d", "-s", "their-sft", "--", *FOREIGN], check=True)  # not ours
     await _ended(host, parent.run_id)

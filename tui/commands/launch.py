@@ -10,7 +10,7 @@ import re
 from backends import nodes, params, ranges, runs, tmux
 from backends.config import ConfigError, HostConfig
 from backends.hosts import Host
-from backends.relaunch import relaunch
+from backends.relaunch import Relaunch, relaunch
 from backends.ship.deliver import Delivery, Sent
 from training.contract import RUN_ID_EXAMPLE, UsageError
 from tui.commands.flags import bounded
@@ -162,8 +162,8 @@ async def run_relaunch(args, fleet: Fleet, name: str) -> tuple[dict, str, list[s
     """`relaunch` of the run on host `name`."""
     entry = fleet.config.host(name)
     ship = entry.delivery() if _ships(args, entry) else None
-    info, sent = await relaunch(fleet.hosts, fleet.hosts[name], args.run, args.changes, args.resume,
-                                train_commands=fleet.train_commands, ship=ship, ship_asked=bool(args.ship))  # fmt: skip
+    asked = Relaunch(name, args.run, args.changes, args.resume, ship=ship, ship_asked=bool(args.ship))
+    info, sent = await relaunch(asked, fleet.hosts, fleet.train_commands)
     doc = _launched(info, relaunch=True, sent=sent)
     if info.session_note:
         doc["session_note"] = info.session_note
