@@ -394,7 +394,7 @@ async def open_run_when(pilot, key: str, ready, what: str) -> None:
 async def kill_confirmed(pilot, letter: str) -> None:
     """`letter` (k or R), its dialog, y: then a moment into the trainer's 3 s of saving."""
     await pilot.press(letter)
-    await wait_for(pilot, lambda: isinstance(pilot.app.screen, KillConfirm), 15, "the kill dialog")
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, KillConfirm), 60, "the kill dialog")  # its plan read off /proc and tmux: slow only at load
     await pilot.press("y")
     await pilot.pause(0.5)
 
