@@ -79,7 +79,8 @@ def shape_from_start(start: dict) -> tuple[DrafterConfig, StepShape] | tuple[DFl
                           world_size=int(start.get("world_size", 1)),
                           sharding=config.get("sharding", "ddp"),
                           checkpoint_ttt=int(checkpointed),
-                          freeze_lm_head=bool(config.get("freeze_lm_head", False)))
+                          freeze_lm_head=bool(config.get("freeze_lm_head", False)),
+                          offload_saved=bool(config.get("offload_saved", False)))
     except KeyError as e:
         raise ValueError(f"the start event's config lacks {e.args[0]}") from e
     except (TypeError, ValueError) as e:
