@@ -19,10 +19,10 @@ from training.memory import Calibration, GiB, Measurement, StepShape
 from training.params import PARAMS, add_param_flag, anchor_room
 
 TABLE_LENGTHS = (4096, 8192, 16384, 24576, 32768, 65536)
+TABLE_TTT = (1, 3, 5, 7)
 # What --offload-saved costs, as measured (docs/benchmarks.md, "kimi-k2 at TTT 5 under a
 # 96 GiB cap"): the copies to and from pinned host memory against the same step without.
 OFFLOAD_COST = "the copies cost ~18 % of the throughput (kimi-k2 131,072 × TTT 5, H200)"
-TABLE_TTT = (1, 3, 5, 7)
 
 
 def _positive_int(flag: str, value: int | None) -> None:
