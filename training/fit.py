@@ -238,18 +238,17 @@ def report(cfg: DrafterConfig, shape: StepShape, args: argparse.Namespace,
     fewest = memory.fewest_checkpoint_ttt(cfg, shape, args.gpu_mem_gib,
                                           calibration=calibration,
                                           headroom_gib=args.headroom_gib)
-    offload = None
+    offload = None  # what --offload-saved would make of the step: named if it makes it fit
     if not shape.offload_saved:
-        # What --offload-saved would make of the step: named where it is what makes it fit.
         moved = dataclasses.replace(shape, offload_saved=True)
         with_it = memory.predict(cfg, moved, calibration)
-        offload = {
-            "peak_gib": with_it.total / GiB,
-            "fits": memory.fits(with_it, args.gpu_mem_gib, args.headroom_gib),
-            "host_gib": sum(memory.host_terms(cfg, moved).values()) / GiB,
-            "largest_max_seq_len": memory.largest_fitting(
-                cfg, shape.ttt_steps, args.gpu_mem_gib, shape=moved, multiple=args.multiple,
-                calibration=calibration, headroom_gib=args.headroom_gib)}
+        offload = {"peak_gib": with_it.total / GiB,
+                   "fits": memory.fits(with_it, args.gpu_mem_gib, args.headroom_gib),
+                   "host_gib": sum(memory.host_terms(cfg, moved).values()) / GiB,
+                   "largest_max_seq_len": memory.largest_fitting(
+                       cfg, shape.ttt_steps, args.gpu_mem_gib, shape=moved,
+                       multiple=args.multiple, calibration=calibration,
+                       headroom_gib=args.headroom_gib)}
     table = []
     for length in sorted({shape.max_seq_len, *TABLE_LENGTHS}):
         for k in sorted({shape.ttt_steps, *TABLE_TTT}):
@@ -379,8 +378,7 @@ def main(argv: list[str]) -> int:
             from training.probe import ProbeError, run_probe
 
             try:
-                # the probe's steps keep everything on the device; its scales correct
-                # the terms that stay there under --offload-saved too
+                # the probe's steps keep all on the device: its scales serve either way
                 calibration = run_probe(cfg, dataclasses.replace(shape, offload_saved=False),
                                         log=None if args.json else print)
             except ProbeError as e:

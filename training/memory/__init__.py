@@ -56,21 +56,21 @@ from training.memory.peak import (
     predict,
 )
 from training.memory.search import fewest_checkpoint_ttt, largest_fitting
+from training.memory.state import parameter_counts
 from training.memory.terms import (
     GROUPS,
     PHASES,
     PRECISIONS,
     SHARDINGS,
-    GiB,
     StepShape,
     analytic_phases,
     group_totals,
     host_terms,
     kept_per_token_checkpointed_step,
-    parameter_counts,
     saved_per_token_diag,
     saved_per_token_step,
 )
+from training.memory.units import GiB
 
 __all__ = [
     "CACHED_ROW_BLOCKS", "DEFAULT_HEADROOM_GIB", "DFlashShape", "dflash_from_run", "GROUPS", "MAX_FIT_ERROR", "PHASES",

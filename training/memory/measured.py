@@ -7,7 +7,8 @@ from pathlib import Path
 from training.config import DFlashConfig, DrafterConfig
 from training.memory.calibrate import Measurement
 from training.memory.dflash import DFlashShape
-from training.memory.terms import GiB, StepShape
+from training.memory.terms import StepShape
+from training.memory.units import GiB
 from training.params import count_recomputed
 
 
