@@ -424,12 +424,17 @@ def run_child(trainer: str, cell: Cell, args: argparse.Namespace) -> dict:
            "--steps", str(args.steps), "--warmup", str(args.warmup)]
     if args.cap_gib:
         cmd += ["--cap-gib", str(args.cap_gib)]
+    if args.profile:
+        cmd += ["--profile", str(args.profile)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
                               env=env)
     except subprocess.TimeoutExpired:
         return {"trainer": trainer, "cell": str(cell), "error": f"timeout {args.timeout} s"}
+    if args.profile and os.environ.get("OUT"):  # the child prints its profile to stderr
+        name = f"profile-{trainer}-{cell}.txt".replace(":", "-").replace("+", "-")
+        Path(os.environ["OUT"], name).write_text(proc.stderr)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
@@ -496,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cap-gib", type=float, default=0,
                    help="cap each child's CUDA allocations (e.g. 96 for a 96 GiB card)")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
-                   help="with --child: print the ROWS costliest kernels of 2 more steps")
+                   help="print the ROWS costliest kernels of 2 more steps after the timed "
+                   "ones (each child's to $OUT/profile-TRAINER-CELL.txt)")
     p.add_argument("--debug-checkpoint", action="store_true",
                    help="with --child: torch.utils.checkpoint's debug mode")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -20,6 +20,9 @@ from training.params import PARAMS, add_param_flag, anchor_room
 
 TABLE_LENGTHS = (4096, 8192, 16384, 24576, 32768, 65536)
 TABLE_TTT = (1, 3, 5, 7)
+# What --offload-saved costs, as measured (docs/benchmarks.md, "kimi-k2 at TTT 5 under a
+# 96 GiB cap"): the copies to and from pinned host memory against the same step without.
+OFFLOAD_COST = "the copies cost ~18 % of the throughput (kimi-k2 131,072 × TTT 5, H200)"
 
 
 def _positive_int(flag: str, value: int | None) -> None:
@@ -58,6 +61,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "first N TTT steps recomputed in backward (bare: every step)")
     add_param_flag(p, "freeze_lm_head", default=None,
                    help="as train --freeze-lm-head: the draft head takes no gradient")
+    p.add_argument("--offload-saved", action="store_true", default=None,
+                   help="as train --offload-saved: what backward keeps, and AdamW's state "
+                        "between steps, in pinned host memory (counted on a host line)")
     p.add_argument("--multiple", type=int, default=1024,
                    help="round the largest max_seq_len down to a multiple of this")
     p.add_argument("--headroom-gib", type=float,
@@ -109,7 +115,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 # Flags of one drafter's fit that the other's would silently ignore.
-_EAGLE3_ONLY = ("ttt_steps", "checkpoint_ttt", "freeze_lm_head", "probe", "calibration")
+_EAGLE3_ONLY = ("ttt_steps", "checkpoint_ttt", "freeze_lm_head", "offload_saved", "probe",
+                "calibration")
 _DFLASH_ONLY = ("max_anchors", "block_size", "soft_kl")
 DFLASH_MAX_SEQ_LEN = 8192
 
@@ -211,7 +218,7 @@ def step_shape(args: argparse.Namespace, base: StepShape | None) -> StepShape:
     fallback = base or StepShape(16384, 5, precision="bf16")
     values = {name: getattr(args, name) for name in
               ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk", "precision",
-               "world_size", "sharding", "checkpoint_ttt", "freeze_lm_head")}
+               "world_size", "sharding", "checkpoint_ttt", "freeze_lm_head", "offload_saved")}
     try:
         shape = dataclasses.replace(
             fallback, **{k: v for k, v in values.items() if v is not None})
@@ -231,6 +238,17 @@ def report(cfg: DrafterConfig, shape: StepShape, args: argparse.Namespace,
     fewest = memory.fewest_checkpoint_ttt(cfg, shape, args.gpu_mem_gib,
                                           calibration=calibration,
                                           headroom_gib=args.headroom_gib)
+    offload = None  # what --offload-saved would make of the step: named if it makes it fit
+    if not shape.offload_saved:
+        moved = dataclasses.replace(shape, offload_saved=True)
+        with_it = memory.predict(cfg, moved, calibration)
+        offload = {"peak_gib": with_it.total / GiB,
+                   "fits": memory.fits(with_it, args.gpu_mem_gib, args.headroom_gib),
+                   "host_gib": sum(memory.host_terms(cfg, moved).values()) / GiB,
+                   "largest_max_seq_len": memory.largest_fitting(
+                       cfg, shape.ttt_steps, args.gpu_mem_gib, shape=moved,
+                       multiple=args.multiple, calibration=calibration,
+                       headroom_gib=args.headroom_gib)}
     table = []
     for length in sorted({shape.max_seq_len, *TABLE_LENGTHS}):
         for k in sorted({shape.ttt_steps, *TABLE_TTT}):
@@ -255,6 +273,8 @@ def report(cfg: DrafterConfig, shape: StepShape, args: argparse.Namespace,
         "breakdown_bytes": prediction.breakdown(),
         "largest_max_seq_len": {str(k): v for k, v in largest.items()},
         "fewest_checkpoint_ttt": fewest,
+        "host_breakdown_bytes": memory.host_terms(cfg, shape),
+        "with_offload_saved": offload,
         "table": table,
     }
 
@@ -282,10 +302,26 @@ def format_report(r: dict) -> str:
         f"{r['headroom_gib']:g} GiB outside the "
         "allocator" + ("" if r["calibrated"] else "; analytic model, uncalibrated (--probe)"),
     ]
+    host = r["host_breakdown_bytes"]
+    if host:
+        lines.append(f"  host: {sum(host.values()) / GiB:.1f} GiB of pinned memory for "
+                     "--offload-saved (" + ", ".join(
+                         f"{name} {b / GiB:.1f}" for name, b in
+                         sorted(host.items(), key=lambda kv: -kv[1]) if b >= GiB // 10) + ")")
+    offload = r["with_offload_saved"]
     if not r["fits"]:
         n = r["fewest_checkpoint_ttt"]
-        lines.append(f"  fits with --checkpoint-ttt {n}" if n is not None else
-                     "  does not fit even with every TTT step recomputed (--checkpoint-ttt)")
+        if n is not None:
+            lines.append(f"  fits with --checkpoint-ttt {n}")
+        elif offload and offload["fits"] and s["checkpoint_ttt"] >= s["ttt_steps"]:
+            lines.append(f"  fits with --offload-saved: {offload['peak_gib']:.1f} GiB predicted, "
+                         f"{offload['host_gib']:.1f} GiB of pinned host memory; "
+                         f"{OFFLOAD_COST}")
+        else:
+            lines.append("  does not fit even with every TTT step recomputed (--checkpoint-ttt)")
+    if offload and offload["largest_max_seq_len"] > largest:
+        lines.append(f"  largest that fits with --offload-saved: "
+                     f"{offload['largest_max_seq_len']:,}")
     if r["calibrated"]:
         fitted = r["calibration"]["fitted_on"]
         lines.append(f"  calibrated on {len(fitted.get('measurements', []))} measured peaks "
@@ -342,7 +378,9 @@ def main(argv: list[str]) -> int:
             from training.probe import ProbeError, run_probe
 
             try:
-                calibration = run_probe(cfg, shape, log=None if args.json else print)
+                # the probe's steps keep all on the device: its scales serve either way
+                calibration = run_probe(cfg, dataclasses.replace(shape, offload_saved=False),
+                                        log=None if args.json else print)
             except ProbeError as e:
                 print(f"trackside fit: probe failed: {e}", file=sys.stderr)
                 return EXIT_FAILURE

@@ -45,7 +45,7 @@ def test_a_frozen_head_takes_no_gradient_memory_and_no_cast_under_bf16():
     plain = memory.analytic_phases(TINY, StepShape(256, 3))
     frozen = memory.analytic_phases(TINY, StepShape(256, 3, freeze_lm_head=True))
     head_only = {"lm_head_step_grads", "lm_head_grad", "loss_head_casts"}
-    for phase in memory.PHASES:
+    for phase in frozen:  # the second-last step's fold only with every step recomputed
         names = set(frozen[phase]["constant"])
         assert not names & head_only, phase
         assert names | head_only >= set(plain[phase]["constant"])
@@ -87,15 +87,19 @@ def test_each_group_grows_as_its_name_says(phase):
     """T tokens (rows × max_seq_len) and K TTT steps: constant bytes do not move with T
     (the draft head's gradient per TTT step moves them with K), per_token ones are linear in T alone, per_step ones linear in T and in K, the
     diagonal's ∝ T·K(K-1)/2 (step k folds k diagonal keys), none at K = 1."""
+    # the second-last step's fold backward: with every step recomputed, from 3 steps on
+    pending = phase == "fold_backward_pending"
+
     def at(length, k, rows=1):
-        return _groups(StepShape(length, k, batch_rows=rows, loss_chunk=128), phase)
+        return _groups(StepShape(length, k, batch_rows=rows, loss_chunk=128,
+                                 checkpoint_ttt=k if pending else 0), phase)
 
     base = at(256, 3)
     assert at(512, 3)["constant"] == at(256, 3, rows=2)["constant"] == base["constant"]
     for group in ("per_token", "per_step", "diagonal"):
         assert at(512, 3)[group] == at(256, 3, rows=2)[group] == 2 * base[group], group
     assert at(256, 7)["per_token"] == base["per_token"]
-    steps = [at(256, k)["per_step"] for k in range(2, 7)]
+    steps = [at(256, k)["per_step"] for k in range(3 if pending else 2, 7)]
     slopes = {b - a for a, b in pairwise(steps)}
     assert len(slopes) == 1 and slopes.pop() > 0
     assert at(256, 1)["diagonal"] == 0
@@ -138,10 +142,14 @@ def test_where_the_step_peaks():
     # Eager fp32 norms keep three fp32 row-sized gradients: long rows peak in the final
     # norm's backward.
     assert memory.predict(kimi, StepShape(65536, 1, precision="fp32")).phase == "norm_backward"
-    # Checkpointed steps keep little each: the last step's attention backward, where every
-    # step's keys and values take gradients, is the peak.
+    # Checkpointed steps keep little each: the diagonal-key folds' backward, where the keys
+    # and values take gradients beside the fold's stacks of them, is the peak: the
+    # second-last step's, which holds the last one's gradients still to be used.
     assert memory.predict(kimi, StepShape(65536, 5, checkpoint_ttt=5)).phase == \
-        "attention_backward"
+        "fold_backward_pending"
+    # some steps kept whole: the last step's fold
+    assert memory.predict(kimi, StepShape(65536, 5, checkpoint_ttt=2)).phase == \
+        "fold_backward"
 
 
 def test_checkpointing_the_first_steps_trades_their_share_of_the_peak():

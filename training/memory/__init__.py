@@ -10,8 +10,13 @@ the forward+backward comes in one of its first moments, whichever is the largest
 - ``norm_backward``: the last step's final norm backward: fp32 gradients of the whole
   row in the eager (fp32) trainer;
 - ``attention_backward``: the last step's attention backward, where the keys and values
-  of every step take gradients at once: the peak under --checkpoint-ttt and, compiled,
-  at most shapes.
+  of every step take gradients at once;
+- ``fold_backward``: the last step's diagonal-key fold backward, where the diagonal keys
+  and values take gradients beside the fold's stacked copies of them;
+- ``fold_backward_pending``: with every step recomputed, the second-last step's fold
+  backward, beside the last step's key and value gradients still to be used: the peak
+  under --checkpoint-ttt (and, by more, with --offload-saved, which moves the kept terms
+  and AdamW's state to a host side of the model, ``terms.host_terms``).
 The optimizer step (weights, gradients and AdamW state; fused AdamW works in place) is a
 phase of its own.
 
@@ -51,26 +56,27 @@ from training.memory.peak import (
     predict,
 )
 from training.memory.search import fewest_checkpoint_ttt, largest_fitting
+from training.memory.state import parameter_counts
 from training.memory.terms import (
     GROUPS,
     PHASES,
     PRECISIONS,
     SHARDINGS,
-    GiB,
     StepShape,
     analytic_phases,
     group_totals,
+    host_terms,
     kept_per_token_checkpointed_step,
-    parameter_counts,
     saved_per_token_diag,
     saved_per_token_step,
 )
+from training.memory.units import GiB
 
 __all__ = [
     "CACHED_ROW_BLOCKS", "DEFAULT_HEADROOM_GIB", "DFlashShape", "dflash_from_run", "GROUPS", "MAX_FIT_ERROR", "PHASES",
     "PRECISIONS", "RESERVED_RATIO", "SHARDINGS", "Calibration", "GiB", "Measurement",
     "Prediction", "StepShape", "analytic_phases", "calibrate", "fewest_checkpoint_ttt",
-    "fits", "group_totals", "kept_per_token_checkpointed_step", "largest_fitting",
+    "fits", "group_totals", "host_terms", "kept_per_token_checkpointed_step", "largest_fitting",
     "measurements_from_run", "parameter_counts", "predict", "saved_per_token_diag",
     "saved_per_token_step", "shape_from_start",
 ]

@@ -27,7 +27,9 @@ from dataclasses import dataclass
 
 from training.config import FLEX_BLOCK, DFlashConfig
 from training.memory.peak import DEFAULT_HEADROOM_GIB, Prediction, fits
-from training.memory.terms import BF16, FP32, INDEX, PRECISIONS, SHARDINGS, trained_state
+from training.memory.state import trained_state
+from training.memory.terms import SHARDINGS
+from training.memory.units import BF16, FP32, INDEX, PRECISIONS
 from training.params import anchor_room
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 from training.config import DFlashConfig, DrafterConfig
 from training.memory.calibrate import Measurement
 from training.memory.dflash import DFlashShape
-from training.memory.terms import GiB, StepShape
+from training.memory.terms import StepShape
+from training.memory.units import GiB
 from training.params import count_recomputed
 
 
@@ -79,7 +80,8 @@ def shape_from_start(start: dict) -> tuple[DrafterConfig, StepShape] | tuple[DFl
                           world_size=int(start.get("world_size", 1)),
                           sharding=config.get("sharding", "ddp"),
                           checkpoint_ttt=int(checkpointed),
-                          freeze_lm_head=bool(config.get("freeze_lm_head", False)))
+                          freeze_lm_head=bool(config.get("freeze_lm_head", False)),
+                          offload_saved=bool(config.get("offload_saved", False)))
     except KeyError as e:
         raise ValueError(f"the start event's config lacks {e.args[0]}") from e
     except (TypeError, ValueError) as e:

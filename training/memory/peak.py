@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from training.config import DrafterConfig
 from training.memory.calibrate import Calibration
-from training.memory.terms import FP32, GROUPS, GiB, StepShape, analytic_phases, optimizer_phase
+from training.memory.terms import GROUPS, StepShape, analytic_phases, optimizer_phase
+from training.memory.units import FP32, GiB
 
 # What the caching allocator holds beyond the allocated peak, with the trainer's expandable
 # segments (device.use_cuda_allocator_settings): recorded H200 steps of 8K-32K tokens held

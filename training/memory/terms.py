@@ -6,18 +6,17 @@ how the phases and groups are chosen.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from training.config import FLEX_BLOCK, DrafterConfig
+from training.memory.state import frozen_bytes, parameter_counts, trained_state
+from training.memory.units import BF16, FP32, INDEX, PRECISIONS
 
-GiB = 1024**3
-PRECISIONS = {"bf16": 2, "fp32": 4}  # bytes of an activation under autocast (fp32: none)
 SHARDINGS = ("ddp", "fsdp")
 GROUPS = ("constant", "per_token", "per_step", "diagonal")
-PHASES = ("loss_forward", "loss_backward", "norm_backward", "attention_backward")
-FP32 = 4
-BF16 = 2
-INDEX = 8  # int64 ids, positions, doc ids
+PHASES = ("loss_forward", "loss_backward", "norm_backward", "attention_backward",
+          "fold_backward", "fold_backward_pending")
 
 
 @dataclass(frozen=True)
@@ -33,6 +32,9 @@ class StepShape:
     sharding: str = "ddp"
     checkpoint_ttt: int = 0  # train --checkpoint-ttt N: the first N TTT steps recomputed
     freeze_lm_head: bool = False  # train --freeze-lm-head: the draft head takes no gradient
+    # train --offload-saved: what the recomputed steps and the loss keep for backward, and
+    # AdamW's state between steps, wait in pinned host memory (training/offload.py)
+    offload_saved: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_seq_len", "ttt_steps", "batch_rows", "loss_chunk", "world_size"):
@@ -55,48 +57,6 @@ class StepShape:
     @property
     def tokens(self) -> int:
         return self.batch_rows * self.max_seq_len
-
-
-def trained_state(trainable: int, gathered: int, world_size: int, sharding: str
-                  ) -> dict[str, int]:
-    """What one rank holds of the trained parameters through a step, either drafter.
-
-    DDP: the fp32 weights and AdamW's two fp32 moments whole, and at a world size above
-    one its gradient buckets beside .grad. FSDP (training/distributed.shard): a 1/world_size
-    shard of the weights and moments, and `gathered` parameters whole at once, in fp32
-    (autocast casts them, as under DDP), from their group's forward to its backward —
-    at a world size of one too: FSDP2 gathers into buffers of its own even then."""
-    if sharding == "fsdp":
-        return {"weights": trainable * FP32 // world_size,
-                "adamw_state": 2 * trainable * FP32 // world_size,
-                "fsdp_gathered": gathered * FP32}
-    state = {"weights": trainable * FP32, "adamw_state": 2 * trainable * FP32}
-    if world_size > 1:
-        state["ddp_buckets"] = trainable * FP32
-    return state
-
-
-def parameter_counts(cfg: DrafterConfig, freeze_lm_head: bool = False) -> dict[str, int]:
-    """Parameters of model.py's Eagle3Drafter: trainable, frozen, and the autocast-cached
-    (a frozen draft head is the verifier's target head itself: no parameter of its own)."""
-    H, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
-    layer_matmuls = (
-        3 * H * H  # fc: the 3 captured layers → H
-        + 2 * H * (q + 2 * kv)  # q, k, v projections of [embedding ; hidden]
-        + q * H  # o_proj
-        + 3 * H * I  # SwiGLU gate, up, down
-    )
-    lm_head = cfg.draft_vocab_size * H
-    return {
-        # + 4 RMSNorm weights
-        "trainable": layer_matmuls + 4 * H + (0 if freeze_lm_head else lm_head),
-        # Autocast caches a bf16 copy of each weight its matmuls read, for the whole
-        # forward and backward; the loss casts lm_head itself (its workspace).
-        "autocast_cached": layer_matmuls,
-        # embedding, target head
-        "frozen": (cfg.vocab_size + cfg.draft_vocab_size) * H,
-    }
 
 
 def _compiled(precision: str) -> bool:
@@ -305,11 +265,54 @@ def analytic_phases(cfg: DrafterConfig, shape: StepShape
                       "per_token": {**per_token,
                                     **{k: v * T for k, v in backward[phase].items()}},
                       "per_step": dict(per_step), "diagonal": dict(diagonal)}
-              for phase in PHASES[:-1]}
+              for phase in PHASES[:3]}
     phases["attention_backward"] = _attention_backward(
         cfg, shape, state, {**per_token, **recomputed["per_token"]},
         {**per_step, **recomputed["per_step"]}, diagonal, step)
+    if K > 1:
+        phases["fold_backward"] = _fold_backward(cfg, shape, phases["attention_backward"],
+                                                 K - 1)
+    if K > 2 and n == K:
+        phases["fold_backward_pending"] = _fold_backward(
+            cfg, shape, phases["attention_backward"], K - 2)
+    if shape.offload_saved:
+        for phase in phases.values():
+            _offloaded(phase, cfg, shape)
     return phases
+
+
+# What --offload-saved moves off the device: the kept terms of the recomputed steps that
+# wait there from forward to backward, and AdamW's state between steps. The keys and
+# values stay: the last step attends to every earlier one in forward, and its recompute
+# brings them all back for its backward, the peak.
+OFFLOADED_KEPT = ("kept_loss_inputs", "kept_hidden")
+
+
+def host_terms(cfg: DrafterConfig, shape: StepShape) -> dict[str, int]:
+    """Pinned host memory --offload-saved holds through a step (training/offload.py): a
+    copy of everything the recomputed steps and the loss keep for backward, the keys and
+    values too, and AdamW's two moments. Empty without the option."""
+    if not shape.offload_saved:
+        return {}
+    phases = analytic_phases(cfg, dataclasses.replace(shape, offload_saved=False))
+    kept = phases["attention_backward"]["per_step"]
+    host = {k: v for k, v in kept.items() if k.startswith("kept_") and v >= 0}
+    host["adamw_state"] = phases["attention_backward"]["constant"].get("adamw_state", 0)
+    return host
+
+
+def _offloaded(phase: dict[str, dict[str, int]], cfg: DrafterConfig, shape: StepShape) -> None:
+    """One phase's device terms under --offload-saved, in place."""
+    phase["constant"].pop("adamw_state", None)
+    kept = phase["per_step"]
+    moved = [kept.pop(k) for k in OFFLOADED_KEPT if k in kept]
+    if moved and shape.checkpoint_ttt >= shape.ttt_steps:
+        # the last step's loss inputs, counted as freed from the kept ones, were not there
+        kept.pop("freed_last_step", None)
+    if moved:
+        # the recomputed step's input, back on the device for its backward
+        kept["recomputed_input_hidden"] = cfg.hidden_size * PRECISIONS[shape.precision] \
+            * shape.tokens
 
 
 def _attention_backward(cfg: DrafterConfig, shape: StepShape, state: dict, per_token: dict,
@@ -341,11 +344,39 @@ def _attention_backward(cfg: DrafterConfig, shape: StepShape, state: dict, per_t
     }
 
 
-def frozen_bytes(cfg: DrafterConfig) -> int:
-    """The verifier's embedding and draft-vocabulary head (in its extracted dtype, bf16;
-    a frozen draft head is that head), and the d2t/t2d maps."""
-    return parameter_counts(cfg)["frozen"] * BF16 + cfg.draft_vocab_size * INDEX \
-        + cfg.vocab_size
+def _fold_backward(cfg: DrafterConfig, shape: StepShape, attention: dict, j: int) -> dict:
+    """Step j's diagonal-key fold backward (attention._DiagonalFold; j diagonal keys), just
+    before its flex backward, from the last step's attention backward (`attention`, j =
+    K - 1): of the keys' and values' gradients only step j's j diagonal ones (flex's come
+    after), beside the fold's stacked copies of those keys and values (a pass's inputs,
+    freed after it); its gradients for q, flex's output and log-sum-exp and the
+    gradients arriving (o_proj's input's, the residual's) in place of the projections'
+    input gradients. The verifier's targets are freed with the forward: the loss took its
+    gradients there.
+
+    Every step recomputed, an earlier step (j < K - 1) holds what its backward keeps
+    (j steps' keys and values, j steps' loss inputs, j + 1 hidden states) and, still
+    pending, the last step's keys' and values' gradients (the fold's stack of them stays
+    whole until the last of them is used): the second-last step's fold is the peak, by
+    more with --offload-saved, where the kept terms freed meanwhile were on the host."""
+    a = PRECISIONS[shape.precision]
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    H, T, K = cfg.hidden_size, shape.tokens, shape.ttt_steps
+    per_token = {k: v for k, v in attention["per_token"].items()
+                 if k not in ("attention_input_grads", "verifier_targets")}
+    per_token["fold_input_grads"] = (2 * q * a + cfg.num_heads * FP32) * T
+    per_token["fold_arriving_grads"] = (q + H) * a * T
+    per_step = {k: v for k, v in attention["per_step"].items() if k != "kv_grads"}
+    per_step["fold_kv_grads"] = per_step["fold_stacks"] = 2 * kv * a * T * j
+    if j < K - 1:
+        per_step["pending_kv_grads"] = 2 * kv * a * T * K
+        kept = kept_per_token_checkpointed_step(cfg, shape.precision)
+        per_step.update(kept_kv=kept["kv"] * T * j, kept_hidden=kept["hidden"] * T * (j + 1),
+                        kept_loss_inputs=kept["loss_inputs"] * T * j,
+                        kept_tokens_positions=kept["tokens_positions"] * T * (j + 1))
+        per_step.pop("freed_last_step", None)
+    return {"constant": dict(attention["constant"]), "per_token": per_token,
+            "per_step": per_step, "diagonal": dict(attention["diagonal"])}
 
 
 def optimizer_phase(cfg: DrafterConfig, shape: StepShape) -> int:
@@ -361,4 +392,5 @@ def optimizer_phase(cfg: DrafterConfig, shape: StepShape) -> int:
 def group_totals(cfg: DrafterConfig, shape: StepShape) -> list[list[int]]:
     """Bytes per [phase][group] (PHASES × GROUPS), unscaled."""
     phases = analytic_phases(cfg, shape)
-    return [[sum(phases[p][g].values()) for g in GROUPS] for p in PHASES]
+    # a step of one TTT step has no diagonal keys, so no fold backward
+    return [[sum(phases[p][g].values()) if p in phases else 0 for g in GROUPS] for p in PHASES]
