@@ -11,7 +11,7 @@ from collections.abc import Callable
 from textual.binding import Binding
 
 from backends import runs
-from tui.screens.protocols import Filters, FocusesLog, SelectsRun
+from tui.protocols import Filters, FocusesLog, SelectsRun
 from tui.state import RunState
 
 # Actions that act on the selected run; the app disables them where no run is selected.

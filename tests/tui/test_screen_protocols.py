@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tui.screens.fleet import FleetScreen
 from tui.screens.help import HelpScreen
-from tui.screens.protocols import Filters, FocusesLog, SelectsRun, ShowsState
+from tui.protocols import Filters, FocusesLog, SelectsRun, ShowsState
 from tui.screens.run import RunScreen
 
 TUI = Path(__file__).resolve().parents[2] / "tui"
