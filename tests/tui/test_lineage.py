@@ -20,7 +20,7 @@ from tests.tui.conftest import launch_and_wait_ended, TRAIN, screen_text, wait_f
 from tui.app import TracksideApp, Watched
 from tui.curves import Curves, Overlaid
 from tui.messages import MetricsBatch, RunsListed
-from tui.sample import run_info
+from scripts.sample import run_info
 from tui.screens.pick_run import PickRun
 from tui.state import RunState as TuiRun
 from tui.widgets.loss_chart import OVERLAY_COLORS, LossChart, draw
