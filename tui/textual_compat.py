@@ -85,30 +85,14 @@ def write_to_terminal(app, text: str) -> bool:
     return True
 
 
-def is_footer_key(widget) -> bool:
-    """Whether `widget` is one of the Footer's keys (`FooterKey`, which textual.widgets
-    does not export)."""
+def footer_key() -> type:
+    """Textual's Footer's key widget (`FooterKey`, in the private textual.widgets._footer:
+    textual.widgets does not export it). The dashboard's footer makes its keys itself
+    (tui/widgets/footer.py says why) with Textual's widget, so they look, click and take
+    the theme as Textual's do; without it the footer has no keys to make."""
     from textual.widgets._footer import FooterKey
 
-    return isinstance(widget, FooterKey)
-
-
-def footer_bindings_ready(footer) -> bool:
-    """Whether Textual's Footer has its bindings (`_bindings_ready`: until then its compose
-    yields nothing). A Textual without the flag: always ready."""
-    return getattr(footer, "_bindings_ready", True) is True
-
-
-def drop_detached_watchers(node, attribute: str) -> None:
-    """Drop the watchers of `node`'s reactive `attribute` whose widget is no longer in the
-    DOM (Textual's `__watchers` store keeps a recomposed child's data_bind watcher until
-    the attribute next changes, Textualize/textual#6666). Another store: left as it is."""
-    try:
-        watchers = getattr(node, "__watchers", {}).get(attribute)
-        if watchers:
-            watchers[:] = [(watcher, callback) for watcher, callback in watchers if watcher.is_attached]
-    except Exception:
-        pass
+    return FooterKey
 
 
 def is_on_handler(function) -> bool:

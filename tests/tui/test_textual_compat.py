@@ -9,7 +9,9 @@ CHECKED_ON.
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
+import weakref
 from importlib.metadata import version
 
 import pytest
@@ -23,13 +25,16 @@ from textual.command import CommandPalette as TextualCommandPalette
 from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.strip import Strip
-from textual.widgets import Button, Footer
+from textual.widget import Widget
+from textual.widgets import Button, DataTable, Footer
 from textual.widgets.option_list import Option
 from textual_serve.app_service import AppService
 from textual_serve.download_manager import DownloadManager
 
+from scripts.sample import feed, make_app
 from tui import textual_compat
 from tui.screens.palette import CommandPalette
+from tui.widgets.footer import Footer as TracksideFooter
 
 
 def test_checked_on_the_installed_versions():
@@ -141,27 +146,31 @@ class WithFooter(App):
         yield Footer()
 
 
-async def test_the_footers_keys_readiness_and_replaced_watchers():
-    assert not textual_compat.footer_bindings_ready(Footer())  # not mounted: not ready
+async def test_the_footers_key_is_the_one_textuals_footer_makes():
     app = WithFooter()
     async with app.run_test() as pilot:
         await pilot.pause()
-        footer = app.query_one(Footer)
-        assert textual_compat.footer_bindings_ready(footer)
-        keys = [w for w in footer.children if textual_compat.is_footer_key(w)]
+        keys = app.query_one(Footer).children
         assert [key.action for key in keys] == ["kill", "edit", "command_palette"]
-        for _ in range(3):
-            footer.refresh(recompose=True)
+        assert all(type(key) is textual_compat.footer_key() for key in keys)
+
+
+async def test_a_recomposed_footer_keeps_no_replaced_key_alive():
+    """Textual's Footer binds each key's style to itself (data_bind), and that watcher kept
+    every replaced key alive until the footer's style next changed (Textualize/textual#6666):
+    moving the cursor between a host and a run, which enables and dims `k`, grew the app."""
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await feed(pilot)
+        footer = app.screen.query_one(TracksideFooter)
+        table = app.screen.query_one(DataTable)
+        replaced = [weakref.ref(key) for key in footer.children]
+        for row in (0, 1, 0, 1):  # a host row (k dimmed), the run's row (k enabled)
+            table.move_cursor(row=row)
             await pilot.pause()
-        watchers = getattr(footer, "__watchers")["compact"]
-        assert any(not node.is_attached for node, _ in watchers)  # Textualize/textual#6666
-        textual_compat.drop_detached_watchers(footer, "compact")
-        assert watchers and all(node.is_attached for node, _ in getattr(footer, "__watchers")["compact"])
-    # Another shape of the store: left as it is, nothing raised.
-    odd = Footer()
-    setattr(odd, "__watchers", {"compact": [("not", "a", "pair")]})
-    textual_compat.drop_detached_watchers(odd, "compact")
-    assert getattr(odd, "__watchers")["compact"] == [("not", "a", "pair")]
+        assert not any(ref() in footer.children for ref in replaced)  # the keys were replaced
+        gc.collect()
+        assert [ref() for ref in replaced if ref() is not None] == []
 
 
 def test_on_handlers_are_told_apart():
