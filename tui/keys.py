@@ -1,7 +1,5 @@
 """Every key of the dashboard, in one table, and where each acts: Footer, `?` help and the
-command palette read it.
-
-Ids let a user's keymap rebind a key without touching the code.
+command palette read it. The keys are fixed: no configuration rebinds them.
 """
 
 from __future__ import annotations
