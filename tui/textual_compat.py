@@ -22,7 +22,11 @@ CHECKED_ON = {"textual": "8.2.8", "textual-serve": "1.1.3"}
 class TextualErrorHook:
     """Mixed into an App, before Textual's: Textual's handler of an exception raised inside
     Textual (`App._handle_exception`, private: it exits the app) asks the app's
-    `survives_textual_error(error)` first, and exits only where that says no."""
+    `survives_textual_error(error)` first, and exits only where that says no.
+
+    Why private: Textual offers no public hook between an error inside its own code and
+    the app's exit. Without it, an error in a part of Textual's the dashboard can lose (its
+    command palette's search, tui/guard.py) ends the dashboard and every watch with it."""
 
     def survives_textual_error(self, error: Exception) -> bool:
         return False
@@ -47,7 +51,11 @@ class CommandPaletteFixes:
     an empty list. `_select_or_command` runs on Enter, and a palette closes by popping
     whatever screen is on top: an Enter queued behind the one that ran a command popped
     the screen under the palette, then no screen at all. Here a palette no longer on top
-    selects nothing. A Textual that renames either simply never calls these."""
+    selects nothing.
+
+    Why private: the palette's key bindings and its Enter name these steps, and no public
+    method stands between them. A Textual that renames either never calls these, and the
+    two crashes the monkeys found (tests/tui/monkey.py) end the dashboard again."""
 
     def _action_command_list(self, action: str) -> None:
         try:
@@ -63,7 +71,11 @@ class CommandPaletteFixes:
 def shrink_escape_cache(maxsize: int) -> None:
     """Shrink Textual's cache of a style's terminal escapes (`Strip.render_ansi`, an
     lru_cache of 16,384 entries) to `maxsize`; a Textual that keeps it otherwise keeps its
-    own size."""
+    own size.
+
+    Why: Textual has no setting for the cache's size, and under a scrolling log nearly
+    every style is new (tui/escape_cache.py). Without it the cache fills to its 16,384
+    entries and the dashboard's memory with it."""
     from textual.strip import Strip
 
     try:
@@ -77,7 +89,11 @@ def shrink_escape_cache(maxsize: int) -> None:
 def write_to_terminal(app, text: str) -> bool:
     """Write `text` to the terminal through the app's driver (`App._driver`: Textual writes
     its own escapes, the clipboard's, that way, and offers no public handle); False where
-    there is none to write to."""
+    there is none to write to.
+
+    Why: an alert's desktop notification is an escape (OSC 9/777, tui/alerts.py) that
+    only the terminal reads, and Textual's public output (notify, bell) has none. Without
+    it the alert still shows in the app; the desktop is not told."""
     write = getattr(getattr(app, "_driver", None), "write", None)
     if write is None:
         return False
@@ -85,23 +101,35 @@ def write_to_terminal(app, text: str) -> bool:
     return True
 
 
-def footer_key() -> type:
+def footer_key() -> type | None:
     """Textual's Footer's key widget (`FooterKey`, in the private textual.widgets._footer:
-    textual.widgets does not export it). The dashboard's footer makes its keys itself
-    (tui/widgets/footer.py says why) with Textual's widget, so they look, click and take
-    the theme as Textual's do; without it the footer has no keys to make."""
-    from textual.widgets._footer import FooterKey
+    textual.widgets does not export it); None where there is none.
 
+    Why: the dashboard's footer makes its keys itself (tui/widgets/footer.py says why)
+    with Textual's widget, so they look, click and take the theme as Textual's do. Without
+    it the footer is Textual's own, every key and its leak."""
+    try:
+        from textual.widgets._footer import FooterKey
+    except ImportError:
+        return None
     return FooterKey
 
 
 def is_on_handler(function) -> bool:
     """Whether `function` is decorated with Textual's `@on` (which marks it `_textual_on`
-    for its metaclass to register as written)."""
+    for its metaclass to register as written).
+
+    Why: tui/guard.py wraps our handlers, and a wrapped `@on` handler would lose the mark
+    its registration reads; Textual has no public test for the decorator. Without it an
+    `@on` handler is guarded as any other and Textual never calls it."""
     return hasattr(function, "_textual_on")
 
 
 def app_service_process(service):
     """The process of textual-serve's AppService (`_process`, private): None where it keeps
-    none."""
+    none.
+
+    Why: AppService's public stop asks the dashboard to quit and gives no way to make it;
+    tui/serve/server.py kills one that has not quit in time. Without it such a dashboard
+    lives on until its stdin's EOF reaches it."""
     return getattr(service, "_process", None)

@@ -34,6 +34,7 @@ from textual_serve.download_manager import DownloadManager
 from scripts.sample import feed, make_app
 from tui import textual_compat
 from tui.screens.palette import CommandPalette
+from tui.widgets import footer as footer_module
 from tui.widgets.footer import Footer as TracksideFooter
 
 
@@ -171,6 +172,15 @@ async def test_a_recomposed_footer_keeps_no_replaced_key_alive():
         assert not any(ref() in footer.children for ref in replaced)  # the keys were replaced
         gc.collect()
         assert [ref() for ref in replaced if ref() is not None] == []
+
+
+async def test_without_textuals_key_widget_the_footer_is_textuals(monkeypatch):
+    monkeypatch.setattr(footer_module, "FooterKey", None)
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        footer = app.screen.query_one(TracksideFooter)
+        assert [key.action for key in footer.children][:2] == ["kill", "edit"]
 
 
 def test_on_handlers_are_told_apart():

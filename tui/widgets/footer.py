@@ -50,6 +50,9 @@ class Footer(Guarded, TextualFooter):
     def compose(self) -> ComposeResult:
         # Not Textual's compose: it binds each key's `compact` to this footer (data_bind),
         # and that watcher keeps a replaced key alive (Textualize/textual#6666).
+        if FooterKey is None:  # a Textual without it: its own footer
+            yield from super().compose()
+            return
         compact, shown = self._plan()
         self.compact = compact
         try:
