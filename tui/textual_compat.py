@@ -2,7 +2,8 @@
 
 The dashboard works around a few of Textual's behaviours by reaching names Textual keeps
 private. Each such name is reached here and nowhere else, so an upgrade has one file to
-re-read. Each touch was checked on the versions in CHECKED_ON:
+re-read (tests/tui/test_textual_compat.py lists them, and fails on one reached or
+overridden elsewhere); each says why it is private and what breaks without it. Each touch was checked on the versions in CHECKED_ON:
 tests/tui/test_textual_compat.py fails on any other, so whoever upgrades re-checks each
 one (the test exercises each against the installed Textual), then moves CHECKED_ON.
 

@@ -8,11 +8,20 @@ CHECKED_ON.
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import functools
 import gc
+import importlib
+import inspect
+import pkgutil
+import re
 import sys
+import textwrap
 import weakref
 from importlib.metadata import version
+from importlib.util import find_spec
+from pathlib import Path
 
 import pytest
 from rich.color import ColorSystem
@@ -32,6 +41,7 @@ from textual_serve.app_service import AppService
 from textual_serve.download_manager import DownloadManager
 
 from scripts.sample import feed, make_app
+import tui
 from tui import textual_compat
 from tui.screens.palette import CommandPalette
 from tui.widgets import footer as footer_module
@@ -44,6 +54,97 @@ def test_checked_on_the_installed_versions():
         f"Textual is now {installed}; tui/textual_compat.py's touches were checked on "
         f"{textual_compat.CHECKED_ON}: re-check each against the new source, then move CHECKED_ON"
     )
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# Every private name of Textual's (or textual-serve's) the dashboard reaches: each in
+# tui/textual_compat.py, which says why and what breaks without it. (Two more touches use
+# public names in ways Textual did not offer: the escape cache's size, and which of
+# Textual's files an error was raised in.)
+TOUCHES = {
+    "_handle_exception",  # TextualErrorHook: an error inside Textual asks the app first
+    "_action_command_list", "_select_or_command",  # CommandPaletteFixes: two palette crashes
+    "_driver",  # write_to_terminal: an alert's desktop notification
+    "textual.widgets._footer",  # footer_key: the footer's keys, Textual's widget
+    "_textual_on",  # is_on_handler: guard.py leaves an @on handler as written
+    "_process",  # app_service_process: a served dashboard that will not quit is killed
+}
+PRIVATE = re.compile(r"^_{1,2}[a-z]\w*(?<!__)$")  # not a dunder
+
+
+def framework_privates() -> set[str]:
+    """The private names Textual's and textual-serve's sources define or look up by name."""
+    names = set()
+    for package in ("textual", "textual_serve"):
+        for path in Path(find_spec(package).origin).parent.rglob("*.py"):
+            text = path.read_text(encoding="utf-8")
+            names.update(re.findall(r"\bdef (_[a-z]\w*)", text))
+            names.update(re.findall(r"\bself\.(_[a-z]\w*)\s*(?::[^=\n]*)?=", text))
+            names.update(re.findall(r"^\s+(_[a-z]\w*)\s*[:=]", text, re.M))
+            names.update(re.findall(r"""["'](_{1,2}[a-z]\w*)["']""", text))
+    return {name for name in names if not name.endswith("__")}
+
+
+def reached(framework: set[str]) -> set[tuple[str, str]]:
+    """(file, name) for each private name of the framework's that tui/ reaches on another
+    object (`app._driver`, `getattr(x, "_process")`) or imports from a private module."""
+    found = set()
+    for path in sorted((ROOT / "tui").rglob("*.py")):
+        where = str(path.relative_to(ROOT))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in framework and not (
+                    isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):  # fmt: skip
+                found.add((where, node.attr))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in framework:
+                found.add((where, node.value))
+            elif isinstance(node, ast.ImportFrom) and node.module and any(PRIVATE.match(p) for p in node.module.split(".")):
+                found.add((where, node.module))
+    return found
+
+
+@functools.cache
+def source_of(cls) -> str:
+    return inspect.getsource(cls)
+
+
+@functools.cache
+def privates_of(base) -> set[str]:
+    """A framework class's private attributes and methods, and what it sets on self."""
+    names = {name for name in vars(base) if PRIVATE.match(name)}
+    return names | set(re.findall(r"self\.(_[a-z]\w*)\s*(?::[^=\n]*)?=", source_of(base)))
+
+
+def overridden() -> set[tuple[str, str]]:
+    """(file, name) for each private name of a Textual class that a class of ours, or a
+    mixin of ours beside it, defines or sets on self: an override of Textual's internals,
+    meant or by a clash of names."""
+    def framework(cls) -> bool:
+        return cls.__module__.split(".")[0] in ("textual", "textual_serve")
+
+    found = set()
+    modules = [importlib.import_module(m.name) for m in pkgutil.walk_packages(tui.__path__, "tui.")]
+    for module in modules:
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__ or not any(framework(base) for base in cls.__mro__):
+                continue
+            private = set().union(*map(privates_of, filter(framework, cls.__mro__)))
+            for ours in (c for c in cls.__mro__ if c.__module__.startswith("tui.")):
+                source = source_of(ours)
+                body = ast.parse(textwrap.dedent(source)).body[0].body
+                names = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                names |= {t.id for n in body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                          for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}  # fmt: skip
+                names |= set(re.findall(r"self\.(_[a-z]\w*)", source))
+                where = str(Path(inspect.getsourcefile(ours)).relative_to(ROOT))
+                found.update((where, name) for name in names & private)
+    return found
+
+
+def test_every_touch_of_textuals_internals_is_one_of_textual_compats():
+    framework = framework_privates()
+    assert {"_driver", "_handle_exception", "_bindings_ready", "__watchers"} <= framework  # the walk reads them
+    touches = reached(framework) | overridden()
+    assert touches == {("tui/textual_compat.py", name) for name in TOUCHES}
 
 
 class Hooked(textual_compat.TextualErrorHook, App):
