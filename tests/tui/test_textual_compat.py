@@ -34,14 +34,13 @@ from textual.command import CommandPalette as TextualCommandPalette
 from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.strip import Strip
-from textual.widget import Widget
 from textual.widgets import Button, DataTable, Footer
 from textual.widgets.option_list import Option
 from textual_serve.app_service import AppService
 from textual_serve.download_manager import DownloadManager
 
-from scripts.sample import feed, make_app
 import tui
+from scripts.sample import feed, make_app
 from tui import textual_compat
 from tui.screens.palette import CommandPalette
 from tui.widgets import footer as footer_module
