@@ -1,2 +1,3 @@
-"""What the scripts here share with the tests: a browser to drive (browser.py) and this
-machine standing in for a GPU box (local_box.py). The sample fleet is tui/sample.py."""
+"""What the scripts here share with the tests, none of it shipped in the wheel: a browser
+to drive (browser.py), this machine standing in for a GPU box (local_box.py) and the fixed
+fleet the snapshot tests and the screenshots draw (sample.py)."""

@@ -5,7 +5,7 @@ PNG when cairosvg is installed).
 
     .venv/bin/python scripts/screenshots.py [NAME…]    (default: every one)
 
-The data are the snapshot tests' fixed fleet (tui/sample.py), fed as monitor
+The data are the snapshot tests' fixed fleet (scripts/sample.py), fed as monitor
 messages, with the llama3-8b drafter shape so the edit form predicts memory.
 """
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from training.config import PRESETS  # noqa: E402
-from tui.sample import FOREIGN_KEY, RUN_KEY, feed_foreign, kill_plan, make_app  # noqa: E402
+from scripts.sample import FOREIGN_KEY, RUN_KEY, feed_foreign, kill_plan, make_app  # noqa: E402
 from tui.screens.edit import EditScreen  # noqa: E402
 from tui.screens.kill import KillConfirm  # noqa: E402
 from tui.screens.ship import ShipRelaunch  # noqa: E402
@@ -144,7 +144,7 @@ def plot_text() -> Path:
     import tempfile
 
     from tui.commands.plot import main as plot_main
-    from tui.sample import CHILD_ID, RUN_ID, write_lineage
+    from scripts.sample import CHILD_ID, RUN_ID, write_lineage
 
     with tempfile.TemporaryDirectory() as tmp:
         write_lineage(Path(tmp, "runs"))
@@ -168,7 +168,7 @@ async def lineage_svg() -> Path:
     from backends.runs import RunPhase
     from tui.app import TracksideApp, Watched
     from tui.messages import GpusPolled, MetricsBatch, RunsListed
-    from tui.sample import CHILD_ID, CHILD_PARAMS, NOW, child_metrics_events, frozen_clock, gpus, run_info, write_lineage
+    from scripts.sample import CHILD_ID, CHILD_PARAMS, NOW, child_metrics_events, frozen_clock, gpus, run_info, write_lineage
 
     with tempfile.TemporaryDirectory() as tmp:
         write_lineage(Path(tmp))
@@ -216,9 +216,9 @@ async def narrow_svgs(wanted) -> list[Path]:
 
 
 async def dflash_svg() -> Path:
-    """A DFlash run beside the sample run (tui/sample.py): its loss at block positions
+    """A DFlash run beside the sample run (scripts/sample.py): its loss at block positions
     1, 8 and 15 beside the total, and τ by the legend and in the stats."""
-    from tui.sample import on_dflash_run
+    from scripts.sample import on_dflash_run
 
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:

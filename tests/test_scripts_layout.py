@@ -1,6 +1,6 @@
 """What scripts/ and bench/ run is not the test suite's: the screenshots' sample fleet, the
 browser and the local stand-in for a GPU box live in packages both they and the tests
-import (tui/sample.py, scripts/), so no script imports from tests/."""
+import (scripts/), so no script imports from tests/."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, Ove
 from tui.monitor import HostMonitor
 from tui.attach_action import AttachAction
 from tui.run_actions import RunActions
-from tui.screens.protocols import Filters, FocusesLog, SelectsRun, ShowsState
+from tui.protocols import Filters, FocusesLog, SelectsRun, ShowsState
 from tui.state import RunState
 from tui.store import Store
 

@@ -1,7 +1,5 @@
 """Every key of the dashboard, in one table, and where each acts: Footer, `?` help and the
-command palette read it.
-
-Ids let a user's keymap rebind a key without touching the code.
+command palette read it. The keys are fixed: no configuration rebinds them.
 """
 
 from __future__ import annotations
@@ -11,7 +9,7 @@ from collections.abc import Callable
 from textual.binding import Binding
 
 from backends import runs
-from tui.screens.protocols import Filters, FocusesLog, SelectsRun
+from tui.protocols import Filters, FocusesLog, SelectsRun
 from tui.state import RunState
 
 # Actions that act on the selected run; the app disables them where no run is selected.

@@ -30,7 +30,7 @@ from tests.backends.test_runs import tmux_dir  # noqa: F401 (fixture)
 from tests.tui.conftest import screen_text
 from tests.waiting import wait_until
 from tui.messages import ConsoleBatch, RunsListed
-from tui.sample import NOW, RUN_KEY, make_app, on_run
+from scripts.sample import NOW, RUN_KEY, make_app, on_run
 
 # What a terminal obeys: C0 but tab and newline, DEL, C1 (and ESC, which is C0).
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

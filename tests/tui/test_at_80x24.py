@@ -15,7 +15,7 @@ from tests.tui.conftest import screen_text, wait_for
 from tui.keys import KEYS, RUN_ACTIONS
 from tui.curves import Curves, Overlaid
 from tui.messages import OverlaysRead
-from tui.sample import (
+from scripts.sample import (
     CHILD_ID, DFLASH_KEY, RUN_ID, RUN_KEY, child_metrics_events, dflash_events, dflash_info, feed, feed_foreign, make_app,
     on_run,
 )  # fmt: skip

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from tui.curves import Curves, positions_shown
-from tui.sample import (
+from scripts.sample import (
     DFLASH_KEY,
     dflash_events,
     dflash_info,

@@ -13,7 +13,7 @@ from textual.app import App
 from textual.widgets import Button, Input, Static
 
 from training.config import DFLASH_PRESETS
-from tui.sample import dflash_events, dflash_info, gpus, metrics_events, run_info
+from scripts.sample import dflash_events, dflash_info, gpus, metrics_events, run_info
 from tui.screens.edit import DFLASH_FIELDS, FIELDS, EditScreen, cost_text
 from tui.state import HostState, RunState
 

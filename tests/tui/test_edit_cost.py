@@ -10,7 +10,7 @@ import pytest
 from textual.app import App
 from textual.widgets import Input, Static
 
-from tui.sample import gpus, metrics_events, run_info
+from scripts.sample import gpus, metrics_events, run_info
 from tui.screens import edit
 from tui.screens.edit import EditScreen
 from tui.state import HostState, RunState

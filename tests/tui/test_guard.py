@@ -6,7 +6,7 @@ from textual.binding import Binding
 from textual.widgets import Static
 
 from tui.guard import Guarded
-from tui.sample import feed, make_app
+from scripts.sample import feed, make_app
 from tui.screens.fleet import FleetScreen
 from tui.widgets.footer import Footer
 
@@ -92,7 +92,7 @@ async def test_a_failing_worker_that_would_end_the_app_is_logged_and_survived(tm
 async def test_a_key_action_for_a_screen_already_left_does_nothing():
     """Escape, Escape in one breath: the second reached the run screen as it was being
     popped and found its widgets gone (NoMatches; found by the monkey)."""
-    from tui.sample import on_run
+    from scripts.sample import on_run
 
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:

@@ -6,7 +6,7 @@ from textual import events
 from textual.widgets import DataTable, Log
 
 from tui.keys import KEYS
-from tui.sample import RUN_KEY, feed, make_app, on_run
+from scripts.sample import RUN_KEY, feed, make_app, on_run
 from tui.screens.help import HelpScreen
 from tui.screens.run import RunScreen
 from tui.widgets.loss_chart import LossChart

@@ -21,7 +21,7 @@ from tests.waiting import HANG_S
 from tui.app import TracksideApp, Watched
 from tui.curves import Curves, Overlaid
 from tui.messages import MetricsBatch, RunsListed
-from tui.sample import run_info
+from scripts.sample import run_info
 from tui.screens.pick_run import PickRun
 from tui.state import RunState as TuiRun
 from tui.widgets.loss_chart import OVERLAY_COLORS, LossChart, draw

@@ -2,7 +2,7 @@
 node under it, its run screen showing every node's GPUs and every rank's peak, and `k`
 naming every node's PIDs, exactly the plan's.
 
-The fast tests feed the app each host's listing as its monitor would (tui/sample.py);
+The fast tests feed the app each host's listing as its monitor would (scripts/sample.py);
 the slow one runs the real thing: a 2-node × 1-process gloo run on CPU over this machine
 and the test sshd on 127.0.0.1 (tests/backends/test_multinode.py's hosts), watched by the
 app, stopped with `k`, and relaunched with `r`.
@@ -24,7 +24,7 @@ from tests.tui.conftest import screen_text, wait_for
 from tests.waiting import HANG_S
 from tui.app import TracksideApp, Watched
 from tui.messages import GpusPolled, RunsListed
-from tui.sample import (
+from scripts.sample import (
     MULTI_HOSTS, MULTI_ID, MULTI_KEY, NOW, feed_multinode, gpus, make_multinode_app, multinode_parts, multinode_plan,
 )  # fmt: skip
 from tui.screens.fleet import FleetScreen

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.tui.test_edit_cost import FormApp, settled
-from tui.sample import gpus, metrics_events, run_info
+from scripts.sample import gpus, metrics_events, run_info
 from tui.screens.edit import EditScreen
 from tui.state import HostState, RunState
 

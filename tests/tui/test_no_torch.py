@@ -17,7 +17,7 @@ from backends import runs
 from tests.tui.conftest import wait_for
 from tui.app import TracksideApp, Watched
 from tui.predict import Basis
-from tui.sample import metrics_events, run_info
+from scripts.sample import metrics_events, run_info
 from tui.screens.edit import EditScreen
 from tui.state import RunState, RunStatus
 

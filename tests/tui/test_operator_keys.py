@@ -18,7 +18,7 @@ from tests.tui.conftest import TRAIN, TRAINER, screen_text, wait_for
 from tests.waiting import HANG_S, Changes, trainer_started
 from tui.app import TracksideApp, Watched
 from tui.messages import ConsoleBatch, RunsListed
-from tui.sample import NOW, RUN_KEY, feed, kill_plan, make_app, on_run
+from scripts.sample import NOW, RUN_KEY, feed, kill_plan, make_app, on_run
 from tui.screens.confirm import Confirm
 from tui.screens.fleet import FleetScreen
 from tui.screens.help import HelpScreen

@@ -13,7 +13,7 @@ from backends.runs import RunPhase
 from tests.tui.conftest import screen_text
 from tui.store import GONE_KEEP_S
 from tui.messages import RunsListed
-from tui.sample import (
+from scripts.sample import (
     FOREIGN_KEY,
     NOW,
     RUN_KEY,

@@ -12,7 +12,7 @@ from textual.strip import Strip
 from tui.curves import Curves
 from tui.escape_cache import ESCAPE_CACHE, bound_escape_cache
 from tui.predict import Basis
-from tui.sample import NOW, PARAMS, metrics_events, run_info
+from scripts.sample import NOW, PARAMS, metrics_events, run_info
 from tui.screens.run import stats_text
 from tui.state import STEP_HISTORY, RunState
 

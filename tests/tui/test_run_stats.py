@@ -11,7 +11,7 @@ from backends.runs import RunPhase
 from tests.tui.conftest import screen_text, wait_for
 from tui.app import TracksideApp, Watched
 from tui.messages import ConsoleBatch, MetricsBatch, RunsListed
-from tui.sample import run_info
+from scripts.sample import run_info
 from tui.screens.run import RunScreen
 
 T0 = 1_790_000_000.0

@@ -20,7 +20,7 @@ from backends.runs import RunPhase
 from tests.tui.conftest import screen_text, wait_for
 from tui.app import TracksideApp
 from tui.messages import RunsListed
-from tui.sample import (
+from scripts.sample import (
     FOREIGN_KEY, MULTI_KEY, NOW, RUN_KEY, feed, feed_foreign, feed_multinode, kill_plan, make_app, make_multinode_app,
     multinode_plan, on_dflash_run, on_run, run_info,
 )  # fmt: skip

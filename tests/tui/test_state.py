@@ -8,7 +8,7 @@ import pytest
 
 from backends.runs import RunPhase as Listed
 from backends.runs.status import describe
-from tui.sample import NOW, gpus, metrics_events, run_info
+from scripts.sample import NOW, gpus, metrics_events, run_info
 from tui.screens.fleet import host_cells, run_cells
 from tui.screens.run import stats_text
 from tui.state import STYLES, HostState, HostStatus, RunState, RunStatus

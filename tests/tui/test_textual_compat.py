@@ -8,9 +8,20 @@ CHECKED_ON.
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import functools
+import gc
+import importlib
+import inspect
+import pkgutil
+import re
 import sys
+import textwrap
+import weakref
 from importlib.metadata import version
+from importlib.util import find_spec
+from pathlib import Path
 
 import pytest
 from rich.color import ColorSystem
@@ -23,13 +34,17 @@ from textual.command import CommandPalette as TextualCommandPalette
 from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.strip import Strip
-from textual.widgets import Button, Footer
+from textual.widgets import Button, DataTable, Footer
 from textual.widgets.option_list import Option
 from textual_serve.app_service import AppService
 from textual_serve.download_manager import DownloadManager
 
+import tui
+from scripts.sample import feed, make_app
 from tui import textual_compat
 from tui.screens.palette import CommandPalette
+from tui.widgets import footer as footer_module
+from tui.widgets.footer import Footer as TracksideFooter
 
 
 def test_checked_on_the_installed_versions():
@@ -38,6 +53,97 @@ def test_checked_on_the_installed_versions():
         f"Textual is now {installed}; tui/textual_compat.py's touches were checked on "
         f"{textual_compat.CHECKED_ON}: re-check each against the new source, then move CHECKED_ON"
     )
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# Every private name of Textual's (or textual-serve's) the dashboard reaches: each in
+# tui/textual_compat.py, which says why and what breaks without it. (Two more touches use
+# public names in ways Textual did not offer: the escape cache's size, and which of
+# Textual's files an error was raised in.)
+TOUCHES = {
+    "_handle_exception",  # TextualErrorHook: an error inside Textual asks the app first
+    "_action_command_list", "_select_or_command",  # CommandPaletteFixes: two palette crashes
+    "_driver",  # write_to_terminal: an alert's desktop notification
+    "textual.widgets._footer",  # footer_key: the footer's keys, Textual's widget
+    "_textual_on",  # is_on_handler: guard.py leaves an @on handler as written
+    "_process",  # app_service_process: a served dashboard that will not quit is killed
+}
+PRIVATE = re.compile(r"^_{1,2}[a-z]\w*(?<!__)$")  # not a dunder
+
+
+def framework_privates() -> set[str]:
+    """The private names Textual's and textual-serve's sources define or look up by name."""
+    names = set()
+    for package in ("textual", "textual_serve"):
+        for path in Path(find_spec(package).origin).parent.rglob("*.py"):
+            text = path.read_text(encoding="utf-8")
+            names.update(re.findall(r"\bdef (_[a-z]\w*)", text))
+            names.update(re.findall(r"\bself\.(_[a-z]\w*)\s*(?::[^=\n]*)?=", text))
+            names.update(re.findall(r"^\s+(_[a-z]\w*)\s*[:=]", text, re.M))
+            names.update(re.findall(r"""["'](_{1,2}[a-z]\w*)["']""", text))
+    return {name for name in names if not name.endswith("__")}
+
+
+def reached(framework: set[str]) -> set[tuple[str, str]]:
+    """(file, name) for each private name of the framework's that tui/ reaches on another
+    object (`app._driver`, `getattr(x, "_process")`) or imports from a private module."""
+    found = set()
+    for path in sorted((ROOT / "tui").rglob("*.py")):
+        where = str(path.relative_to(ROOT))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in framework and not (
+                    isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):  # fmt: skip
+                found.add((where, node.attr))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in framework:
+                found.add((where, node.value))
+            elif isinstance(node, ast.ImportFrom) and node.module and any(PRIVATE.match(p) for p in node.module.split(".")):
+                found.add((where, node.module))
+    return found
+
+
+@functools.cache
+def source_of(cls) -> str:
+    return inspect.getsource(cls)
+
+
+@functools.cache
+def privates_of(base) -> set[str]:
+    """A framework class's private attributes and methods, and what it sets on self."""
+    names = {name for name in vars(base) if PRIVATE.match(name)}
+    return names | set(re.findall(r"self\.(_[a-z]\w*)\s*(?::[^=\n]*)?=", source_of(base)))
+
+
+def overridden() -> set[tuple[str, str]]:
+    """(file, name) for each private name of a Textual class that a class of ours, or a
+    mixin of ours beside it, defines or sets on self: an override of Textual's internals,
+    meant or by a clash of names."""
+    def framework(cls) -> bool:
+        return cls.__module__.split(".")[0] in ("textual", "textual_serve")
+
+    found = set()
+    modules = [importlib.import_module(m.name) for m in pkgutil.walk_packages(tui.__path__, "tui.")]
+    for module in modules:
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__ or not any(framework(base) for base in cls.__mro__):
+                continue
+            private = set().union(*map(privates_of, filter(framework, cls.__mro__)))
+            for ours in (c for c in cls.__mro__ if c.__module__.startswith("tui.")):
+                source = source_of(ours)
+                body = ast.parse(textwrap.dedent(source)).body[0].body
+                names = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                names |= {t.id for n in body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                          for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}  # fmt: skip
+                names |= set(re.findall(r"self\.(_[a-z]\w*)", source))
+                where = str(Path(inspect.getsourcefile(ours)).relative_to(ROOT))
+                found.update((where, name) for name in names & private)
+    return found
+
+
+def test_every_touch_of_textuals_internals_is_one_of_textual_compats():
+    framework = framework_privates()
+    assert {"_driver", "_handle_exception", "_bindings_ready", "__watchers"} <= framework  # the walk reads them
+    touches = reached(framework) | overridden()
+    assert touches == {("tui/textual_compat.py", name) for name in TOUCHES}
 
 
 class Hooked(textual_compat.TextualErrorHook, App):
@@ -141,27 +247,40 @@ class WithFooter(App):
         yield Footer()
 
 
-async def test_the_footers_keys_readiness_and_replaced_watchers():
-    assert not textual_compat.footer_bindings_ready(Footer())  # not mounted: not ready
+async def test_the_footers_key_is_the_one_textuals_footer_makes():
     app = WithFooter()
     async with app.run_test() as pilot:
         await pilot.pause()
-        footer = app.query_one(Footer)
-        assert textual_compat.footer_bindings_ready(footer)
-        keys = [w for w in footer.children if textual_compat.is_footer_key(w)]
+        keys = app.query_one(Footer).children
         assert [key.action for key in keys] == ["kill", "edit", "command_palette"]
-        for _ in range(3):
-            footer.refresh(recompose=True)
+        assert all(type(key) is textual_compat.footer_key() for key in keys)
+
+
+async def test_a_recomposed_footer_keeps_no_replaced_key_alive():
+    """Textual's Footer binds each key's style to itself (data_bind), and that watcher kept
+    every replaced key alive until the footer's style next changed (Textualize/textual#6666):
+    moving the cursor between a host and a run, which enables and dims `k`, grew the app."""
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await feed(pilot)
+        footer = app.screen.query_one(TracksideFooter)
+        table = app.screen.query_one(DataTable)
+        replaced = [weakref.ref(key) for key in footer.children]
+        for row in (0, 1, 0, 1):  # a host row (k dimmed), the run's row (k enabled)
+            table.move_cursor(row=row)
             await pilot.pause()
-        watchers = getattr(footer, "__watchers")["compact"]
-        assert any(not node.is_attached for node, _ in watchers)  # Textualize/textual#6666
-        textual_compat.drop_detached_watchers(footer, "compact")
-        assert watchers and all(node.is_attached for node, _ in getattr(footer, "__watchers")["compact"])
-    # Another shape of the store: left as it is, nothing raised.
-    odd = Footer()
-    setattr(odd, "__watchers", {"compact": [("not", "a", "pair")]})
-    textual_compat.drop_detached_watchers(odd, "compact")
-    assert getattr(odd, "__watchers")["compact"] == [("not", "a", "pair")]
+        assert not any(ref() in footer.children for ref in replaced)  # the keys were replaced
+        gc.collect()
+        assert [ref() for ref in replaced if ref() is not None] == []
+
+
+async def test_without_textuals_key_widget_the_footer_is_textuals(monkeypatch):
+    monkeypatch.setattr(footer_module, "FooterKey", None)
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        footer = app.screen.query_one(TracksideFooter)
+        assert [key.action for key in footer.children][:2] == ["kill", "edit"]
 
 
 def test_on_handlers_are_told_apart():

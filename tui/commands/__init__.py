@@ -6,7 +6,8 @@ its key do the same thing; `tui/cli.py` hands each subcommand to its module.
 - `dashboard`: `trackside [--config PATH]` and `trackside demo`
 - `headless`: `launch|runs|gpus|kill|relaunch`, their shared flags and exit codes, with
   `launch` (launch, relaunch), `runs`, `gpus` and `kill` for each one's own
-- `watch`, `plot`, `serve`: `trackside watch|plot|serve`
+- `watch`, `plot`, `serve`: `trackside watch|plot|serve`; `served`: the dashboard one
+  browser page of `serve` runs (the server's child, which dies with it)
 - `shared`: the parser whose errors are usage errors, and aligned columns
 """
 

@@ -62,10 +62,10 @@ def is_loopback(host: str) -> bool:
 
 
 def app_command(config: str | None, read_only: bool) -> str:
-    """What each browser connection runs: this Python's dashboard (tui/serve/app.py),
+    """What each browser connection runs: this Python's dashboard (tui/commands/served.py),
     under textual-serve's web driver. `exec`, so the dashboard is the server's own child
     (no shell between), which it does not outlive."""
-    argv = [sys.executable, "-m", "tui.serve.app"]
+    argv = [sys.executable, "-m", "tui.commands.served"]
     if config:
         argv += ["--config", os.path.abspath(os.path.expanduser(config))]
     if read_only:

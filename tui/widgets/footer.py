@@ -5,6 +5,8 @@ Textual's Footer recomposes on every `refresh_bindings`, and the dashboard refre
 bindings on every poll (a listing may enable or disable `k`). Each recompose replaced
 ~12 key widgets, and the replaced ones stayed alive through their `data_bind` watcher on
 the footer (Textualize/textual#6666): 25 widgets a second, the app's largest memory leak.
+Here the footer recomposes only when its keys change, and makes its keys itself, each in
+the footer's style, with no watcher on the footer to outlive it.
 
 Textual's footer scrolls its keys under the palette key docked at its right: at 160
 columns the run screen's fourteen keys lost `q Quit` under `^p palette`, and narrower a
@@ -12,9 +14,8 @@ key was cut mid-word. When the keys in the full style would not fit, the footer 
 Textual's compact style (one cell less per key), which holds them at 160; narrower still,
 it leaves keys out whole, in the order of `tui.keys.FOOTER_FIRST`.
 
-The workarounds read Textual internals (through `tui.textual_compat`: whether the
-bindings are ready, the watchers store, the keys' class); each is written so that a
-Textual without them loses the workaround, not the footer.
+The keys are Textual's own widget (FooterKey, which textual.widgets does not export:
+`tui.textual_compat.footer_key`), so they look and click as Textual's footer's do.
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ from textual.widgets import Label
 
 from tui.guard import Guarded
 from tui.keys import FOOTER_FIRST
-from tui.textual_compat import drop_detached_watchers, footer_bindings_ready, is_footer_key
+from tui.textual_compat import footer_key
 
 # Cells a key takes beside its key and description: the full style pads the key a cell
 # each side and the description one after; the compact one has one space and one margin.
 FULL_CELLS, COMPACT_CELLS = 3, 2
 PALETTE_CELLS = 3  # its left border, the space after its key, its right padding
+FooterKey = footer_key()
 
 
 class Footer(Guarded, TextualFooter):
@@ -46,18 +48,38 @@ class Footer(Guarded, TextualFooter):
     _shown: tuple | None = None  # what the keys showed at the last recompose
 
     def compose(self) -> ComposeResult:
+        # Not Textual's compose: it binds each key's `compact` to this footer (data_bind),
+        # and that watcher keeps a replaced key alive (Textualize/textual#6666).
+        if FooterKey is None:  # a Textual without it: its own footer
+            yield from super().compose()
+            return
         compact, shown = self._plan()
         self.compact = compact
-        keys = 0
-        for widget in super().compose():
-            if is_footer_key(widget) and widget.action not in shown and not widget.has_class("-command-palette"):
-                continue
-            keys += 1
-            yield widget
+        try:
+            active = self.screen.active_bindings
+        except NoScreen:
+            return
+        keys, made = 0, set()
+        for _, binding, enabled, tooltip in active.values():
+            if binding.show and binding.action in shown and binding.action not in made:
+                made.add(binding.action)  # one key an action, the first bound, as Textual's
+                keys += 1
+                key = FooterKey(binding.key, self.app.get_key_display(binding), binding.description, binding.action,
+                                disabled=not enabled, tooltip=tooltip)  # fmt: skip
+                key.set_reactive(FooterKey.compact, compact)
+                key.set_class(compact, "-compact")  # what its watcher of `compact` does, once mounted
+                yield key
+        self.styles.grid_size_columns = keys
+        palette = active.get(self.app.COMMAND_PALETTE_BINDING) if self.show_command_palette and self.app.ENABLE_COMMAND_PALETTE else None
+        if palette is not None:
+            _, binding, enabled, _ = palette
+            # In Textual's footer too the palette key keeps its own style (compact), unbound.
+            yield FooterKey(binding.key, self.app.get_key_display(binding), binding.description, binding.action,
+                            classes="-command-palette", disabled=not enabled, tooltip=binding.tooltip or binding.description)  # fmt: skip
         # A read-only dashboard (`trackside serve --read-only`) says so where the missing
-        # keys would be; not before the keys are ready, when the footer is empty.
+        # keys would be.
         if keys and self.app.read_only:
-            self.styles.grid_size_columns = (self.styles.grid_size_columns or 0) + 1
+            self.styles.grid_size_columns = keys + 1
             yield Label("read-only: no kill, edit, relaunch, attach", classes="read-only")
 
     def _keys(self) -> tuple | None:
@@ -101,19 +123,10 @@ class Footer(Guarded, TextualFooter):
         if not self.is_attached:
             return
         keys = self._keys()
-        if keys is None:
-            return
-        # Until Textual says the bindings are ready its compose yields nothing: never
-        # remember that empty footer as the keys' picture.
-        if not footer_bindings_ready(self):
-            return await super().recompose()
-        if keys == self._shown:
+        if keys is None or keys == self._shown:
             return
         self._shown = keys
         await super().recompose()
-        # The replaced keys' data_bind watchers stay on this footer until `compact`
-        # changes (Textualize/textual#6666): dropped, as Textual's own check would.
-        drop_detached_watchers(self, "compact")
 
     async def on_resize(self, event: events.Resize) -> None:
         await self.recompose()  # only if the width changed which keys fit

@@ -1,4 +1,4 @@
-"""One browser page's dashboard: `python -m tui.serve.app [--config PATH] [--read-only]`.
+"""One browser page's dashboard: `python -m tui.commands.served [--config PATH] [--read-only]`.
 
 The dashboard of `trackside`, bound to the server that started it. Textual's web driver
 ends its input at EOF but not the app, so a dashboard whose server was killed (-9, or an
