@@ -32,7 +32,9 @@ command -v tmux >/dev/null || { echo "tmux is required for the tests" >&2; exit 
 .venv/bin/lint-imports
 # Three workers on CI's two cores: many tests wait on tmux, sshd and child processes rather
 # than the CPU (docs/testing.md has the timings), and the dashboard's tests then meet the
-# load a busy machine gives them. The slowest start first, one to a worker (pyproject's
-# `--dist worksteal`, tests/conftest.py's order): none is left to start last on a lone worker.
+# load a busy machine gives them. The slowest start first, one to a worker (`--dist
+# worksteal`, tests/conftest.py's order): none is left to start last on a lone worker. Here,
+# not in pyproject's addopts: an install without pytest-xdist (scripts/test_no_extras.sh)
+# runs pytest too.
 # The 25 slowest tests at the end: where a CI run's minutes went.
-exec .venv/bin/python -m pytest -n "${TRACKSIDE_TEST_WORKERS:-3}" --durations=25 "$@"
+exec .venv/bin/python -m pytest -n "${TRACKSIDE_TEST_WORKERS:-3}" --dist worksteal --durations=25 "$@"

@@ -122,6 +122,9 @@ def test_the_trainer_exits_before_its_checkpoint_is_durable_and_resume_waits_for
             # Not caught: the writer had finished, or was stopped before it said it was
             # ready (the trainer then killed it and wrote the checkpoint itself).
             if (ckpt / f"step-{step}").exists():
+                # Its step is in place, but a writer stopped after the rename still holds the
+                # lock (to repoint `latest`): the resume would wait its 120 s and give up.
+                signal_writer(writer, signal.SIGCONT)
                 proc = resumes_at(run_dir, environ, step)
                 continue
             assert staged_step(run_dir) == step
