@@ -73,8 +73,6 @@ class TracksideApp(ErrorPolicy, RunActions, AttachAction, App):
     pending = property(lambda self: self.store.pending)
     alert_book = property(lambda self: self.store.alert_book)
     alerts = property(lambda self: self.store.alerts)
-    kill_alerts = property(lambda self: self.store.kill_alerts)
-    stopped_runs = property(lambda self: self.store.stopped_runs)
 
     def __init__(
         self,
@@ -161,11 +159,6 @@ class TracksideApp(ErrorPolicy, RunActions, AttachAction, App):
         lines = self.store.console_batch(message.key, message.lines)
         if lines is not None:
             self._changed(run=message.key, lines=lines)
-
-    def home_of(self, info: runs.RunInfo) -> str:
-        """The host a run is filed under (`Store.home_of`): the operator's actions file a
-        run they launched by it."""
-        return self.store.home_of(info)
 
     def read_overlays(self, key: str, picked: str | None = None) -> None:
         """Read, in a worker, what run `key`'s chart draws behind it: its parent's and
@@ -362,12 +355,12 @@ class TracksideApp(ErrorPolicy, RunActions, AttachAction, App):
         self.push_screen(RunScreen(key, focus_log=focus_log))
 
     def select(self, key: str) -> None:
-        self.store.selected.add(key)
+        self.store.selected_run(key)
         if run := self.runs.get(key):
             self._follow_runs(run.host)
 
     def deselect(self, key: str) -> None:
-        self.store.selected.discard(key)
+        self.store.deselected_run(key)
         if run := self.runs.get(key):
             self._follow_runs(run.host)
 

@@ -15,12 +15,11 @@ from textual.app import App
 from textual.worker import Worker
 
 from backends import kill, runs
-from backends.alerts import kill_alert
 from backends.relaunch import relaunch
 from backends.ship.deliver import Delivery, Sent
 from tui.guard import Guarded
 from tui.screens.run import RunScreen
-from tui.state import RunState, run_key
+from tui.state import RunState
 
 QUIT_AGAIN_S = 5.0  # a second q within this quits while a kill is under way
 PLAN_KILL, KILL, RELAUNCH = "plan-kill", "kill", "relaunch"
@@ -157,23 +156,18 @@ class RunActions(Guarded):
             self.notify(f"cannot compare {run.key}'s code with the code here: {error}", severity="error", timeout=10)
             return
 
-        def confirm_kill(delivery: Delivery | None) -> None:
-            asked = KillConfirm(run.key, plan, self.pending.get(run.key, {}) if relaunch else None, resumable=can_resume(run))
+        delivery = None
+        if offer is not None:
+            from tui.screens.ship import SHIP, ShipRelaunch
 
-            def answered(yes: bool | None) -> None:
-                if yes:
-                    self.in_flight.start(KILL, run.key, self._kill(run, plan, relaunch, delivery, asked.resume))
-
-            self.push_screen(asked, answered)
-
-        if offer is None:
-            confirm_kill(None)
-            return
-        from tui.screens.ship import SHIP, ShipRelaunch
-
-        delivery, differing = offer
-        self.push_screen(ShipRelaunch(run.key, differing),
-                         lambda answer: confirm_kill(delivery if answer == SHIP else None) if answer else None)  # fmt: skip
+            offered, differing = offer
+            answer = await self.push_screen_wait(ShipRelaunch(run.key, differing))
+            if not answer:
+                return
+            delivery = offered if answer == SHIP else None
+        asked = KillConfirm(run.key, plan, self.pending.get(run.key, {}) if relaunch else None, resumable=can_resume(run))
+        if await self.push_screen_wait(asked):
+            self.in_flight.start(KILL, run.key, self._kill(run, plan, relaunch, delivery, asked.resume))
 
     async def _ship_offer(self, run: RunState) -> tuple[Delivery, list[tuple[str, list[str]]]] | None:
         """For R on a run that shipped or synced code, or on a host that ships by default:
@@ -206,8 +200,7 @@ class RunActions(Guarded):
         self.notify(f"stopping {run.key}…", timeout=3)
         if relaunch:
             self.relaunch_words[run.key] = "relaunch: once the run has stopped", False
-        self.alert_book.stopped(run.key)
-        self.stopped_runs.add(run.key)
+        self.store.kill_started(run.key)
         signalled = time.monotonic()
 
         # Our trainer on one host, with no synced directory to swap under a process still
@@ -232,21 +225,10 @@ class RunActions(Guarded):
             report = await kill.kill_run(watched.host, plan, grace_s=self.grace_s, smi=watched.smi, on_released=released,
                                          on_signalled=relaunch_now if early else None)  # fmt: skip
         except Exception as error:
-            # Marked before the kill so that the end it causes raises nothing; a kill that
-            # failed answers for nothing: the run's own end must still be told.
-            self.alert_book.stop_failed(run.key)
-            self.stopped_runs.discard(run.key)
+            self.store.kill_failed(run.key)
             self.notify(f"could not kill {run.key}: {error}", severity="error", timeout=10)
             return
-        run.stopped_here = True
-        # Memory still held is said per host: a multi-node run's other nodes report their own.
-        for part in (report, *report.nodes):
-            where = run.key if part is report else f"{run.key} on {part.host}"
-            alert = kill_alert(where, part)
-            if alert:
-                self.kill_alerts[alert.key] = alert
-            else:
-                self.kill_alerts.pop(f"held:{where}", None)
+        self.store.killed(run.key, report)
         for name in run.hosts:
             self._poll_runs(name)
         # The report says what the stop's toasts said as it went ("stopping…", "the
@@ -286,11 +268,8 @@ class RunActions(Guarded):
             self.notify(f"cannot list {run.key}'s processes: {error}", severity="error", timeout=10)
             return
 
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.in_flight.start(RELAUNCH, run.key, self._relaunch(run))
-
-        self.push_screen(relaunch_question(run.key, plan), answered)
+        if await self.push_screen_wait(relaunch_question(run.key, plan)):
+            self.in_flight.start(RELAUNCH, run.key, self._relaunch(run))
 
     async def _relaunch(self, run: RunState, sent: Sent | None = None, resume: bool = False,
                         after_pids: list[int] | None = None) -> None:
@@ -314,7 +293,7 @@ class RunActions(Guarded):
             self._tell_relaunch(run.key, f"could not relaunch {run.key}: {error}", failed=True, timeout=10)
             return
         new = self._show_relaunched(run, info)
-        self.pending.pop(run.key, None)
+        self.store.relaunched(run.key)
         said = "; ".join(filter(None, [info.judged, info.session_note]))
         self._tell_relaunch(run.key, f"relaunched as {new.key}" + (f": {said}" if said else ""), timeout=5, title="relaunch")
 
@@ -328,14 +307,11 @@ class RunActions(Guarded):
 
     def _adopt(self, info) -> RunState:
         """A run this app just launched: known before the next listing, and followed."""
-        home = self.home_of(info)
-        key = run_key(home, info)
-        run = self.runs.setdefault(key, RunState(key, info.host, info, home=home))
-        run.info = info
-        self.select(key)
+        run = self.store.adopted(info)
+        self.select(run.key)
         for name in run.hosts:
             self._poll_runs(name)
-        self._changed(host=info.host, run=key)
+        self._changed(host=info.host, run=run.key)
         return run
 
     def _poll_runs(self, host_name: str) -> None:
@@ -364,13 +340,15 @@ class RunActions(Guarded):
         if run is None:
             return
 
-        def keep(changes: dict | None) -> None:
-            if changes is None:
-                return
-            self.pending[run.key] = changes
-            if changes:
-                diff = ", ".join(f"{k} {run.params.get(k)} → {v}" for k, v in changes.items())
-                self.notify(f"{diff}: press r to relaunch with it", title="edited")
-            self._changed(run=run.key)
+        self.run_worker(self._edit(run, EditScreen(run, self.hosts[run.host], self.pending.get(run.key, {}))),
+                        group="dialogs", exit_on_error=False)  # fmt: skip
 
-        self.push_screen(EditScreen(run, self.hosts[run.host], self.pending.get(run.key, {})), keep)
+    async def _edit(self, run: RunState, form) -> None:
+        changes = await self.push_screen_wait(form)
+        if changes is None:
+            return
+        self.store.edited(run.key, changes)
+        if changes:
+            diff = ", ".join(f"{k} {run.params.get(k)} → {v}" for k, v in changes.items())
+            self.notify(f"{diff}: press r to relaunch with it", title="edited")
+        self._changed(run=run.key)

@@ -620,7 +620,7 @@ async def test_R_with_c_relaunches_the_edited_run_from_its_checkpoint_at_80x24(l
     key = f"local/{info.run_id}"
     async with app.run_test(size=(80, 24)) as pilot:
         await open_run_when(pilot, key, lambda run: len(run.steps) >= 2, "the run's steps")
-        app.pending[key] = {"max_seq_len": 192}
+        app.store.edited(key, {"max_seq_len": 192})
         await pilot.press("R")
         dialog = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen.is_mounted and app.screen, 15, "the kill dialog")
         await wait_for(pilot, lambda: "afresh (c: continue from its checkpoint instead)" in plan_shown(dialog), 5, "R's afresh plan")
@@ -659,7 +659,7 @@ async def test_R_starts_the_new_trainer_while_the_old_one_stops_at_80x24(local_h
     [trainer] = map(int, subprocess.run(["pgrep", "-P", str(info.pids[0])], capture_output=True, text=True).stdout.split())
     async with app.run_test(size=(80, 24)) as pilot:
         await open_run_when(pilot, key, lambda run: run.steps, "the run's steps")
-        app.pending[key] = {"max_seq_len": 192}
+        app.store.edited(key, {"max_seq_len": 192})
         os.kill(trainer, signal.SIGSTOP)
         try:
             await kill_confirmed(pilot, "R")
