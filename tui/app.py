@@ -31,7 +31,7 @@ from backends.ship.deliver import Delivery
 from training.contract import local_runs_root
 from tui.alerts import announce
 from tui.escape_cache import bound_escape_cache
-from tui.guard import ErrorPolicy, error_log_path
+from tui.guard import RAISE_ERRORS_ENV, ErrorPolicy, error_log_path
 from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS, action_allowed, refusal
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, OverlaysRead, RunsListed
 from tui.monitor import HostMonitor
@@ -87,8 +87,11 @@ class TracksideApp(ErrorPolicy, RunActions, AttachAction, App):
         alert_command: list[str] | None = None,
         alert_timeout_s: float = COMMAND_TIMEOUT_S,
         read_only: bool = False,
+        raise_errors: bool | None = None,
     ) -> None:
         super().__init__()
+        # The tests' mode (tui.guard): an unexpected error ends the app with its traceback.
+        self.raise_errors = os.environ.get(RAISE_ERRORS_ENV) == "1" if raise_errors is None else raise_errors
         self.read_only = read_only
         if read_only:
             self.title = f"{self.TITLE} (read-only)"
