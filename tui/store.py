@@ -3,8 +3,9 @@ with no Textual in it.
 
 The app (tui/app.py) hands each message's fields to a transition here, then repaints and
 speaks from what the transition returns; screens read `hosts`, `runs` and `alerts`, the
-operator's actions (tui/run_actions.py) `pending`, `kill_alerts` and `stopped_runs`. Plain
-data in, plain data out: a transition is read, and tested, without an app.
+operator's actions (tui/run_actions.py) `pending`. Every change is a transition, named
+for what happened (tests/tui/test_store_writes.py holds every other module to reading).
+Plain data in, plain data out: a transition is read, and tested, without an app.
 """
 
 from __future__ import annotations

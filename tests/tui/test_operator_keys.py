@@ -61,7 +61,7 @@ async def test_relaunch_of_a_running_run_asks_first_naming_it_and_no_launches_no
     async def read_plan(run):  # the sample's host is a stand-in: its plan as `k` shows it
         return kill_plan()
 
-    app._read_plan = read_plan
+    app.actions._read_plan = read_plan
     async with app.run_test(size=(160, 48)) as pilot:
         await on_run(pilot)
         await pilot.press("r")
@@ -445,7 +445,7 @@ async def test_R_again_while_the_run_is_being_stopped_relaunches_it_once(local_h
         assert len(children(app, info)) == 1, sorted(app.runs)
         # The relaunch says how its start was judged: by the trainer's start event (in the
         # kill report where that is open, else in a toast).
-        said, failed = await wait_for(pilot, lambda: app.relaunch_words[key][0].startswith("relaunched as") and app.relaunch_words[key],
+        said, failed = await wait_for(pilot, lambda: app.actions.relaunch_words[key][0].startswith("relaunched as") and app.actions.relaunch_words[key],
                                       30, "the relaunch's word")  # fmt: skip
         assert not failed and "start event came" in said, said
 
