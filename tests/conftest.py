@@ -42,6 +42,11 @@ def pytest_configure(config):
         OWN["made"] = home  # removed by this process; a worker's is its controller's
     OWN.update(HOME=home, TMUX_TMPDIR=tempfile.mkdtemp(prefix="ts-tmux-", dir="/tmp"))  # a socket's path fits in 107 bytes
     os.environ.update({"HOME": OWN["HOME"], OWN_HOME: OWN["HOME"], "TMUX_TMPDIR": OWN["TMUX_TMPDIR"]})
+    # The dashboard's tests' mode: an unexpected error ends the app, and its test fails on
+    # the traceback (tui.guard); the tests of surviving one say raise_errors=False.
+    from tui.guard import RAISE_ERRORS_ENV
+
+    os.environ[RAISE_ERRORS_ENV] = "1"
     for name in ("TMUX", "TMUX_PANE", "TRACKSIDE_RUNS_ROOT", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
         os.environ.pop(name, None)
 

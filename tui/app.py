@@ -31,7 +31,7 @@ from backends.ship.deliver import Delivery
 from training.contract import local_runs_root
 from tui.alerts import announce
 from tui.escape_cache import bound_escape_cache
-from tui.guard import ErrorPolicy, error_log_path
+from tui.guard import RAISE_ERRORS_ENV, ErrorPolicy, error_log_path
 from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS, action_allowed, refusal
 from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, OverlaysRead, RunsListed
 from tui.monitor import HostMonitor
@@ -62,7 +62,7 @@ class Demo:
     params: dict = field(default_factory=dict)
 
 
-class TracksideApp(ErrorPolicy, RunActions, AttachAction, App):
+class TracksideApp(ErrorPolicy, App):
     CSS_PATH = "trackside.tcss"
     TITLE = "trackside"
     BINDINGS = KEYS
@@ -73,8 +73,6 @@ class TracksideApp(ErrorPolicy, RunActions, AttachAction, App):
     pending = property(lambda self: self.store.pending)
     alert_book = property(lambda self: self.store.alert_book)
     alerts = property(lambda self: self.store.alerts)
-    kill_alerts = property(lambda self: self.store.kill_alerts)
-    stopped_runs = property(lambda self: self.store.stopped_runs)
 
     def __init__(
         self,
@@ -89,8 +87,11 @@ class TracksideApp(ErrorPolicy, RunActions, AttachAction, App):
         alert_command: list[str] | None = None,
         alert_timeout_s: float = COMMAND_TIMEOUT_S,
         read_only: bool = False,
+        raise_errors: bool | None = None,
     ) -> None:
         super().__init__()
+        # The tests' mode (tui.guard): an unexpected error ends the app with its traceback.
+        self.raise_errors = os.environ.get(RAISE_ERRORS_ENV) == "1" if raise_errors is None else raise_errors
         self.read_only = read_only
         if read_only:
             self.title = f"{self.TITLE} (read-only)"
@@ -108,6 +109,9 @@ class TracksideApp(ErrorPolicy, RunActions, AttachAction, App):
                 name: HostMonitor(self, w.host, smi=w.smi, interval=poll_interval, clock=clock)
                 for name, w in self.watched.items()
             }
+        # The operator's actions, each given this app (their Protocols say what they use).
+        self.actions = RunActions(self)
+        self.attacher = AttachAction(self)
         local = next((w.host for w in watched if w.host.is_local), None)
         self.error_log = error_log_path(local.runs_root if local else local_runs_root())
 
@@ -130,24 +134,24 @@ class TracksideApp(ErrorPolicy, RunActions, AttachAction, App):
         self.set_interval(1.0, self._tick)
         if self.demo is not None:
             self.push_screen(RunScreen(None, waiting=f"starting the demo run in tmux session {self.demo.session}…"))
-            self.run_worker(self._launch_demo(), group="actions", exit_on_error=False)
+            self.run_worker(self.actions.launch_demo(), group="actions", exit_on_error=False)
 
     # --- state from messages: the store's transitions, then what the app says of them --
 
     def on_gpus_polled(self, message: GpusPolled) -> None:
         self._host_back(message.host, self.store.gpus_polled(message.host, message.snapshot, message.time))
-        self._changed(host=message.host)
+        self.changed(host=message.host)
 
     def on_host_failed(self, message: HostFailed) -> None:
         self.store.host_failed(message.host, message.status, message.message)
-        self._changed(host=message.host)
+        self.changed(host=message.host)
 
     def on_runs_listed(self, message: RunsListed) -> None:
         self._host_back(message.host, self.store.runs_listed(message.host, message.runs, message.time))
         # Every host's: a multi-node run's metrics move to the node found to hold rank 0.
         for name in self.monitors:
             self._follow_runs(name)
-        self._changed(host=message.host)
+        self.changed(host=message.host)
 
     def _host_back(self, name: str, back: bool) -> None:
         if back:
@@ -155,17 +159,12 @@ class TracksideApp(ErrorPolicy, RunActions, AttachAction, App):
 
     def on_metrics_batch(self, message: MetricsBatch) -> None:
         if self.store.metrics_batch(message.key, message.events, message.garbled):
-            self._changed(run=message.key, events=message.events)
+            self.changed(run=message.key, events=message.events)
 
     def on_console_batch(self, message: ConsoleBatch) -> None:
         lines = self.store.console_batch(message.key, message.lines)
         if lines is not None:
-            self._changed(run=message.key, lines=lines)
-
-    def home_of(self, info: runs.RunInfo) -> str:
-        """The host a run is filed under (`Store.home_of`): the operator's actions file a
-        run they launched by it."""
-        return self.store.home_of(info)
+            self.changed(run=message.key, lines=lines)
 
     def read_overlays(self, key: str, picked: str | None = None) -> None:
         """Read, in a worker, what run `key`'s chart draws behind it: its parent's and
@@ -201,7 +200,7 @@ class TracksideApp(ErrorPolicy, RunActions, AttachAction, App):
 
     def on_overlays_read(self, message: OverlaysRead) -> None:
         if self.store.overlays_read(message.key, message.overlays, message.drop):
-            self._changed(run=message.key)
+            self.changed(run=message.key)
 
     def _follow_runs(self, host_name: str) -> None:
         monitor = self.monitors.get(host_name)
@@ -216,9 +215,11 @@ class TracksideApp(ErrorPolicy, RunActions, AttachAction, App):
 
     def _tick(self) -> None:
         """Once a second: time-based alerts (stall, under-fed) and ages (stale hosts)."""
-        self._changed()
+        self.changed()
 
-    def _changed(self, *, host: str | None = None, run: str | None = None, events=(), lines=()) -> None:
+    def changed(self, *, host: str | None = None, run: str | None = None, events=(), lines=()) -> None:
+        """The state changed (a host's, a run's, or the time): alerts evaluated, the screen
+        in view told."""
         if not self.is_running:
             return  # shutting down: the screens are being taken apart, children first
         self._refresh_alerts()
@@ -264,6 +265,24 @@ class TracksideApp(ErrorPolicy, RunActions, AttachAction, App):
         self.push_screen(make(self.screen))
 
     # --- actions --------------------------------------------------------------------
+
+    async def action_quit(self) -> None:
+        await self.actions.quit()
+
+    def action_kill(self) -> None:
+        self.actions.kill()
+
+    def action_kill_relaunch(self) -> None:
+        self.actions.kill_relaunch()
+
+    def action_relaunch(self) -> None:
+        self.actions.relaunch_run()
+
+    def action_edit(self) -> None:
+        self.actions.edit()
+
+    def action_attach(self) -> None:
+        self.attacher.attach()
 
     def selected_run(self, screen: Screen | None = None) -> RunState | None:
         screen = screen or self.screen
@@ -362,12 +381,12 @@ class TracksideApp(ErrorPolicy, RunActions, AttachAction, App):
         self.push_screen(RunScreen(key, focus_log=focus_log))
 
     def select(self, key: str) -> None:
-        self.store.selected.add(key)
+        self.store.selected_run(key)
         if run := self.runs.get(key):
             self._follow_runs(run.host)
 
     def deselect(self, key: str) -> None:
-        self.store.selected.discard(key)
+        self.store.deselected_run(key)
         if run := self.runs.get(key):
             self._follow_runs(run.host)
 

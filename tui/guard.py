@@ -1,14 +1,17 @@
-"""Unexpected errors in the dashboard's own code become alerts, never a dead dashboard.
+"""What becomes of an unexpected error: one policy, the App's (`ErrorPolicy`).
 
 Textual's answer to an exception in a handler is to exit the app, and the message pump
 that raised stops reading messages for good. An operator about to press the kill key
 needs the dashboard alive, so every handler, action, render and callback of ours is
-wrapped: the error is logged with its traceback (`error_log`) and shown as an alert
-naming where it happened, and the handler returns as if it had done nothing.
+wrapped (`Guarded`) and hands its error to the app's policy: logged with its traceback
+(`error_log`), shown as an alert naming where it happened, and the handler returns as if
+it had done nothing. Exceptions raised inside Textual itself reach Textual's handler
+(`App._handle_exception`), which asks the same policy: it survives those that stop only a
+part of Textual's own and lets Textual exit on the rest, logged.
 
-Exceptions raised inside Textual itself still reach Textual's handler: the app's
-`ErrorPolicy` logs each, survives those that stop only a part of Textual's own, and lets
-Textual exit on the rest.
+The tests' mode (`RAISE_ERRORS_ENV` set to 1, or the app's `raise_errors`) survives
+nothing unexpected: the error goes on to Textual's handler, which ends the app, and a
+Pilot test fails on the traceback instead of reading past an alert.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from textual.worker import Worker, WorkerFailed, WorkerState
 from tui.textual_compat import TextualErrorHook, is_on_handler, raised_in_command_palette
 
 REPORT_EVERY_S = 30.0  # each place and kind of error is shown at most this often
+RAISE_ERRORS_ENV = "TRACKSIDE_RAISE_ERRORS"  # "1": the tests' mode, an unexpected error ends the app
 
 # What Textual calls on our classes: handlers, actions, keys, watchers, renders, and the
 # screens' state hook. Generators (compose) are left alone: a half-composed screen is
@@ -55,11 +59,14 @@ def write_error(path: str, where: str, error: BaseException) -> None:
 
 
 def _report(owner: object, where: str, error: Exception) -> None:
+    """Hand `error` to the app's policy; with no app of ours to tell, it goes on up."""
     try:
         app = owner if isinstance(owner, ErrorPolicy) else owner.app  # type: ignore[attr-defined]
-        app.report_error(where, error)
-    except Exception:
-        pass  # no app to tell (shutting down): the error dies here rather than the app
+    except RuntimeError:  # Textual's NoActiveAppError: the app has closed
+        return  # no app to tell: the error dies here rather than the app
+    if not isinstance(app, ErrorPolicy):
+        raise error
+    app.report_error(where, error)
 
 
 def _fallback(name: str, owner: object, error: Exception):
@@ -143,9 +150,10 @@ class Guarded:
 
 class ErrorPolicy(TextualErrorHook, Guarded):
     """Mixed into the App: what becomes of an error, ours or Textual's. The app sets
-    `error_log`, where the tracebacks go."""
+    `error_log`, where the tracebacks go, and `raise_errors`, the tests' mode."""
 
     error_log: str
+    raise_errors = False
     errors = 0  # unexpected errors caught since start
     textual_errors = 0  # failures inside Textual, survived
 
@@ -154,10 +162,13 @@ class ErrorPolicy(TextualErrorHook, Guarded):
         self._reported: dict[tuple[str, type], float] = {}  # when each cause was last shown
 
     def report_error(self, where: str, error: Exception) -> None:
-        """An error in our own code: logged with its traceback, shown, and survived.
+        """An error in our own code: logged with its traceback, shown, and survived; in the
+        tests' mode, raised on to Textual's handler, which ends the app with it.
 
         A broken render fails on every frame: each place and kind of error is logged and
         shown once per REPORT_EVERY_S, the rest only counted."""
+        if self.raise_errors:
+            raise error
         self.errors += 1
         now, cause = time.monotonic(), (where, type(error))
         if now - self._reported.get(cause, -REPORT_EVERY_S) < REPORT_EVERY_S:
@@ -174,7 +185,7 @@ class ErrorPolicy(TextualErrorHook, Guarded):
 
     def survives_textual_error(self, error: Exception) -> bool:
         # Asked by Textual's own handler (which exits the app). Errors in our code never
-        # get here (the guard above; our workers don't exit on error). A worker of
+        # get here but in the tests' mode (the guard above; our workers don't exit on error). A worker of
         # Textual's own failing (its command palette's search, when the palette closes
         # under it) stops only that worker, no message pump with it: logged, survived.
         # Anything else from inside Textual is logged before Textual exits.
@@ -194,7 +205,8 @@ class ErrorPolicy(TextualErrorHook, Guarded):
             # the app is ending anyway, and ends as it was asked to, not on an error.
             write_error(self.error_log, "Textual, while closing (ignored)", error)
             return True
-        write_error(self.error_log, "Textual", error)
+        # Ours too, in the tests' mode (report_error raised it on).
+        write_error(self.error_log, "unhandled: the app ends", error)
         return False
 
     def push_screen(self, screen, callback=None, *args, **kwargs):

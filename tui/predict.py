@@ -114,7 +114,11 @@ def _memory(basis: Basis, params: dict, gpu_mem_gib: float | None
             largest = memory.largest_fitting(cfg, new.ttt_steps, gpu_mem_gib, shape=new, calibration=calibration)
             fewest = memory.fewest_checkpoint_ttt(cfg, new, gpu_mem_gib, calibration=calibration)
         return peak, largest, fewest, None
-    except Exception:  # an optional estimate: any trouble in it reads as "—", never a crash
+    # The model's refusals: a start event it cannot read (ValueError), values it does not
+    # describe (ValueError, TypeError: the run dir's JSON is anyone's), numbers out of its
+    # range (a zero, an overflow). They read as "—"; anything else is a bug, for the app's
+    # error policy to show.
+    except (ValueError, TypeError, ArithmeticError):
         return None, None, None, None
 
 

@@ -1,26 +1,32 @@
 """The operator's actions on a run — kill (after a confirmed plan), relaunch, edit — and
 the demo's launch: the app's half that reaches hosts (attach: tui/attach_action.py).
 
-Each action that touches a host runs in a worker of the "actions" group and reports back
-as a screen or a notification, so a key never waits on the network.
+A component the app holds, given the app as an `ActionsApp`: what it uses of the app is
+that Protocol, no more; every change of the dashboard's state goes through the app's
+Store. Each action that touches a host runs in a worker of the "actions" group and
+reports back as a screen or a notification, so a key never waits on the network; a
+dialog is awaited in that worker (`push_screen_wait`), read top to bottom.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Coroutine
-from functools import cached_property
+from typing import TYPE_CHECKING, Any, Protocol
 
-from textual.app import App
+from textual.screen import Screen
 from textual.worker import Worker
 
 from backends import kill, runs
-from backends.alerts import kill_alert
 from backends.relaunch import Relaunch, relaunch
 from backends.ship.deliver import Delivery, Sent
-from tui.guard import Guarded
 from tui.screens.run import RunScreen
-from tui.state import RunState, run_key
+from tui.state import RunState
+from tui.store import Store
+
+if TYPE_CHECKING:
+    from tui.app import Demo, Watched
+    from tui.monitor import HostMonitor
 
 QUIT_AGAIN_S = 5.0  # a second q within this quits while a kill is under way
 PLAN_KILL, KILL, RELAUNCH = "plan-kill", "kill", "relaunch"
@@ -39,12 +45,46 @@ def can_resume(run: RunState) -> bool:
     return own_trainer_on_one_host(run) and bool(run.steps)
 
 
+class ActionsApp(Protocol):
+    """What the operator's actions use of the app (tui/app.py's TracksideApp)."""
+
+    store: Store
+    watched: dict[str, Watched]
+    monitors: dict[str, HostMonitor]
+    grace_s: float
+    demo: Demo | None
+    demo_run: runs.RunInfo | None
+
+    @property
+    def screen(self) -> Screen: ...
+
+    def selected_run(self) -> RunState | None: ...
+
+    def shown_screen(self) -> Screen | None: ...
+
+    def select(self, key: str) -> None: ...
+
+    def changed(self, *, host: str | None = None, run: str | None = None) -> None: ...
+
+    def notify(self, message: str, *, title: str = "", **kwargs: Any) -> None: ...
+
+    def clear_notifications(self) -> None: ...
+
+    def push_screen(self, screen: Screen) -> Any: ...
+
+    async def push_screen_wait(self, screen: Screen) -> Any: ...
+
+    def run_worker(self, work: Coroutine, *, name: str = "", group: str = "default", exit_on_error: bool = True) -> Worker: ...
+
+    def exit(self) -> None: ...
+
+
 class InFlight:
     """The operator's actions under way, each known by what it does and to which run
     (`kill`, a run's key) from the moment it is started until its worker is done: the
     guard of an action done once, and what q warns of."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: ActionsApp) -> None:
         self.app = app
         self._workers: dict[tuple[str, str], Worker] = {}
 
@@ -62,21 +102,20 @@ class InFlight:
         return [key for (doing, key), worker in self._workers.items() if doing == action and not worker.is_finished]
 
 
-class RunActions(Guarded):
-    """Mixed into TracksideApp, whose state (watched hosts, runs, pending edits, alert
-    book, monitors) these actions read and change."""
+class RunActions:
+    """The operator's actions, on the app they are given; its keys call the public ones."""
 
-    _quit_asked = float("-inf")  # when q last met a kill under way
+    def __init__(self, app: ActionsApp) -> None:
+        self.app = app
+        self.in_flight = InFlight(app)
+        # Each run's relaunch's latest word and whether it failed: what R's kill report
+        # says of it, read when the report opens and updated while it is open.
+        self.relaunch_words: dict[str, tuple[str, bool]] = {}
+        self._quit_asked = float("-inf")  # when q last met a kill under way
 
-    @cached_property
-    def in_flight(self) -> InFlight:
-        return InFlight(self)
-
-    @cached_property
-    def relaunch_words(self) -> dict[str, tuple[str, bool]]:
-        """Each run's relaunch's latest word and whether it failed: what R's kill report
-        says of it, read when the report opens and updated while it is open."""
-        return {}
+    @property
+    def watched(self) -> dict[str, Watched]:
+        return self.app.watched
 
     def _tell_relaunch(self, key: str, said: str, *, failed: bool = False, timeout: float, title: str = "") -> None:
         """A relaunch's word: in the kill report of its run where that is open (a toast
@@ -84,31 +123,31 @@ class RunActions(Guarded):
         from tui.screens.kill import KillReportScreen
 
         self.relaunch_words[key] = said, failed
-        if isinstance(self.screen, KillReportScreen) and self.screen.key == key:
-            self.screen.relaunch_said(said, failed)
+        if isinstance(self.app.screen, KillReportScreen) and self.app.screen.key == key:
+            self.app.screen.relaunch_said(said, failed)
         else:
-            self.notify(said, severity="error" if failed else "information", timeout=timeout, title=title)
+            self.app.notify(said, severity="error" if failed else "information", timeout=timeout, title=title)
 
-    async def action_quit(self) -> None:
+    async def quit(self) -> None:
         # Quitting ends the kill under way between its SIGTERM and its SIGKILL: a run that
         # ignores SIGTERM would live on, its release never checked. Said first; q again
         # within 5 s quits anyway.
         stopping = self.in_flight.keys(KILL)
         if stopping and time.monotonic() - self._quit_asked > QUIT_AGAIN_S:
             self._quit_asked = time.monotonic()
-            self.notify(f"stopping {', '.join(stopping)} is under way (its SIGKILL and release check would not happen): "
+            self.app.notify(f"stopping {', '.join(stopping)} is under way (its SIGKILL and release check would not happen): "
                         "q again to quit anyway", severity="warning", timeout=QUIT_AGAIN_S)  # fmt: skip
             return
-        self.exit()
+        self.app.exit()
 
-    def action_kill(self) -> None:
+    def kill(self) -> None:
         self._confirm_kill(relaunch=False)
 
-    def action_kill_relaunch(self) -> None:
+    def kill_relaunch(self) -> None:
         self._confirm_kill(relaunch=True)
 
     def _confirm_kill(self, *, relaunch: bool) -> None:
-        run = self.selected_run()
+        run = self.app.selected_run()
         if run is None:
             return
         # One dialog at a time: keys that come while the plan is still being read (a double
@@ -124,7 +163,7 @@ class RunActions(Guarded):
     def _being_stopped(self, run: RunState) -> bool:
         """Whether a kill of this run is under way (and say so)."""
         if self.in_flight.under_way(KILL, run.key):
-            self.notify(f"{run.key} is being stopped", timeout=4)
+            self.app.notify(f"{run.key} is being stopped", timeout=4)
             return True
         return False
 
@@ -145,35 +184,30 @@ class RunActions(Guarded):
         try:
             plan = await self._read_plan(run)
         except kill.KillError as refused:  # our own session, a run that ended meanwhile, a gone one
-            self.notify(str(refused), severity="warning", timeout=8)
+            self.app.notify(str(refused), severity="warning", timeout=8)
             return
         except Exception as error:
-            self.notify(f"cannot list {run.key}'s processes: {error}", severity="error", timeout=10)
+            self.app.notify(f"cannot list {run.key}'s processes: {error}", severity="error", timeout=10)
             return
 
         try:
             offer = await self._ship_offer(run) if relaunch else None
         except Exception as error:  # a tree over its cap, a host that cannot be listed: nothing is stopped
-            self.notify(f"cannot compare {run.key}'s code with the code here: {error}", severity="error", timeout=10)
+            self.app.notify(f"cannot compare {run.key}'s code with the code here: {error}", severity="error", timeout=10)
             return
 
-        def confirm_kill(delivery: Delivery | None) -> None:
-            asked = KillConfirm(run.key, plan, self.pending.get(run.key, {}) if relaunch else None, resumable=can_resume(run))
+        delivery = None
+        if offer is not None:
+            from tui.screens.ship import SHIP, ShipRelaunch
 
-            def answered(yes: bool | None) -> None:
-                if yes:
-                    self.in_flight.start(KILL, run.key, self._kill(run, plan, relaunch, delivery, asked.resume))
-
-            self.push_screen(asked, answered)
-
-        if offer is None:
-            confirm_kill(None)
-            return
-        from tui.screens.ship import SHIP, ShipRelaunch
-
-        delivery, differing = offer
-        self.push_screen(ShipRelaunch(run.key, differing),
-                         lambda answer: confirm_kill(delivery if answer == SHIP else None) if answer else None)  # fmt: skip
+            offered, differing = offer
+            answer = await self.app.push_screen_wait(ShipRelaunch(run.key, differing))
+            if not answer:
+                return
+            delivery = offered if answer == SHIP else None
+        asked = KillConfirm(run.key, plan, self.app.store.pending.get(run.key, {}) if relaunch else None, resumable=can_resume(run))
+        if await self.app.push_screen_wait(asked):
+            self.in_flight.start(KILL, run.key, self._kill(run, plan, relaunch, delivery, asked.resume))
 
     async def _ship_offer(self, run: RunState) -> tuple[Delivery, list[tuple[str, list[str]]]] | None:
         """For R on a run that shipped or synced code, or on a host that ships by default:
@@ -196,18 +230,17 @@ class RunActions(Guarded):
         watched = self.watched[run.host]
         sent = None
         if delivery is not None:  # the code arrives whole before anything is stopped
-            self.notify(f"shipping the code here to {run.host}…", timeout=3)
+            self.app.notify(f"shipping the code here to {run.host}…", timeout=3)
             try:
                 sent = await delivery.send(watched.host)
             except Exception as error:
-                self.notify(f"could not ship to {run.host}, {run.key} left running: {error}", severity="error", timeout=15)
+                self.app.notify(f"could not ship to {run.host}, {run.key} left running: {error}", severity="error", timeout=15)
                 return
-            self.notify("shipped " + "; ".join(sent.said()), timeout=5)
-        self.notify(f"stopping {run.key}…", timeout=3)
+            self.app.notify("shipped " + "; ".join(sent.said()), timeout=5)
+        self.app.notify(f"stopping {run.key}…", timeout=3)
         if relaunch:
             self.relaunch_words[run.key] = "relaunch: once the run has stopped", False
-        self.alert_book.stopped(run.key)
-        self.stopped_runs.add(run.key)
+        self.app.store.kill_started(run.key)
         signalled = time.monotonic()
 
         # Our trainer on one host, with no synced directory to swap under a process still
@@ -224,40 +257,29 @@ class RunActions(Guarded):
 
         def released() -> None:
             freed = f"{run.key}: GPU released in {time.monotonic() - signalled:.1f}s"
-            self.notify(freed + ("; relaunching…" if relaunch and not early else "; its checkpoint is being made durable"), timeout=5)
+            self.app.notify(freed + ("; relaunching…" if relaunch and not early else "; its checkpoint is being made durable"), timeout=5)
             if relaunch and not early:
                 relaunch_now()
 
         try:
-            report = await kill.kill_run(watched.host, plan, grace_s=self.grace_s, smi=watched.smi, on_released=released,
+            report = await kill.kill_run(watched.host, plan, grace_s=self.app.grace_s, smi=watched.smi, on_released=released,
                                          on_signalled=relaunch_now if early else None)  # fmt: skip
         except Exception as error:
-            # Marked before the kill so that the end it causes raises nothing; a kill that
-            # failed answers for nothing: the run's own end must still be told.
-            self.alert_book.stop_failed(run.key)
-            self.stopped_runs.discard(run.key)
-            self.notify(f"could not kill {run.key}: {error}", severity="error", timeout=10)
+            self.app.store.kill_failed(run.key)
+            self.app.notify(f"could not kill {run.key}: {error}", severity="error", timeout=10)
             return
-        run.stopped_here = True
-        # Memory still held is said per host: a multi-node run's other nodes report their own.
-        for part in (report, *report.nodes):
-            where = run.key if part is report else f"{run.key} on {part.host}"
-            alert = kill_alert(where, part)
-            if alert:
-                self.kill_alerts[alert.key] = alert
-            else:
-                self.kill_alerts.pop(f"held:{where}", None)
+        self.app.store.killed(run.key, report)
         for name in run.hosts:
             self._poll_runs(name)
         # The report says what the stop's toasts said as it went ("stopping…", "the
         # checkpoint is being made durable", the relaunch's): at 80×24 they covered it and
         # its Close, one of them no longer true. Alerts stay in the alerts screen.
-        self.clear_notifications()
-        self.push_screen(KillReportScreen(run.key, report, self.relaunch_words.get(run.key) if relaunch else None))
-        self._changed(run=run.key)
+        self.app.clear_notifications()
+        self.app.push_screen(KillReportScreen(run.key, report, self.relaunch_words.get(run.key) if relaunch else None))
+        self.app.changed(run=run.key)
 
-    def action_relaunch(self) -> None:
-        run = self.selected_run()
+    def relaunch_run(self) -> None:
+        run = self.app.selected_run()
         if run is None:
             return
         # One relaunch of a run at a time: a double press on an ended run launched two copies.
@@ -283,21 +305,18 @@ class RunActions(Guarded):
             self.in_flight.start(RELAUNCH, run.key, self._relaunch(run))
             return
         except Exception as error:
-            self.notify(f"cannot list {run.key}'s processes: {error}", severity="error", timeout=10)
+            self.app.notify(f"cannot list {run.key}'s processes: {error}", severity="error", timeout=10)
             return
 
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.in_flight.start(RELAUNCH, run.key, self._relaunch(run))
-
-        self.push_screen(relaunch_question(run.key, plan), answered)
+        if await self.app.push_screen_wait(relaunch_question(run.key, plan)):
+            self.in_flight.start(RELAUNCH, run.key, self._relaunch(run))
 
     async def _relaunch(self, run: RunState, sent: Sent | None = None, resume: bool = False,
                         after_pids: list[int] | None = None) -> None:
         """Relaunch `run`; with `sent` (R's ship), the code sent before the kill, put in
         place now; with `resume`, from its latest checkpoint; with `after_pids`, the run
         still stopping, whose processes the new trainer waits for."""
-        changes = self.pending.get(run.key, {})
+        changes = self.app.store.pending.get(run.key, {})
         watched = self.watched[run.host]
         described = (", ".join(f"{k}={v}" for k, v in changes.items()) or "unchanged parameters") + (
             ", from its checkpoint" if resume else "")
@@ -314,63 +333,62 @@ class RunActions(Guarded):
             self._tell_relaunch(run.key, f"could not relaunch {run.key}: {error}", failed=True, timeout=10)
             return
         new = self._show_relaunched(run, info)
-        self.pending.pop(run.key, None)
+        self.app.store.relaunched(run.key)
         said = "; ".join(filter(None, [info.judged, info.session_note]))
         self._tell_relaunch(run.key, f"relaunched as {new.key}" + (f": {said}" if said else ""), timeout=5, title="relaunch")
 
     def _show_relaunched(self, run: RunState, info) -> RunState:
         """The relaunched run, adopted; the screen that showed its parent shows it."""
         new = self._adopt(info)
-        shown = self.shown_screen()
+        shown = self.app.shown_screen()
         if isinstance(shown, RunScreen) and shown.run_key == run.key:
             shown.show_run(new.key)
         return new
 
     def _adopt(self, info) -> RunState:
         """A run this app just launched: known before the next listing, and followed."""
-        home = self.home_of(info)
-        key = run_key(home, info)
-        run = self.runs.setdefault(key, RunState(key, info.host, info, home=home))
-        run.info = info
-        self.select(key)
+        run = self.app.store.adopted(info)
+        self.app.select(run.key)
         for name in run.hosts:
             self._poll_runs(name)
-        self._changed(host=info.host, run=key)
+        self.app.changed(host=info.host, run=run.key)
         return run
 
     def _poll_runs(self, host_name: str) -> None:
-        if monitor := self.monitors.get(host_name):
+        if monitor := self.app.monitors.get(host_name):
             monitor.poll_runs_now()
 
-    async def _launch_demo(self) -> None:
-        assert self.demo is not None
+    async def launch_demo(self) -> None:
+        assert self.app.demo is not None
         watched = next(iter(self.watched.values()))
         try:
-            info = await runs.launch(watched.host, self.demo.argv, session=self.demo.session, params=self.demo.params)
+            info = await runs.launch(watched.host, self.app.demo.argv, session=self.app.demo.session, params=self.app.demo.params)
         except Exception as error:
-            self.notify(f"could not start the demo run: {error}", severity="error", timeout=30)
-            self.shown_screen().show_waiting(f"could not start the demo run: {error}")
+            self.app.notify(f"could not start the demo run: {error}", severity="error", timeout=30)
+            self.app.shown_screen().show_waiting(f"could not start the demo run: {error}")
             return
-        self.demo_run = info
+        self.app.demo_run = info
         run = self._adopt(info)
-        shown = self.shown_screen()
+        shown = self.app.shown_screen()
         if isinstance(shown, RunScreen) and shown.run_key is None:  # the demo's screen, waiting for it
             shown.show_run(run.key)
 
-    def action_edit(self) -> None:
+    def edit(self) -> None:
         from tui.screens.edit import EditScreen
 
-        run = self.selected_run()
+        run = self.app.selected_run()
         if run is None:
             return
 
-        def keep(changes: dict | None) -> None:
-            if changes is None:
-                return
-            self.pending[run.key] = changes
-            if changes:
-                diff = ", ".join(f"{k} {run.params.get(k)} → {v}" for k, v in changes.items())
-                self.notify(f"{diff}: press r to relaunch with it", title="edited")
-            self._changed(run=run.key)
+        self.app.run_worker(self._edit(run, EditScreen(run, self.app.store.hosts[run.host], self.app.store.pending.get(run.key, {}))),
+                        group="dialogs", exit_on_error=False)  # fmt: skip
 
-        self.push_screen(EditScreen(run, self.hosts[run.host], self.pending.get(run.key, {})), keep)
+    async def _edit(self, run: RunState, form) -> None:
+        changes = await self.app.push_screen_wait(form)
+        if changes is None:
+            return
+        self.app.store.edited(run.key, changes)
+        if changes:
+            diff = ", ".join(f"{k} {run.params.get(k)} → {v}" for k, v in changes.items())
+            self.app.notify(f"{diff}: press r to relaunch with it", title="edited")
+        self.app.changed(run=run.key)

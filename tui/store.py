@@ -3,8 +3,9 @@ with no Textual in it.
 
 The app (tui/app.py) hands each message's fields to a transition here, then repaints and
 speaks from what the transition returns; screens read `hosts`, `runs` and `alerts`, the
-operator's actions (tui/run_actions.py) `pending`, `kill_alerts` and `stopped_runs`. Plain
-data in, plain data out: a transition is read, and tested, without an app.
+operator's actions (tui/run_actions.py) `pending`. Every change is a transition, named
+for what happened (tests/tui/test_store_writes.py holds every other module to reading).
+Plain data in, plain data out: a transition is read, and tested, without an app.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from backends import nodes, runs
-from backends.alerts import Alert, AlertBook, HostFacts, RunFacts, underfed_since
+from backends.alerts import Alert, AlertBook, HostFacts, RunFacts, kill_alert, underfed_since
+from backends.kill import KillReport
 from backends.gpu import GpuSnapshot
 from backends.logs import screen
 from tui.state import GpuTrace, HostState, HostStatus, RunState, run_key
@@ -114,6 +116,53 @@ class Store:
         kept.update(overlays)
         run.overlays = kept
         return True
+
+    def selected_run(self, key: str) -> None:
+        """Run `key` opened on a run screen (or launched from here): followed."""
+        self.selected.add(key)
+
+    def deselected_run(self, key: str) -> None:
+        self.selected.discard(key)
+
+    def edited(self, key: str, changes: dict) -> None:
+        """The operator's edit of run `key`'s params, kept for its relaunch."""
+        self.pending[key] = changes
+
+    def adopted(self, info: runs.RunInfo) -> RunState:
+        """A run launched from here: known before the next listing lists it."""
+        home = self.home_of(info)
+        key = run_key(home, info)
+        run = self.runs.setdefault(key, RunState(key, info.host, info, home=home))
+        run.info = info
+        return run
+
+    def relaunched(self, key: str) -> None:
+        """Run `key` relaunched: its edit is spent."""
+        self.pending.pop(key, None)
+
+    def kill_started(self, key: str) -> None:
+        """A kill of run `key` is about to signal: the end it causes is no news (marked
+        before, as the listing may see the end before the kill returns)."""
+        self.alert_book.stopped(key)
+        self.stopped_runs.add(key)
+
+    def kill_failed(self, key: str) -> None:
+        """The kill failed: it answers for nothing, and the run's own end must be told."""
+        self.alert_book.stop_failed(key)
+        self.stopped_runs.discard(key)
+
+    def killed(self, key: str, report: KillReport) -> None:
+        """Run `key` stopped from here: memory still held is an alert per host (a
+        multi-node run's other nodes report their own), memory freed takes its alert down."""
+        if run := self.runs.get(key):
+            run.stopped_here = True
+        for part in (report, *report.nodes):
+            where = key if part is report else f"{key} on {part.host}"
+            alert = kill_alert(where, part)
+            if alert:
+                self.kill_alerts[alert.key] = alert
+            else:
+                self.kill_alerts.pop(f"held:{where}", None)
 
     def _answered(self, host: HostState, time: float) -> bool:
         back = host.status.lost

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from textual.binding import Binding
 from textual.widgets import Static
 
@@ -28,8 +29,23 @@ class BrokenRender(Guarded, Static):
         raise KeyError("boom from a render")
 
 
+async def test_in_the_tests_mode_an_error_ends_the_app_with_its_traceback():
+    """The suite runs the dashboard in its tests' mode (the conftest sets it): an error a
+    dashboard would survive fails the test that met it, with its traceback."""
+    app = make_app()
+    assert app.raise_errors
+    with pytest.raises(RuntimeError, match="boom from an action"):
+        async with app.run_test(size=(120, 40)) as pilot:
+            await feed(pilot)
+            await app.push_screen(BrokenFleet())
+            await pilot.press("x")
+            await pilot.pause()
+    assert app.return_code == 1
+
+
 async def test_errors_in_handlers_are_reported_and_the_app_goes_on(tmp_path):
     app = make_app()
+    app.raise_errors = False  # the dashboard's own mode, not the tests'
     app.error_log = str(tmp_path / "dashboard-errors.log")
     async with app.run_test(size=(120, 40)) as pilot:
         await feed(pilot)
@@ -75,6 +91,7 @@ async def test_a_failing_worker_that_would_end_the_app_is_logged_and_survived(tm
     search, which a closing palette can fail, found by the monkey) raises."""
     app = make_app()
     app.error_log = str(tmp_path / "dashboard-errors.log")
+    app.raise_errors = False
 
     async def search_of_a_closed_palette():
         raise LookupError("No nodes match 'CommandList'")

@@ -179,7 +179,7 @@ async def test_r_relaunches_a_real_run_and_its_child_shows_the_parent_behind_it(
         key = f"local/{parent.run_id}"
         await wait_for(pilot, lambda: key in app.runs, timeout=10, what="the parent listed")
         app.open_run(key)
-        app.pending[key] = {"ttt_steps": 3}  # as the edit form keeps it
+        app.store.edited(key, {"ttt_steps": 3})  # as the edit form keeps it
         await pilot.press("r")
         child = await wait_for(
             pilot, lambda: next((k for k, r in app.runs.items() if r.info.parent == parent.run_id), None), timeout=30, what="the child"

@@ -89,7 +89,7 @@ async def test_a_lost_node_is_an_alert_and_its_run_still_lists_once():
         rows = fleet_rows(app)
         assert [r[1:] for r in rows if r[0].startswith("node:")] == [("├ h200-a", "running"), ("└ h200-b", "failed (1)")]
         # Stopped from here, how its nodes end is the operator's doing, no lost node.
-        app.stopped_runs.add(MULTI_KEY)
+        app.store.kill_started(MULTI_KEY)
         app._tick()
         assert f"node:{MULTI_ID}" not in app.alerts
 
@@ -168,7 +168,7 @@ async def test_k_stops_a_real_two_node_run_named_once_in_the_fleet_and_r_relaunc
             # r: every node again, the child filed under the same first host.
             await pilot.press("escape")
             await wait_for(pilot, lambda: isinstance(app.screen, FleetScreen), timeout=5, what="the fleet")
-            app.pending[key] = {"ttt_steps": 2}
+            app.store.edited(key, {"ttt_steps": 2})
             await pilot.press("r")
             child = await wait_for(
                 pilot, lambda: next((r for r in app.runs.values() if r.info.parent == info.run_id and len(r.info.nodes) == 2), None),

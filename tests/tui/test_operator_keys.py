@@ -66,7 +66,7 @@ async def test_relaunch_of_a_running_run_asks_first_naming_it_and_no_launches_no
     async def read_plan(run):  # the sample's host is a stand-in: its plan as `k` shows it
         return kill_plan()
 
-    app._read_plan = read_plan
+    app.actions._read_plan = read_plan
     async with app.run_test(size=(160, 48)) as pilot:
         await on_run(pilot)
         await pilot.press("r")
@@ -481,7 +481,7 @@ async def test_R_again_while_the_run_is_being_stopped_relaunches_it_once(local_h
         assert len(children(app, info)) == 1, sorted(app.runs)
         # The relaunch says how its start was judged: by the trainer's start event (in the
         # kill report where that is open, else in a toast).
-        said, failed = await wait_for(pilot, lambda: app.relaunch_words[key][0].startswith("relaunched as") and app.relaunch_words[key],
+        said, failed = await wait_for(pilot, lambda: app.actions.relaunch_words[key][0].startswith("relaunched as") and app.actions.relaunch_words[key],
                                       30, "the relaunch's word")  # fmt: skip
         assert not failed and "start event came" in said, said
 
@@ -660,7 +660,7 @@ async def test_R_with_c_relaunches_the_edited_run_from_its_checkpoint_at_80x24(l
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: trainer_started(info.run_dir), HANG_S, "the trainer's start event")
         await open_run_when(pilot, key, lambda run: len(run.steps) >= 2, "the run's steps")
-        app.pending[key] = {"max_seq_len": 192}
+        app.store.edited(key, {"max_seq_len": 192})
         await pilot.press("R")
         dialog = await wait_for(pilot, lambda: isinstance(app.screen, KillConfirm) and app.screen.is_mounted and app.screen, 15, "the kill dialog")
         await wait_for(pilot, lambda: "afresh (c: continue from its checkpoint instead)" in plan_shown(dialog), 5, "R's afresh plan")
@@ -700,7 +700,7 @@ async def test_R_starts_the_new_trainer_while_the_old_one_stops_at_80x24(local_h
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: trainer_started(info.run_dir), HANG_S, "the trainer's start event")
         await open_run_when(pilot, key, lambda run: run.steps, "the run's steps")
-        app.pending[key] = {"max_seq_len": 192}
+        app.store.edited(key, {"max_seq_len": 192})
         os.kill(trainer, signal.SIGSTOP)
         try:
             await kill_confirmed(pilot, "R")

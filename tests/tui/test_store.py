@@ -32,7 +32,7 @@ def test_a_run_gone_from_the_listing_is_kept_a_while_then_leaves_with_its_edit()
     store = a_store()
     store.runs_listed("box", listed("a", "b"), T)
     assert sorted(store.runs) == ["box/run-a", "box/run-b"]
-    store.pending["box/run-b"] = {"ttt_steps": 3}
+    store.edited("box/run-b", {"ttt_steps": 3})
     store.runs_listed("box", listed("a"), T + 1)
     assert store.runs["box/run-b"].gone and store.runs["box/run-b"].gone_since == T + 1
     store.runs_listed("box", listed("a"), T + 1 + GONE_KEEP_S)
@@ -44,11 +44,11 @@ def test_a_run_gone_from_the_listing_is_kept_a_while_then_leaves_with_its_edit()
 def test_a_run_on_screen_is_kept_and_followed_though_gone():
     store = a_store()
     store.runs_listed("box", listed("a", "b"), T)
-    store.selected.add("box/run-b")
+    store.selected_run("box/run-b")
     store.runs_listed("box", listed("a"), T + 10 * GONE_KEEP_S)
     assert store.runs["box/run-b"].gone
     assert sorted(store.followed("box")) == ["box/run-a", "box/run-b"]
-    store.selected.clear()
+    store.deselected_run("box/run-b")
     assert sorted(store.followed("box")) == ["box/run-a"]
 
 

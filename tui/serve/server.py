@@ -64,18 +64,19 @@ class Viewer(AppService):
     async def on_data(self, payload: bytes) -> None:
         try:
             await super().on_data(payload)
-        except Exception:
+        except ConnectionError:
             pass  # the page went away: nothing to draw on
 
     async def on_meta(self, data: bytes) -> None:
         try:
-            if json.loads(data).get("type") == "exit":
-                self.quit_asked = True  # the dashboard quit on its own key (q)
+            kind = json.loads(data).get("type")
         except (ValueError, AttributeError):
-            pass
+            return  # no packet of the dashboard's driver: textual-serve could not read it either
+        if kind == "exit":
+            self.quit_asked = True  # the dashboard quit on its own key (q)
         try:
             await super().on_meta(data)
-        except Exception:
+        except ConnectionError:
             pass  # as above: the page went away
 
     async def run(self) -> None:
@@ -181,7 +182,7 @@ class Server:
             await viewer.start(_bounded(request.query.get("width"), 80, 10, 1000),
                                _bounded(request.query.get("height"), 24, 5, 500))  # fmt: skip
             await self.relay(ws, viewer)
-        except Exception as error:  # one page's trouble is never the server's
+        except OSError as error:  # its process would not start, its page went: never the server's
             self.log(f"viewer {number}: {type(error).__name__}: {error}")
         finally:
             await self.stop_viewer(viewer)
@@ -217,7 +218,7 @@ class Server:
         try:
             await asyncio.wait_for(asyncio.shield(viewer.stop()), STOP_S)
             return
-        except Exception:
+        except (TimeoutError, OSError):  # slow to quit, or its stdin already gone with it
             pass
         # Without AppService's process, the process is left to end with its stdin (it
         # reads EOF when this server goes).
