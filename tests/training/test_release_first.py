@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.training.test_checkpoint import ROOT, after_start, env, events, started, wait_for
-from tests.waiting import HANG_S, Changes, niced
+from tests.waiting import HANG_S, niced
 from training import checkpoint, durable
 from training.contract import WRITER_NAME, WRITING_MARKER
 
@@ -109,9 +109,10 @@ def test_the_trainer_exits_before_its_checkpoint_is_durable_and_resume_waits_for
     assert after_start(run_dir, lambda: checkpoint.latest(ckpt) is not None and steps(run_dir) > 30, 60)
     caught = 0
     for trial in range(5):  # the writer is stopped before it is done in most of them
-        with Changes(ckpt) as changes:  # woken as the writer writes its marker
-            proc.send_signal(signal.SIGTERM)
-            assert changes.wait_until(lambda: writer_pid(ckpt) is not None, 30)
+        proc.send_signal(signal.SIGTERM)
+        # Polled, not woken by inotify: the writer must be caught within its few
+        # milliseconds of writing, and a wake-up came after it had finished.
+        assert wait_for(lambda: writer_pid(ckpt) is not None, 30, poll=0.0002)
         writer = writer_pid(ckpt)
         # Not sent: done already (a small state is written in milliseconds): not caught, below.
         signal_writer(writer, signal.SIGSTOP)
@@ -123,8 +124,10 @@ def test_the_trainer_exits_before_its_checkpoint_is_durable_and_resume_waits_for
             # ready (the trainer then killed it and wrote the checkpoint itself).
             if (ckpt / f"step-{step}").exists():
                 # Its step is in place, but a writer stopped after the rename still holds the
-                # lock (to repoint `latest`): the resume would wait its 120 s and give up.
+                # lock (to repoint `latest`): the resume would wait its 120 s and give up. Let
+                # it finish, its checkpoint event written before the resume's start.
                 signal_writer(writer, signal.SIGCONT)
+                assert wait_for(lambda: any(e["event"] == "checkpoint" and e["step"] == step for e in events(run_dir)), 30)
                 proc = resumes_at(run_dir, environ, step)
                 continue
             assert staged_step(run_dir) == step
@@ -163,11 +166,9 @@ def test_kill_9_of_the_trainer_while_staging_or_of_the_writer_mid_write_leaves_w
         assert wait_for(lambda: checkpoint.latest(ckpt) is not None and steps(run_dir) > 30, 60)
         previous = complete_checkpoints_only(ckpt)
         before = len(events(run_dir))
-        changes = Changes(ckpt) if trial % 2 else None  # woken as the writer writes its marker
         proc.send_signal(signal.SIGTERM)
-        if changes:  # the writer, at a moment of its write
-            with changes:
-                assert changes.wait_until(lambda: writer_pid(ckpt) is not None, 30)
+        if trial % 2:  # the writer, at a moment of its write (polled: see above)
+            assert wait_for(lambda: writer_pid(ckpt) is not None, 30, poll=0.0002)
             writer = writer_pid(ckpt)
             time.sleep(rng.uniform(0, 0.01))
             if writer is not None:  # None: done already, this trial's write not cut (nor if not sent)
