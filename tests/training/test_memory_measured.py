@@ -195,3 +195,13 @@ def test_dflash_the_storys_oom_was_one_float32_positions_by_vocabulary_tensor():
     assert positions == pytest.approx(P, abs=8)
     eager = dflash.loss_chunk_bytes(cfg.vocab_size, P, "bf16", float(m["soft_kl"]), fused=False)
     assert eager > float(m["tried_gib"]) * GiB  # the eager pass holds it and more
+
+
+@pytest.mark.parametrize("config", [["a", "list"], "text", {"model": "text", "ttt_steps": 3, "max_seq_len": 8192},
+                                    {"model": {"hidden_size": "x"}, "ttt_steps": 3, "max_seq_len": 8192},
+                                    {"dflash": {"max_anchors": 8}, "model": ["x"], "max_seq_len": 8192}])
+def test_a_start_event_not_the_trainers_is_a_value_error(config):
+    """A run dir may be anyone's: whatever its start event holds, the memory model refuses it
+    with a ValueError (the edit form's "—" and its reason), never another exception."""
+    with pytest.raises(ValueError):
+        memory.shape_from_start({"event": "start", "config": config})

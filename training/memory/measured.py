@@ -63,6 +63,8 @@ def shape_from_start(start: dict) -> tuple[DrafterConfig, StepShape] | tuple[DFl
     """The drafter and step shape a run's `start` event describes, an EAGLE-3 or a DFlash
     one (ValueError if it cannot be read, or the run did not train on a GPU)."""
     config = start.get("config") or {}
+    if not isinstance(config, dict):  # a run dir may be anyone's: its events too
+        raise ValueError("the start event's config is not a table")
     if config.get("device", "cuda") != "cuda":
         raise ValueError(f"the run trained on {config['device']}: its peak_mem_gib is the "
                          "process's resident set, not GPU memory")
@@ -84,7 +86,7 @@ def shape_from_start(start: dict) -> tuple[DrafterConfig, StepShape] | tuple[DFl
                           offload_saved=bool(config.get("offload_saved", False)))
     except KeyError as e:
         raise ValueError(f"the start event's config lacks {e.args[0]}") from e
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, AttributeError) as e:  # a field of another type than the trainer writes
         raise ValueError(f"the start event's config is not usable: {e}") from e
     return cfg, shape
 
@@ -103,5 +105,5 @@ def _dflash_shape(start: dict, config: dict) -> tuple[DFlashConfig, DFlashShape]
                                 sharding=config.get("sharding", "ddp"))
     except KeyError as e:
         raise ValueError(f"the start event's config lacks {e.args[0]}") from e
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, AttributeError) as e:  # a field of another type than the trainer writes
         raise ValueError(f"the start event's config is not usable: {e}") from e
