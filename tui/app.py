@@ -14,7 +14,6 @@ import gc
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from functools import partial
 
 from textual import events
@@ -22,12 +21,10 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from backends import gpu, kill, runs, sanitize
+from backends import kill, runs, sanitize
 from backends.alerts import COMMAND_TIMEOUT_S, Alert, AlertBook, Rules, run_command
 from backends.config import Defaults
-from backends.hosts import Host
 from backends.logs import series
-from backends.ship.deliver import Delivery
 from training.contract import local_runs_root
 from tui.alerts import announce
 from tui.escape_cache import bound_escape_cache
@@ -40,26 +37,7 @@ from tui.run_actions import RunActions
 from tui.protocols import Filters, FocusesLog, SelectsRun, ShowsState
 from tui.state import RunState
 from tui.store import Store
-
-
-@dataclass
-class Watched:
-    """A host the dashboard watches, with the settings its config gave it."""
-
-    host: Host
-    smi: str = gpu.DEFAULT_SMI
-    train_command: list[str] | None = None
-    # What a relaunch ships there when its run recorded none (the host's `ship = true`).
-    ship: Delivery | None = None
-
-
-@dataclass
-class Demo:
-    """`trackside demo`: the run to launch on the first host, shown on its run screen."""
-
-    argv: list[str]
-    session: str
-    params: dict = field(default_factory=dict)
+from tui.watched import Demo, Watched
 
 
 class TracksideApp(ErrorPolicy, App):

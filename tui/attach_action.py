@@ -17,7 +17,7 @@ from backends.hosts import Host, HostError
 from tui.state import RunState
 
 if TYPE_CHECKING:
-    from tui.app import Watched
+    from tui.watched import Watched
 
 
 class AttachApp(Protocol):

@@ -25,7 +25,7 @@ from tui.state import RunState
 from tui.store import Store
 
 if TYPE_CHECKING:
-    from tui.app import Demo, Watched
+    from tui.watched import Demo, Watched
     from tui.monitor import HostMonitor
 
 QUIT_AGAIN_S = 5.0  # a second q within this quits while a kill is under way

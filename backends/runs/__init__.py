@@ -12,11 +12,8 @@ from backends.runs.launch import (
     Parent,
     launch,
     launch_command,
-    named_by_user,
-    parent_session_name,
     relaunch,
     resolve_program,
-    session_name,
     train_args_start,
 )
 from backends.runs.listing import (
@@ -37,6 +34,7 @@ from backends.runs.rundir import (
     record_end,
     run_dir,
 )
+from backends.runs.sessions import named_by_user, parent_session_name, session_name
 from training.contract import RUN_ID
 
 __all__ = [
