@@ -118,14 +118,14 @@ async def r_key(runs_root: Path, run_id: str, max_seq_len: int, train: list[str]
     resuming one for their writer) before it touches the GPU."""
     from backends import kill
     from backends.hosts import LocalHost
-    from backends.relaunch import relaunch
+    from backends.relaunch import Relaunch, relaunch
 
     host = LocalHost("local", runs_root=str(runs_root))
     relaunched: list[asyncio.Task] = []
     stopped_at = time.time()
     report = await kill.kill_run(host, run_id, grace_s=120, on_signalled=lambda pids: relaunched.append(asyncio.ensure_future(
-        relaunch({host.name: host}, host, run_id, {"max_seq_len": max_seq_len}, train_commands={host.name: train},
-                 resume=resume, after_pids=pids))))  # fmt: skip
+        relaunch(Relaunch(host.name, run_id, {"max_seq_len": max_seq_len}, resume, after_pids=tuple(pids)),
+                 {host.name: host}, {host.name: train}))))  # fmt: skip
     child, _ = await relaunched[0]
     return {"stopped_at": stopped_at, "report": report.to_json(), "child": child.to_json()}
 
