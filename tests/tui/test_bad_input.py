@@ -75,18 +75,19 @@ async def test_garbage_lines_missing_smi_refused_host_and_deleted_run_dir(tmp_pa
         append(f"{info.run_dir}/console.log", ["\x1b[31mwarming up\x1b[0m", "\r".join(["x", PROGRESS])])
         run = app.runs[key]
         await wait_for(pilot, lambda: run.progress is not None, 20, "the loading progress")
-        assert "loading: 12/64" in screen_text(app)
+        # Drawn at the screen's next refresh, not in the same breath as the state changed.
+        await wait_for(pilot, lambda: "loading: 12/64" in screen_text(app), 10, "the loading progress drawn")
 
         step = '{"event": "step", "time": 1.0, "step": 7, "loss": 3.25, "loss_ttt": [3.0, 3.5]}'
         append(f"{info.run_dir}/metrics.jsonl", GARBAGE + [step])
         await wait_for(pilot, lambda: run.steps, 20, "the one good step")
         assert run.garbled == len(GARBAGE)
-        assert "loss 3.25" in screen_text(app)
+        await wait_for(pilot, lambda: "loss 3.25" in screen_text(app), 10, "the good step's loss drawn")
         assert "unreadable metrics lines skipped" in screen_text(app)
 
         shutil.rmtree(info.run_dir)
         await wait_for(pilot, lambda: run.gone, 20, "the deleted run dir to show")
-        assert "run directory is gone" in screen_text(app)
+        await wait_for(pilot, lambda: "run directory is gone" in screen_text(app), 10, "the deleted run dir drawn")
         await pilot.pause(1.0)
         assert app.is_running
 
