@@ -42,18 +42,21 @@ def number(text: str | None) -> float | None:
     return int(value) if value.is_integer() and "." not in text and "e" not in text else value
 
 
-def fleet_row(app, session: str) -> dict[str, object]:
+def fleet_cells(app, session: str) -> dict[str, object]:
     """The fleet's row for a session, cell by cell as its table holds them to draw."""
     table = app.screen.query_one("#fleet")
-    cells = dict(zip((c.key.value for c in table.ordered_columns), table.get_row(f"run:local/{session}")))
+    return dict(zip((c.key.value for c in table.ordered_columns), table.get_row(f"run:local/{session}")))
+
+
+def fleet_row(app, session: str) -> dict[str, object]:
+    cells = fleet_cells(app, session)
     step = re.match(NUMBER, str(cells["step"]))  # `152 (epoch 2, 48/104)`, `40 rd` at 80 columns
     return {"last_step": number(step and step[1]), "last_loss": number(str(cells["loss"]).strip()), "eval_loss": None}
 
 
 def unit_wrong(name: str, app, session: str) -> list[str]:
     """The fleet's step column says what it counts where that is not steps (`40 rd`)."""
-    table = app.screen.query_one("#fleet")
-    cells = dict(zip((c.key.value for c in table.ordered_columns), table.get_row(f"run:local/{session}")))
+    cells = fleet_cells(app, session)
     said = re.fullmatch(rf"{NUMBER}(?: (\w+))?", str(cells["step"]).strip())
     axis = truth(name).get("x") or "step"
     if said and said[1] != "—" and said[2] != X_SHORT.get(axis):
