@@ -21,6 +21,7 @@ from backends import tmux
 from backends.recorder import agent
 from backends.recorder.read import read_recording
 from backends.recorder.start import SESSION
+from tests.backends.test_runs import tmux_dir  # noqa: F401 - the fixture: this test's own tmux server
 from tests.waiting import until
 from tui.cli import main
 
@@ -183,3 +184,22 @@ def test_old_days_are_downsampled_the_oldest_dropped_past_the_cap_and_hostile_fi
     assert rec.procs == () and rec.proc_times == (nine,)  # the minute's last snapshot found none
     assert rec.gaps == ()
     assert asyncio.run(start.recorder(local, "stop", FAKE_SMI)) == "stopped"
+
+
+@pytest.mark.parametrize("hostile", ["root writable by others", "gpu/ a link"])
+def test_a_runs_root_another_user_could_change_is_refused_and_nothing_starts(tmp_path, capsys, tmux_dir, hostile):  # noqa: F811
+    root = tmp_path / "runs"
+    root.mkdir(mode=0o700)
+    if hostile == "root writable by others":
+        root.chmod(0o777)
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        (root / "gpu").symlink_to(tmp_path / "elsewhere")
+    config = tmp_path / "config.toml"
+    config.write_text(f"[hosts.box]\nruns_root = {json.dumps(str(root))}\nnvidia_smi = {json.dumps(FAKE_SMI)}\n")
+    # The command says what it says of such a root (a listing refuses one others can write).
+    assert main(["runs", "--config", str(config)]) == (2 if hostile == "root writable by others" else 0)
+    assert main(["record", "start", "--config", str(config)]) == 1
+    assert "refused" in capsys.readouterr().err
+    assert subprocess.run(["tmux", "has-session", "-t", f"={SESSION}"], capture_output=True).returncode != 0
+    assert not list((tmp_path / "elsewhere").iterdir()) if hostile == "gpu/ a link" else not (root / "gpu").exists()
