@@ -233,7 +233,7 @@ def _train(args, device: str, argv: list[str]) -> int:
         raise UsageError(f"--data: {exc}") from None
     max_seq_len = args.max_seq_len or (512 if args.synthetic else 2048)
     if args.drafter == "dflash":
-        from training.drafters.dflash import config_from_flags
+        from training.drafters.dflash.step import config_from_flags
 
         given = [_flag(d) for d in _EAGLE3_ONLY if getattr(args, d)]
         if given:
@@ -242,7 +242,7 @@ def _train(args, device: str, argv: list[str]) -> int:
             raise UsageError("--offload-saved: EAGLE-3's, not for --drafter dflash")
         drafter, dflash = config_from_flags(args, dataset, max_seq_len)
     else:
-        from training.drafters.eagle3 import config_from_flags
+        from training.drafters.eagle3.step import config_from_flags
 
         given = [_flag(d) for d in _DFLASH_ONLY if getattr(args, d) is not None]
         if given:
@@ -290,7 +290,7 @@ def _train(args, device: str, argv: list[str]) -> int:
             register.ended(run_dir, code)
     if code == 0 and dflash and args.export and int(os.environ.get("RANK", "0")) == 0:
         from training import checkpoint, durable
-        from training.dflash.export import export_dflash
+        from training.drafters.dflash.export import export_dflash
 
         durable.wait_for_writer(run_dir / "checkpoints",
                                 lambda said: print(f"train: --export: {said}", flush=True))

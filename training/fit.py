@@ -1,5 +1,5 @@
 """`trackside fit`: predicted peak memory of a training step, and the largest max_seq_len
-(EAGLE-3) or max_anchors and block size (DFlash, training/dflash/fit.py) that fit a card;
+(EAGLE-3) or max_anchors and block size (DFlash, training/drafters/dflash/fit.py) that fit a card;
 `--probe` calibrates the EAGLE-3 prediction with a few real steps on this GPU
 (training/probe.py), `--from-run` with a finished run's measured peak.
 """
@@ -122,10 +122,10 @@ DFLASH_MAX_SEQ_LEN = 8192
 
 
 def dflash_fit(args: argparse.Namespace) -> dict:
-    """The DFlash report (training/dflash/fit.py) for the flags, the preset or config, and
+    """The DFlash report (training/drafters/dflash/fit.py) for the flags, the preset or config, and
     the run of --from-run (whose measured peak scales the prediction)."""
     from training.config import DFLASH_TRAINING_PRESETS
-    from training.dflash.fit import report
+    from training.drafters.dflash.fit import report
     from training.memory import dflash as dflash_memory
 
     cfg, base, scale, calibrated_on, knobs = None, None, 1.0, None, {}
@@ -352,7 +352,7 @@ def main(argv: list[str]) -> int:
     try:
         args = parse_args(argv)
         if args.drafter == "dflash":
-            from training.dflash.fit import format_report as format_dflash
+            from training.drafters.dflash.fit import format_report as format_dflash
 
             r = dflash_fit(args)
             print(json.dumps(r, indent=2) if args.json else format_dflash(r))

@@ -34,8 +34,8 @@ from training.device import peak_mem_gib, precision
 from training.distributed import (all_reduce, gather_state, join_processes, leave_processes,
                                   live_state, spread)
 from training.drafters import Drafter
-from training.drafters.dflash import DFlash, DFlashTraining
-from training.drafters.eagle3 import Eagle3
+from training.drafters.dflash.step import DFlash, DFlashTraining
+from training.drafters.eagle3.step import Eagle3
 from training.metrics import MetricsWriter
 from training.mirror import Mirror
 from training.nonfinite import Streak, Verdict
@@ -378,7 +378,7 @@ def train(cfg: TrainConfig) -> int:
             batches.close()
 
     if cfg.export is not None and rank == 0 and status != contract.ENDED_NONFINITE:
-        from training.export import export_drafter
+        from training.drafters.eagle3.export import export_drafter
 
         export_drafter(checkpoint.latest(ckpt_root), cfg.export)
     metrics.write(contract.END, status=status)

@@ -18,10 +18,10 @@ import torch
 from training import loop, memory
 from training.config import DrafterConfig
 from training.device import precision, use_cuda_allocator_settings
-from training.drafters.eagle3 import Unroll, forward_backward
+from training.drafters.eagle3.step import Unroll, forward_backward
 from training.memory import Calibration, GiB, Measurement, StepShape
 from training.optimizer import make_optimizer, optimizer_step
-from training.model import Eagle3Drafter, StepLoss
+from training.drafters.eagle3.model import Eagle3Drafter, StepLoss
 from training.packing import PackedBatch
 
 # Six steps separate the four term groups: lengths at TTT 1 give the per-token slope, TTT

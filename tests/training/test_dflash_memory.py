@@ -12,8 +12,8 @@ import torch
 
 from training import fit, memory
 from training.config import DFLASH_PRESETS
-from training.dflash.loss import block_loss, verifier_tokens
-from training.dflash.model import DFlashDrafter
+from training.drafters.dflash.loss import block_loss, verifier_tokens
+from training.drafters.dflash.model import DFlashDrafter
 from training.memory import GiB
 from training.memory import dflash as model
 from training.memory.dflash import DFlashShape

@@ -13,7 +13,7 @@ import torch
 
 from training.config import DFLASH_PRESETS, PRESETS
 from training.data import Dataset, Loader, Position
-from training.drafters.dflash import DFlashTraining
+from training.drafters.dflash.step import DFlashTraining
 from training.loop import TrainConfig, drafter_of
 from training.metrics import MetricsWriter
 from training.synthetic import synthetic_dataset

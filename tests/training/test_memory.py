@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from training import memory
-from training import model as model_module
+from training.drafters.eagle3 import model as model_module
 from training.config import PRESETS
 from training.memory import Calibration, GiB, Measurement, StepShape
-from training.model import Eagle3Drafter
+from training.drafters.eagle3.model import Eagle3Drafter
 from training.probe import Trainer, count_saved_bytes, random_batch, state_tensors
 
 TINY = PRESETS["tiny"]  # H 64, 4 heads of 16, 2 KV heads, MLP 192, vocab 512, draft 256

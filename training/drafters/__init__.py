@@ -1,5 +1,5 @@
 """What the training loop asks of a drafter, so training/loop.py reads once for EAGLE-3
-(drafters/eagle3.py) and DFlash (drafters/dflash.py): build it on the verifier with the
+(drafters/eagle3/step.py) and DFlash (drafters/dflash/step.py): build it on the verifier with the
 module a step runs, run a step's forward and backward, turn the step's sums into its event's
 fields, and say what its checkpoints and its `oom` event add. Each module also makes its
 drafter's shape and knobs from `trackside train`'s flags (`config_from_flags`, with

@@ -1,4 +1,4 @@
-"""Peak memory of a DFlash training step (training/dflash), and the largest max_anchors
+"""Peak memory of a DFlash training step (training/drafters/dflash), and the largest max_anchors
 and block size that fit a card.
 
 A step drafts Q = max_anchors × block_size block positions per row over L = max_seq_len
@@ -15,7 +15,7 @@ one of three phases:
   gradients.
 - ``optimizer_step``: weights, gradients and AdamW state, the frozen verifier tensors.
 
-Activations are counted as training/dflash/model.py keeps them under bf16 autocast with the
+Activations are counted as training/drafters/dflash/model.py keeps them under bf16 autocast with the
 CUDA trainer's compiled norms (each keeps its input and 1/rms). One ``scale`` (fitted on a
 measured peak, ``calibrate``) multiplies the terms that grow with the positions, so a
 run's own peak corrects what the analytic terms miss.
@@ -166,7 +166,7 @@ def phases(cfg: DFlashConfig, shape: DFlashShape) -> dict[str, dict[str, dict[st
 
 def loss_chunk_bytes(vocab_size: int, chunk: int, precision: str, soft_kl: float,
                      fused: bool = True) -> int:
-    """What the chunked loss (training/dflash/loss.py) holds at once beyond its inputs
+    """What the chunked loss (training/drafters/dflash/loss.py) holds at once beyond its inputs
     and their gradient; with a chunk as large as the positions, the unchunked loss.
     fused (CUDA's Triton pass): the drafter's logits in the activations' dtype (the
     gradient is written over them) and, for the soft KL, the verifier's. Eager (CPU), as

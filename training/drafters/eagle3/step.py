@@ -17,10 +17,10 @@ from training.data import Dataset
 from training.device import autocast
 from training.distributed import all_reduce
 from training.drafters import Drafter, base_shape
-from training.model import Eagle3Drafter, StepLoss
+from training.drafters.eagle3.vocab import build_draft_vocab, default_draft_vocab_size
+from training.drafters.eagle3.model import Eagle3Drafter, StepLoss
 from training.offload import HostOffload
 from training.packing import PackedBatch
-from training.vocab import build_draft_vocab, default_draft_vocab_size
 
 
 class Unroll(nn.Module):
