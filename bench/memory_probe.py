@@ -33,7 +33,7 @@ from training import memory  # noqa: E402
 from training.config import PRESETS  # noqa: E402
 from training.device import use_cuda_allocator_settings  # noqa: E402
 from training.memory import GiB, StepShape  # noqa: E402
-from training.probe import (PROBE_POINTS, SMOKE_POINTS, ProbeError, Trainer,  # noqa: E402
+from training.drafters.eagle3.probe import (PROBE_POINTS, SMOKE_POINTS, ProbeError, Trainer,  # noqa: E402
                             run_probe)
 
 # Lengths shared with the probe where possible (flex_attention compiles once per length),

@@ -15,7 +15,7 @@ from training.drafters.eagle3 import model as model_module
 from training.config import PRESETS
 from training.memory import Calibration, GiB, Measurement, StepShape
 from training.drafters.eagle3.model import Eagle3Drafter
-from training.probe import Trainer, count_saved_bytes, random_batch, state_tensors
+from training.drafters.eagle3.probe import Trainer, count_saved_bytes, random_batch, state_tensors
 
 TINY = PRESETS["tiny"]  # H 64, 4 heads of 16, 2 KV heads, MLP 192, vocab 512, draft 256
 RESULTS = Path(__file__).resolve().parents[2] / "bench/results"

@@ -16,7 +16,7 @@ from training.data import Dataset
 from training.device import autocast
 from training.drafters.dflash.model import DFlashDrafter, position_weights
 from training.distributed import all_reduce
-from training.drafters import Drafter, base_shape
+from training.drafters.drafter import Drafter, base_shape
 from training.packing import PackedBatch
 from training.params import PARAMS, anchor_room
 
