@@ -12,7 +12,7 @@ states, as speculators does and as trackside does for data extracted without the
 child reports the wall time of its set-up (random inputs, the model) and of its first
 step (compilation included), the median of its timed steps, tokens/s (row tokens per second) and
 torch.cuda.max_memory_allocated over the timed steps; trackside's children also the
-memory model's prediction for the step (training/memory/dflash.py).
+memory model's prediction for the step (training/drafters/dflash/memory.py).
 
 speculators is the anchor: its DFlashDraftModel built from a Qwen3 layer config, as its
 trainer builds it for `--speculator-type dflash` (its defaults: five layers, block 16,
@@ -189,8 +189,8 @@ def speculators_step(spec: dict, row: dict, device: torch.device):
 
 
 def predicted_gib(spec: dict, precision: str) -> float:
-    from training.memory import GiB
-    from training.memory import dflash as memory
+    from training.drafters.dflash import memory
+    from training.memory.units import GiB
 
     shape = memory.DFlashShape(spec["max_seq_len"], spec["max_anchors"], spec["soft_kl"],
                                loss_chunk=spec["loss_chunk"], precision=precision)

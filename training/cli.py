@@ -13,7 +13,7 @@ from typing import NoReturn
 from training import contract, drafters, register
 from training.bytecode import keep_bytecode
 from training.contract import EXIT_OK, EXIT_USAGE, OneLineParser, UsageError
-from training.memory.terms import SHARDINGS
+from training.memory.state import SHARDINGS
 from training.params import EXCLUSIVE, add_param_flag, layer_list
 
 

@@ -10,8 +10,11 @@ import argparse
 import math
 import sys
 
-from training import drafters, memory
+from training import drafters
 from training.contract import EXIT_USAGE, OneLineParser, UsageError
+from training.memory.peak import DEFAULT_HEADROOM_GIB
+from training.memory.state import SHARDINGS
+from training.memory.units import PRECISIONS
 from training.params import add_param_flag
 
 
@@ -38,10 +41,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "--from-run, else 16384)")
     add_param_flag(p, "batch_rows", help="rows per step and GPU (default 1)")
     add_param_flag(p, "loss_chunk", help="positions per loss chunk (default 2048)")
-    p.add_argument("--precision", choices=tuple(memory.PRECISIONS), default=None,
+    p.add_argument("--precision", choices=tuple(PRECISIONS), default=None,
                    help="bf16 autocast (GPU default) or fp32")
     p.add_argument("--world-size", type=int, help="GPUs in the run (default 1)")
-    p.add_argument("--sharding", choices=memory.SHARDINGS, default=None,
+    p.add_argument("--sharding", choices=SHARDINGS, default=None,
                    help="as train --sharding: ddp (every GPU holds the whole drafter and "
                         "its AdamW state) or fsdp (each holds a shard of them and gathers "
                         "the weights it runs whole); default: the run's, else ddp")
@@ -49,7 +52,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="round the largest max_seq_len down to a multiple of this")
     p.add_argument("--headroom-gib", type=float,
                    help="memory outside the allocator: CUDA context, NCCL (default "
-                        f"{memory.DEFAULT_HEADROOM_GIB:g})")
+                        f"{DEFAULT_HEADROOM_GIB:g})")
     # Every other command's --config is the hosts file: here, only a pointer to the flag meant.
     p.add_argument("--config", dest="hosts_config", help=argparse.SUPPRESS)
     p.add_argument("--from-run", action="append", metavar="RUN_DIR",
@@ -68,7 +71,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     # Named as given: a card too small for the default headroom is the card's flag.
     given_headroom = args.headroom_gib is not None
     if not given_headroom:
-        args.headroom_gib = memory.DEFAULT_HEADROOM_GIB
+        args.headroom_gib = DEFAULT_HEADROOM_GIB
     if not args.headroom_gib >= 0:
         raise UsageError(f"--headroom-gib must be 0 or more, got {args.headroom_gib:g}")
     if args.headroom_gib >= args.gpu_mem_gib:

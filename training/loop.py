@@ -78,7 +78,7 @@ class TrainConfig:
     # DFlash's knobs (training/drafters/dflash/step.py): the start event's `dflash`, by which
     # the dashboard and `fit --from-run` tell a DFlash run
     dflash: object | None = None
-    sharding: str = "ddp"  # one of training.memory.SHARDINGS
+    sharding: str = "ddp"  # one of training.memory.state.SHARDINGS
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -12,7 +12,7 @@ from training.drafters.eagle3 import loss, model
 from training.compiled import compile_island
 from training.config import PRESETS
 from training.drafters.eagle3.probe import count_saved_bytes
-from training.memory import saved_per_token_step
+from training.drafters.eagle3.memory import saved_per_token_step
 
 L_FIRST, L_SECOND = 48, 80
 

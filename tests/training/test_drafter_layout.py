@@ -16,7 +16,8 @@ FOLDERS = sorted(p.parent.name for p in (TRAINING / "drafters").glob("*/__init__
 # Where each drafter's code lived before it had a folder.
 FLAT = ("training.model", "training.attention", "training.loss", "training.loss_triton",
         "training.fold_triton", "training.export", "training.vocab", "training.dflash",
-        "training.probe")
+        "training.probe", "training.memory.terms", "training.memory.calibrate",
+        "training.memory.search", "training.memory.dflash")
 # The trainer's parts every drafter runs through.
 SHARED = ("loop", "packing", "data", "distributed", "device", "checkpoint", "mirror",
           "resume", "offload")
@@ -68,8 +69,10 @@ def test_each_drafters_code_sits_under_its_folder():
         for folder in FOLDERS:
             if folder != home and reaches(names, f"training.drafters.{folder}"):
                 outside.setdefault(str(path.relative_to(ROOT)), set()).add(folder)
-    # A drafter's folder reaches no other's; outside them only the registry names them.
-    assert outside == {"training/drafters/__init__.py": set(FOLDERS)}
+    # A drafter's folder reaches no other's; outside them only the registry names them, and
+    # the reading of a run's shape by the drafter it trained.
+    assert outside == {"training/drafters/__init__.py": set(FOLDERS),
+                       "training/drafters/measured.py": set(FOLDERS)}
 
 
 def test_each_parameter_of_one_drafter_is_that_drafters_flag():

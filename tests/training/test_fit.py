@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from training import fit, memory
+from training import fit
 from training.config import PRESETS
 from training.drafters.eagle3 import fit as eagle3_fit
 from training.drafters.eagle3 import probe
-from training.memory import GiB, Calibration, StepShape
+from training.drafters.eagle3 import memory
+from training.drafters.eagle3.memory import GiB, Calibration, StepShape
 
 REPO = Path(__file__).resolve().parents[2]
 

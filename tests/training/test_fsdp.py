@@ -28,7 +28,7 @@ from training.cli import main
 from training.config import DFLASH_PRESETS, PRESETS
 from training.drafters.dflash.model import DFlashDrafter
 from training.optimizer import make_optimizer
-from training.memory import dflash as dflash_memory
+from training.drafters.dflash import memory as dflash_memory
 from training.drafters.eagle3.model import Eagle3Drafter
 
 ROOT = Path(__file__).resolve().parents[2]

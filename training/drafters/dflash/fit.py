@@ -1,6 +1,6 @@
 """`trackside fit --drafter dflash`: a DFlash step's predicted peak on a card, the largest
 max_anchors (at the block size) and block size (at the anchors) that fit, and a table
-over both. Plain arithmetic (training/memory/dflash.py): no torch."""
+over both. Plain arithmetic (memory.py): no torch."""
 from __future__ import annotations
 
 import argparse
@@ -8,12 +8,12 @@ import dataclasses
 import json
 from pathlib import Path
 
-from training import memory
 from training.config import DFLASH_PRESETS, DFLASH_TRAINING_PRESETS, DFlashConfig
 from training.contract import EXIT_OK, UsageError
-from training.memory import GiB, fits
-from training.memory import dflash as model
-from training.memory.dflash import DFlashShape
+from training.drafters.dflash import memory as model
+from training.drafters.dflash.memory import DFlashShape
+from training.memory.peak import fits
+from training.memory.units import GiB
 from training.params import PARAMS, anchor_room
 
 TABLE_ANCHORS = (256, 512, 1024, 2048, 4096)
@@ -101,7 +101,7 @@ def fit(args: argparse.Namespace) -> int:
         if len(args.from_run) > 1:
             raise UsageError("--from-run: a DFlash prediction is scaled to one run's peak")
         try:
-            cfg, base, peak = memory.dflash_from_run(args.from_run[0])
+            cfg, base, peak = model.dflash_from_run(args.from_run[0])
             scale = model.calibrate(cfg, base, peak)
         except ValueError as e:
             raise UsageError(f"--from-run {args.from_run[0]}: {e}") from e

@@ -11,10 +11,10 @@ import json
 import sys
 from pathlib import Path
 
-from training import memory
 from training.config import PRESETS, DrafterConfig
 from training.contract import EXIT_FAILURE, EXIT_OK, UsageError
-from training.memory import Calibration, GiB, Measurement, StepShape
+from training.drafters.eagle3 import memory
+from training.drafters.eagle3.memory import Calibration, GiB, Measurement, StepShape
 
 TABLE_LENGTHS = (4096, 8192, 16384, 24576, 32768, 65536)
 TABLE_TTT = (1, 3, 5, 7)

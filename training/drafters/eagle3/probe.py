@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from training import memory
 from training.config import DrafterConfig
 from training.device import precision, use_cuda_allocator_settings
 from training.drafters.eagle3.model import Eagle3Drafter, StepLoss
 from training.drafters.eagle3.step import Unroll, forward_backward
-from training.memory import Calibration, GiB, Measurement, StepShape
+from training.drafters.eagle3 import memory
+from training.drafters.eagle3.memory import Calibration, GiB, Measurement, StepShape
 from training.optimizer import GRAD_CLIP, LR, make_optimizer, optimizer_step
 from training.packing import PackedBatch
 from training.params import PARAMS
