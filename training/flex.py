@@ -26,8 +26,8 @@ def at_least_float32(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-# The BlockMask's index tensors, whose block-count dimensions with_dynamic_block_counts marks
-# dynamic.
+# The BlockMask's index tensors, whose block-count dimensions with_dynamic_block_counts
+# marks dynamic.
 _BLOCK_TENSORS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
                   "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
 

@@ -18,9 +18,10 @@ FLAT = ("training.model", "training.attention", "training.loss", "training.loss_
         "training.fold_triton", "training.export", "training.vocab", "training.dflash",
         "training.probe", "training.memory.terms", "training.memory.calibrate",
         "training.memory.search", "training.memory.dflash")
-# The trainer's parts every drafter runs through.
+# The trainer's parts every drafter runs through, and the commands, which take the
+# drafters' flags from the registry.
 SHARED = ("loop", "packing", "data", "distributed", "device", "checkpoint", "mirror",
-          "resume", "offload")
+          "resume", "offload", "cli", "fit")
 
 
 def imported(path: Path) -> set[str]:
