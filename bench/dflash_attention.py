@@ -5,7 +5,7 @@ alternatives they were chosen over.
 Inputs as bench/dflash_step.py makes them (one packed row of samples of 1,536-2,560
 tokens, anchors drawn by the trainer's sample_anchors), q/k/v random in bf16 at the
 drafter's heads. Variants:
-- trainer: training/dflash/mask.py as the trainer runs it (BlockMask from the slots'
+- trainer: training/drafters/dflash/mask.py as the trainer runs it (BlockMask from the slots'
   context ranges, flex compiled with dynamic shapes, its kernel options);
 - no-options: the same without kernel options (inductor's tiles, edges masked);
 - static: the trainer's, flex compiled for this shape alone;
@@ -32,9 +32,9 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention 
 
 from bench.dflash_step import QWEN3, drafter_config, packed_row  # noqa: E402
 from bench.timing import median_seconds  # noqa: E402
-from training.attention import flex_kernel_options  # noqa: E402
-from training.dflash.anchors import sample_anchors  # noqa: E402
-from training.dflash.mask import BlockLayout, block_mask_mod  # noqa: E402
+from training.flex import flex_kernel_options  # noqa: E402
+from training.drafters.dflash.anchors import sample_anchors  # noqa: E402
+from training.drafters.dflash.mask import BlockLayout, block_mask_mod  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

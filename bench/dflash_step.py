@@ -12,7 +12,7 @@ states, as speculators does and as trackside does for data extracted without the
 child reports the wall time of its set-up (random inputs, the model) and of its first
 step (compilation included), the median of its timed steps, tokens/s (row tokens per second) and
 torch.cuda.max_memory_allocated over the timed steps; trackside's children also the
-memory model's prediction for the step (training/memory/dflash.py).
+memory model's prediction for the step (training/drafters/dflash/memory.py).
 
 speculators is the anchor: its DFlashDraftModel built from a Qwen3 layer config, as its
 trainer builds it for `--speculator-type dflash` (its defaults: five layers, block 16,
@@ -97,14 +97,14 @@ def verifier_weights(spec: dict, device: torch.device) -> tuple[torch.Tensor, to
 
 
 def trackside_step(spec: dict, row: dict, device: torch.device):
-    from training.dflash.loss import verifier_tokens
-    from training.dflash.model import DFlashDrafter
-    from training.drafters import dflash as run
+    from training.drafters.dflash.loss import verifier_tokens
+    from training.drafters.dflash.model import DFlashDrafter
+    from training.drafters.dflash import step as run
     from training.optimizer import make_optimizer, optimizer_step
     from training.packing import PackedBatch
 
     if spec.get("loss_pass") == "eager":  # the A/B against the Triton pass, and the story's
-        from training.dflash import loss  # unfused softmaxes
+        from training.drafters.dflash import loss  # unfused softmaxes
         loss._chunk_pass = lambda hidden: loss._chunk
     cfg = drafter_config(spec)
     layers = list(range(cfg.num_target_layers))
@@ -189,8 +189,8 @@ def speculators_step(spec: dict, row: dict, device: torch.device):
 
 
 def predicted_gib(spec: dict, precision: str) -> float:
-    from training.memory import GiB
-    from training.memory import dflash as memory
+    from training.drafters.dflash import memory
+    from training.memory.units import GiB
 
     shape = memory.DFlashShape(spec["max_seq_len"], spec["max_anchors"], spec["soft_kl"],
                                loss_chunk=spec["loss_chunk"], precision=precision)
@@ -316,7 +316,7 @@ def export_check(export: Path, data: Path) -> dict:
 
     from training.config import DFlashConfig
     from training.data import Dataset
-    from training.dflash.model import DFlashDrafter
+    from training.drafters.dflash.model import DFlashDrafter
     from training.packing import PackedBatch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -376,7 +376,7 @@ def export_check(export: Path, data: Path) -> dict:
     ours.load_verifier(verifier["embed_tokens"].float(), verifier["lm_head"].float())
     kept = {}
     ours.norm.register_forward_hook(lambda m, i, o: kept.setdefault("h", o))
-    import training.dflash.model as model_module
+    import training.drafters.dflash.model as model_module
     own = model_module.sample_anchors
     model_module.sample_anchors = lambda *a, **k: (anchors, torch.ones(1, 4, dtype=torch.bool,
                                                                        device=device))

@@ -12,7 +12,7 @@ depends on shapes, not values): its step events' peak_mem_gib_ranks are each ran
 torch.cuda.max_memory_allocated. A launch of its own each, because a peak is the
 process's and a process group cannot be made again under one torchrun launch (a second
 init_process_group hangs). The prediction is training/memory's for the run's own start
-event (training.memory.shape_from_start, as `trackside fit --from-run` reads it),
+event (training.drafters.measured.shape_from_start, as `trackside fit --from-run` reads it),
 uncalibrated; `delta` is each sharding's peak less DDP's, where what the activations
 model misses cancels and the FSDP terms (sharded weights and AdamW state against
 gathered groups and DDP's buckets) are what is left. The trainer's last checkpoint is
@@ -51,9 +51,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from training import memory
+from training.drafters.eagle3 import memory
 from training.config import DFLASH_PRESETS, DFLASH_TRAINING_PRESETS, PRESETS
-from training.memory import dflash as dflash_memory
+from training.drafters.dflash import memory as dflash_memory
+from training.drafters.measured import shape_from_start
 from training.params import anchor_room
 
 GiB = 2**30
@@ -108,7 +109,7 @@ def events(run_dir: Path) -> list[dict]:
 
 
 def predicted(start: dict) -> memory.Prediction:
-    cfg, shape = memory.shape_from_start(start)
+    cfg, shape = shape_from_start(start)
     if isinstance(shape, dflash_memory.DFlashShape):
         return dflash_memory.predict(cfg, shape)
     return memory.predict(cfg, shape)

@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from bench.timing import median_seconds  # noqa: E402
-from training import attention, loss, model  # noqa: E402
+from training import layers  # noqa: E402
+from training.drafters.eagle3 import attention, loss, model  # noqa: E402
 from training.config import PRESETS  # noqa: E402
 
 
@@ -48,7 +49,7 @@ def islands(preset: str, L: int, ttt_steps: int, device: torch.device,
 
     def rand(*shape, kind=dtype, grad=False):
         return torch.randn(*shape, generator=g, device=device, dtype=kind).requires_grad_(grad)
-    cos, sin = model.rotary_tables(torch.arange(L, device=device)[None], D, cfg.rope_theta, f32)
+    cos, sin = layers.rotary_tables(torch.arange(L, device=device)[None], D, cfg.rope_theta, f32)
     chunk = min(2048, L)
     # the verifier's rows a chunk reads, in order, as the trainer's mostly are (a table of
     # just those, so that the bytes counted are the bytes read)
@@ -56,7 +57,7 @@ def islands(preset: str, L: int, ttt_steps: int, device: torch.device,
     rows = torch.arange(chunk, device=device)
     fold, unfold = attention._fold_passes(torch.empty(0, device=device))
     return {
-        "rms_norm [L, H]": (model.rms_norm, (rand(1, L, H, grad=True), rand(H, kind=f32, grad=True),
+        "rms_norm [L, H]": (layers.rms_norm, (rand(1, L, H, grad=True), rand(H, kind=f32, grad=True),
                                              cfg.rms_norm_eps), True),
         # the embedding's (no gradient) and the hidden state's, into one [L, 2H]
         "input norms side by side [L, 2H]": (model.side_by_side_norms,
@@ -65,9 +66,9 @@ def islands(preset: str, L: int, ttt_steps: int, device: torch.device,
                                               rand(H, kind=f32, grad=True), cfg.rms_norm_eps),
                                              True),
         # q as q_proj's output comes to rope: [B, L, heads, D]
-        "rope q [L, heads, D]": (model.rope, (rand(1, L, Hq, D, grad=True), cos, sin), True),
-        "swiglu [L, I]": (model.swiglu, (rand(1, L, I), rand(1, L, I)), False),
-        "swiglu_backward [L, I]": (model.swiglu_backward,
+        "rope q [L, heads, D]": (layers.rope, (rand(1, L, Hq, D, grad=True), cos, sin), True),
+        "swiglu [L, I]": (layers.swiglu, (rand(1, L, I), rand(1, L, I)), False),
+        "swiglu_backward [L, I]": (layers.swiglu_backward,
                                    (rand(1, L, I), rand(1, L, I), rand(1, L, I)), False),
         "verifier targets [chunk, V]": (loss._target_chunk,
                                         (rand(chunk, cfg.draft_vocab_size),), False),

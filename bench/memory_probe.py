@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from training import memory  # noqa: E402
+from training.drafters.eagle3 import memory  # noqa: E402
 from training.config import PRESETS  # noqa: E402
 from training.device import use_cuda_allocator_settings  # noqa: E402
-from training.memory import GiB, StepShape  # noqa: E402
-from training.probe import (PROBE_POINTS, SMOKE_POINTS, ProbeError, Trainer,  # noqa: E402
+from training.drafters.eagle3.memory import GiB, StepShape  # noqa: E402
+from training.drafters.eagle3.probe import (PROBE_POINTS, SMOKE_POINTS, ProbeError, Trainer,  # noqa: E402
                             run_probe)
 
 # Lengths shared with the probe where possible (flex_attention compiles once per length),
@@ -147,7 +147,7 @@ def report(results: list[dict], cap_gib: float, device_name: str, command: str,
              "", f"Command: `{command}`", "",
              "Peak = torch.cuda.max_memory_allocated over a full training step (forward, "
              "backward, grad clipping, fused AdamW), measured on the second step of each "
-             "pair; predicted = `training.memory.predict`, calibrated by one probe "
+             "pair; predicted = `training.drafters.eagle3.memory.predict`, calibrated by one probe "
              "(`trackside fit --probe`: one warm-up and one measured step at each of "
              f"{results[0]['probe_points']} small (max_seq_len, TTT) points). OOM = "
              "torch.OutOfMemoryError under the cap.", "", head]

@@ -184,7 +184,7 @@ def matmul_ceiling_tflops(n: int = 8192, reps: int = 50) -> float:
 
 def trackside_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: torch.device,
                    name: str):
-    from training.probe import Trainer
+    from training.drafters.eagle3.probe import Trainer
     from training.packing import PackedBatch
 
     checkpoint_ttt, frozen = trackside_options(name)

@@ -332,7 +332,7 @@ class Flow:
         return {"max_seq_len": self.relaunch_length(), "ttt_steps": RELAUNCH_TTT}
 
     def relaunch_length(self) -> int:
-        from training import memory
+        from training.drafters.eagle3 import memory
         from training.config import PRESETS
 
         reading = self.nvml.read()
@@ -342,7 +342,7 @@ class Flow:
         where = "the card's total from NVML" if reading else "a nominal card (no GPU here)"
         self.facts["relaunch_length"] = {
             "card_gib": round(card, 1), "largest_fitting": largest, "cap": self.mode.length_cap, "chosen": chosen,
-            "why": f"training.memory.largest_fitting({self.mode.preset}, ttt_steps={RELAUNCH_TTT}, "
+            "why": f"training.drafters.eagle3.memory.largest_fitting({self.mode.preset}, ttt_steps={RELAUNCH_TTT}, "
                    f"gpu_mem_gib={card:.1f}, {where}; uncalibrated) = {largest}, capped at "
                    f"{self.mode.length_cap} to keep each step short",
         }  # fmt: skip
@@ -453,7 +453,7 @@ class Flow:
 
     def check_dflash_cost(self, run, changes: dict) -> None:
         """The edit form's peak for the new max_anchors and the largest that fits, against
-        the memory model (training/memory/dflash.py) asked directly, calibrated as the form
+        the memory model (training/drafters/dflash/memory.py) asked directly, calibrated as the form
         calibrates it on the run's own measured peak; on CPU the form must say it has none."""
         text = self.facts["edit_cost"]
         expected = dflash_prediction(run, changes, gpu_total_gib(self.app.hosts["local"]))
@@ -599,20 +599,21 @@ def chart_legend(screen: RunScreen, run, *, whole: bool = False) -> str | None:
 
 
 def dflash_prediction(run, changes: dict, gpu_total: float | None) -> dict:
-    """What training/memory/dflash.py predicts for the run with `changes`, scaled to the
+    """What training/drafters/dflash/memory.py predicts for the run with `changes`, scaled to the
     run's measured peak as the edit form scales it; {"error": why} where it cannot."""
-    from training import memory
-    from training.memory import dflash
+    from training.drafters.dflash import memory as dflash
+    from training.drafters.measured import shape_from_start
+    from training.memory.units import GiB
 
     try:
-        cfg, shape = memory.shape_from_start(run.start or {})
+        cfg, shape = shape_from_start(run.start or {})
     except ValueError as error:
         return {"error": str(error)}
     peaks = [e["peak_mem_gib"] for e in run.steps if e.get("peak_mem_gib")]
     scale, calibration = 1.0, "none: no measured peak"
     if peaks:
         try:
-            scale = dflash.calibrate(cfg, shape, round(max(peaks) * memory.GiB))
+            scale = dflash.calibrate(cfg, shape, round(max(peaks) * GiB))
             calibration = f"on the run's measured peak, {max(peaks):.2f} GiB (scale {scale:.3f})"
         except ValueError as error:  # the form then predicts uncalibrated too
             calibration = f"none: {error}"
@@ -620,9 +621,9 @@ def dflash_prediction(run, changes: dict, gpu_total: float | None) -> dict:
     before, after = dflash.predict(cfg, shape, scale), dflash.predict(cfg, new, scale)
     return {
         "max_seq_len": shape.max_seq_len, "block_size": cfg.block_size, "calibration": calibration,
-        "max_anchors_before": shape.max_anchors, "reserved_gib_before": before.reserved / memory.GiB,
-        "max_anchors": new.max_anchors, "reserved_gib": after.reserved / memory.GiB,
-        "allocated_gib": after.total / memory.GiB, "gpu_total_gib": gpu_total,
+        "max_anchors_before": shape.max_anchors, "reserved_gib_before": before.reserved / GiB,
+        "max_anchors": new.max_anchors, "reserved_gib": after.reserved / GiB,
+        "allocated_gib": after.total / GiB, "gpu_total_gib": gpu_total,
         "largest_max_anchors": dflash.largest_max_anchors(cfg, new, gpu_total, scale=scale) if gpu_total else None,
     }  # fmt: skip
 
@@ -796,7 +797,7 @@ def report(facts: dict) -> str:
     if (model := facts.get("dflash_prediction")) and "error" not in model:
         measured = (facts.get("second_run") or {}).get("peak_mem_gib")
         lines += [
-            f"The memory model asked directly (training/memory/dflash.py, calibrated {model['calibration']}): "
+            f"The memory model asked directly (training/drafters/dflash/memory.py, calibrated {model['calibration']}): "
             f"max_anchors {model['max_anchors_before']} → {model['max_anchors']} "
             f"at block size {model['block_size']}, "
             f"max_seq_len {model['max_seq_len']}: peak ≈{model['reserved_gib_before']:.1f} → "

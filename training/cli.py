@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from training import contract, register
+from training import contract, drafters, register
 from training.bytecode import keep_bytecode
 from training.contract import EXIT_OK, EXIT_USAGE, OneLineParser, UsageError
-from training.memory.terms import SHARDINGS
-from training.params import EXCLUSIVE, PARAMS, add_param_flag
+from training.memory.state import SHARDINGS
+from training.params import EXCLUSIVE, add_param_flag, layer_list
 
 
 def _typed(kind, check, what: str):
@@ -34,16 +34,6 @@ POSITIVE_INT = _typed(int, lambda v: v > 0, "a positive integer")
 POSITIVE_FLOAT = _typed(float, lambda v: v > 0 and v != float("inf"), "a positive number")
 
 
-def _layer_list(text: str) -> tuple[int, ...]:
-    try:
-        layers = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected layer numbers a,b,…, got {text!r}")
-    if len(set(layers)) != len(layers):
-        raise argparse.ArgumentTypeError(f"expected distinct layer numbers, got {text!r}")
-    return layers
-
-
 def runs_root() -> Path:
     return Path(contract.local_runs_root()).expanduser()
 
@@ -59,12 +49,10 @@ def _pids(text: str) -> tuple[int, ...]:
 
 
 def train_parser() -> argparse.ArgumentParser:
-    from training.config import DFLASH_PRESETS, PRESETS
-
     p = OneLineParser(prog="trackside train",
                                 description="Train an EAGLE-3 or DFlash drafter on hidden "
                                             "states.")
-    p.add_argument("--drafter", choices=["eagle3", "dflash"], default="eagle3")
+    p.add_argument("--drafter", choices=list(drafters.DRAFTERS), default=drafters.DEFAULT)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--synthetic", action="store_true",
                         help="a tiny verifier and data set made on the fly (cached)")
@@ -72,20 +60,17 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="run directory (default: a new one under "
                    "$TRACKSIDE_RUNS_ROOT or ~/.trackside/runs)")
     add_param_flag(p, "max_seq_len", help="tokens per packed row (default 2048; 512 with --synthetic)")
-    add_param_flag(p, "ttt_steps", help=f"default {PARAMS['ttt_steps'].default}")
-    add_param_flag(p, "ttt_decay", help=f"default {PARAMS['ttt_decay'].default}")
     [(steps, epochs)] = EXCLUSIVE
     length = p.add_mutually_exclusive_group()
     add_param_flag(length, steps)
     add_param_flag(length, epochs, help="default 1 when --steps is absent")
     add_param_flag(p, "lr", help="peak learning rate (default 1e-4; 3e-3 with --synthetic)")
     add_param_flag(p, "batch_rows", default=1, help="packed rows per process per step")
-    add_param_flag(p, "draft_vocab_size")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--model-config", type=Path, help="drafter shape as JSON")
-    shape.add_argument("--preset", choices=sorted(set(PRESETS) | set(DFLASH_PRESETS)),
-                       help="default tiny; EAGLE-3: " + ", ".join(sorted(PRESETS))
-                       + "; DFlash: " + ", ".join(sorted(DFLASH_PRESETS)))
+    shape.add_argument("--preset", choices=sorted({name for spec in drafters.DRAFTERS.values()
+                                                   for name in spec.presets}),
+                       help="default tiny; " + drafters.presets_help())
     p.add_argument("--device", choices=["cpu", "cuda"])
     p.add_argument("--sharding", choices=SHARDINGS, default="ddp",
                    help="ddp (default): every process holds the whole drafter; fsdp: "
@@ -100,16 +85,6 @@ def train_parser() -> argparse.ArgumentParser:
                    help="start once these processes have ended (the run a relaunch replaces, "
                         "still stopping): the imports first, the device after")
     add_param_flag(p, "loss_chunk", default=2048)
-    add_param_flag(p, "checkpoint_ttt", default=0, metavar="N",
-                   help="recompute the first N TTT steps in backward (bare: every step): each saves "
-                   "its activations' share of the peak for about a third more of its compute")
-    add_param_flag(p, "freeze_lm_head",
-                   help="keep the draft head at the verifier's instead of training it (as "
-                   "speculators does): less compute and memory per step")
-    p.add_argument("--offload-saved", action="store_true",
-                   help="EAGLE-3: keep what backward needs later, and AdamW's state between "
-                   "steps, in pinned host memory, not on the GPU (longer rows in less "
-                   "memory, for the copies' time)")
     p.add_argument("--gpu-mem-gib", type=POSITIVE_FLOAT,
                    help="cap this process's GPU memory (a smaller card, for tests)")
     add_param_flag(p, "save_every", default=1000,
@@ -119,32 +94,8 @@ def train_parser() -> argparse.ArgumentParser:
                    metavar="N", help="a step whose loss or gradient is not finite is skipped, "
                    "never applied; stop after N in a row (exit 4; default %(default)s)")
     p.add_argument("--export", type=Path, help="export the final drafter here")
-    dflash = p.add_argument_group("DFlash (--drafter dflash)")
-    add_param_flag(dflash, "block_size",
-                   help="an anchor and block_size - 1 tokens drafted at once (default the preset's)")
-    add_param_flag(dflash, "max_anchors",
-                   help=f"blocks drawn per packed row (default the preset's, else "
-                   f"{PARAMS['max_anchors'].default}, at most max_seq_len)")
-    add_param_flag(dflash, "dflash_gamma",
-                   help="block offset k weighs exp(-(k-1)/gamma) (default the preset's, else "
-                   f"{PARAMS['dflash_gamma'].default})")
-    add_param_flag(dflash, "soft_kl",
-                   help="share of KL to the verifier's distribution blended into the cross-entropy "
-                   f"(default the preset's, else {PARAMS['soft_kl'].default:g})")
-    add_param_flag(dflash, "num_layers", help="draft layers")
-    dflash.add_argument("--target-layers", type=_layer_list,
-                        help="verifier layers read as context, a,b,… (default the data's)")
+    drafters.add_flags(p, "train")
     return p
-
-
-# Each drafter's own flags, which the other would silently ignore: the parameter table's
-# (training/params.py), and DFlash's --target-layers beside them.
-_EAGLE3_ONLY = tuple(name for name, p in PARAMS.items() if p.drafter == "eagle3")
-_DFLASH_ONLY = (*(name for name, p in PARAMS.items() if p.drafter == "dflash"), "target_layers")
-
-
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
 
 
 def _run_dir(args, device: str) -> Path:
@@ -232,37 +183,23 @@ def _train(args, device: str, argv: list[str]) -> int:
     except DatasetError as exc:
         raise UsageError(f"--data: {exc}") from None
     max_seq_len = args.max_seq_len or (512 if args.synthetic else 2048)
-    if args.drafter == "dflash":
-        from training.drafters.dflash import config_from_flags
-
-        given = [_flag(d) for d in _EAGLE3_ONLY if getattr(args, d)]
-        if given:
-            raise UsageError(f"{', '.join(given)}: EAGLE-3's, not for --drafter dflash")
-        if args.offload_saved:
-            raise UsageError("--offload-saved: EAGLE-3's, not for --drafter dflash")
-        drafter, dflash = config_from_flags(args, dataset, max_seq_len)
-    else:
-        from training.drafters.eagle3 import config_from_flags
-
-        given = [_flag(d) for d in _DFLASH_ONLY if getattr(args, d) is not None]
-        if given:
-            raise UsageError(f"{given[0]} needs --drafter dflash")
-        drafter, dflash = config_from_flags(args, dataset), None
+    spec = drafters.DRAFTERS[args.drafter]
+    foreign = drafters.foreign_flags(args, "train")
+    if foreign:
+        owner, given = foreign
+        raise UsageError(f"{given[0]} needs --drafter {owner.name}"
+                         if args.drafter == drafters.DEFAULT else
+                         f"{', '.join(given)}: {owner.title}'s, not for --drafter {args.drafter}")
     cfg = TrainConfig(
-        data=Path(data), run_dir=run_dir, drafter=drafter, dflash=dflash,
+        data=Path(data), run_dir=run_dir, **spec.from_flags(args, dataset, max_seq_len),
         steps=args.steps, epochs=None if args.steps else (args.epochs or 1),
-        max_seq_len=max_seq_len, ttt_steps=args.ttt_steps or PARAMS["ttt_steps"].default,
-        ttt_decay=args.ttt_decay or PARAMS["ttt_decay"].default,
+        max_seq_len=max_seq_len,
         lr=args.lr or (3e-3 if args.synthetic else 1e-4), batch_rows=args.batch_rows,
         device=device, resume=args.resume, resume_from=args.resume_from, replaced_run_s=replaced_run_s,
-        loss_chunk=args.loss_chunk,
-        checkpoint_ttt=min(args.checkpoint_ttt, args.ttt_steps or PARAMS["ttt_steps"].default),
-        freeze_lm_head=args.freeze_lm_head, offload_saved=args.offload_saved,
-        sharding=args.sharding,
+        loss_chunk=args.loss_chunk, sharding=args.sharding,
         gpu_mem_gib=args.gpu_mem_gib, save_every=args.save_every, seed=args.seed,
         max_nonfinite=args.max_nonfinite,
-        # A DFlash drafter is exported here, after the run, in speculators' layout.
-        export=None if dflash else args.export)
+        export=None if spec.exports_after_run else args.export)
     run_dir.mkdir(parents=True, exist_ok=True)
     if args.synthetic:
         # Every rank of a torchrun run gets here: each links under its own name and renames
@@ -288,15 +225,14 @@ def _train(args, device: str, argv: list[str]) -> int:
     finally:
         if registered:
             register.ended(run_dir, code)
-    if code == 0 and dflash and args.export and int(os.environ.get("RANK", "0")) == 0:
+    if code == 0 and spec.exports_after_run and args.export and int(os.environ.get("RANK", "0")) == 0:
         from training import checkpoint, durable
-        from training.dflash.export import export_dflash
 
         durable.wait_for_writer(run_dir / "checkpoints",
                                 lambda said: print(f"train: --export: {said}", flush=True))
 
-        export_dflash(checkpoint.latest(run_dir / "checkpoints"), args.export,
-                      verifier=dataset.info.get("model") or None)
+        spec.export(checkpoint.latest(run_dir / "checkpoints"), args.export,
+                    dataset.info.get("model") or None)
     return code
 
 
@@ -308,10 +244,10 @@ def extract_main(argv: list[str]) -> int:
                    help="model directory or hub id, or a config.json (random weights)")
     p.add_argument("--prompts", required=True, type=Path, help="JSONL samples")
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--drafter", choices=["eagle3", "dflash"], default="eagle3",
+    p.add_argument("--drafter", choices=list(drafters.DRAFTERS), default=drafters.DEFAULT,
                    help="whose default layers to capture: EAGLE-3's three (2, n/2, n-3) or "
                         "DFlash's five, spread from layer 1 to n-3")
-    p.add_argument("--layers", type=_layer_list,
+    p.add_argument("--layers", type=layer_list,
                    help="capture these layers a,b,… instead of the drafter's default")
     p.add_argument("--max-tokens-per-batch", type=POSITIVE_INT, default=16384)
     args = p.parse_args(argv)

@@ -26,21 +26,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from training import checkpoint, contract, durable
+from training import checkpoint, contract, drafters, durable
 from training.config import DFlashConfig, DrafterConfig
 from training.contract import EXIT_NONFINITE, EXIT_OK, EXIT_OOM
 from training.data import Dataset, Loader
 from training.device import peak_mem_gib, precision
 from training.distributed import (all_reduce, gather_state, join_processes, leave_processes,
                                   live_state, spread)
-from training.drafters import Drafter
-from training.drafters.dflash import DFlash, DFlashTraining
-from training.drafters.eagle3 import Eagle3
+from training.drafters.drafter import Drafter
 from training.metrics import MetricsWriter
 from training.mirror import Mirror
 from training.nonfinite import Streak, Verdict
 from training.offload import OptimizerOffload
-from training.optimizer import make_optimizer, optimizer_step, warmup_cosine
+from training.optimizer import GRAD_CLIP, LR, make_optimizer, optimizer_step, warmup_cosine
 from training.params import PARAMS
 from training.resume import ResumeError, resume, rng_state
 from training.stop import StopRequest
@@ -56,7 +54,7 @@ class TrainConfig:
     max_seq_len: int = 2048
     ttt_steps: int = PARAMS["ttt_steps"].default
     ttt_decay: float = PARAMS["ttt_decay"].default
-    lr: float = 1e-4
+    lr: float = LR
     batch_rows: int = 1  # rows per rank per step
     device: str = "cpu"
     resume: bool = False
@@ -74,11 +72,13 @@ class TrainConfig:
     save_every: int = 0  # 0: only at the end and when stopped
     max_nonfinite: int = contract.MAX_NONFINITE  # skipped steps in a row that end the run
     seed: int = 0
-    grad_clip: float = 1.0
+    grad_clip: float = GRAD_CLIP
     weight_decay: float = 0.0
     export: Path | None = None
-    dflash: DFlashTraining | None = None  # set: train a DFlash drafter, not EAGLE-3
-    sharding: str = "ddp"  # one of training.memory.SHARDINGS
+    # DFlash's knobs (training/drafters/dflash/step.py): the start event's `dflash`, by which
+    # the dashboard and `fit --from-run` tell a DFlash run
+    dflash: object | None = None
+    sharding: str = "ddp"  # one of training.memory.state.SHARDINGS
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -88,11 +88,8 @@ class TrainConfig:
 
 
 def drafter_of(cfg: TrainConfig) -> Drafter:
-    """The drafter cfg trains: DFlash where cfg.dflash is set, else EAGLE-3."""
-    if cfg.dflash is None:
-        return Eagle3(cfg.drafter, cfg.ttt_steps, cfg.ttt_decay, cfg.checkpoint_ttt,
-                      cfg.freeze_lm_head, cfg.offload_saved)
-    return DFlash(cfg.drafter, cfg.dflash)
+    """The drafter cfg trains, as the registry finds it by its shape."""
+    return drafters.spec_of(cfg.drafter).for_run(cfg)
 
 
 def _tried_gib(error: Exception) -> float | None:
@@ -378,9 +375,8 @@ def train(cfg: TrainConfig) -> int:
             batches.close()
 
     if cfg.export is not None and rank == 0 and status != contract.ENDED_NONFINITE:
-        from training.export import export_drafter
-
-        export_drafter(checkpoint.latest(ckpt_root), cfg.export)
+        drafters.spec_of(cfg.drafter).export(checkpoint.latest(ckpt_root), cfg.export,
+                                             dataset.info.get("model") or None)
     metrics.write(contract.END, status=status)
     metrics.close()
     leave_processes()

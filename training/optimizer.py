@@ -9,6 +9,10 @@ from collections.abc import Callable
 
 import torch
 
+# Where a run names none (TrainConfig's defaults; `fit --probe` steps as a run would).
+LR = 1e-4  # AdamW's peak rate
+GRAD_CLIP = 1.0  # the gradient's largest norm
+
 
 def warmup_cosine(warmup: int, total: int, floor: float = 0.1):
     def factor(step: int) -> float:

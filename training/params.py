@@ -181,6 +181,18 @@ def add_param_flag(parser, name: str, **kwargs) -> None:
         parser.add_argument(param.flag, type=param.argument_type, **kwargs)
 
 
+def layer_list(text: str) -> tuple[int, ...]:
+    """A flag's verifier layers a,b,… (train --target-layers, extract --layers): distinct
+    numbers."""
+    try:
+        layers = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer numbers a,b,…, got {text!r}")
+    if len(set(layers)) != len(layers):
+        raise argparse.ArgumentTypeError(f"expected distinct layer numbers, got {text!r}")
+    return layers
+
+
 def flag_index(argv: Sequence[str], flag: str) -> tuple[int, bool] | None:
     """Where `flag` last occurs in argv, and whether it is the `--flag=value` form."""
     for i in range(len(argv) - 1, -1, -1):

@@ -1,8 +1,8 @@
 """What an edit will cost, before paying for a launch: steps, epoch time, peak memory.
 
 Steps and time come from the run's own measurements (steps per epoch, tokens per step,
-tokens/s); memory from training.memory (plain arithmetic, no torch), calibrated on the
-run's measured peak.
+tokens/s); memory from each drafter's memory model (plain arithmetic, no torch),
+calibrated on the run's measured peak.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from training import memory
-from training.memory import dflash as dflash_memory
+from training.drafters.dflash import memory as dflash_memory
+from training.drafters.eagle3 import memory
+from training.drafters.measured import shape_from_start
 from training.params import count_recomputed
 from tui.state import RunState
 
@@ -56,7 +57,7 @@ def no_memory_model(basis: Basis) -> str:
     if device != "cuda":
         return f"{'a CPU run' if device == 'cpu' else 'not a CUDA run'}: no GPU memory to predict"
     try:
-        memory.shape_from_start(basis.start)
+        shape_from_start(basis.start)
     except ValueError:
         return "its start event does not describe a drafter the memory model knows"
     return "the memory model failed on these values"
@@ -97,8 +98,8 @@ def _memory(basis: Basis, params: dict, gpu_mem_gib: float | None
     if not basis.start:
         return None, None, None, None
     try:
-        cfg, shape = memory.shape_from_start(basis.start)
-        if isinstance(shape, memory.DFlashShape):
+        cfg, shape = shape_from_start(basis.start)
+        if isinstance(shape, dflash_memory.DFlashShape):
             return _dflash_memory(basis, cfg, shape, params, gpu_mem_gib)
         calibration = None
         if basis.peak_mem_gib:

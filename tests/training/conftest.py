@@ -8,8 +8,8 @@ from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
 from training.config import PRESETS
-from training.model import Eagle3Drafter
-from training.vocab import build_draft_vocab
+from training.drafters.eagle3.model import Eagle3Drafter
+from training.drafters.eagle3.vocab import build_draft_vocab
 
 
 @pytest.fixture

@@ -7,11 +7,12 @@ import torch
 
 from torch._dynamo.utils import counters
 
-from training import loss, model
+from training import layers
+from training.drafters.eagle3 import loss, model
 from training.compiled import compile_island
 from training.config import PRESETS
-from training.probe import count_saved_bytes
-from training.memory import saved_per_token_step
+from training.drafters.eagle3.probe import count_saved_bytes
+from training.drafters.eagle3.memory import saved_per_token_step
 
 L_FIRST, L_SECOND = 48, 80
 
@@ -20,14 +21,14 @@ def cases(L: int, g: torch.Generator) -> dict:
     def r(*shape, grad=True):
         return torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_(grad)
     return {
-        "rms_norm": (model.rms_norm, (r(1, L, 24), r(24), 1e-5)),
+        "rms_norm": (layers.rms_norm, (r(1, L, 24), r(24), 1e-5)),
         # the embedding takes no gradient, the hidden state does
         "side_by_side_norms": (model.side_by_side_norms,
                                (r(1, L, 24, grad=False), r(1, L, 24), r(24), r(24), 1e-5)),
-        "rope": (model.rope, (r(1, L, 4, 16), *model.rotary_tables(torch.arange(L)[None], 16,
+        "rope": (layers.rope, (r(1, L, 4, 16), *layers.rotary_tables(torch.arange(L)[None], 16,
                                                                  10000.0, torch.float64))),
-        "swiglu": (model.swiglu, (r(1, L, 40), r(1, L, 40))),
-        "swiglu_backward": (model.swiglu_backward, tuple(r(1, L, 40, grad=False) for _ in range(3))),
+        "swiglu": (layers.swiglu, (r(1, L, 40), r(1, L, 40))),
+        "swiglu_backward": (layers.swiglu_backward, tuple(r(1, L, 40, grad=False) for _ in range(3))),
         "target_chunk": (loss._target_chunk, (r(L, 30, grad=False),)),
     }
 

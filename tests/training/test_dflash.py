@@ -16,15 +16,15 @@ import torch.nn.functional as F
 from tests.training.test_checkpoint import after_start
 from tests.waiting import niced
 from training import checkpoint, durable
-from training.attention import dense_attention
+from training.flex import dense_attention
 from training.cli import main
 from training.config import DFLASH_PRESETS
 from training.data import Dataset
-from training.dflash.anchors import sample_anchors, valid_anchors
-from training.dflash.loss import block_loss, verifier_tokens
-from training.dflash.mask import BlockLayout, block_attention
-from training.dflash.model import DFlashDrafter
-from training.drafters.dflash import DFlashTraining, step_fields
+from training.drafters.dflash.anchors import sample_anchors, valid_anchors
+from training.drafters.dflash.loss import block_loss, verifier_tokens
+from training.drafters.dflash.mask import BlockLayout, block_attention
+from training.drafters.dflash.model import DFlashDrafter
+from training.drafters.dflash.step import DFlashTraining, step_fields
 from training.loop import EXIT_OOM, TrainConfig, record_oom
 from training.metrics import MetricsWriter
 from training.packing import collate
@@ -118,7 +118,7 @@ def test_the_block_mask_built_from_ranges_covers_exactly_the_rule(block_size, ma
     """The CUDA path's BlockMask, built from the slots' context ranges: its full blocks
     hold only allowed pairs and its blocks (full and partial) every allowed pair, on rows
     whose length and block size are not whole flex blocks."""
-    from training.dflash.mask import block_mask, block_mask_mod
+    from training.drafters.dflash.mask import block_mask, block_mask_mod
     torch.manual_seed(block_size)
     batch = packed_rows(lengths, L)
     anchors, used = sample_anchors(batch.loss_mask, batch.doc_ids, block_size, max_anchors)
@@ -237,7 +237,7 @@ def test_the_loss_holds_a_few_chunks_of_logits_never_all_positions(peak_allocate
 def spied_drafter(monkeypatch):
     """The tiny drafter (float64, a random verifier's embedding and head), two packed rows
     of three samples, and the list that records each target block_loss is handed."""
-    import training.dflash.model as model_module
+    import training.drafters.dflash.model as model_module
 
     seen = []
 
@@ -520,7 +520,7 @@ def test_flex_path_matches_the_dense_path_on_cuda():
 @pytest.mark.parametrize("soft_kl", [0.0, 0.15])
 @pytest.mark.parametrize("V", [300, 151_936])
 def test_the_triton_chunk_pass_matches_the_reference_on_cuda(dtype, soft_kl, V):
-    """training/dflash/loss_triton.py (what CUDA runs) against a float64 reference on the
+    """training/drafters/dflash/loss_triton.py (what CUDA runs) against a float64 reference on the
     same logits (made in dtype, as the trainer makes them: bf16 rounding moves near-tied
     argmaxes, so the reference must see the same numbers): loss, gradient and agreement,
     on vocabularies below and far above one Triton block."""

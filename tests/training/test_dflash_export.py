@@ -12,8 +12,8 @@ from safetensors.torch import load_file, save_file
 
 from training.cli import main
 from training.config import DFLASH_PRESETS
-from training.dflash.export import export_dflash
-from training.dflash.model import DFlashDrafter
+from training.drafters.dflash.export import export_dflash
+from training.drafters.dflash.model import DFlashDrafter
 from training.packing import PackedBatch
 
 # Read from speculators 0.9.0 (speculators/models/dflash/core.py and model_definitions.py:
@@ -115,7 +115,7 @@ def test_speculators_loads_the_export_and_drafts_as_the_drafter_does(tmp_path, m
     anchors = torch.tensor([[2, 9, 20, 41, 50]])
     monkeypatch.setattr(core, "select_anchors",
                         lambda *a, **k: (anchors[0], torch.ones(A, dtype=torch.bool)))
-    monkeypatch.setattr("training.dflash.model.sample_anchors",
+    monkeypatch.setattr("training.drafters.dflash.model.sample_anchors",
                         lambda *a, **k: (anchors, torch.ones(1, A, dtype=torch.bool)))
     theirs, *_ = model._backbone_forward(aux, ids, torch.ones(1, L), final, doc, pos,
                                          max_anchors=A)

@@ -1,4 +1,4 @@
-"""The DFlash memory model (training/memory/dflash.py) and `trackside fit --drafter
+"""The DFlash memory model (training/drafters/dflash/memory.py) and `trackside fit --drafter
 dflash`: the drafter's real parameter count, the chunked loss's measured working set on
 the CPU, the story's OOM unchunked, the largest max_anchors and block size that fit, and
 a run's start event read back."""
@@ -10,13 +10,14 @@ import json
 import pytest
 import torch
 
-from training import fit, memory
+from training import fit
 from training.config import DFLASH_PRESETS
-from training.dflash.loss import block_loss, verifier_tokens
-from training.dflash.model import DFlashDrafter
-from training.memory import GiB
-from training.memory import dflash as model
-from training.memory.dflash import DFlashShape
+from training.drafters.dflash.loss import block_loss, verifier_tokens
+from training.drafters.dflash.model import DFlashDrafter
+from training.drafters.dflash import memory as model
+from training.drafters.dflash.memory import DFlashShape
+from training.drafters.eagle3 import memory
+from training.memory.units import GiB
 
 STORY = DFLASH_PRESETS["story"]
 STORY_SHAPE = DFlashShape(8192, 1024, soft_kl=0.15)
@@ -155,7 +156,7 @@ def dflash_run(tmp_path, peak_gib: float):
 
 def test_a_dflash_start_event_reads_back_as_its_shape(tmp_path):
     run, cfg = dflash_run(tmp_path, 30.0)
-    got_cfg, shape, peak = memory.dflash_from_run(run)
+    got_cfg, shape, peak = model.dflash_from_run(run)
     assert got_cfg == cfg and shape == DFlashShape(8192, 512)
     assert peak == 30 * GiB
     with pytest.raises(ValueError, match="DFlash"):

@@ -10,9 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from training import fit, memory, probe
+from training import fit
 from training.config import PRESETS
-from training.memory import GiB, Calibration, StepShape
+from training.drafters.eagle3 import fit as eagle3_fit
+from training.drafters.eagle3 import probe
+from training.drafters.eagle3 import memory
+from training.drafters.eagle3.memory import GiB, Calibration, StepShape
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -104,7 +107,7 @@ def test_offload_saved_is_named_with_its_cost(capsys):
     rc, out, _ = run_fit(capsys, *OFFLOAD_FLAGS[:-1], "100352")
     said = out.splitlines()[2]
     assert said.startswith("  fits with --offload-saved: ") and "pinned host memory" in said
-    assert fit.OFFLOAD_COST in said
+    assert eagle3_fit.OFFLOAD_COST in said
     rc, out, _ = run_fit(capsys, *OFFLOAD_FLAGS, "--offload-saved")
     assert out.splitlines()[2].startswith("  host: ") and "adamw_state 7.2" in out
     rc, _, err = run_fit(capsys, "--drafter", "dflash", "--preset", "qwen3-8b", "--offload-saved")

@@ -26,10 +26,10 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 from training import checkpoint
 from training.cli import main
 from training.config import DFLASH_PRESETS, PRESETS
-from training.dflash.model import DFlashDrafter
+from training.drafters.dflash.model import DFlashDrafter
 from training.optimizer import make_optimizer
-from training.memory import dflash as dflash_memory
-from training.model import Eagle3Drafter
+from training.drafters.dflash import memory as dflash_memory
+from training.drafters.eagle3.model import Eagle3Drafter
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ["train", "--synthetic", "--steps", "3", "--max-seq-len", "256", "--ttt-steps", "2",

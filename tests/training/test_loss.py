@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from training.loss import soft_cross_entropy as soft_cross_entropy_of_targets
-from training.loss import verifier_targets
-from training.vocab import build_draft_vocab, default_draft_vocab_size
+from training.drafters.eagle3.loss import soft_cross_entropy as soft_cross_entropy_of_targets
+from training.drafters.eagle3.loss import verifier_targets
+from training.drafters.eagle3.vocab import build_draft_vocab, default_draft_vocab_size
 
 
 def soft_cross_entropy(hidden, weight, target_hidden, target_weight, chunk=2048):
@@ -176,7 +176,7 @@ def test_bf16_on_cuda_gives_the_float64_gradients():
 def test_triton_chunk_pass_matches_the_torch_one_on_cuda(dtype, V):
     """loss_triton's kernel against loss._chunk_losses run eagerly: losses, the first
     index of a tied maximum, the gradient, and the pass without one."""
-    from training import loss, loss_triton
+    from training.drafters.eagle3 import loss, loss_triton
     g = torch.Generator(device="cuda").manual_seed(V)
     logits = (torch.randn(37, V, generator=g, device="cuda") * 4).to(dtype)
     logits[0, [3, V // 2, V - 1]] = 30.0  # a three-way tie

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from training import memory
-from training import model as model_module
+from training.drafters.eagle3 import memory
+from training.drafters.eagle3 import model as model_module
 from training.config import PRESETS
-from training.memory import Calibration, GiB, Measurement, StepShape
-from training.model import Eagle3Drafter
-from training.probe import Trainer, count_saved_bytes, random_batch, state_tensors
+from training.drafters.eagle3.memory import Calibration, GiB, Measurement, StepShape
+from training.drafters.eagle3.model import Eagle3Drafter
+from training.drafters.eagle3.probe import Trainer, count_saved_bytes, random_batch, state_tensors
 
 TINY = PRESETS["tiny"]  # H 64, 4 heads of 16, 2 KV heads, MLP 192, vocab 512, draft 256
 RESULTS = Path(__file__).resolve().parents[2] / "bench/results"
@@ -240,7 +240,7 @@ def test_one_measured_point_is_matched_and_moves_every_scale_the_same_way():
 def test_the_calibrations_least_squares_agree_with_torchs():
     """The plain-Python solver (the dashboard has no torch) against torch.linalg.lstsq, on
     systems shaped as a calibration's: a few measurements and a prior row per scale."""
-    from training.memory.calibrate import _least_squares
+    from training.drafters.eagle3.memory.calibrate import _least_squares
 
     g = torch.Generator().manual_seed(0)
     for rows, unknowns, spread in ((1, 4, 1.0), (6, 4, 1.0), (8, 3, 1e3), (6, 4, 1e-3)):
@@ -257,7 +257,7 @@ def test_a_scale_that_would_go_negative_keeps_its_analytic_value():
     """Peaks that fall as a group's bytes grow would fit a negative scale, which no
     trainer has: that group keeps its analytic 1 and the others are refitted (groups of
     hand-made bytes, not the model's: the solver's guard alone)."""
-    from training.memory.calibrate import _fit_scales, _least_squares
+    from training.drafters.eagle3.memory.calibrate import _fit_scales, _least_squares
 
     X = [[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]]  # [constant-like, growing] bytes per point
     y = [3.0, 2.9, 2.8]

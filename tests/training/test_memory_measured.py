@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from training import memory
+from training.drafters.eagle3 import memory
 from training.config import DFLASH_PRESETS, PRESETS
-from training.memory import GiB, Measurement, StepShape, dflash
-from training.memory.dflash import DFlashShape
+from training.drafters.dflash import memory as dflash
+from training.drafters.dflash.memory import DFlashShape
+from training.drafters.eagle3.memory import GiB, Measurement, StepShape
+from training.drafters.measured import shape_from_start
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench/results"
 TOLERANCE = 0.10
@@ -204,4 +206,4 @@ def test_a_start_event_not_the_trainers_is_a_value_error(config):
     """A run dir may be anyone's: whatever its start event holds, the memory model refuses it
     with a ValueError (the edit form's "—" and its reason), never another exception."""
     with pytest.raises(ValueError):
-        memory.shape_from_start({"event": "start", "config": config})
+        shape_from_start({"event": "start", "config": config})

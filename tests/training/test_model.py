@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from training.attention import DocLayout, doc_causal_block_mask, ttt_attention
+from training.drafters.eagle3.attention import DocLayout, doc_causal_block_mask, ttt_attention
 from training.packing import collate
 
 TTT = 4
@@ -246,7 +246,7 @@ def run_compiled_flex_at_two_lengths(device: str, backward: bool) -> None:
     and three; inductor's CPU flex has no log-sum-exp output, so on CPU flex alone."""
     from torch._dynamo.utils import counters
 
-    from training.attention import compiled_flex
+    from training.flex import compiled_flex
     g = torch.Generator().manual_seed(1)
     B, Hq, Hkv, D = 1, 4, 2, 16
     graphs = []
@@ -287,9 +287,9 @@ def test_compiled_islands_serve_a_new_row_length_without_recompiling_on_cuda():
     selves."""
     from torch._dynamo.utils import counters
 
-    from training.loss import _target_chunk
-    from training.model import (rms_norm, rope, rotary_tables, side_by_side_norms, swiglu,
-                                swiglu_backward)
+    from training.drafters.eagle3.loss import _target_chunk
+    from training.drafters.eagle3.model import side_by_side_norms
+    from training.layers import rms_norm, rope, rotary_tables, swiglu, swiglu_backward
     g = torch.Generator(device="cuda").manual_seed(0)
     H, I, Hq, D, V = 64, 96, 4, 16, 100
 
@@ -326,7 +326,7 @@ def test_triton_fold_matches_the_torch_fold_on_cuda(dtype, padded):
     transposed view), flex's output in q's layout or, for a row padded to whole blocks,
     sliced from the padded one, and o_proj's gradient with its heads split. The output and
     the gradients of q and of flex's output come back in those layouts."""
-    from training import attention, fold_triton
+    from training.drafters.eagle3 import attention, fold_triton
     g = torch.Generator(device="cuda").manual_seed(0)
     B, Hq, Hkv, L, D, S = 2, 8, 2, 300, 128, 3
 
@@ -359,7 +359,7 @@ def test_triton_fold_matches_the_torch_fold_on_cuda(dtype, padded):
 def test_diagonal_keys_extend_the_step0_softmax_exactly(steps):
     """flex's output and log-sum-exp over the step-0 keys, extended by with_diagonal_keys:
     the softmax over all the step's keys, values and gradients (lse's included)."""
-    from training.attention import with_diagonal_keys
+    from training.drafters.eagle3.attention import with_diagonal_keys
     g = torch.Generator().manual_seed(steps)
     B, Hq, Hkv, L, D = 2, 4, 2, 40, 8
     doc_ids = random_docs(B, L, seed=steps)
@@ -454,13 +454,13 @@ def swiglu_down_inputs(device, dtype):
 
 
 def test_swiglu_down_recomputes_to_the_exact_gradients():
-    from training.model import SwiGLUDown
+    from training.layers import SwiGLUDown
     assert torch.autograd.gradcheck(SwiGLUDown.apply, swiglu_down_inputs("cpu", torch.float64))
 
 
 @pytest.mark.gpu
 def test_swiglu_down_under_bf16_autocast_matches_plain_autograd():
-    from training.model import SwiGLUDown
+    from training.layers import SwiGLUDown
     gate, up, weight = swiglu_down_inputs("cuda", torch.float32)
     upstream = torch.randn(2, 5, 7, device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -491,7 +491,7 @@ def test_config_round_trips_and_rejects_bad_shapes():
 
 
 def test_load_verifier_takes_the_target_head_rows_of_the_draft_vocab(tiny_cfg):
-    from training.model import Eagle3Drafter
+    from training.drafters.eagle3.model import Eagle3Drafter
     model = Eagle3Drafter(tiny_cfg)
     V, H, D = tiny_cfg.vocab_size, tiny_cfg.hidden_size, tiny_cfg.draft_vocab_size
     head = torch.randn(V, H)
@@ -507,7 +507,7 @@ def test_load_verifier_takes_the_target_head_rows_of_the_draft_vocab(tiny_cfg):
 
 
 def test_diagonal_fold_backward_is_the_gradient_of_its_forward():
-    from training.attention import with_diagonal_keys
+    from training.drafters.eagle3.attention import with_diagonal_keys
     g = torch.Generator().manual_seed(0)
 
     def rand(*shape):
@@ -525,7 +525,7 @@ def test_rope_rotates_as_the_verifiers_llama_layers_do():
     transformers = pytest.importorskip("transformers")
     from transformers.models.llama import modeling_llama
 
-    from training.model import rope, rotary_tables
+    from training.layers import rope, rotary_tables
     D, theta, L = 16, 500000.0, 40
     config = transformers.LlamaConfig(hidden_size=4 * D, num_attention_heads=4,
                                       head_dim=D, rope_theta=theta)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from training import offload
-from training.drafters.eagle3 import Unroll, forward_backward
+from training.drafters.eagle3.step import Unroll, forward_backward
 from training.offload import HostOffload
 from training.packing import collate
 
@@ -32,7 +32,7 @@ def test_an_offloaded_step_is_the_same_step(drafter, make_sample, monkeypatch, c
     def every_tensor(resident=()):  # the tiny drafter's tensors are all under the real floor
         made.append(HostOffload(min_bytes=0, resident=resident))
         return made[-1]
-    monkeypatch.setattr("training.drafters.eagle3.HostOffload", every_tensor)
+    monkeypatch.setattr("training.drafters.eagle3.step.HostOffload", every_tensor)
     got_steps, _ = forward_backward(unroll, batch, TTT, 0.8, 16, checkpoint=checkpoint,
                                     offload=True)
     [hooks] = made

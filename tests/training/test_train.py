@@ -17,7 +17,7 @@ from tests.waiting import niced
 from training.checkpoint import latest
 from training.config import PRESETS
 from training.data import Dataset, Loader, Position
-from training.export import export_drafter
+from training.drafters.eagle3.export import export_drafter
 from training.loop import EXIT_OOM, TrainConfig, _tried_gib, record_oom, train
 from training.metrics import EVENT_FIELDS, MetricsWriter
 from training.optimizer import optimizer_step

@@ -114,7 +114,7 @@ def dflash_basis(peak_gib: float | None):
 
 def test_a_dflash_edit_predicts_its_peak_and_the_largest_anchors():
     from training.config import DFLASH_PRESETS
-    from training.memory import dflash
+    from training.drafters.dflash import memory as dflash
 
     basis = dflash_basis(peak_gib=80.0)
     now = basis.predict({}, gpu_mem_gib=95)

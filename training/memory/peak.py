@@ -1,13 +1,11 @@
-"""A step's predicted peak, what the caching allocator holds at it, and whether it fits a card."""
+"""A step's predicted peak, what the caching allocator holds at it, and whether it fits a
+card: what either drafter's memory model predicts (training/drafters/*/memory)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from training.config import DrafterConfig
-from training.memory.calibrate import Calibration
-from training.memory.terms import GROUPS, StepShape, analytic_phases, optimizer_phase
-from training.memory.units import FP32, GiB
+from training.memory.units import GiB
 
 # What the caching allocator holds beyond the allocated peak, with the trainer's expandable
 # segments (device.use_cuda_allocator_settings): recorded H200 steps of 8K-32K tokens held
@@ -15,10 +13,6 @@ from training.memory.units import FP32, GiB
 # give their slack as an absolute amount (Calibration.reserved_slack), not as a ratio to
 # extrapolate to the large steps that decide a fit.
 RESERVED_RATIO = 1.02
-# Long rows hold more: whole-row fp32 tensors [T, H] (the final norm's backward gradients)
-# cached between uses, beyond the allocated peak; the count is the most that recorded H200
-# steps held (docs/benchmarks.md, the reserve refit and the memory model's tests).
-CACHED_ROW_BLOCKS = 4
 # Outside the allocator: CUDA context, cuBLAS/NCCL handles; a card's memory minus this is
 # what the allocator may use.
 DEFAULT_HEADROOM_GIB = 1.0
@@ -48,20 +42,6 @@ class Prediction:
         flat = {name: v for group in self.terms.values() for name, v in group.items()}
         flat["allocator_slack"] = self.reserved - self.total
         return flat
-
-
-def predict(cfg: DrafterConfig, shape: StepShape,
-            calibration: Calibration | None = None) -> Prediction:
-    scales = calibration.scales if calibration else dict.fromkeys(GROUPS, 1.0)
-    phases = {name: {g: {k: round(v * scales[g]) for k, v in group.items()}
-                     for g, group in terms.items()}
-              for name, terms in analytic_phases(cfg, shape).items()}
-    totals = {name: sum(v for group in terms.values() for v in group.values())
-              for name, terms in phases.items()}
-    peak = max(totals, key=totals.get)
-    return Prediction(phases[peak], peak, totals[peak], optimizer_phase(cfg, shape),
-                      calibration.reserved_slack if calibration else 0,
-                      CACHED_ROW_BLOCKS * shape.tokens * cfg.hidden_size * FP32)
 
 
 def fits(prediction: Prediction, gpu_mem_gib: float,

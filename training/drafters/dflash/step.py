@@ -14,9 +14,9 @@ from training.config import DFLASH_PRESETS, DFLASH_TRAINING_PRESETS, DFlashConfi
 from training.contract import UsageError
 from training.data import Dataset
 from training.device import autocast
-from training.dflash.model import DFlashDrafter, position_weights
+from training.drafters.dflash.model import DFlashDrafter, position_weights
 from training.distributed import all_reduce
-from training.drafters import Drafter, base_shape
+from training.drafters.drafter import Drafter, base_shape
 from training.packing import PackedBatch
 from training.params import PARAMS, anchor_room
 

@@ -1,7 +1,7 @@
 """The EAGLE-3 drafter inside the training loop (training/loop.py): its shape from the
 flags, building it on the verifier with its draft vocabulary, one step's unrolled forward
 and backward, and its step fields (a loss and accuracy per TTT step). `forward_backward` is also what
-`trackside fit --probe` measures (training/probe.py)."""
+`trackside fit --probe` measures (probe.py)."""
 from __future__ import annotations
 
 import argparse
@@ -16,11 +16,12 @@ from training.contract import UsageError
 from training.data import Dataset
 from training.device import autocast
 from training.distributed import all_reduce
-from training.drafters import Drafter, base_shape
-from training.model import Eagle3Drafter, StepLoss
+from training.drafters.drafter import Drafter, base_shape
+from training.drafters.eagle3.vocab import build_draft_vocab, default_draft_vocab_size
+from training.drafters.eagle3.model import Eagle3Drafter, StepLoss
 from training.offload import HostOffload
 from training.packing import PackedBatch
-from training.vocab import build_draft_vocab, default_draft_vocab_size
+from training.params import PARAMS
 
 
 class Unroll(nn.Module):
@@ -127,3 +128,13 @@ def config_from_flags(args: argparse.Namespace, dataset: Dataset) -> DrafterConf
         raise UsageError(f"--draft-vocab-size {draft} exceeds the verifier's vocabulary "
                          f"of {vocab}")
     return dataclasses.replace(base, vocab_size=vocab, draft_vocab_size=draft)
+
+
+def from_flags(args: argparse.Namespace, dataset: Dataset) -> dict:
+    """TrainConfig's fields for the run `trackside train`'s flags ask for: the shape and
+    the unroll's knobs (a knob not given: the parameter table's default)."""
+    ttt_steps = args.ttt_steps or PARAMS["ttt_steps"].default
+    return dict(drafter=config_from_flags(args, dataset), ttt_steps=ttt_steps,
+                ttt_decay=args.ttt_decay or PARAMS["ttt_decay"].default,
+                checkpoint_ttt=min(args.checkpoint_ttt or 0, ttt_steps),
+                freeze_lm_head=bool(args.freeze_lm_head), offload_saved=bool(args.offload_saved))

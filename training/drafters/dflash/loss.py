@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from training.attention import at_least_float32
+from training.flex import at_least_float32
 
 
 def _row_dot(a: Tensor, b: Tensor) -> Tensor:
@@ -29,7 +29,7 @@ def _chunk(z: Tensor, target: Tensor, weights: Tensor, soft_kl: float,
     loss / d z in z's dtype, for a chunk's drafter logits and the verifier's logits (the
     soft KL needs them) or token ids. Float copies are made and overwritten: at the
     story's vocabulary each chunk × V float tensor is 1 GB per 1,024 positions, and this
-    holds three at most. On CUDA, training/dflash/loss_triton.py does the same in one
+    holds three at most. On CUDA, training/drafters/dflash/loss_triton.py does the same in one
     kernel."""
     f = at_least_float32(z.dtype)
     logits = target.is_floating_point()
@@ -53,7 +53,7 @@ def _chunk(z: Tensor, target: Tensor, weights: Tensor, soft_kl: float,
 
 def _chunk_pass(hidden: Tensor):
     if hidden.is_cuda and hidden.dtype != torch.float64:  # the kernel's sums are float32
-        from training.dflash import loss_triton  # imports Triton, which CUDA machines have
+        from training.drafters.dflash import loss_triton  # imports Triton, which CUDA machines have
         return loss_triton.chunk_pass
     return _chunk
 

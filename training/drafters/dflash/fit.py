@@ -1,18 +1,24 @@
 """`trackside fit --drafter dflash`: a DFlash step's predicted peak on a card, the largest
 max_anchors (at the block size) and block size (at the anchors) that fit, and a table
-over both. Plain arithmetic (training/memory/dflash.py): no torch."""
+over both. Plain arithmetic (memory.py): no torch."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
+from pathlib import Path
 
-from training.config import DFlashConfig
-from training.memory import GiB, fits
-from training.memory import dflash as model
-from training.memory.dflash import DFlashShape
-from training.params import anchor_room
+from training.config import DFLASH_PRESETS, DFLASH_TRAINING_PRESETS, DFlashConfig
+from training.contract import EXIT_OK, UsageError
+from training.drafters.dflash import memory as model
+from training.drafters.dflash.memory import DFlashShape
+from training.memory.peak import fits
+from training.memory.units import GiB
+from training.params import PARAMS, anchor_room
 
 TABLE_ANCHORS = (256, 512, 1024, 2048, 4096)
 TABLE_BLOCKS = (8, 16, 24, 32)
+DEFAULT_MAX_SEQ_LEN = 8192
 
 
 def report(cfg: DFlashConfig, shape: DFlashShape, gpu_mem_gib: float, headroom_gib: float,
@@ -83,3 +89,61 @@ def format_report(r: dict) -> str:
                         if b in row else f"{'-':>10} " for b in blocks)
         lines.append(f"  {anchors:>11,} {cells}")
     return "\n".join(lines)
+
+
+def fit(args: argparse.Namespace) -> int:
+    """The report `trackside fit --drafter dflash` prints for the flags, the preset or
+    config, and the run of --from-run (whose measured peak scales the prediction); the
+    exit code."""
+
+    cfg, base, scale, calibrated_on, knobs = None, None, 1.0, None, {}
+    if args.from_run:
+        if len(args.from_run) > 1:
+            raise UsageError("--from-run: a DFlash prediction is scaled to one run's peak")
+        try:
+            cfg, base, peak = model.dflash_from_run(args.from_run[0])
+            scale = model.calibrate(cfg, base, peak)
+        except ValueError as e:
+            raise UsageError(f"--from-run {args.from_run[0]}: {e}") from e
+        calibrated_on = {"run": args.from_run[0], "peak_gib": peak / GiB,
+                         "shape": dataclasses.asdict(base)}
+    if args.preset is not None:
+        if args.preset not in DFLASH_PRESETS:
+            raise UsageError(f"--preset must be one of {', '.join(DFLASH_PRESETS)} with "
+                             f"--drafter dflash, got {args.preset!r}")
+        cfg, knobs = DFLASH_PRESETS[args.preset], DFLASH_TRAINING_PRESETS.get(args.preset, {})
+    elif args.model_config is not None:
+        try:
+            cfg = DFlashConfig.from_dict(json.loads(Path(args.model_config).read_text()))
+        except OSError as e:
+            raise UsageError(f"--model-config {args.model_config}: {e.strerror}") from e
+        except (json.JSONDecodeError, TypeError, ValueError) as e:
+            raise UsageError(f"--model-config {args.model_config}: {e}") from e
+    if cfg is None:
+        raise UsageError("give --preset NAME or --model-config PATH (or --from-run RUN_DIR)")
+    if args.block_size:
+        cfg = dataclasses.replace(cfg, block_size=args.block_size)
+
+    def pick(flag: str, fallback):
+        given = getattr(args, flag)
+        return given if given is not None else getattr(base, flag) if base else \
+            knobs.get(flag, fallback)
+    length = pick("max_seq_len", DEFAULT_MAX_SEQ_LEN)
+    if cfg.block_size > length:
+        raise UsageError(f"--block-size {cfg.block_size} exceeds the row's {length} tokens")
+    room = anchor_room(length, cfg.block_size)
+    anchors = pick("max_anchors", min(PARAMS["max_anchors"].default, room))
+    if anchors > room:
+        raise UsageError(f"--max-anchors {anchors}: a row of max_seq_len {length} holds at "
+                         f"most {room} blocks of {cfg.block_size} tokens")
+    try:
+        shape = DFlashShape(
+            max_seq_len=length, max_anchors=anchors, soft_kl=pick("soft_kl", PARAMS["soft_kl"].default),
+            batch_rows=pick("batch_rows", 1), loss_chunk=pick("loss_chunk", 2048),
+            precision=pick("precision", "bf16"), world_size=pick("world_size", 1),
+            sharding=pick("sharding", "ddp"))
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    r = report(cfg, shape, args.gpu_mem_gib, args.headroom_gib, scale, calibrated_on)
+    print(json.dumps(r, indent=2) if args.json else format_report(r))
+    return EXIT_OK

@@ -4,9 +4,10 @@ from __future__ import annotations
 import dataclasses
 
 from training.config import DrafterConfig
-from training.memory.calibrate import Calibration
-from training.memory.peak import DEFAULT_HEADROOM_GIB, fits, predict
-from training.memory.terms import StepShape
+from training.drafters.eagle3.memory.calibrate import Calibration
+from training.drafters.eagle3.memory.peak import predict
+from training.drafters.eagle3.memory.terms import StepShape
+from training.memory.peak import DEFAULT_HEADROOM_GIB, fits
 
 
 def fewest_checkpoint_ttt(cfg: DrafterConfig, shape: StepShape, gpu_mem_gib: float, *,

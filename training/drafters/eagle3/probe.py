@@ -15,14 +15,15 @@ from dataclasses import dataclass
 
 import torch
 
-from training import loop, memory
 from training.config import DrafterConfig
 from training.device import precision, use_cuda_allocator_settings
-from training.drafters.eagle3 import Unroll, forward_backward
-from training.memory import Calibration, GiB, Measurement, StepShape
-from training.optimizer import make_optimizer, optimizer_step
-from training.model import Eagle3Drafter, StepLoss
+from training.drafters.eagle3.model import Eagle3Drafter, StepLoss
+from training.drafters.eagle3.step import Unroll, forward_backward
+from training.drafters.eagle3 import memory
+from training.drafters.eagle3.memory import Calibration, GiB, Measurement, StepShape
+from training.optimizer import GRAD_CLIP, LR, make_optimizer, optimizer_step
 from training.packing import PackedBatch
+from training.params import PARAMS
 
 # Six steps separate the four term groups: lengths at TTT 1 give the per-token slope, TTT
 # 3 and 5 the linear and quadratic growth with depth. The long TTT-1 row is cheap (one
@@ -80,7 +81,7 @@ class Trainer:
     memory does not depend on their values), stepped by the loop's own step functions."""
 
     def __init__(self, cfg: DrafterConfig, device: torch.device,
-                 ttt_decay: float = loop.TrainConfig.ttt_decay, checkpoint_ttt: int = 0,
+                 ttt_decay: float = PARAMS["ttt_decay"].default, checkpoint_ttt: int = 0,
                  freeze_lm_head: bool = False):
         self.cfg, self.device, self.ttt_decay = cfg, device, ttt_decay
         self.checkpoint_ttt = checkpoint_ttt
@@ -95,7 +96,7 @@ class Trainer:
             self.drafter.freeze_lm_head()
         self.model = Unroll(self.drafter)
         self.params = [p for p in self.drafter.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(self.params, loop.TrainConfig.lr, device)
+        self.optimizer = make_optimizer(self.params, LR, device)
         self.precision = precision(device)
         self.dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
 
@@ -106,7 +107,7 @@ class Trainer:
         return per_step
 
     def optimizer_step(self) -> None:
-        optimizer_step(self.optimizer, self.params, loop.TrainConfig.grad_clip)
+        optimizer_step(self.optimizer, self.params, GRAD_CLIP)
 
     def measure(self, max_seq_len: int, ttt_steps: int, *, batch_rows: int = 1,
                 loss_chunk: int = 2048, steps: int = 2) -> StepPeak:

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from training.attention import at_least_float32
+from training.flex import at_least_float32
 from training.config import DFlashConfig
-from training.dflash.anchors import sample_anchors
-from training.dflash.loss import block_loss, verifier_tokens
-from training.dflash.mask import BlockLayout, block_attention
-from training.model import MLP, RMSNorm, rope, rotary_tables
+from training.drafters.dflash.anchors import sample_anchors
+from training.drafters.dflash.loss import block_loss, verifier_tokens
+from training.drafters.dflash.mask import BlockLayout, block_attention
+from training.layers import MLP, RMSNorm, rope, rotary_tables
 from training.packing import PackedBatch
 
 

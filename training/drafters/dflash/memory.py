@@ -1,5 +1,5 @@
-"""Peak memory of a DFlash training step (training/dflash), and the largest max_anchors
-and block size that fit a card.
+"""Peak memory of a DFlash training step (training/drafters/dflash), the largest max_anchors
+and block size that fit a card, and a DFlash run's measured shape and peak.
 
 A step drafts Q = max_anchors × block_size block positions per row over L = max_seq_len
 context positions, through every draft layer at once (no unroll: each layer keeps its
@@ -15,7 +15,7 @@ one of three phases:
   gradients.
 - ``optimizer_step``: weights, gradients and AdamW state, the frozen verifier tensors.
 
-Activations are counted as training/dflash/model.py keeps them under bf16 autocast with the
+Activations are counted as training/drafters/dflash/model.py keeps them under bf16 autocast with the
 CUDA trainer's compiled norms (each keeps its input and 1/rms). One ``scale`` (fitted on a
 measured peak, ``calibrate``) multiplies the terms that grow with the positions, so a
 run's own peak corrects what the analytic terms miss.
@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 from training.config import FLEX_BLOCK, DFlashConfig
+from training.memory.measured import start_and_peak, start_config, trained_drafter
 from training.memory.peak import DEFAULT_HEADROOM_GIB, Prediction, fits
-from training.memory.state import trained_state
-from training.memory.terms import SHARDINGS
-from training.memory.units import BF16, FP32, INDEX, PRECISIONS
+from training.memory.state import SHARDINGS, trained_state
+from training.memory.units import BF16, FP32, GiB, INDEX, PRECISIONS
 from training.params import anchor_room
 
 
@@ -166,7 +167,7 @@ def phases(cfg: DFlashConfig, shape: DFlashShape) -> dict[str, dict[str, dict[st
 
 def loss_chunk_bytes(vocab_size: int, chunk: int, precision: str, soft_kl: float,
                      fused: bool = True) -> int:
-    """What the chunked loss (training/dflash/loss.py) holds at once beyond its inputs
+    """What the chunked loss (training/drafters/dflash/loss.py) holds at once beyond its inputs
     and their gradient; with a chunk as large as the positions, the unchunked loss.
     fused (CUDA's Triton pass): the drafter's logits in the activations' dtype (the
     gradient is written over them) and, for the soft KL, the verifier's. Eager (CPU), as
@@ -256,3 +257,33 @@ def largest_block_size(cfg: DFlashConfig, shape: DFlashShape, gpu_mem_gib: float
         best = bs
     return best
 
+
+
+def dflash_from_run(run_dir: str | Path) -> tuple[DFlashConfig, DFlashShape, int]:
+    """The DFlash drafter, step shape and measured peak (bytes) of a finished run."""
+    start, peak = start_and_peak(run_dir)
+    if trained_drafter(start_config(start)) != "dflash":
+        raise ValueError(f"{run_dir} trained an EAGLE-3 drafter, not DFlash")
+    cfg, shape = shape_from_start(start)
+    return cfg, shape, round(peak * GiB)
+
+
+def shape_from_start(start: dict) -> tuple[DFlashConfig, DFlashShape]:
+    """The DFlash drafter and step shape a run's `start` event describes (ValueError if it
+    cannot be read, or the run did not train on a GPU)."""
+    config = start_config(start)
+    try:
+        dflash = config["dflash"]
+        cfg = DFlashConfig.from_dict(config["model"])
+        return cfg, DFlashShape(max_seq_len=int(config["max_seq_len"]),
+                                max_anchors=int(dflash["max_anchors"]),
+                                soft_kl=float(dflash["soft_kl"]),
+                                batch_rows=int(config.get("batch_rows", 1)),
+                                loss_chunk=int(config.get("loss_chunk", 2048)),
+                                precision=config.get("precision", "bf16"),
+                                world_size=int(start.get("world_size", 1)),
+                                sharding=config.get("sharding", "ddp"))
+    except KeyError as e:
+        raise ValueError(f"the start event's config lacks {e.args[0]}") from e
+    except (TypeError, ValueError, AttributeError) as e:  # a field of another type than the trainer writes
+        raise ValueError(f"the start event's config is not usable: {e}") from e

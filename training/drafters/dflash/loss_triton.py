@@ -1,4 +1,4 @@
-"""DFlash's per-chunk loss pass (training/dflash/loss.py `_chunk`) as one Triton kernel.
+"""DFlash's per-chunk loss pass (training/drafters/dflash/loss.py `_chunk`) as one Triton kernel.
 
 Eager, the pass is a dozen full sweeps over float32 copies of the [chunk x vocab] logits
 (casts, argmaxes, log-softmaxes, exp, scatter, the weighting, the cast back). Here each

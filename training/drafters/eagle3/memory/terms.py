@@ -1,7 +1,7 @@
 """The analytic terms: the bytes a training step keeps, by phase and by how they grow.
 
-Each term is what training/model.py, attention.py and loss.py keep for backward or what
-training/loop.py allocates; the package docstring (training/memory/__init__.py) says
+Each term is what EAGLE-3's model.py, attention.py and loss.py keep for backward or what
+training/loop.py allocates; the package docstring (training/drafters/eagle3/memory/__init__.py) says
 how the phases and groups are chosen.
 """
 from __future__ import annotations
@@ -10,10 +10,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from training.config import FLEX_BLOCK, DrafterConfig
-from training.memory.state import frozen_bytes, parameter_counts, trained_state
+from training.drafters.eagle3.memory.state import frozen_bytes, parameter_counts
+from training.memory.state import SHARDINGS, trained_state
 from training.memory.units import BF16, FP32, INDEX, PRECISIONS
 
-SHARDINGS = ("ddp", "fsdp")
 GROUPS = ("constant", "per_token", "per_step", "diagonal")
 PHASES = ("loss_forward", "loss_backward", "norm_backward", "attention_backward",
           "fold_backward", "fold_backward_pending")
@@ -62,7 +62,7 @@ class StepShape:
 def _compiled(precision: str) -> bool:
     # bf16 is the CUDA trainer, whose norms and SwiGLU are compiled (training/compiled.py):
     # AOTAutograd keeps fewer tensors than the eager CPU path; its loss chunks are a Triton
-    # kernel (training/loss_triton.py) with no temporaries of its own.
+    # kernel (training/drafters/eagle3/loss_triton.py) with no temporaries of its own.
     return precision == "bf16"
 
 

@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from training.attention import (compiled_flex, dense_attention, doc_starts,
-                                flex_kernel_options, with_dynamic_block_counts)
+from training.flex import (compiled_flex, dense_attention, doc_starts, flex_kernel_options,
+                           with_dynamic_block_counts)
 from training.config import FLEX_BLOCK as BLOCK
 
 

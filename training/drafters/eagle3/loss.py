@@ -62,7 +62,7 @@ def verifier_targets(target_hidden: Tensor, target_weight: Tensor,
 def _chunk_losses(logits: Tensor, probs: Tensor, rows: Tensor,
                   want_grad: bool) -> tuple[Tensor, Tensor, Tensor | None]:
     """Each row's loss against probs[rows], its argmax and, if wanted, d loss / d logits =
-    softmax(z) - q. On CUDA, training/loss_triton.py does the same in one kernel."""
+    softmax(z) - q. On CUDA, training/drafters/eagle3/loss_triton.py does the same in one kernel."""
     z, q = logits.to(_loss_dtype(logits.dtype)), probs[rows].to(_loss_dtype(logits.dtype))
     lse = torch.logsumexp(z, -1, keepdim=True)
     grad = ((z - lse).exp() - q).to(logits.dtype) if want_grad else None
@@ -72,7 +72,7 @@ def _chunk_losses(logits: Tensor, probs: Tensor, rows: Tensor,
 
 def _chunk_pass(logits: Tensor):
     if logits.is_cuda and logits.dtype != torch.float64:  # the kernel's sums are float32
-        from training import loss_triton  # imports Triton, which CUDA machines have
+        from training.drafters.eagle3 import loss_triton  # imports Triton, which CUDA machines have
         return loss_triton.chunk_losses
     return _chunk_losses
 

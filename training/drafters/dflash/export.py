@@ -18,7 +18,7 @@ model.safetensors (bfloat16)
     norm.weight. No embed_tokens or lm_head: the loader takes the verifier's, frozen, as
     the drafter trained with them.
 
-The drafter's modules carry these names already (training/dflash/model.py), so the
+The drafter's modules carry these names already (training/drafters/dflash/model.py), so the
 weights are the checkpoint's own, cast.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from training.config import DrafterConfig
-from training.memory.terms import (
+from training.drafters.eagle3.memory.terms import (
     GROUPS,
     PHASES,
     StepShape,
