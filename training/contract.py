@@ -91,7 +91,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     END: ("status",),
 }
 # Fields an event carries only where they mean something.
-OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {STEP: ("peak_mem_gib_ranks",), OOM: ("block_size", "max_anchors"),
+OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {START: ("resume_source",),  # "ram" or "disk": where a resume read
+                                               STEP: ("peak_mem_gib_ranks",), OOM: ("block_size", "max_anchors"),
                                                CHECKPOINT: ("write_s",),
                                                # a failed end's why, and the newest whole checkpoint kept
                                                END: ("reason", "checkpoint")}

@@ -42,7 +42,7 @@ from training.nonfinite import Streak, Verdict
 from training.offload import OptimizerOffload
 from training.optimizer import make_optimizer, optimizer_step, warmup_cosine
 from training.params import PARAMS
-from training.resume import ResumeError, resume, rng_state
+from training.resume import DISK, RAM, ResumeError, resume, rng_state
 from training.stop import StopRequest
 
 
@@ -183,9 +183,15 @@ def train(cfg: TrainConfig) -> int:
         phase_done("model")
         # --- resume ---
         source = cfg.resume_from or (ckpt_root if cfg.resume else None)
-        step, position = resume(source, rank, drafter, trainable, optimizer, scheduler,
-                                cfg.freeze_lm_head, required=cfg.resume_from is not None)
+        resumed = resume(source, rank, world, drafter, trainable, optimizer, scheduler,
+                         cfg.freeze_lm_head, required=cfg.resume_from is not None)
+        step, position = resumed.step, resumed.position
         phase_done("resume")
+        if resumed.source == DISK:
+            phases["resume_wait"] = resumed.wait_s
+        # Read from RAM, its writer may still write into this run's checkpoints (--resume):
+        # the first save waits for it (a save sweeps what no live writer may still need).
+        writer_before = resumed.source == RAM and source.resolve() == ckpt_root.resolve()
         config = {**cfg.to_dict(), "total_steps": total_steps, "warmup_steps": warmup,
                   "global_batch_rows": cfg.batch_rows * world, "resumed_from_step": step,
                   "precision": precision(device),
@@ -193,7 +199,7 @@ def train(cfg: TrainConfig) -> int:
         metrics.write(contract.START, config=config, process_started=contract.PROCESS_STARTED,
                       startup_s={k: round(v, 3) for k, v in phases.items()},
                       steps_per_epoch=loader.steps_per_epoch,
-                      world_size=world)
+                      world_size=world, **({"resume_source": resumed.source} if resumed.source else {}))
         if rank == 0:
             print(f"train: run_dir={cfg.run_dir} steps={total_steps} "
                   f"steps_per_epoch={loader.steps_per_epoch} world_size={world} "
@@ -223,7 +229,7 @@ def train(cfg: TrainConfig) -> int:
             device into RAM (the mirror where it is built), and leave the durable write to
             a writer process, so this one can exit and free the device before the write is
             done (training/durable.py)."""
-            nonlocal last_saved
+            nonlocal last_saved, writer_before
             try:
                 sharded = cfg.sharding == "fsdp"
                 # FSDP gathers on every rank; unsharded, rank 0 holds it all and the others
@@ -246,6 +252,9 @@ def train(cfg: TrainConfig) -> int:
                         files = {}  # they are the mirror's images
                     off_device_s = time.perf_counter() - started
                     if rank == 0:
+                        if writer_before:
+                            durable.wait_for_writer(ckpt_root, lambda said: print(f"train: {said}", flush=True))
+                            writer_before = False
                         staged = checkpoint.stage(ckpt_root, step, files, skeleton, {
                             "drafter": cfg.drafter.to_dict(), "layers": dataset.info["layers"],
                             "num_layers": dataset.info["num_layers"],
