@@ -81,7 +81,7 @@ def _shm_staging(root: Path) -> str:
 
 def sweep(root: Path) -> None:
     """Remove what killed writers and stagers left for `root`. Only with no writer alive
-    for it: the trainer sweeps once --resume has waited for any writer."""
+    for it: the trainer sweeps once it has waited for any writer (stage_dir)."""
     root.mkdir(parents=True, exist_ok=True)
     debris = list(root.glob(TMP_PREFIX + "*"))
     if SHM.is_dir():
@@ -95,7 +95,10 @@ def sweep(root: Path) -> None:
 
 def stage_dir(root: Path, step: int, ram_bytes: int | None = None) -> Path:
     """A fresh directory to write step `step`'s files into: in /dev/shm when `ram_bytes`
-    is given and it has room for them, else the run's own `.tmp-step-<N>`."""
+    is given and it has room for them, else the run's own `.tmp-step-<N>`. A writer still
+    writing into `root` is waited for first, as the sweep would take its staging: the
+    previous run's, whose RAM this one resumed from (training/ram_stage.py)."""
+    wait_for_writer(root, lambda said: print(f"train: {said}", flush=True))
     sweep(root)
     staged = root / f"{TMP_PREFIX}step-{step}"
     if ram_bytes is not None and SHM.is_dir():

@@ -42,7 +42,7 @@ from training.nonfinite import Streak, Verdict
 from training.offload import OptimizerOffload
 from training.optimizer import make_optimizer, optimizer_step, warmup_cosine
 from training.params import PARAMS
-from training.resume import DISK, RAM, ResumeError, resume, rng_state
+from training.resume import DISK, ResumeError, resume, rng_state
 from training.stop import StopRequest
 
 
@@ -189,9 +189,6 @@ def train(cfg: TrainConfig) -> int:
         phase_done("resume")
         if resumed.source == DISK:
             phases["resume_wait"] = resumed.wait_s
-        # Read from RAM, its writer may still write into this run's checkpoints (--resume):
-        # the first save waits for it (a save sweeps what no live writer may still need).
-        writer_before = resumed.source == RAM and source.resolve() == ckpt_root.resolve()
         config = {**cfg.to_dict(), "total_steps": total_steps, "warmup_steps": warmup,
                   "global_batch_rows": cfg.batch_rows * world, "resumed_from_step": step,
                   "precision": precision(device),
@@ -229,7 +226,7 @@ def train(cfg: TrainConfig) -> int:
             device into RAM (the mirror where it is built), and leave the durable write to
             a writer process, so this one can exit and free the device before the write is
             done (training/durable.py)."""
-            nonlocal last_saved, writer_before
+            nonlocal last_saved
             try:
                 sharded = cfg.sharding == "fsdp"
                 # FSDP gathers on every rank; unsharded, rank 0 holds it all and the others
@@ -252,9 +249,6 @@ def train(cfg: TrainConfig) -> int:
                         files = {}  # they are the mirror's images
                     off_device_s = time.perf_counter() - started
                     if rank == 0:
-                        if writer_before:
-                            durable.wait_for_writer(ckpt_root, lambda said: print(f"train: {said}", flush=True))
-                            writer_before = False
                         staged = checkpoint.stage(ckpt_root, step, files, skeleton, {
                             "drafter": cfg.drafter.to_dict(), "layers": dataset.info["layers"],
                             "num_layers": dataset.info["num_layers"],
