@@ -51,11 +51,14 @@ def offer(staged: Path, images: dict[str, int]) -> dict:
     if not images:
         return {}
     texts, total = {}, 0
-    for f in sorted(staged.iterdir()):
-        total += f.stat().st_size
-        if total > TEXTS_MAX or not f.is_file():
-            return {}
-        texts[f.name] = f.read_text()
+    try:
+        for f in sorted(staged.iterdir()):
+            total += f.stat().st_size
+            if total > TEXTS_MAX or not f.is_file():
+                return {}
+            texts[f.name] = f.read_text()
+    except (OSError, ValueError):  # the writer publishes all the same, from the disk's side
+        return {}
     described = {}
     for name, fd in images.items():
         st = os.fstat(fd)
