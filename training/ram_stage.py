@@ -165,8 +165,8 @@ def _open_image(pid: int, name: str, image: dict) -> int:
     marker describes."""
     try:
         fd = os.open(f"/proc/{pid}/fd/{image['fd']}", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        raise NotOffered(f"its writer (pid {pid}) no longer holds {name}") from None
+    except OSError as error:  # closed: the writer is done, or going
+        raise NotOffered(f"its writer's (pid {pid}) {name} cannot be opened ({error.strerror})") from None
     try:
         st = os.fstat(fd)
         target = os.readlink(f"/proc/self/fd/{fd}")

@@ -59,6 +59,9 @@ def _from_ram(source: Path, say) -> tuple[tuple, str] | None:
         return None
     what = f"step {stage.step}'s state in its checkpoint writer's RAM (pid {stage.pid})"
     with stage:
+        newest = checkpoint.latest(source)
+        if newest is not None and int(newest.name.removeprefix("step-")) > stage.step:
+            return None  # a newer durable one: this writer's step is not the latest
         try:
             read = checkpoint.read({name: stage.path(name) for name in stage.fds}, stage.texts)
         except (ValueError, SafetensorError) as error:
@@ -67,9 +70,6 @@ def _from_ram(source: Path, say) -> tuple[tuple, str] | None:
     if not isinstance(read[1], dict) or read[1].get("step") != stage.step:
         say(f"{what} is not read: its state.json is another step's")
         return None
-    newest = checkpoint.latest(source)
-    if newest is not None and int(newest.name.removeprefix("step-")) > stage.step:
-        return None  # a newer durable one: a writer's left over from before
     return read, what
 
 

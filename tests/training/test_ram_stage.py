@@ -14,20 +14,19 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.training.test_checkpoint import after_start, env, events, started, wait_for
+from tests.training.test_checkpoint import after_start, env, events, wait_for
 from tests.training.test_mirror import built, state_like
 from tests.training.test_release_first import said, start
 from tests.waiting import HANG_S
 from training import checkpoint, durable, ram_stage
 from training.contract import WRITING_MARKER
 from training.ram_stage import NotOffered
+from training.resume import _from_ram
 
 STEP = 12
 FILES = (checkpoint.TENSOR_FILES, checkpoint.TEXT_FILES)
@@ -225,6 +224,7 @@ def test_a_trainer_resumes_from_the_held_writers_ram_and_a_second_stop_waits_for
     environ = env(tmp_path_factory)
     hold = Hold(tmp_path / "hold")
     proc = start(run_dir, {**environ, durable.HOLD_ENV: str(hold.path)}, "--save-every", "0")
+    resumed = None
     try:
         assert after_start(run_dir, lambda: sum(e["event"] == "step" for e in events(run_dir)) >= 5, 60)
         assert ready_for_a_stop(proc), said(proc)
@@ -253,9 +253,9 @@ def test_a_trainer_resumes_from_the_held_writers_ram_and_a_second_stop_waits_for
         assert resumed.wait(timeout=60) == 0, said(resumed)
     finally:
         hold.release()
-        for p in (proc, locals().get("resumed")):
-            if p is not None and p.poll() is None:
-                p.kill()
+        for trainer in (proc, resumed):
+            if trainer is not None and trainer.poll() is None:
+                trainer.kill()
     last = [e for e in events(run_dir) if e["event"] == "step"][-1]["step"]
     assert wait_for(lambda: sum(e["event"] == "checkpoint" for e in events(run_dir)) == 2, 60), events(run_dir)[-5:]
     assert [p.name for _, p in durable.step_dirs(ckpt)] == [f"step-{stopped}", f"step-{last}"]
@@ -273,3 +273,21 @@ def test_a_trainer_resumes_from_the_held_writers_ram_and_a_second_stop_waits_for
     assert len(after) >= 10
     for e in after:
         assert e["loss"] == pytest.approx(expected[e["step"]], rel=1e-6), e["step"]
+
+
+def test_a_resume_falls_back_to_the_disk_from_a_marker_it_does_not_take(held):
+    root, pid, hold, weights, state = held
+    real = json.loads((root / WRITING_MARKER).read_text())
+    told = []
+    assert _from_ram(root, told.append)[0][1]["step"] == STEP and not told  # the real one is taken
+    skeleton = json.loads(real["texts"][checkpoint.STATE_JSON])
+    rewrite(root, {**real, "texts": {**real["texts"], checkpoint.STATE_JSON: json.dumps({**skeleton, "step": 3})}})
+    assert _from_ram(root, told.append) is None
+    rewrite(root, {**real, "pid": os.getpid()})
+    assert _from_ram(root, told.append) is None
+    rewrite(root, {**real, "texts": {**real["texts"], checkpoint.STATE_JSON: "{"}})
+    assert _from_ram(root, told.append) is None
+    assert [said.split(" is not")[0].split(" (")[0] for said in told] == [
+        f"step {STEP}'s state in its checkpoint writer's RAM", "the checkpoint writer's RAM",
+        f"step {STEP}'s state in its checkpoint writer's RAM"]
+    assert "another step's" in told[0] and "not a checkpoint writer" in told[1]
