@@ -42,7 +42,7 @@ from training.nonfinite import Streak, Verdict
 from training.offload import OptimizerOffload
 from training.optimizer import make_optimizer, optimizer_step, warmup_cosine
 from training.params import PARAMS
-from training.resume import DISK, ResumeError, resume, rng_state
+from training.resume import ResumeError, resume, rng_state
 from training.stop import StopRequest
 
 
@@ -187,7 +187,7 @@ def train(cfg: TrainConfig) -> int:
                          cfg.freeze_lm_head, required=cfg.resume_from is not None)
         step, position = resumed.step, resumed.position
         phase_done("resume")
-        if resumed.source == DISK:
+        if resumed.source == contract.RESUMED_FROM_DISK:
             phases["resume_wait"] = resumed.wait_s
         config = {**cfg.to_dict(), "total_steps": total_steps, "warmup_steps": warmup,
                   "global_batch_rows": cfg.batch_rows * world, "resumed_from_step": step,

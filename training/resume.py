@@ -16,10 +16,9 @@ from safetensors import SafetensorError
 from torch import nn
 
 from training import checkpoint, durable, ram_stage
+from training.contract import RESUMED_FROM_DISK, RESUMED_FROM_RAM
 from training.data import Position
 from training.distributed import restore_state
-
-RAM, DISK = "ram", "disk"  # where a resume's state came from (the start event's resume_source)
 
 
 class ResumeError(ValueError):
@@ -44,7 +43,7 @@ def _set_rng_state(state: dict) -> None:
 class Resumed:
     step: int
     position: Position
-    source: str | None = None  # RAM or DISK where a checkpoint was restored
+    source: str | None = None  # where a checkpoint was restored from (contract.RESUME_SOURCES)
     wait_s: float = 0.0  # of it, waiting for a writer to make the checkpoint durable
 
 
@@ -125,4 +124,5 @@ def resume(source: Path | None, rank: int, world: int, drafter: nn.Module,
                   checkpoint.optimizer_by_name(state["optimizer"], list(trainable)))
     scheduler.load_state_dict(state["scheduler"])
     _set_rng_state(state["rng"])
-    return Resumed(state["step"], Position(**state["data"]), RAM if taken else DISK, waited)
+    return Resumed(state["step"], Position(**state["data"]),
+                   RESUMED_FROM_RAM if taken else RESUMED_FROM_DISK, waited)

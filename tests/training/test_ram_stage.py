@@ -236,7 +236,8 @@ def test_a_trainer_resumes_from_the_held_writers_ram_and_a_second_stop_waits_for
 
         before = len(events(run_dir))
         resumed = start(run_dir, environ, "--save-every", "0", "--resume")
-        assert after_start(run_dir, lambda: sum(e["event"] == "step" for e in events(run_dir)[before:]) >= 10, 60, before)
+        assert after_start(run_dir, lambda: sum(e["event"] == "step" for e in events(run_dir)[before:]) >= 10,
+                           60, before)
         new = events(run_dir)[before:]
         assert new[0]["event"] == "start" and new[0]["resume_source"] == "ram", new[0]
         assert new[0]["config"]["resumed_from_step"] == stopped and "resume_wait" not in new[0]["startup_s"]
