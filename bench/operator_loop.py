@@ -12,7 +12,10 @@ drafters.
     .venv/bin/python bench/operator_loop.py --drafter eagle3 --smoke    # the same flow on the CPU, tiny
 
 Times are wall clock, from the kill's start: the GPU released and the checkpoint durable
-(the kill's report), the new run's `start` and first `step` events. The first launch's own
+(the kill's report), the new run's `start` and first `step` events. Each resume says where
+its state came from (`resume_source`: "ram", the stopped run's writer still writing, or
+"disk"; its `startup_s` has the seconds of the resume, and of a disk's its wait for the
+writer, `resume_wait`). The first launch's own
 first step is reported too: on a box whose caches are cold it is the fresh-box figure.
 Prints one JSON document; with $OUT set, writes it there too.
 """
@@ -205,11 +208,13 @@ def loop(drafter: str, smoke: bool, work: Path) -> dict:
         "stopped_run_said": [line for line in said if line.startswith("train:")][-3:],
         "resumed": {"max_seq_len": resumed_length, "resumed_from_step": start["config"].get("resumed_from_step"),
                     "first_step": step["step"], "command_s": relaunch_s, "startup_s": start["startup_s"],
+                    "resume_source": start.get("resume_source"),
                     "to_start_s": start["time"] - relaunched_at, "to_first_step_s": step["time"] - relaunched_at},
         "R_resume": {"max_seq_len": rc_length, "stopped_at_step": rc_stopped,
                      "resumed_from_step": rc_start["config"].get("resumed_from_step"), "first_step": rc_step["step"],
                      "gpu_released_s": rc["report"]["gpu_released_s"], "checkpoint_durable_s": rc["report"]["checkpoint_durable_s"],
                      "process_started_s": rc_start["process_started"] - rc["stopped_at"], "startup_s": rc_start["startup_s"],
+                     "resume_source": rc_start.get("resume_source"),
                      "to_start_s": rc_start["time"] - rc["stopped_at"], "to_first_step_s": rc_step["time"] - rc["stopped_at"]},
         "bystander_untouched": bystander_alive,
     }  # fmt: skip

@@ -40,6 +40,7 @@ from training import durable
 
 WEIGHTS, STATE_TENSORS, STATE_JSON, CONFIG = (
     "model.safetensors", "state.safetensors", "state.json", "config.json")
+TENSOR_FILES, TEXT_FILES = {WEIGHTS, STATE_TENSORS}, {STATE_JSON, CONFIG}
 LEGACY_STATE = "state.pt"
 # state.json's stand-ins for what JSON has no word for
 TENSOR, TUPLE = "__tensor__", "__tuple__"
@@ -133,14 +134,20 @@ def load(path: Path) -> tuple[dict[str, Tensor], dict, dict]:
     """(weights, state, config) of one checkpoint directory, on the CPU: every rank
     resumes on its own GPU, and load_state_dict moves the optimizer state to each
     parameter's device."""
-    weights = load_file(path / WEIGHTS)
     if (path / LEGACY_STATE).exists():
         state = torch.load(path / LEGACY_STATE, map_location="cpu", weights_only=False)
-    else:
-        state = _from_json(json.loads((path / STATE_JSON).read_text()),
-                           load_file(path / STATE_TENSORS))
-    config = json.loads((path / CONFIG).read_text())
-    return weights, state, config
+        return load_file(path / WEIGHTS), state, json.loads((path / CONFIG).read_text())
+    return read({name: path / name for name in TENSOR_FILES},
+                {name: (path / name).read_text() for name in TEXT_FILES})
+
+
+def read(tensor_files: dict[str, str | Path], texts: dict[str, str]) -> tuple[dict[str, Tensor], dict, dict]:
+    """(weights, state, config) of a checkpoint's files wherever they are: its tensor
+    files where `tensor_files` says (a step directory's, or a writer's RAM stage:
+    training/ram_stage.py), its JSON files' text."""
+    weights = load_file(tensor_files[WEIGHTS])
+    state = _from_json(json.loads(texts[STATE_JSON]), load_file(tensor_files[STATE_TENSORS]))
+    return weights, state, json.loads(texts[CONFIG])
 
 
 def optimizer_by_name(saved: dict, names: list[str]) -> dict:

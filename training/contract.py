@@ -91,10 +91,15 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     END: ("status",),
 }
 # Fields an event carries only where they mean something.
-OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {STEP: ("peak_mem_gib_ranks",), OOM: ("block_size", "max_anchors"),
+OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {START: ("resume_source",),  # a resumed run's: one of RESUME_SOURCES
+                                               STEP: ("peak_mem_gib_ranks",), OOM: ("block_size", "max_anchors"),
                                                CHECKPOINT: ("write_s",),
                                                # a failed end's why, and the newest whole checkpoint kept
                                                END: ("reason", "checkpoint")}
+
+# Where a resumed run's state came from (its start event's resume_source): the stopped run's
+# checkpoint writer's RAM, while it wrote (training/ram_stage.py), or the durable checkpoint.
+RESUMED_FROM_RAM, RESUMED_FROM_DISK = RESUME_SOURCES = ("ram", "disk")
 
 # When this process imported the contract, which the trainer's entry does first: its start,
 # to a few milliseconds, on the trainer's own clock (a start event's `process_started`, so

@@ -17,6 +17,9 @@ run's processes leaves it to finish. It holds an exclusive lock on `checkpoints/
 durable and its `checkpoint` event written, when it removes the file. The lock dies with
 the writer, however it dies: `--resume` waits while the marker is locked, and a marker
 left unlocked means the write was lost (the previous checkpoint is still the latest).
+Where the trainer handed it RAM images, the marker also offers them to a resuming trainer,
+which then reads them instead of waiting (training/ram_stage.py); the writer holds them
+open until it exits, after the marker is gone.
 
 This module imports nothing but the standard library and the contract's event writer:
 the writer starts in tens of milliseconds, without torch.
@@ -37,6 +40,7 @@ import sys
 import time
 from pathlib import Path
 
+from training import ram_stage
 from training.contract import CHECKPOINT, EXIT_FAILURE, EXIT_OK, WRITER_NAME, WRITING_MARKER
 
 KEEP = 2
@@ -46,6 +50,9 @@ SHM = Path("/dev/shm")
 SHM_SPARE = 1.25  # staging in /dev/shm only with this much more room than the state needs
 WAIT_S = 120.0  # how long --resume waits for a writer
 READY_S = 10.0  # how long a trainer waits for its writer to hold the marker
+# Test-only: a FIFO's path; a writer holds after its first image is copied out until the
+# FIFO's other end is opened and closed (tests/training/test_ram_stage.py).
+HOLD_ENV = "TRACKSIDE_TEST_WRITER_HOLD"
 
 
 class WriterBusy(Exception):
@@ -74,7 +81,7 @@ def _shm_staging(root: Path) -> str:
 
 def sweep(root: Path) -> None:
     """Remove what killed writers and stagers left for `root`. Only with no writer alive
-    for it: the trainer sweeps once --resume has waited for any writer."""
+    for it: the trainer sweeps once it has waited for any writer (stage_dir)."""
     root.mkdir(parents=True, exist_ok=True)
     debris = list(root.glob(TMP_PREFIX + "*"))
     if SHM.is_dir():
@@ -88,7 +95,10 @@ def sweep(root: Path) -> None:
 
 def stage_dir(root: Path, step: int, ram_bytes: int | None = None) -> Path:
     """A fresh directory to write step `step`'s files into: in /dev/shm when `ram_bytes`
-    is given and it has room for them, else the run's own `.tmp-step-<N>`."""
+    is given and it has room for them, else the run's own `.tmp-step-<N>`. A writer still
+    writing into `root` is waited for first, as the sweep would take its staging: the
+    previous run's, whose RAM this one resumed from (training/ram_stage.py)."""
+    wait_for_writer(root, lambda said: print(f"train: {said}", flush=True))
     sweep(root)
     staged = root / f"{TMP_PREFIX}step-{step}"
     if ram_bytes is not None and SHM.is_dir():
@@ -99,11 +109,12 @@ def stage_dir(root: Path, step: int, ram_bytes: int | None = None) -> Path:
     return staged
 
 
-def publish(staged: Path, root: Path, step: int, images: dict[str, int] | None = None) -> Path:
+def publish(staged: Path, root: Path, step: int, images: dict[str, int] | None = None,
+            copied=lambda: None) -> Path:
     """Make the staged files checkpoint step-<step>: fsynced, renamed in, `latest`
     repointed, pruned to the newest KEEP. `images`: more of its files, each an open file
-    (a name → its descriptor: training/mirror.py's images in RAM), closed here. The
-    staging is gone after."""
+    (a name → its descriptor: training/mirror.py's images in RAM), closed here; `copied()`
+    after each. The staging is gone after."""
     final = root / f"step-{step}"
     tmp = root / f"{TMP_PREFIX}step-{step}"
     if staged != tmp:
@@ -111,6 +122,7 @@ def publish(staged: Path, root: Path, step: int, images: dict[str, int] | None =
         shutil.rmtree(staged)
     for name, fd in (images or {}).items():
         _copy_out(fd, tmp / name)
+        copied()
     for f in tmp.iterdir():
         _fsync_path(f)
     _fsync_path(tmp)
@@ -163,7 +175,7 @@ def hand_off(staged: Path, root: Path, step: int, metrics: Path | None,
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (package, os.environ.get("PYTHONPATH")) if p)}
     writer = subprocess.Popen(
-        [sys.executable, "-m", "training.durable", str(staged), str(root), str(step),
+        [sys.executable, "-m", ram_stage.WRITER_MODULE, str(staged), os.path.abspath(root), str(step),
          str(metrics or ""), *(f"{name}={fd}" for name, fd in images.items())],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True, env=env,
         bufsize=0, pass_fds=tuple(images.values()))
@@ -194,7 +206,11 @@ def wait_for_writer(root: Path, say, timeout_s: float = WAIT_S) -> None:
     except FileNotFoundError:
         return
     try:
-        info = json.loads(os.read(fd, 4096) or b"{}")
+        try:  # a marker offering a RAM stage carries its texts: more than a page
+            info = json.loads(os.read(fd, ram_stage.MARKER_MAX) or b"{}")
+        except ValueError:
+            info = {}
+        info = info if isinstance(info, dict) else {}
         what = f"step {info.get('step')}'s checkpoint (writer pid {info.get('pid')})"
         if _locked(fd):
             say(f"waiting up to {timeout_s:.0f} s for {what} to be durable")
@@ -208,7 +224,7 @@ def wait_for_writer(root: Path, say, timeout_s: float = WAIT_S) -> None:
             say(f"{what} is durable")
             return
         say(f"{what} was lost (the writer ended before it was durable): "
-            "resuming from the newest complete checkpoint")
+            "the newest complete checkpoint is the latest")
         (root / WRITING_MARKER).unlink(missing_ok=True)
     finally:
         os.close(fd)
@@ -223,13 +239,16 @@ def _locked(fd: int) -> bool:
     return False
 
 
-def _hold_marker(root: Path, step: int) -> int:
+def _hold_marker(root: Path, step: int, offered: dict) -> int:
     """Create the marker already locked (locked under a temporary name, then renamed in:
-    a waiter never sees it unlocked while its writer lives); the fd that holds the lock."""
+    a waiter never sees it unlocked while its writer lives), with `offered` (a RAM stage's
+    fields) in it; the fd that holds the lock."""
     tmp = root / f"{TMP_PREFIX}writing-{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     fcntl.flock(fd, fcntl.LOCK_EX)
-    os.write(fd, json.dumps({"pid": os.getpid(), "step": step}).encode())
+    text = json.dumps({"pid": os.getpid(), "step": step, **offered}).encode()
+    while text:
+        text = text[os.write(fd, text):]
     os.fsync(fd)
     os.rename(tmp, root / WRITING_MARKER)
     return fd
@@ -243,6 +262,18 @@ def _name_process(name: str) -> None:
         pass
 
 
+def _holding(fifo: str | None):
+    """publish's `copied`: nothing, or (test-only, HOLD_ENV) the first time a wait until the
+    test has opened `fifo` and closed it again."""
+    waits = [fifo] if fifo else []
+
+    def copied() -> None:
+        while waits:
+            with open(waits.pop(), "rb") as held:
+                held.read()
+    return copied
+
+
 def main(argv: list[str]) -> int:
     """The writer: publish a staged checkpoint, whatever happens to the trainer's pane."""
     staged, root, step, metrics = Path(argv[0]), Path(argv[1]), int(argv[2]), argv[3]
@@ -250,12 +281,15 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     _name_process(WRITER_NAME)
-    _hold_marker(root, step)  # its lock lives as long as this process
+    # Its lock lives as long as this process; so do `images`, at the numbers the marker
+    # offers them by (publish closes copies of them).
+    _hold_marker(root, step, ram_stage.offer(staged, images))
     print("ready", flush=True)
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the trainer stops reading
     started = time.perf_counter()
     try:
-        path = publish(staged, root, step, images)
+        path = publish(staged, root, step, {name: os.dup(fd) for name, fd in images.items()},
+                       copied=_holding(os.environ.get(HOLD_ENV)))
     except OSError as error:
         if staged.parent != root:
             shutil.rmtree(staged, ignore_errors=True)  # not to hold RAM in /dev/shm

@@ -180,9 +180,12 @@ def train(cfg: TrainConfig) -> int:
         phase_done("model")
         # --- resume ---
         source = cfg.resume_from or (ckpt_root if cfg.resume else None)
-        step, position = resume(source, rank, drafter, trainable, optimizer, scheduler,
-                                cfg.freeze_lm_head, required=cfg.resume_from is not None)
+        resumed = resume(source, rank, world, drafter, trainable, optimizer, scheduler,
+                         cfg.freeze_lm_head, required=cfg.resume_from is not None)
+        step, position = resumed.step, resumed.position
         phase_done("resume")
+        if resumed.source == contract.RESUMED_FROM_DISK:
+            phases["resume_wait"] = resumed.wait_s
         config = {**cfg.to_dict(), "total_steps": total_steps, "warmup_steps": warmup,
                   "global_batch_rows": cfg.batch_rows * world, "resumed_from_step": step,
                   "precision": precision(device),
@@ -190,7 +193,7 @@ def train(cfg: TrainConfig) -> int:
         metrics.write(contract.START, config=config, process_started=contract.PROCESS_STARTED,
                       startup_s={k: round(v, 3) for k, v in phases.items()},
                       steps_per_epoch=loader.steps_per_epoch,
-                      world_size=world)
+                      world_size=world, **({"resume_source": resumed.source} if resumed.source else {}))
         if rank == 0:
             print(f"train: run_dir={cfg.run_dir} steps={total_steps} "
                   f"steps_per_epoch={loader.steps_per_epoch} world_size={world} "

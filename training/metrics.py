@@ -8,7 +8,10 @@ drops everything, so the loop needs no `if rank == 0` around each event.
 Events and fields:
   start       time, config, steps_per_epoch, world_size, process_started (the process's start),
               startup_s (seconds of each phase before it: imports_device, data, model, resume;
-              replaced_run under --after-pids)
+              replaced_run under --after-pids; resume_wait, of resume, waiting for a
+              checkpoint writer where the durable checkpoint was read);
+              a resumed run's also resume_source: "ram" (the state read from the stopped
+              run's checkpoint writer, training/ram_stage.py) or "disk"
   step        time, step, epoch, loss, loss_ttt, acc_ttt, lr, grad_norm, tokens,
               tokens_per_s, samples_per_row, pad_frac, peak_mem_gib (rank 0's);
               with world_size > 1 also peak_mem_gib_ranks (every rank's, by rank)

@@ -11,7 +11,8 @@ optimizer step has made the moments, a thread builds each tensor file of the che
 trains), the data region mapped with MAP_POPULATE and registered with CUDA
 (cudaHostRegister), a slot per tensor. At the stop `fill` copies every live tensor into its
 slot, waits for the copies, and hands over the files' descriptors: the writer process
-(training/durable.py) inherits them and copies them to disk after this process has exited.
+(training/durable.py) inherits them and copies them to disk after this process has exited,
+and a trainer resuming meanwhile reads them from there (training/ram_stage.py).
 
 The images are anonymous: a trainer killed with SIGKILL leaves nothing behind in RAM.
 Where RAM is short the mirror is not built and the stop takes the ordinary path.
@@ -27,6 +28,8 @@ import time
 
 import torch
 from torch import Tensor
+
+from training.ram_stage import MEMFD_PREFIX
 
 SPARE = 1.25  # built only with this much more available RAM than its images take
 # safetensors' names for the dtypes a checkpoint holds
@@ -69,7 +72,7 @@ class _Image:
 
     def __init__(self, name: str, head: bytes, slots: dict, size: int, pin: bool):
         self.slots, self.pinned, self.map, self.bytes = slots, False, None, None
-        self.fd = os.memfd_create(f"trackside-{name}")
+        self.fd = os.memfd_create(MEMFD_PREFIX + name)
         try:
             os.ftruncate(self.fd, size)
             self.map = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))

@@ -25,4 +25,8 @@ def test_the_operator_loop_resumes_each_relaunch_where_its_parent_stopped(tmp_pa
     assert resumed["resumed_from_step"] == result["stopped_at_step"] and resumed["first_step"] == result["stopped_at_step"] + 1
     assert rc["resumed_from_step"] == rc["stopped_at_step"] and rc["first_step"] == rc["stopped_at_step"] + 1
     assert "replaced_run" in rc["startup_s"] and rc["max_seq_len"] == 352
+    # Where each resume's state came from: the CLI's after the kill made it durable; R with
+    # c's from the writer's RAM, or from the disk (its wait said) where it was done already.
+    assert resumed["resume_source"] == "disk" and "resume_wait" in resumed["startup_s"]
+    assert rc["resume_source"] == "ram" or (rc["resume_source"] == "disk" and "resume_wait" in rc["startup_s"])
     assert result["kill"]["checkpoint"] == "durable"

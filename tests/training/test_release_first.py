@@ -1,7 +1,9 @@
 """Release first, write after: a trainer stopped by SIGTERM exits before its checkpoint is
 durable, a writer process of its own makes it so, and nothing half-written is ever read:
-`--resume` waits for the writer, and a trainer or writer killed at any moment leaves the
-newest checkpoint either whole or absent (the one before it then the latest).
+`--resume` reads the state from the writer's RAM meanwhile (training/ram_stage.py), or
+waits for the writer, and its first save waits for it; a trainer or writer killed at any
+moment leaves the newest checkpoint either whole or absent (the one before it then the
+latest).
 
 Real trainers (`python -m training train --synthetic`), real files; the writer is caught
 mid-write by watching its marker (checkpoints/.writing names its pid) and stopped with
@@ -101,7 +103,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
-def test_the_trainer_exits_before_its_checkpoint_is_durable_and_resume_waits_for_it(
+def test_the_trainer_exits_before_its_checkpoint_is_durable_and_resume_reads_it_from_ram_then_waits_to_save(
         tmp_path, tmp_path_factory):
     run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"
     environ = env(tmp_path_factory)
@@ -137,17 +139,23 @@ def test_the_trainer_exits_before_its_checkpoint_is_durable_and_resume_waits_for
             before = len(events(run_dir))
             waiting = start(run_dir, environ, "--resume")
             what = f"step {step}'s checkpoint (writer pid {writer})"
-            assert wait_for(lambda: f"waiting up to 120 s for {what} to be durable" in said(waiting), HANG_S), said(waiting)
-            time.sleep(1.0)
-            assert len(events(run_dir)) == before  # it reads nothing while the writer writes
+            # It goes on from the writer's RAM (training/ram_stage.py), until its first save,
+            # which waits for that writer (a save sweeps what a live writer still needs).
+            assert after_start(run_dir, lambda: f"waiting up to 120 s for {what} to be durable" in said(waiting),
+                               HANG_S, before), said(waiting)
+            resumed = events(run_dir)[before:]
+            assert resumed[0]["event"] == "start" and resumed[0]["config"]["resumed_from_step"] == step
+            assert resumed[0]["resume_source"] == "ram" and resumed[1]["step"] == step + 1
+            saving = resumed[-1]["step"]  # it trains no further while it waits to save
+            assert saving % 25 == 0 and not any(e["event"] == "checkpoint" for e in resumed)
+            assert complete_checkpoints_only(ckpt) < step  # nothing half-written in place
         finally:
             signal_writer(writer, signal.SIGCONT)  # not sent: its trainer killed it, not ready in time
-        # The writer finishes; the waiting resume then takes its checkpoint.
-        assert wait_for(lambda: len(events(run_dir)) > before + 2, 60), events(run_dir)[before:]
-        resumed = [e for e in events(run_dir)[before:] if e["event"] != "checkpoint"]
-        assert resumed[0]["event"] == "start" and resumed[0]["config"]["resumed_from_step"] == step
-        assert resumed[1]["event"] == "step" and resumed[1]["step"] == step + 1
-        assert f"--resume: {what} is durable" in said(waiting)
+        # The writer finishes; the waiting save then writes its own, and the run goes on.
+        assert wait_for(lambda: [e["step"] for e in events(run_dir)[before:] if e["event"] == "checkpoint"]
+                        == [step, saving], 60), events(run_dir)[before:]
+        assert wait_for(lambda: any(e["event"] == "step" and e["step"] > saving for e in events(run_dir)), 60)
+        assert f"{what} is durable" in said(waiting)
         proc = waiting
     stop(proc)
     assert caught >= 1
