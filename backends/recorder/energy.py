@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 STEP_S = 5 * agent.LOOP_MS / 1000
 COARSE_STEP_S = 3 * agent.MINUTE
 JOULES_PER_KWH = 3.6e6
+# A run whose start is not known (a session trackside did not launch) is charged this far
+# back: the days the recorder keeps whole; its figure is a lower bound.
+UNKNOWN_START_S = agent.KEEP_DAYS * 86400.0
 # A reading continued: from the last charged moment's GPU readings (the snapshots in
 # effect then come with them).
 OVERLAP_S = STEP_S
