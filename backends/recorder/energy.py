@@ -187,8 +187,10 @@ def charge(
         if b - a > (COARSE_STEP_S if b <= coarse else STEP_S) or _in_gap(gaps, gap_starts, a, b):
             unknown(a, b)
             continue
-        at = bisect.bisect_right(list_times, a) - 1
-        if at < 0:  # no snapshot yet of who held it
+        # The recorder lists processes a moment after its first GPU reading: that first
+        # list stands for its first moments too (within one step); before, nobody knows.
+        at = max(bisect.bisect_right(list_times, a) - 1, 0 if list_times and list_times[0] <= b + STEP_S else -1)
+        if at < 0:
             unknown(a, b)
             continue
         held = lists[at][1].get(s0.uuid)

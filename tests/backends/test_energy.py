@@ -134,13 +134,15 @@ def test_readings_too_far_apart_are_a_gap_though_none_was_recorded():
 
 def test_a_snapshot_holds_until_the_next_and_none_before_the_first_is_a_lower_bound():
     """The recorder writes a snapshot when it changes: the trainer's holds from 20 s until
-    the snapshot of no process at 70 s; before 20 s nobody knows."""
+    the snapshot of no process at 70 s. The first snapshot stands for the readings of the
+    step before it too (the recorder lists processes a moment after its first GPU reading);
+    before that nobody knows."""
     rec = recording(readings(GPU0, range(101)), listing([20], TRAINER), panes([20], *BOTH_PANES), empty=[70.0])
     c = charge(rec, {"r": RUN})["r"]
-    assert c.gpu_s == pytest.approx(50.0)
+    assert c.gpu_s == pytest.approx(50.0 + STEP_S + 1)  # the readings from 14 s: the interval ending 15 s on
     assert c.at_least
-    known = recording(readings(GPU0, range(101)), listing([0], TRAINER), panes([0], *BOTH_PANES), empty=[70.0])
-    assert charge(known, {"r": RUN})["r"] == Charge(70.0, 300.0 * 70)
+    started = recording(readings(GPU0, range(101)), listing([0.4], TRAINER), panes([0.4], *BOTH_PANES), empty=[70.0])
+    assert charge(started, {"r": RUN})["r"] == Charge(70.0, 300.0 * 70)
 
 
 def test_a_gpu_shared_by_two_runs_is_split_by_used_memory():

@@ -4,13 +4,26 @@ said, and a run without a recording saying why rather than 0."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
 from textual.widgets import DataTable, Static
 
+from backends import runs
 from backends.recorder.energy import Charge
+from backends.recorder.start import Settings, recorder
 from scripts.sample import FOREIGN_KEY, RUN_KEY, feed_foreign, make_app, on_run
 from tests.tui.conftest import wait_for
+from tests.waiting import until
+from tui import energy
+from tui.app import TracksideApp
 from tui.messages import EnergyMetered
 from tui.screens.fleet import NARROW
+from tui.state import format_number
+from tui.watched import Watched
 
 HOUR_AT_450W = Charge(gpu_s=3 * 3600.0, joules=3 * 3600 * 450.0)  # three cards for an hour: 1.35 kWh
 
@@ -53,3 +66,61 @@ async def test_the_run_screen_says_the_figures_or_why_there_are_none():
         said = str(stats.render())
         assert "GPU at least 1 h  energy at least 0.3 kWh so far" in said, said
         assert "split by used memory" in said and "misses some of its time" in said, said
+
+
+FAKE_SMI = str(Path(__file__).resolve().parents[1] / "fake_nvidia_smi.py")
+IDLE_W = 77.99  # the stand-in's power draw, idle (tests/fixtures/h200/query-gpu-idle-nounits.csv)
+
+
+def child(pane_pid: int) -> int:
+    """The one process under a pane's shell (its `sleep`), once the shell has started it."""
+    found = until(lambda: Path(f"/proc/{pane_pid}/task/{pane_pid}/children").read_text().split(), 30, f"a child of {pane_pid}")
+    assert len(found) == 1, found
+    return int(found[0])
+
+
+async def test_a_runs_figures_from_the_real_recorder_are_the_stand_ins_power_times_its_time(tmp_path, local_host, monkeypatch):
+    """A run on trackside's tmux server whose process the stand-in nvidia-smi lists on GPU 0,
+    a bystander session's on GPU 1, the real recorder recording both: the run is charged
+    GPU 0's draw over the time its process held it, no more (the bystander's card is not
+    its own), shown at 80×24 on its screen and by the fleet where it is wide enough."""
+    held = tmp_path / "gpu-procs.json"
+    held.write_text("[]")
+    # The tmux server the recorder starts, and every session in it, have the stand-in's settings.
+    monkeypatch.setenv("FAKE_NVIDIA_SMI_PROCS", str(held))
+    monkeypatch.setenv("FAKE_NVIDIA_SMI_GPUS", "2")
+    assert await recorder(local_host, "start", FAKE_SMI, Settings(tick_s=1.0)) == "started"
+    run = await runs.launch(local_host, ["sleep", "600"])
+    assert run.state is runs.RunPhase.RUNNING, run
+    tmux_cmd = ["tmux", "-L", local_host.tmux_socket]
+    subprocess.run([*tmux_cmd, "new-session", "-d", "-s", "bystander", "sh", "-c", "sleep 600; :"], check=True)
+    bystander_pane = int(subprocess.run([*tmux_cmd, "list-panes", "-t", "=bystander:", "-F", "#{pane_pid}"],
+                                        capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    trainer = child(run.pids[0])
+    on_gpu = time.time()
+    held.write_text(json.dumps([{"pid": trainer, "gpu": 0, "used_mib": 4000, "name": run.session},
+                                {"pid": child(bystander_pane), "gpu": 1, "used_mib": 9000, "name": run.session}]))  # fmt: skip
+    key = f"local/{run.run_id}"
+    app = TracksideApp([Watched(local_host, FAKE_SMI)], poll_interval=0.5)
+    async with app.run_test(size=(80, 24)) as pilot:
+        charged = lambda: (r := app.runs.get(key)) is not None and (c := energy.charge_of(r)) is not None and c.gpu_s >= 4 and c  # noqa: E731
+        await wait_for(pilot, charged, 120, "the run charged 4 GPU-seconds from the recording")
+        app.open_run(key)
+        found = await wait_for(pilot, lambda: app.screen.query("#stats"), 30, "the run screen")
+        stats = found.first(Static)
+        await wait_for(pilot, lambda: "kWh so far" in str(stats.render()), 30, "the run screen's figures")
+        c, elapsed = energy.charge_of(app.runs[key]), time.time() - on_gpu
+        # Its one card's time, never more than its process has held it (the bystander's
+        # card counted too would double it), at the stand-in's constant draw.
+        assert 4 <= c.gpu_s <= elapsed, (c, elapsed)
+        assert c.joules == pytest.approx(IDLE_W * c.gpu_s)
+        assert not c.at_least and not c.shared, c
+        bystander = energy.charge_of(app.runs["local/bystander"])
+        assert bystander is not None and 0 < bystander.gpu_s <= time.time() - on_gpu
+        assert f"GPU {format_number(c.gpu_hours, 3)} h  energy {format_number(c.kwh, 3)} kWh so far" in str(stats.render())
+        await pilot.press("escape")
+        await pilot.resize_terminal(200, 24)
+        await wait_for(pilot, lambda: "kwh" in [k.value for k in app.screen.query_one(DataTable).columns], 10, "the fleet's energy columns")
+        await pilot.pause()
+        shown = cell(app, f"run:{key}", "gpuh"), cell(app, f"run:{key}", "kwh")
+        assert shown == energy.cells(app.runs[key]) and shown[0][0].isdigit(), shown
