@@ -229,15 +229,14 @@ class HostMonitor:
         scheduled only once one has ended (a slow host is read slower, never piled up);
         after a failure, later each time."""
         name = self.host.name
-        if not self.record:
-            self.app.post_message(EnergyMetered(name, {}, ("off", f"not recorded: the recorder is off for {name} (record = false)")))
-            return
         ledger, said = Ledger(), None
         retry = Backoff(self.interval, FOLLOW_RETRY_CAP_S)
         while True:
-            wait = self.interval
+            wait, news = self.interval, None
             runs_here = self._identities()
-            if runs_here:
+            if not self.record:
+                news = ({}, ("off", f"not recorded: the recorder is off for {name} (record = false)"))
+            elif runs_here:
                 try:
                     recording = await asyncio.wait_for(read_recording(self.host, ledger.read_from(runs_here)), POLL_TIMEOUT_S)
                     ledger.add(recording, runs_here)
@@ -253,9 +252,10 @@ class HostMonitor:
                     else:
                         retry.succeeded()
                     news = (dict(ledger.charges), why)
-                if news != said:
-                    said = news
-                    self.app.post_message(EnergyMetered(name, *news))
+            # Said again when it changed, or a run came or went (the store gives it each run).
+            if news is not None and (set(self.app.runs), news) != said:
+                said = set(self.app.runs), news
+                self.app.post_message(EnergyMetered(name, *news))
             await asyncio.sleep(wait)
 
     def follow(self, key: str, run_dir: str | None, session: str) -> bool:

@@ -124,3 +124,16 @@ async def test_a_runs_figures_from_the_real_recorder_are_the_stand_ins_power_tim
         await pilot.pause()
         shown = cell(app, f"run:{key}", "gpuh"), cell(app, f"run:{key}", "kwh")
         assert shown == energy.cells(app.runs[key]) and shown[0][0].isdigit(), shown
+
+
+async def test_a_run_without_a_recording_says_why_rather_than_0(local_host):
+    """The host's recorder off in the config; on, but not started (nothing recorded)."""
+    run = await runs.launch(local_host, ["sleep", "600"])
+    key = f"local/{run.run_id}"
+    for record, said, short in [(False, "the recorder is off for local", "rec off"), (True, "has not recorded anything yet", "no rec")]:
+        app = TracksideApp([Watched(local_host, FAKE_SMI, record=record)], poll_interval=0.5)
+        async with app.run_test(size=(200, 24)) as pilot:
+            await wait_for(pilot, lambda: app.runs.get(key) and app.runs[key].energy, 60, "the run's energy said")
+            await pilot.pause()
+            assert cell(app, f"run:{key}", "kwh") == short and cell(app, f"run:{key}", "gpuh") == short
+            assert said in energy.line(app.runs[key]), energy.line(app.runs[key])
