@@ -20,9 +20,10 @@ from pathlib import Path
 from backends import runsroot, tmux
 from backends.hosts import Host, HostError
 from backends.recorder import agent
+from backends.ship.deliver import DEFAULT_PYTHON
 
 SESSION = "trackside-recorder"
-PYTHON = "python3"
+PYTHON = DEFAULT_PYTHON  # the host's python3
 
 # The agent's source, run by `python3 -c` (its "$@" after the source: agent.main's argv).
 _SOURCE = Path(agent.__file__).read_text()
