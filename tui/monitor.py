@@ -42,6 +42,7 @@ POLL_TIMEOUT_S = 20.0
 # failure is a line in the run's log.
 FOLLOW_RETRY_S = 2.0
 FOLLOW_RETRY_CAP_S = 30.0
+READ_SHARE = 10  # the energy worker waits this many times its last reading's length, at least
 
 
 def failure_status(error: BaseException) -> tuple[HostStatus, str]:
@@ -225,9 +226,9 @@ class HostMonitor:
 
     async def _meter_energy(self) -> None:
         """Each run's GPU time and energy so far, from the host's recording: read on from
-        the last reading (backends.recorder.energy.Ledger), one a poll interval, the next
-        scheduled only once one has ended (a slow host is read slower, never piled up);
-        after a failure, later each time."""
+        the last reading (backends.recorder.energy.Ledger), at most one a poll interval,
+        the next scheduled only once one has ended (a slow host or a long recording is read
+        slower, never piled up); after a failure, later each time."""
         name = self.host.name
         ledger, said = Ledger(), None
         retry = Backoff(self.interval, FOLLOW_RETRY_CAP_S)
@@ -237,9 +238,13 @@ class HostMonitor:
             if not self.record:
                 news = ({}, ("off", f"not recorded: the recorder is off for {name} (record = false)"))
             elif runs_here:
+                began = time.monotonic()
                 try:
                     recording = await asyncio.wait_for(read_recording(self.host, ledger.read_from(runs_here)), POLL_TIMEOUT_S)
                     ledger.add(recording, runs_here)
+                    # The reader reads and parses each day file whole, on this loop: a long
+                    # day's reading is made rarer, to a share of the dashboard's time.
+                    wait = max(wait, READ_SHARE * (time.monotonic() - began))
                 except asyncio.CancelledError:
                     raise
                 except Exception as error:  # the figures so far stay; a host's trouble is the listing's to say
