@@ -4,6 +4,7 @@ said, and a run without a recording saying why rather than 0."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import time
@@ -14,6 +15,7 @@ from textual.widgets import DataTable, Static
 
 from backends import runs
 from backends.recorder.energy import Charge
+from backends.recorder.read import read_recording
 from backends.recorder.start import Settings, recorder
 from scripts.sample import FOREIGN_KEY, RUN_KEY, feed_foreign, make_app, on_run
 from tests.tui.conftest import wait_for
@@ -80,50 +82,69 @@ def child(pane_pid: int) -> int:
 
 
 async def test_a_runs_figures_from_the_real_recorder_are_the_stand_ins_power_times_its_time(tmp_path, local_host, monkeypatch):
-    """A run on trackside's tmux server whose process the stand-in nvidia-smi lists on GPU 0,
-    a bystander session's on GPU 1, the real recorder recording both: the run is charged
-    GPU 0's draw over the time its process held it, no more (the bystander's card is not
-    its own), shown at 80×24 on its screen and by the fleet where it is wide enough."""
+    """A run on trackside's tmux server whose process the stand-in nvidia-smi lists on GPU 0
+    for a while, a bystander session's on GPU 1 all along, the real recorder recording
+    both: the run is charged GPU 0's draw over the time its process held it, within the
+    recorder's step, and no more (the bystander's card is not its own); shown at 80×24 on
+    its screen, and by the fleet where it is wide enough."""
     held = tmp_path / "gpu-procs.json"
     held.write_text("[]")
     # The tmux server the recorder starts, and every session in it, have the stand-in's settings.
     monkeypatch.setenv("FAKE_NVIDIA_SMI_PROCS", str(held))
     monkeypatch.setenv("FAKE_NVIDIA_SMI_GPUS", "2")
-    assert await recorder(local_host, "start", FAKE_SMI, Settings(tick_s=1.0)) == "started"
+    tick = Settings(tick_s=1.0)
+    assert await recorder(local_host, "start", FAKE_SMI, tick) == "started"
     run = await runs.launch(local_host, ["sleep", "600"])
     assert run.state is runs.RunPhase.RUNNING, run
     tmux_cmd = ["tmux", "-L", local_host.tmux_socket]
     subprocess.run([*tmux_cmd, "new-session", "-d", "-s", "bystander", "sh", "-c", "sleep 600; :"], check=True)
     bystander_pane = int(subprocess.run([*tmux_cmd, "list-panes", "-t", "=bystander:", "-F", "#{pane_pid}"],
                                         capture_output=True, text=True, check=True).stdout)  # fmt: skip
-    trainer = child(run.pids[0])
+    trainer, bystander = child(run.pids[0]), {"pid": child(bystander_pane), "gpu": 1, "used_mib": 9000, "name": run.session}
     on_gpu = time.time()
-    held.write_text(json.dumps([{"pid": trainer, "gpu": 0, "used_mib": 4000, "name": run.session},
-                                {"pid": child(bystander_pane), "gpu": 1, "used_mib": 9000, "name": run.session}]))  # fmt: skip
+    held.write_text(json.dumps([{"pid": trainer, "gpu": 0, "used_mib": 4000, "name": run.session}, bystander]))
     key = f"local/{run.run_id}"
     app = TracksideApp([Watched(local_host, FAKE_SMI)], poll_interval=0.5)
     async with app.run_test(size=(80, 24)) as pilot:
-        charged = lambda: (r := app.runs.get(key)) is not None and (c := energy.charge_of(r)) is not None and c.gpu_s >= 4 and c  # noqa: E731
-        await wait_for(pilot, charged, 120, "the run charged 4 GPU-seconds from the recording")
+        charge = lambda: energy.charge_of(app.runs[key]) if key in app.runs else None  # noqa: E731
+        await wait_for(pilot, lambda: (c := charge()) is not None and c.gpu_s >= 4, 120, "the run charged 4 GPU-seconds")
+        held.write_text(json.dumps([bystander]))  # its process has let the card go
+        off_gpu = time.time()
+        # The recorder's snapshots say when it held the card: charged that long, within a
+        # reading of the card (its loop, one second) at either end.
+        on, off = await held_between(local_host, trainer, on_gpu)
+        await wait_for(pilot, lambda: abs(charge().gpu_s - (off - on)) <= 1.0, 60, f"the run charged its {off - on:.1f} s")
+        c = charge()
+        assert on_gpu <= on and off <= off_gpu + 10 * tick.tick_s and off - on >= 4, (on_gpu, on, off, off_gpu)
+        assert c.joules == pytest.approx(IDLE_W * c.gpu_s) and not c.at_least and not c.shared, c
+        bystander_charge = energy.charge_of(app.runs["local/bystander"])
+        assert bystander_charge is not None and 0 < bystander_charge.gpu_s <= time.time() - on_gpu
         app.open_run(key)
         found = await wait_for(pilot, lambda: app.screen.query("#stats"), 30, "the run screen")
         stats = found.first(Static)
         await wait_for(pilot, lambda: "kWh so far" in str(stats.render()), 30, "the run screen's figures")
-        c, elapsed = energy.charge_of(app.runs[key]), time.time() - on_gpu
-        # Its one card's time, never more than its process has held it (the bystander's
-        # card counted too would double it), at the stand-in's constant draw.
-        assert 4 <= c.gpu_s <= elapsed, (c, elapsed)
-        assert c.joules == pytest.approx(IDLE_W * c.gpu_s)
-        assert not c.at_least and not c.shared, c
-        bystander = energy.charge_of(app.runs["local/bystander"])
-        assert bystander is not None and 0 < bystander.gpu_s <= time.time() - on_gpu
-        assert f"GPU {format_number(c.gpu_hours, 3)} h  energy {format_number(c.kwh, 3)} kWh so far" in str(stats.render())
+        said = f"GPU {format_number(c.gpu_hours, 3)} h  energy {format_number(c.kwh, 3)} kWh so far"
+        assert said in str(stats.render()) and charge() == c, str(stats.render())
         await pilot.press("escape")
         await pilot.resize_terminal(200, 24)
         await wait_for(pilot, lambda: "kwh" in [k.value for k in app.screen.query_one(DataTable).columns], 10, "the fleet's energy columns")
         await pilot.pause()
         shown = cell(app, f"run:{key}", "gpuh"), cell(app, f"run:{key}", "kwh")
-        assert shown == energy.cells(app.runs[key]) and shown[0][0].isdigit(), shown
+        assert shown == energy.cells(app.runs[key]) == (format_number(c.gpu_hours, 3, width=7), format_number(c.kwh, 3, width=7)), shown
+
+
+async def held_between(host, pid: int, since: float) -> tuple[float, float]:
+    """When the recorder's snapshots first listed `pid` on a GPU and first did not again."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        rec = await read_recording(host, since - 10)
+        listing = {t: {p.pid for p in rec.procs if p.time == t} for t in rec.proc_times}
+        on = next((t for t in sorted(listing) if pid in listing[t]), None)
+        off = next((t for t in sorted(listing) if on is not None and t > on and pid not in listing[t]), None)
+        if off is not None:
+            return on, off
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"the recorder never listed {pid} and then stopped listing it")
 
 
 async def test_a_run_without_a_recording_says_why_rather_than_0(local_host):
