@@ -257,18 +257,21 @@ class Ledger:
         lasts: dict[str, float] = {}
         for s in recording.gpus:
             lasts[s.uuid] = max(lasts.get(s.uuid, -math.inf), s.time)
-        if not lasts:
-            return
-        newest = max(lasts.values())
+        newest = max(lasts.values(), default=-math.inf)
         # Charged through the latest reading that every card still read has: a card's
         # time up to its next reading is charged when that reading comes.
-        through = min(t for t in lasts.values() if t >= newest - STEP_S)
-        if through <= self.done:
-            return
-        new = {key: run for key, run in runs.items() if key not in self.charges}
-        old = {key: run for key, run in runs.items() if key in self.charges}
-        # The new runs' first: the older snapshots, so `proven` ends as the newest say.
-        self.charges.update(charge(recording, new, end=through, proven=self.proven))
-        for key, c in charge(recording, old, self.done, through, self.proven).items():
-            self.charges[key] += c
-        self.done = through
+        through = min((t for t in lasts.values() if t >= newest - STEP_S), default=-math.inf)
+        if through > self.done:
+            new = {key: run for key, run in runs.items() if key not in self.charges}
+            old = {key: run for key, run in runs.items() if key in self.charges}
+            # The new runs' first: the older snapshots, so `proven` ends as the newest say.
+            self.charges.update(charge(recording, new, end=through, proven=self.proven))
+            for key, c in charge(recording, old, self.done, through, self.proven).items():
+                self.charges[key] += c
+            self.done = through
+        # A gap past the last reading charged: the recorder is not recording now (it
+        # died), so what the runs do meanwhile is not known.
+        if any(g.end > self.done for g in recording.gaps):
+            for key, run in runs.items():
+                if key in self.charges and run.until > self.done:
+                    self.charges[key] = replace(self.charges[key], at_least=True)

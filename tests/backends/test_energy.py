@@ -228,3 +228,15 @@ def test_a_ledger_reads_a_new_run_from_its_start():
     assert ledger.read_from({"r": RUN}) == 1000.0 - OVERLAP_S
     assert ledger.read_from({"r": RUN, "n": RunIdentity("", "t", frozenset({1}), since=500.0)}) == 500.0 - OVERLAP_S
     assert ledger.read_from({"f": RunIdentity("", "t", frozenset({1}))}) == 0.0  # a start not known: from the beginning
+
+
+def test_a_ledger_whose_recorder_stopped_recording_is_a_lower_bound():
+    """The reader's gap from the last reading to now: the recorder died, and the run goes on
+    unrecorded (the next command restarts it)."""
+    rec = recording(readings(GPU0, range(101)), listing(EVERY_5, TRAINER), panes(EVERY_5, *BOTH_PANES))
+    ledger = Ledger()
+    ledger.add(rec, {"r": RUN})
+    assert ledger.charges["r"] == Charge(100.0, 300.0 * 100)
+    stopped = recording(readings(GPU0, range(95, 101)), listing([95], TRAINER), panes([95], *BOTH_PANES), gaps=[Gap(100.0, 160.0)])
+    ledger.add(stopped, {"r": RUN})
+    assert ledger.charges["r"] == Charge(100.0, 300.0 * 100, at_least=True)
