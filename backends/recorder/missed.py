@@ -96,20 +96,45 @@ def _foreign_run(info: RunInfo, key: str, panes: list[tmux.Pane], root: str, soc
     return History(alerts.RunFacts(key, info), None, ended, [])
 
 
-def _readings(rec: Recording, at: float) -> list[GpuReading]:
-    """Each GPU's latest sample at or before `at`, none older than a gap would be."""
-    latest: dict[int, GpuReading] = {}
-    times = [g.time for g in rec.gpus]
-    first = bisect_right(times, at - GAP_TICKS * agent.TICK_S)
-    for sample in rec.gpus[first : bisect_right(times, at)]:
-        latest[sample.index] = GpuReading(sample.index, None, sample.uuid, sample.power_w, sample.power_limit_w,
-                                          sample.mem_used_mib, sample.mem_total_mib, sample.util_pct)  # fmt: skip
-    return [latest[i] for i in sorted(latest)]
+class _Readings:
+    """Each GPU's latest sample at or before a moment, none older than a gap would be."""
+
+    def __init__(self, rec: Recording):
+        self.gpus = rec.gpus
+        self.times = [g.time for g in rec.gpus]
+
+    def at(self, t: float) -> list[GpuReading]:
+        latest: dict[int, GpuReading] = {}
+        first = bisect_right(self.times, t - GAP_TICKS * agent.TICK_S)
+        for g in self.gpus[first : bisect_right(self.times, t)]:
+            latest[g.index] = GpuReading(g.index, None, g.uuid, g.power_w, g.power_limit_w, g.mem_used_mib, g.mem_total_mib, g.util_pct)
+        return [latest[i] for i in sorted(latest)]
+
+
+def replay(host: str, rec: Recording, histories: list[History], since: float, now: float,
+           rules: alerts.Rules = alerts.Rules(), interval_s: float = INTERVAL_S) -> list[tuple[float, str, alerts.Alert]]:  # fmt: skip
+    """The watcher's polls every `interval_s` from `since` to `now`, on the facts as they
+    stood then: each alert raised or cleared as (when, "raised" or "cleared", alert)."""
+    book = alerts.AlertBook(since=since, rules=rules)
+    gpus = _Readings(rec)
+    underfed: dict[int, float] = {}
+    said: list[tuple[float, str, alerts.Alert]] = []
+    t = since
+    while t <= now:
+        readings = [(r, alerts.underfed_since(r, underfed.get(r.index), t)) for r in gpus.at(t)]
+        underfed = {r.index: s for r, s in readings if s is not None}
+        facts = [f for h in histories if (f := h.at(t)) is not None]
+        before = dict(book.active)
+        raised = book.evaluate([alerts.HostFacts(host, gpus=readings)], facts, t)
+        said += [(t, "cleared", entry.alert) for key, entry in before.items() if key not in book.active]
+        said += [(t, "raised", alert) for alert in raised]
+        t += interval_s
+    return said
 
 
 async def missed(host: Host, since: float, now: float, rules: alerts.Rules = alerts.Rules(), interval_s: float = INTERVAL_S) -> list[tuple[float, str, alerts.Alert]]:
-    """Each alert raised or cleared from `since` to `now` on `host`, as (when, "raised"
-    or "cleared", alert), in order."""
+    """Each alert that would have been raised or cleared on `host` from `since` to `now`
+    (`replay`), from its recording, its run dirs and its listing now."""
     rec = await read_recording(host, since, now)
     root = await host.expanded_runs_root()
     infos = await runs.list_runs(host)
@@ -121,17 +146,4 @@ async def missed(host: Host, since: float, now: float, rules: alerts.Rules = ale
             histories.append(await _trackside_run(host, info, key))
         elif info.run_id is None:
             histories.append(_foreign_run(info, key, panes, root, host.tmux_socket, rec))
-    book = alerts.AlertBook(since=since, rules=rules)
-    underfed: dict[int, float] = {}
-    said: list[tuple[float, str, alerts.Alert]] = []
-    t = since
-    while t <= now:
-        readings = [(r, alerts.underfed_since(r, underfed.get(r.index), t)) for r in _readings(rec, t)]
-        underfed = {r.index: s for r, s in readings if s is not None}
-        facts = [f for h in histories if (f := h.at(t)) is not None]
-        before = dict(book.active)
-        raised = book.evaluate([alerts.HostFacts(host.name, gpus=readings)], facts, t)
-        said += [(t, "cleared", entry.alert) for key, entry in before.items() if key not in book.active]
-        said += [(t, "raised", alert) for alert in raised]
-        t += interval_s
-    return said
+    return replay(host.name, rec, histories, since, now, rules, interval_s)

@@ -33,7 +33,8 @@ _BOOT = "import base64,zlib;exec(zlib.decompress(base64.b64decode('{}')))".forma
 
 # "$1" the runs root (a leading ~ is $HOME), "$2" the tmux socket (empty: the default
 # server), "$3" nvidia-smi, "$4" start: start it unless it runs (a dead pane is replaced);
-# status: say; stop: end it. Then the agent's python and its arguments after the root.
+# status: say; stop: end it. Then python3, the agent's source and its arguments after
+# its root, socket and nvidia-smi.
 # Prints one word: running, started, stopped, absent (not running), no-smi, no-python.
 _ENSURE = r"""root=$1 socket=$2 smi=$3 what=$4; shift 4
 case $root in "~") root=$HOME ;; "~/"*) root=$HOME/${root#"~/"} ;; esac
@@ -44,13 +45,14 @@ case $what in
   stop) [ -n "$state" ] && t kill-session -t "=@SESSION@" 2>/dev/null && echo stopped || echo absent; exit 0 ;;
 esac
 [ "$state" = 0 ] && { echo running; exit 0; }
-command -v "$smi" >/dev/null 2>&1 || { echo no-smi; exit 0; }
-command -v "$1" >/dev/null 2>&1 || { echo no-python; exit 0; }
+# By their paths here: the tmux server's PATH may not be this shell's.
+smi=$(command -v "$smi") || { echo no-smi; exit 0; }
+py=$(command -v "$1") || { echo no-python; exit 0; }
 [ -d "$root" ] || mkdir -p -- "$root" || exit 1
 root_ok "$root"; dirs_ok "$root" gpu
 [ -z "$state" ] || t kill-session -t "=@SESSION@" 2>/dev/null
-py=$1 code=$2; shift 2
-t new-session -d -s @SESSION@ -x 80 -y 10 -- "$py" -c "$code" "$root" "$@" \; \
+code=$2; shift 2
+t new-session -d -s @SESSION@ -x 80 -y 10 -- "$py" -c "$code" "$root" "$socket" "$smi" "$@" \; \
   set-option -t "=@SESSION@:" @OPTION@ 1 \; set-option -t "=@SESSION@:" remain-on-exit off || exit 1
 echo started
 """.replace("@SESSION@", SESSION).replace("@OPTION@", tmux.RECORDER_OPTION)
@@ -71,7 +73,7 @@ async def recorder(host: Host, what: str, smi: str, settings: Settings = Setting
     in a word (_ENSURE's). HostError when the host cannot, RunsRootRefused where its runs
     root is not this user's alone."""
     args = [
-        host.runs_root, host.tmux_socket or "", smi, what, PYTHON, _BOOT, host.tmux_socket or "", smi,
+        host.runs_root, host.tmux_socket or "", smi, what, PYTHON, _BOOT,
         f"{settings.tick_s:g}", str(settings.loop_ms), str(settings.keep_days), str(settings.cap_bytes),
     ]  # fmt: skip
     result = await runsroot.run(host, _ENSURE, args)

@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from backends import tmux
 from backends.recorder import agent
 from backends.recorder.read import read_recording
 from backends.recorder.start import SESSION
+from tests.backends.test_runs import tmux_dir  # noqa: F401 - the fixture: this test's own tmux server
 from tests.waiting import until
 from tui.cli import main
 
@@ -33,7 +35,14 @@ def remote(sshd, tmp_path):
     if not sshd.running:
         sshd.start()
     remote_tmux = tempfile.mkdtemp(prefix="ts-tmux-rec-", dir="/tmp")
-    prefix = ["env", f"TMUX_TMPDIR={remote_tmux}", "FAKE_NVIDIA_SMI_GPUS=2", "FAKE_NVIDIA_SMI_STATE=load"]
+    procs = tmp_path / "procs.json"
+    procs.write_text("[]")
+    # The stand-in's switches in a wrapper: the recorder runs with the tmux server's
+    # environment, which is not the command's that starts it.
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nFAKE_NVIDIA_SMI_GPUS=2 FAKE_NVIDIA_SMI_STATE=load FAKE_NVIDIA_SMI_PROCS={procs} exec {sys.executable} -S {FAKE_SMI} \"$@\"\n")
+    smi.chmod(0o755)
+    prefix = ["env", f"TMUX_TMPDIR={remote_tmux}"]
     root = tmp_path / "runs"
 
     def config(extra: str = "") -> str:
@@ -41,7 +50,7 @@ def remote(sshd, tmp_path):
         path.write_text(
             f'[hosts.remote]\naddress = "{sshd.address}"\nport = {sshd.port}\nuser = "{sshd.user}"\n'
             f'known_hosts = "{sshd.known_hosts}"\nidentity_file = "{sshd.client_key}"\n'
-            f"runs_root = {json.dumps(str(root))}\nnvidia_smi = {json.dumps(FAKE_SMI)}\nprefix = {json.dumps(prefix)}\n{extra}"
+            f"runs_root = {json.dumps(str(root))}\nnvidia_smi = {json.dumps(str(smi))}\nprefix = {json.dumps(prefix)}\n{extra}"
         )
         return str(path)
 
@@ -71,6 +80,12 @@ def samples_since(root: Path, t: float) -> list[str]:
 
 def test_the_first_command_starts_it_the_next_restarts_a_killed_one_and_the_gap_shows(remote, capsys):
     config, tmux_cmd, root, host = remote
+    # A trainer in a tmux session of its own holds GPU 1: its process is the pane's child.
+    started = root.parent / "trainer.pid"
+    tmux_cmd("new-session", "-d", "-s", "trainer", "sh", "-c", f"sleep 600 & echo $! > {started}; wait")
+    trainer = int(until(lambda: started.exists() and started.read_text().strip(), 30, "the trainer's start"))
+    trainer_pane = int(tmux_cmd("list-panes", "-t", "=trainer:", "-F", "#{pane_pid}").stdout)
+    (root.parent / "procs.json").write_text(json.dumps([{"pid": trainer, "gpu": 1, "used_mib": 5000}]))
     began = time.time()
     assert main(["runs", "--config", config()]) == 0
     assert SESSION not in capsys.readouterr().out  # no listing takes the recorder for a run
@@ -78,7 +93,8 @@ def test_the_first_command_starts_it_the_next_restarts_a_killed_one_and_the_gap_
     until(lambda: len(samples_since(root, began)) >= 4, 60, "the recorder's first GPU samples")
     # One process tree, nothing under the runs root run: its pane runs python3 -c.
     pane = int(tmux_cmd("list-panes", "-t", f"={SESSION}:", "-F", "#{pane_pid}").stdout)
-    assert Path(f"/proc/{pane}/cmdline").read_bytes().split(b"\0")[:2] == [b"python3", b"-c"]
+    python, dash_c = Path(f"/proc/{pane}/cmdline").read_bytes().split(b"\0")[:2]
+    assert python.endswith(b"/python3") and dash_c == b"-c"
 
     assert main(["runs", "--config", config()]) == 0  # running: left as it is
     assert [line for line in ticks(root) if ",start," in line].__len__() == 1
@@ -97,6 +113,13 @@ def test_the_first_command_starts_it_the_next_restarts_a_killed_one_and_the_gap_
     before, after = [g for g in rec.gpus if g.time < killed], [g for g in rec.gpus if g.time > starts[1]]
     assert {g.index for g in before} == {g.index for g in after} == {0, 1}
     assert all(g.power_w and g.power_limit_w == 700.0 and g.uuid.startswith("GPU-") for g in rec.gpus)
+    # What charges the GPU to the run: its process, told apart from a reused pid, its
+    # parent the trainer session's pane.
+    [held] = {(p.pid, p.gpu_uuid, p.start_ticks, p.used_mib, p.ancestors[0]) for p in rec.procs}
+    ticks_22 = int(Path(f"/proc/{trainer}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    gpu1 = next(g.uuid for g in rec.gpus if g.index == 1)
+    assert held == (trainer, gpu1, ticks_22, 5000.0, trainer_pane)
+    assert ("", "trainer", trainer_pane) in {(p.socket, p.session, p.pane_pid) for p in rec.panes_at(time.time())}
 
     capsys.readouterr()
     assert main(["record", "status", "--config", config()]) == 0
@@ -183,3 +206,22 @@ def test_old_days_are_downsampled_the_oldest_dropped_past_the_cap_and_hostile_fi
     assert rec.procs == () and rec.proc_times == (nine,)  # the minute's last snapshot found none
     assert rec.gaps == ()
     assert asyncio.run(start.recorder(local, "stop", FAKE_SMI)) == "stopped"
+
+
+@pytest.mark.parametrize("hostile", ["root writable by others", "gpu/ a link"])
+def test_a_runs_root_another_user_could_change_is_refused_and_nothing_starts(tmp_path, capsys, tmux_dir, hostile):  # noqa: F811
+    root = tmp_path / "runs"
+    root.mkdir(mode=0o700)
+    if hostile == "root writable by others":
+        root.chmod(0o777)
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        (root / "gpu").symlink_to(tmp_path / "elsewhere")
+    config = tmp_path / "config.toml"
+    config.write_text(f"[hosts.box]\nruns_root = {json.dumps(str(root))}\nnvidia_smi = {json.dumps(FAKE_SMI)}\n")
+    # The command says what it says of such a root (a listing refuses one others can write).
+    assert main(["runs", "--config", str(config)]) == (2 if hostile == "root writable by others" else 0)
+    assert main(["record", "start", "--config", str(config)]) == 1
+    assert "refused" in capsys.readouterr().err
+    assert subprocess.run(["tmux", "has-session", "-t", f"={SESSION}"], capture_output=True).returncode != 0
+    assert not list((tmp_path / "elsewhere").iterdir()) if hostile == "gpu/ a link" else not (root / "gpu").exists()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 from backends.recorder import agent
 from tests.backends.test_runs import tmux_dir  # noqa: F401 - the fixture: this test's own tmux server
