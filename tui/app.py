@@ -30,7 +30,7 @@ from tui.alerts import announce
 from tui.escape_cache import bound_escape_cache
 from tui.guard import RAISE_ERRORS_ENV, ErrorPolicy, error_log_path
 from tui.keys import DESCRIPTIONS, KEYS, RUN_ACTIONS, action_allowed, refusal
-from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, OverlaysRead, RunsListed
+from tui.messages import ConsoleBatch, EnergyMetered, GpusPolled, HostFailed, MetricsBatch, OverlaysRead, RunsListed
 from tui.monitor import HostMonitor
 from tui.attach_action import AttachAction
 from tui.run_actions import RunActions
@@ -84,7 +84,7 @@ class TracksideApp(ErrorPolicy, App):
         self.monitors: dict[str, HostMonitor] = {}
         if monitor:
             self.monitors = {
-                name: HostMonitor(self, w.host, smi=w.smi, interval=poll_interval, clock=clock)
+                name: HostMonitor(self, w.host, smi=w.smi, interval=poll_interval, clock=clock, record=w.record)
                 for name, w in self.watched.items()
             }
         # The operator's actions, each given this app (their Protocols say what they use).
@@ -118,6 +118,10 @@ class TracksideApp(ErrorPolicy, App):
 
     def on_gpus_polled(self, message: GpusPolled) -> None:
         self._host_back(message.host, self.store.gpus_polled(message.host, message.snapshot, message.time))
+        self.changed(host=message.host)
+
+    def on_energy_metered(self, message: EnergyMetered) -> None:
+        self.store.energy_metered(message.host, message.charges, message.why)
         self.changed(host=message.host)
 
     def on_host_failed(self, message: HostFailed) -> None:

@@ -37,6 +37,19 @@ class RunsListed(HostMessage):
         return isinstance(message, RunsListed) and message.host == self.host
 
 
+class EnergyMetered(HostMessage):
+    """A host's recording read: its runs' charges (run key → backends.recorder.energy.Charge),
+    or why none has one, as (a short word, the words)."""
+
+    def __init__(self, host: str, charges: dict, why: tuple[str, str] | None) -> None:
+        super().__init__(host)
+        self.charges = charges
+        self.why = why
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, EnergyMetered) and message.host == self.host
+
+
 class HostFailed(HostMessage):
     """A poll failed; status is offline, auth or error, message says why in words."""
 

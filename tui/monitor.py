@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import posixpath
 import time
 from collections.abc import Callable
@@ -26,8 +27,11 @@ from textual.worker import Worker
 from backends import gpu, runs, tmux
 from backends.hosts import AuthFailed, Host, HostError, HostKeyRejected, HostUnreachable
 from backends.logs import logparse, panes, streams
+from backends.recorder.energy import UNKNOWN_START_S, Ledger, RunIdentity
+from backends.recorder.read import read_recording
 from backends.retry import Backoff
-from tui.messages import ConsoleBatch, GpusPolled, HostFailed, MetricsBatch, RunsListed
+from backends.runs.rundir import epoch
+from tui.messages import ConsoleBatch, EnergyMetered, GpusPolled, HostFailed, MetricsBatch, RunsListed
 from tui.state import HostStatus
 
 FLUSH_S = 0.25  # each batch scrolls the log and lays the screen out again: 4 a second reads as live
@@ -38,6 +42,7 @@ POLL_TIMEOUT_S = 20.0
 # failure is a line in the run's log.
 FOLLOW_RETRY_S = 2.0
 FOLLOW_RETRY_CAP_S = 30.0
+READ_SHARE = 10  # the energy worker waits this many times its last reading's length, at least
 
 
 def failure_status(error: BaseException) -> tuple[HostStatus, str]:
@@ -89,6 +94,7 @@ class HostMonitor:
         interval: float,  # seconds between polls: the config's poll_ms, where its default is
         runs_every: int = 2,
         clock: Callable[[], float] = time.time,
+        record: bool = True,  # the host's recorder runs (its config's `record`)
     ) -> None:
         self.app = app
         self.host = host
@@ -103,15 +109,21 @@ class HostMonitor:
         self._recordings = panes.Recordings()  # foreign panes' recorded output, read on each listing
         self._latest: gpu.GpuSnapshot | None = None  # the last snapshot the stream gave
         self._processes: tuple[tuple[gpu.GpuProcess, ...], str] = ((), "")  # the newest read of them
+        self.record = record
+        self._meter: Worker | None = None
+        self._panes_seen: dict[str, set[int]] = {}  # run key → its panes' pids, as listings named them
 
     def start(self) -> None:
         self._watch_gpus_now()
         self._lister = self.app.run_worker(
             self._poll_runs(), name=f"runs {self.host.name}", group="monitor", exit_on_error=False
         )
+        self._meter = self.app.run_worker(
+            self._meter_energy(), name=f"energy {self.host.name}", group="monitor", exit_on_error=False
+        )
 
     def stop(self) -> None:
-        for worker in (self._gpu_watcher, self._lister):
+        for worker in (self._gpu_watcher, self._lister, self._meter):
             if worker is not None:
                 worker.cancel()
         for key in list(self._followers):
@@ -190,6 +202,66 @@ class HostMonitor:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, period - (time.monotonic() - started))):
                     await self._list_now.wait()
+
+    def _identities(self) -> dict[str, RunIdentity]:
+        """This host's runs as its recording knows them: the pane trackside's manifest
+        names, or every pane a listing has named of a session it did not launch (charged
+        from UNKNOWN_START_S ago: when it began is not known); a run with neither is none."""
+        name, socket = self.host.name, self.host.tmux_socket or ""
+        found = {}
+        for key, run in self.app.runs.items():
+            info = run.info
+            node = next((n for n in info.nodes if n.host == name), None)
+            if name not in run.hosts or (info.nodes and node is None):
+                continue
+            seen = self._panes_seen.setdefault(key, set())
+            seen.update(node.pids if node is not None else info.pids)
+            if info.pane_pid is not None and info.host == name:
+                seen.add(info.pane_pid)
+            session = node.session if node is not None else info.session
+            if seen and session:
+                since = epoch(info.started) if info.started else None
+                found[key] = RunIdentity(socket, session, frozenset(seen), self.clock() - UNKNOWN_START_S if since is None else since)
+        return found
+
+    async def _meter_energy(self) -> None:
+        """Each run's GPU time and energy so far, from the host's recording: read on from
+        the last reading (backends.recorder.energy.Ledger), at most one a poll interval,
+        the next scheduled only once one has ended (a slow host or a long recording is read
+        slower, never piled up); after a failure, later each time."""
+        name = self.host.name
+        ledger, said = Ledger(), None
+        retry = Backoff(self.interval, FOLLOW_RETRY_CAP_S)
+        while True:
+            wait, news = self.interval, None
+            runs_here = self._identities()
+            if not self.record:
+                news = ({}, ("off", f"not recorded: the recorder is off for {name} (record = false)"))
+            elif runs_here:
+                began = time.monotonic()
+                try:
+                    recording = await asyncio.wait_for(read_recording(self.host, ledger.read_from(runs_here)), POLL_TIMEOUT_S)
+                    ledger.add(recording, runs_here)
+                    # The reader reads and parses each day file whole, on this loop: a long
+                    # day's reading is made rarer, to a share of the dashboard's time.
+                    wait = max(wait, READ_SHARE * (time.monotonic() - began))
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:  # the figures so far stay; a host's trouble is the listing's to say
+                    wait = retry.failed()
+                    news = (dict(ledger.charges), None) if ledger.charges else ({}, ("none", f"cannot read the recording on {name}: {error}"))
+                else:
+                    why = None
+                    if ledger.done == -math.inf:  # nothing recorded yet (not started): asked later each time
+                        wait, why = retry.failed(), ("none", f"the recorder on {name} has not recorded anything yet")
+                    else:
+                        retry.succeeded()
+                    news = (dict(ledger.charges), why)
+            # Said again when it changed, or a run came or went (the store gives it each run).
+            if news is not None and (set(self.app.runs), news) != said:
+                said = set(self.app.runs), news
+                self.app.post_message(EnergyMetered(name, *news))
+            await asyncio.sleep(wait)
 
     def follow(self, key: str, run_dir: str | None, session: str) -> bool:
         """Follow a run's metrics.jsonl and console.log, or, for a tmux session trackside

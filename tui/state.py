@@ -128,6 +128,9 @@ class RunState:
     # ancestors, runs picked from the fleet); replaced whole, never changed in place.
     overlays: dict = field(default_factory=dict)
     stopped_here: bool = False  # stopped by a kill from this dashboard
+    # Host → its recording's charge to this run (backends.recorder.energy.Charge), or why
+    # there is none, as (a short word, the words): tui/energy.py says it.
+    energy: dict = field(default_factory=dict)
     # The host whose fleet row lists it, named by its key. `host` is where its metrics
     # are read: for a multi-node run the node holding rank 0, which the rendezvous picks
     # and the listing finds only once rank 0 has written; `home` stays its first node's.

@@ -51,6 +51,13 @@ class Store:
             trace.underfed_since = underfed_since(reading, trace.underfed_since, time)
         return back
 
+    def energy_metered(self, name: str, charges: dict, why: tuple[str, str] | None) -> None:
+        """A host's recording read: each of its runs' charge (run key → Charge), or why
+        none of them has one."""
+        for key, run in self.runs.items():
+            if name in run.hosts:
+                run.energy[name] = why or charges.get(key) or ("none", f"no pane of it in the recording on {name}")
+
     def host_failed(self, name: str, status: str, message: str) -> None:
         host = self.hosts[name]
         host.status, host.message = HostStatus(status), message

@@ -20,6 +20,7 @@ class Watched:
     train_command: list[str] | None = None
     # What a relaunch ships there when its run recorded none (the host's `ship = true`).
     ship: Delivery | None = None
+    record: bool = True  # its GPU recorder runs (the config's `record`): runs' energy is read from it
 
 
 @dataclass

@@ -132,6 +132,9 @@ class RunInfo:
     unreadable: str | None = None  # why its run dir's manifest cannot be read (state UNREADABLE)
     # A kill of it that did not finish, while some of its processes live (backends/runs/stops.py).
     stop: dict | None = None
+    # The pane its manifest names, alive or not: with its session, who it is in the host's
+    # GPU recording after it ended too (backends/recorder/energy.py).
+    pane_pid: int | None = None
 
     def to_json(self) -> dict:
         shown = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "console"}
@@ -270,6 +273,7 @@ async def list_runs(
                 metrics.end_status, this_dashboard=session in dashboard, session_open=bool(own), nodes=nodes,
                 tokens_per_s=None if ended else metrics.tokens_per_s(), tau=metrics.value("tau"),
                 eta_s=None if ended else metrics.eta_s(manifest["params"]), code=code_of(manifest),
+                pane_pid=manifest.get("pane_pid"),
             )  # fmt: skip
         )
     by_id = {info.run_id: info for info in infos}

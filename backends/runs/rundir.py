@@ -12,6 +12,7 @@ is refused, never written or read through.
 
 from __future__ import annotations
 
+import calendar
 import json
 import posixpath
 import time
@@ -55,8 +56,19 @@ class RunError(Exception):
     """A run could not be found, started or read."""
 
 
+STAMP = "%Y-%m-%dT%H:%M:%SZ"  # a manifest's times (UTC), as the trainer and the launcher write them
+
+
 def now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return time.strftime(STAMP, time.gmtime())
+
+
+def epoch(stamp: str) -> float | None:
+    """A manifest's time in seconds since the epoch; None for text that is none."""
+    try:
+        return float(calendar.timegm(time.strptime(stamp, STAMP)))
+    except (TypeError, ValueError):
+        return None
 
 
 def check_run_id(run_id: str) -> str:

@@ -143,6 +143,6 @@ async def test_the_fleet_at_80_columns_shows_what_an_operator_needs_uncut():
         text = screen_text(app)
         assert RUN_ID in text and "300" in text and "ETA" in text and "tokens/s" in text, text
     wide = make_app()
-    async with wide.run_test(size=(160, 48)) as pilot:
+    async with wide.run_test(size=(180, 48)) as pilot:
         await feed_foreign(pilot)
         assert [c.key.value for c in wide.screen.query_one(DataTable).ordered_columns] == [key for key, _, _ in COLUMNS]

@@ -24,11 +24,12 @@ def test_unknown_command_is_a_usage_error(capsys):
 
 def test_config_hosts_and_poll_interval(tmp_path):
     config = tmp_path / "config.toml"
-    config.write_text('[defaults]\npoll_ms = 500\n[hosts.a]\n[hosts.b]\naddress = "10.0.0.5"\nnvidia_smi = "/opt/smi"\n')
+    config.write_text('[defaults]\npoll_ms = 500\n[hosts.a]\n[hosts.b]\naddress = "10.0.0.5"\nnvidia_smi = "/opt/smi"\nrecord = false\n')
     app = dashboard(str(config))
     assert list(app.watched) == ["a", "b"]
     assert app.watched["a"].host.is_local and app.watched["b"].smi == "/opt/smi"
     assert app.monitors["b"].interval == 0.5
+    assert app.monitors["a"].record and not app.monitors["b"].record  # its runs' energy: "recorder off"
 
 
 def test_ctrl_c_while_the_demo_run_stops_says_what_is_left_without_a_traceback(tmp_path):

@@ -50,7 +50,7 @@ def dashboard(config_path: str | None, *, read_only: bool = False) -> TracksideA
     """The app over the config's hosts (without a file: this machine)."""
     config = load_config(config_path)
     hosts = config.make_hosts()
-    watched = [Watched(hosts[hc.name], hc.nvidia_smi, hc.train_command, hc.delivery() if hc.ship else None)
+    watched = [Watched(hosts[hc.name], hc.nvidia_smi, hc.train_command, hc.delivery() if hc.ship else None, hc.record)
                for hc in config.hosts]
     return TracksideApp(
         watched, poll_interval=config.defaults.poll_ms / 1000, grace_s=config.defaults.grace_s,

@@ -12,6 +12,7 @@ from backends.alerts import UNDERFED_POWER
 from backends.config import Defaults
 from backends.gpu import GpuSnapshot, GpuStatus
 from backends.runs.status import RunStatus
+from tui import energy
 from tui.keys import KEYS, RUN_ACTIONS
 from tui.state import HostState, HostStatus, RunState, format_duration, format_number, node_label
 from tui.widgets.alert_bar import AlertBar
@@ -30,6 +31,8 @@ COLUMNS = [
     ("loss", "loss", 7),
     ("tps", "tokens/s", 8),
     ("eta", "ETA", 7),
+    ("gpuh", "GPU-h", 7),  # GPU-hours so far, from the host's recording (tui/energy.py)
+    ("kwh", "kWh", 7),  # energy so far
     ("power", "GPU power (W of limit)", None),
 ]
 # A narrower terminal shows fewer columns, never one cut at its edge (80 columns showed
@@ -37,7 +40,7 @@ COLUMNS = [
 # these widths (the step alone, without its place in its epoch); then, as they fit, in
 # this order: a column, or a kept one at its full width.
 NARROW = {"name": 20, "state": 18, "step": 8, "loss": 7, "eta": 7}
-ADDED = ("tps", "power", "step", "state", "msl", "ttt")
+ADDED = ("tps", "power", "step", "state", "msl", "ttt", "gpuh", "kwh")
 POWER_WIDTH = 38  # eight cards' draws and their limit: `250 257 … 299 /600 W`
 PADDING = 2  # a DataTable cell's, both sides
 
@@ -107,6 +110,8 @@ def host_cells(host: HostState, now: float, interval: float) -> dict[str, object
         "loss": "",
         "tps": "",
         "eta": "",
+        "gpuh": "",
+        "kwh": "",
         "power": gpu_note or power_summary(host),
     }
 
@@ -120,6 +125,7 @@ def run_cells(run: RunState, host: HostState) -> dict[str, object]:
         label.append(" · k finishes it")
     if run.info.this_dashboard:
         label = Text("this dashboard", style="bold blue")
+    gpu_hours, kwh = energy.cells(run)
     return {
         "name": Text(f"  {run.info.run_id or run.info.session}"),
         "state": label,
@@ -130,6 +136,8 @@ def run_cells(run: RunState, host: HostState) -> dict[str, object]:
         "loss": format_number(run.loss, width=7),
         "tps": format_number(run.tokens_per_s),
         "eta": format_duration(run.eta_s()),
+        "gpuh": gpu_hours,
+        "kwh": kwh,
         "power": Text(run.info.unreadable, style=run.style) if run.info.unreadable else "",  # why, in the widest cell
     }
 
@@ -142,7 +150,7 @@ def node_cells(run: RunState, index: int) -> dict[str, object]:
     return {
         "name": Text(f"   {branch} {node.host}"),
         "state": Text(label, style=style),
-        **dict.fromkeys(("msl", "ttt", "step", "loss", "tps", "eta", "power"), ""),
+        **dict.fromkeys(("msl", "ttt", "step", "loss", "tps", "eta", "gpuh", "kwh", "power"), ""),
     }
 
 

@@ -16,6 +16,7 @@ from backends import pace, sanitize
 from backends.runs import launcher_code
 from backends.runs.status import RunStatus
 from training.contract import STEP
+from tui import energy
 from tui.curves import positions_shown
 from tui.guard import Guarded
 from tui.inert import inert
@@ -110,6 +111,7 @@ def stats_text(run: RunState, now: float) -> Text:
         eta = f", ETA {format_duration(p.eta_s)}" if p.eta_s is not None else ""
         label = f"  {p.label}" if p.label else ""
         text.append(f"{p.phase}: {p.done}/{p.total} {p.fraction:.0%}{eta}{label}\n", style="yellow")
+    text.append(energy.line(run), style="dim")
     if run.garbled:
         text.append(f"{run.garbled} unreadable metrics lines skipped\n", style="yellow")
     if run.gone and info.run_id is not None:
