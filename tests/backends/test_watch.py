@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -98,7 +99,11 @@ async def test_failed_oom_nan_jumping_and_stalled_runs_each_alert_once(local, tm
     by_key = {alert["key"]: alert for alert in sent(got)}
     assert by_key[f"failed:{launched['fail']}"]["text"] == f"{launched['fail']} failed: exit status 1"
     assert by_key[f"oom:{launched['oom']}"]["text"] == f"{launched['oom']} ran out of GPU memory (max_seq_len=32768, ttt_steps=5)"
-    assert by_key[f"jump:{launched['jump']}"]["text"].startswith(f"{launched['jump']} loss jumped to 10 at step 11 (5.0× ")
+    # The first poll that sees the jump may come a step or two after it (each 0.5 s apart) on
+    # a loaded machine: the alert names the newest step, which must be one of the jump's.
+    jumped = re.fullmatch(rf"{re.escape(launched['jump'])} loss jumped to 10 at step (\d+) \(5\.0× its recent median 2\)",
+                          by_key[f"jump:{launched['jump']}"]["text"])
+    assert jumped and int(jumped[1]) > 10, by_key[f"jump:{launched['jump']}"]["text"]
     assert by_key[f"nan:{launched['nan']}"]["text"].startswith(f"{launched['nan']} loss is not finite at step ")
     assert by_key[f"stall:{launched['stall']}"]["text"].startswith(f"{launched['stall']} stalled: no step for ")
     said = [line for line in lines if "cleared" not in line]
