@@ -31,19 +31,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from backends.recorder import agent
+from backends.recorder import layout
 
 if TYPE_CHECKING:
     from backends.recorder.read import PaneSample, ProcSample, Recording
 
 # Readings of one GPU further apart than this are a gap: the recorder reads every second
 # (its -lms 1000), so this allows a few lost lines; in its 1-minute means, at most two.
-STEP_S = 5 * agent.LOOP_MS / 1000
-COARSE_STEP_S = 3 * agent.MINUTE
+STEP_S = 5 * layout.LOOP_MS / 1000
+COARSE_STEP_S = 3 * layout.MINUTE
 JOULES_PER_KWH = 3.6e6
 # A run whose start is not known (a session trackside did not launch) is charged this far
 # back: the days the recorder keeps whole; its figure is a lower bound.
-UNKNOWN_START_S = agent.KEEP_DAYS * 86400.0
+UNKNOWN_START_S = layout.KEEP_DAYS * 86400.0
 # A reading continued: from the last charged moment's GPU readings (the snapshots in
 # effect then come with them).
 OVERLAP_S = STEP_S

@@ -21,7 +21,7 @@ from backends import alerts, runs, runsroot, tmux
 from backends.gpu import GpuReading
 from backends.hosts import Host
 from backends.logs import logparse, recording
-from backends.recorder import agent
+from backends.recorder import layout
 from backends.recorder.read import GAP_TICKS, Recording, read_recording
 from backends.runs import RunInfo, RunPhase
 from backends.runs.rundir import read_file
@@ -105,7 +105,7 @@ class _Readings:
 
     def at(self, t: float) -> list[GpuReading]:
         latest: dict[int, GpuReading] = {}
-        first = bisect_right(self.times, t - GAP_TICKS * agent.TICK_S)
+        first = bisect_right(self.times, t - GAP_TICKS * layout.TICK_S)
         for g in self.gpus[first : bisect_right(self.times, t)]:
             latest[g.index] = GpuReading(g.index, None, g.uuid, g.power_w, g.power_limit_w, g.mem_used_mib, g.mem_total_mib, g.util_pct)
         return [latest[i] for i in sorted(latest)]

@@ -1,7 +1,7 @@
 """THE reader of a host's recording (the files backends/recorder/agent.py writes under
-`<runs_root>/gpu/`): what its GPUs drew and held, which processes held them, which tmux
-panes existed and how long each log was, over a span of time, and where nothing was
-recorded (Gap).
+`<runs_root>/gpu/`, laid out as layout.py says): what its GPUs drew and held, which
+processes held them, which tmux panes existed and how long each log was, over a span of
+time, and where nothing was recorded (Gap).
 
 The files are the runs root's, so hostile: the parser is linear in its input and total
 (a line it cannot read is skipped: too long, not ASCII, a number out of range, a field
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from backends import runsroot
 from backends.hosts import Host
-from backends.recorder import agent
+from backends.recorder import layout
 
 GPU_DIR = "gpu"
 MAX_FILE_BYTES = 256 << 20  # of one day file read (a day of 8 GPUs is ~30 MB: docs/benchmarks.md)
@@ -28,7 +28,7 @@ MAX_DAYS = 400  # a span longer than this is read from its last MAX_DAYS days
 MAX_PID = 1 << 22  # the kernel's pid_max at most
 MAX_ANCESTORS = 128
 GAP_TICKS = 3.0  # ticks without a sample that make a gap
-COARSE_GAP_S = 2.5 * agent.MINUTE  # in 1-minute data
+COARSE_GAP_S = 2.5 * layout.MINUTE  # in 1-minute data
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def _float(cell: str, top: float) -> float | None:
     """A reading, None where there was none, _BAD where it is no reading."""
     if not cell:
         return None
-    if not agent.number(cell) or len(cell) > 24:
+    if not layout.number(cell) or len(cell) > 24:
         return _BAD
     value = float(cell)
     return value if value <= top else _BAD
@@ -133,7 +133,7 @@ def _int(cell: str, low: int, top: int) -> int | None:
 
 
 def _text(cell: str, longest: int = 1024) -> str | None:
-    text = agent.unescape(cell) if len(cell) <= 4 * longest and "," not in cell else None
+    text = layout.unescape(cell) if len(cell) <= 4 * longest and "," not in cell else None
     return text if text is not None and len(text) <= longest else None
 
 
@@ -153,7 +153,7 @@ def _gpu_file(lines: list[str], out: _Parsed) -> None:
     uuids: dict[int, str] = {}  # each file declares its GPUs
     for line in lines:
         cells = line.split(",")
-        t = agent.parse_time(cells[0])
+        t = layout.parse_time(cells[0])
         index = _int(cells[1], 0, 4095) if len(cells) > 1 else None
         if t is None or index is None:
             continue
@@ -187,7 +187,7 @@ def _snapshot_file(kind: str, lines: list[str], out: _Parsed) -> None:
     times, rows, parse = (out.proc_times, out.procs, _proc) if kind == "procs" else (out.pane_times, out.panes, _pane)
     for line in lines:
         cells = line.split(",", 5 if kind == "procs" else 3)
-        t = agent.parse_time(cells[0])
+        t = layout.parse_time(cells[0])
         row = parse(t, cells) if t is not None and len(cells) > 1 else None
         if t is None or (row is None and len(cells) > 1) or (times and t < times[-1]):
             continue  # no row of ours, or one out of time's order
@@ -200,7 +200,7 @@ def _snapshot_file(kind: str, lines: list[str], out: _Parsed) -> None:
 def _logs_file(lines: list[str], out: _Parsed) -> None:
     for line in lines:
         cells = line.split(",", 2)
-        if len(cells) == 3 and (t := agent.parse_time(cells[0])) is not None:
+        if len(cells) == 3 and (t := layout.parse_time(cells[0])) is not None:
             size, path = _int(cells[1], 0, 1 << 50), _text(cells[2], 4096)
             if size is not None and path is not None:
                 out.logs.append(LogSize(t, path, size))
@@ -209,7 +209,7 @@ def _logs_file(lines: list[str], out: _Parsed) -> None:
 def _ticks_file(lines: list[str], out: _Parsed) -> None:
     for line in lines:
         cells = line.split(",")
-        if (t := agent.parse_time(cells[0])) is None:
+        if (t := layout.parse_time(cells[0])) is None:
             continue
         if len(cells) == 1:
             out.ticks.append(t)
@@ -234,7 +234,7 @@ def _gaps(out: _Parsed, since: float, end: float | None, coarse_before: float | 
         if coarse_before is not None and t < coarse_before:
             return COARSE_GAP_S
         i = bisect_right(tick_s, t)
-        return GAP_TICKS * (starts[i - 1][1] if i else agent.TICK_S)
+        return GAP_TICKS * (starts[i - 1][1] if i else layout.TICK_S)
 
     started = set(tick_s)
     gaps = []
@@ -258,7 +258,7 @@ def parse_recording(files: Mapping[str, bytes], since: float, until: float | Non
     a line it cannot read is skipped."""
     chosen: dict[tuple[str, str], tuple[bool, bytes]] = {}
     for name, data in files.items():
-        parsed = agent.parse_name(name)
+        parsed = layout.parse_name(name)
         if parsed is None:
             continue
         day, kind, coarse = parsed
@@ -267,7 +267,7 @@ def parse_recording(files: Mapping[str, bytes], since: float, until: float | Non
     out = _Parsed()
     coarse_before = None
     for (day, kind), (coarse, data) in sorted(chosen.items()):
-        lines = agent.lines(data)
+        lines = layout.lines(data)
         if coarse:
             coarse_before = max(coarse_before or 0.0, _day_start(day) + 86400)
         if kind == "gpu":
@@ -335,10 +335,10 @@ done
 
 def days_between(since: float, until: float) -> list[str]:
     """The UTC days from `since`'s to `until`'s (the last MAX_DAYS of them)."""
-    first = max(_day_start(agent.day_of(since)), _day_start(agent.day_of(until)) - (MAX_DAYS - 1) * 86400)
+    first = max(_day_start(layout.day_of(since)), _day_start(layout.day_of(until)) - (MAX_DAYS - 1) * 86400)
     days, at = [], first
     while at <= until:
-        days.append(agent.day_of(at))
+        days.append(layout.day_of(at))
         at += 86400
     return days
 
@@ -366,8 +366,8 @@ async def read_recording(host: Host, since: float, until: float | None = None) -
     files that overlap. RunsRootRefused where its directory is not this user's alone."""
     now = time.time()
     root = await host.expanded_runs_root()
-    names = [agent.file_name(day, kind, coarse) for day in days_between(since, until or now)
-             for kind in agent.KINDS for coarse in (False, True)]  # fmt: skip
+    names = [layout.file_name(day, kind, coarse) for day in days_between(since, until or now)
+             for kind in layout.KINDS for coarse in (False, True)]  # fmt: skip
     argv = ["sh", "-c", runsroot.PRELUDE + _READ, "sh", f"{root}/{GPU_DIR}", str(MAX_FILE_BYTES), *names]
     out = bytearray()
     async with contextlib.aclosing(host.chunks(argv)) as chunks:
