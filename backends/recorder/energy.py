@@ -243,6 +243,11 @@ class Ledger:
     done: float = -math.inf
     charges: dict = field(default_factory=dict)
     proven: Proven = field(default_factory=dict)
+    behind: bool = False  # the last reading was cut short by the reader's cap: more to read
+
+    def said(self) -> dict:
+        """The charges as they may be said now: lower bounds while readings catch up."""
+        return {key: replace(c, at_least=True) for key, c in self.charges.items()} if self.behind else dict(self.charges)
 
     def read_from(self, runs: Mapping[object, RunIdentity]) -> float:
         """Where the next reading of the recording should start (0: its beginning)."""
@@ -254,6 +259,7 @@ class Ledger:
     def add(self, recording: Recording, runs: Mapping[object, RunIdentity]) -> None:
         """Charge what `recording` (read from `read_from(runs)`) holds after `done`, and a
         new run's whole span."""
+        self.behind = recording.read_to is not None
         lasts: dict[str, float] = {}
         for s in recording.gpus:
             lasts[s.uuid] = max(lasts.get(s.uuid, -math.inf), s.time)

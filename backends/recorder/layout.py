@@ -24,6 +24,7 @@ and the oldest days go while all files together hold more than the cap (files.py
 
 from __future__ import annotations
 
+import calendar
 import re
 import time
 
@@ -42,6 +43,11 @@ _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 def day_of(t: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(t))
+
+
+def day_start(day: str) -> float:
+    """The first second of a UTC day `day_of` named."""
+    return float(calendar.timegm(time.strptime(day, "%Y-%m-%d")))
 
 
 def file_name(day: str, kind: str, coarse: bool = False) -> str:

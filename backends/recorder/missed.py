@@ -135,7 +135,8 @@ def replay(host: str, rec: Recording, histories: list[History], since: float, no
 async def missed(host: Host, since: float, now: float, rules: alerts.Rules = alerts.Rules(), interval_s: float = INTERVAL_S) -> list[tuple[float, str, alerts.Alert]]:
     """Each alert that would have been raised or cleared on `host` from `since` to `now`
     (`replay`), from its recording, its run dirs and its listing now."""
-    rec = await read_recording(host, since, now)
+    # The recorder keeps CAP_BYTES at most in all: a reading allowed as many is never cut.
+    rec = await read_recording(host, since, now, max_bytes=layout.CAP_BYTES)
     root = await host.expanded_runs_root()
     infos = await runs.list_runs(host)
     panes = await tmux.list_panes(host)

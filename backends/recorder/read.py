@@ -11,20 +11,18 @@ or printed through the sanitizer.
 
 from __future__ import annotations
 
-import calendar
-import contextlib
+import asyncio
 import time
 from bisect import bisect_right
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from backends import runsroot
 from backends.hosts import Host
-from backends.recorder import layout
+from backends.recorder import layout, reading
+from backends.recorder.reading import MAX_READ_BYTES, Cursor
 
 GPU_DIR = "gpu"
-MAX_FILE_BYTES = 256 << 20  # of one day file read (a day of 8 GPUs is ~30 MB: docs/benchmarks.md)
-MAX_DAYS = 400  # a span longer than this is read from its last MAX_DAYS days
 MAX_PID = 1 << 22  # the kernel's pid_max at most
 MAX_ANCESTORS = 128
 GAP_TICKS = 3.0  # ticks without a sample that make a gap
@@ -95,6 +93,9 @@ class Recording:
     # snapshot holds until the next (procs_at, panes_at).
     proc_times: tuple[float, ...] = ()
     pane_times: tuple[float, ...] = ()
+    # A reading cut short by its cap (read_recording's max_bytes) holds what was recorded
+    # up to here: a reader that reads on goes on from here.
+    read_to: float | None = None
 
     def procs_at(self, t: float) -> tuple[ProcSample, ...]:
         """The compute processes as last sampled at or before `t` (none before the first)."""
@@ -218,10 +219,6 @@ def _ticks_file(lines: list[str], out: _Parsed) -> None:
             out.ticks.append(t)
 
 
-def _day_start(day: str) -> float:
-    return float(calendar.timegm(time.strptime(day, "%Y-%m-%d")))
-
-
 def _gaps(out: _Parsed, since: float, end: float | None, coarse_before: float | None) -> list[Gap]:
     """Where the recorder wrote nothing for longer than it would have: no GPU sample nor
     tick for GAP_TICKS of its ticks (COARSE_GAP_S in 1-minute data), and before each of
@@ -269,7 +266,7 @@ def parse_recording(files: Mapping[str, bytes], since: float, until: float | Non
     for (day, kind), (coarse, data) in sorted(chosen.items()):
         lines = layout.lines(data)
         if coarse:
-            coarse_before = max(coarse_before or 0.0, _day_start(day) + 86400)
+            coarse_before = max(coarse_before or 0.0, layout.day_start(day) + 86400)
         if kind == "gpu":
             _gpu_file(lines, out)
         elif kind in ("procs", "panes"):
@@ -311,70 +308,31 @@ def parse_recording(files: Mapping[str, bytes], since: float, until: float | Non
     )
 
 
-# Each day file named after "$1" (the gpu directory) and "$2" (bytes at most), those that
-# exist: a header `\036NAME COUNT`, then COUNT bytes of it. A link, or a file that is not
-# this user's alone, is left out; a directory on the way that another user could change
-# ends the output with a `\036!` header, the reason after it.
-_READ = r"""refuse() { printf '\036! %s\n' "$1"; exit 1; }
-dir=$1 max=$2; shift 2
-[ -e "$dir" ] || [ -L "$dir" ] || exit 0
-[ ! -L "$dir" ] || refuse "$dir is a symbolic link (never followed)"
-above_ok "$dir"
-for n; do
-  f=$dir/$n
-  [ ! -L "$f" ] && [ -f "$f" ] || continue
-  (exec 3<"$f" || exit 0  # gone since (a day downsampled)
-    set -- $(stat -L -c '%s %u %f' /dev/fd/3) || exit 0
-    [ "$2" = "$me" ] && [ $((0x$3 & 022)) -eq 0 ] || exit 0
-    c=$1; [ "$c" -gt "$max" ] && c=$max
-    printf '\036%s %s\n' "$n" "$c"
-    head -c "$c" <&3) 2>/dev/null
-done
-"""
-
-
-def days_between(since: float, until: float) -> list[str]:
-    """The UTC days from `since`'s to `until`'s (the last MAX_DAYS of them)."""
-    first = max(_day_start(layout.day_of(since)), _day_start(layout.day_of(until)) - (MAX_DAYS - 1) * 86400)
-    days, at = [], first
-    while at <= until:
-        days.append(layout.day_of(at))
-        at += 86400
-    return days
-
-
-def parse_files(out: bytes) -> dict[str, bytes]:
-    """The day files in `_READ`'s output; RunsRootRefused's reason where it refused."""
-    files, at = {}, 0
-    while out.startswith(b"\036", at):
-        end = out.find(b"\n", at)
-        if end < 0:
-            break
-        header = out[at + 1 : end].decode(errors="replace")
-        if header.startswith("! "):
-            raise runsroot.RunsRootRefused("", f"refused: {header[2:]}")
-        name, _, count = header.rpartition(" ")
-        if not count.isdigit() or len(out) < end + 1 + int(count):
-            break  # fewer bytes than its header said: a file cut short is left out
-        files[name] = out[end + 1 : end + 1 + int(count)]
-        at = end + 1 + int(count)
-    return files
-
-
-async def read_recording(host: Host, since: float, until: float | None = None) -> Recording:
+async def read_recording(
+    host: Host, since: float, until: float | None = None, *, cursor: Cursor | None = None, max_bytes: int = MAX_READ_BYTES
+) -> Recording:
     """The host's recording from `since` to `until` (None: now), reading only the day
-    files that overlap. RunsRootRefused where its directory is not this user's alone."""
+    files that overlap and, of each, what lies after `since` (reading.py), at most
+    `max_bytes` of them: a reading cut short says where (`Recording.read_to`). `cursor`: a
+    caller that reads on passes the same one each time, and each reading fetches only what
+    was appended since the last. Parsed off the event loop. RunsRootRefused where its
+    directory is not this user's alone."""
     now = time.time()
     root = await host.expanded_runs_root()
-    names = [layout.file_name(day, kind, coarse) for day in days_between(since, until or now)
-             for kind in layout.KINDS for coarse in (False, True)]  # fmt: skip
-    argv = ["sh", "-c", runsroot.PRELUDE + _READ, "sh", f"{root}/{GPU_DIR}", str(MAX_FILE_BYTES), *names]
-    out = bytearray()
-    async with contextlib.aclosing(host.chunks(argv)) as chunks:
-        async for chunk in chunks:
-            out += chunk
+    args = reading.plan(since, until or now, cursor)
+    out = await reading.fetch(host, f"{root}/{GPU_DIR}", args, max_bytes)
     try:
-        files = parse_files(bytes(out))
+        recording, fetched = await asyncio.to_thread(_parsed, out, args, since, until, now, cursor)
     except runsroot.RunsRootRefused as refused:
         raise runsroot.RunsRootRefused(host.name, refused.reason) from None
-    return parse_recording(files, since, until, now=now)
+    if cursor is not None:
+        cursor.moved_to(fetched)
+    return recording
+
+
+def _parsed(out: bytes, args: list[str], since: float, until: float | None, now: float, cursor: Cursor | None) -> tuple[Recording, reading.Fetched]:
+    fetched = reading.assemble(out, args, since, cursor)
+    if fetched.cut is None:
+        return parse_recording(fetched.files, since, until, now=now), fetched
+    end = fetched.cut if until is None else min(until, fetched.cut)
+    return replace(parse_recording(fetched.files, since, end, now=end), read_to=fetched.cut), fetched
