@@ -29,7 +29,7 @@ GAP_TICKS = 3.0  # ticks without a sample that make a gap
 COARSE_GAP_S = 2.5 * layout.MINUTE  # in 1-minute data
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GpuSample:  # one GPU at one moment
     time: float  # seconds since the epoch
     index: int
@@ -41,7 +41,7 @@ class GpuSample:  # one GPU at one moment
     util_pct: float | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ProcSample:  # one compute process on one GPU at one moment
     time: float
     gpu_uuid: str
@@ -51,7 +51,7 @@ class ProcSample:  # one compute process on one GPU at one moment
     ancestors: tuple[int, ...]  # its parent chain (ppid, ppid's ppid, ... up to 1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PaneSample:  # which tmux pane roots existed, so a PID is tied to a session
     time: float
     socket: str  # the tmux socket's name (`tmux -L`), "" for the default server
@@ -59,14 +59,14 @@ class PaneSample:  # which tmux pane roots existed, so a PID is tied to a sessio
     pane_pid: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LogSize:  # a time index for logs: how long each log file was at a moment
     time: float
     path: str  # relative to the runs root (pane recordings, run dirs' logs)
     size: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Gap:  # the recorder was not running (or a sample is missing)
     start: float
     end: float
@@ -81,7 +81,7 @@ def _at(rows: tuple, times: tuple[float, ...], t: float) -> tuple:
     return tuple(row for row in rows if row.time == when)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Recording:
     gpus: tuple[GpuSample, ...]
     procs: tuple[ProcSample, ...]

@@ -26,7 +26,7 @@ from backends import runsroot
 from backends.hosts import Host
 from backends.recorder import layout
 
-MAX_READ_BYTES = 8 << 20  # a call's bytes: ~6 h of 8 GPUs, a few seconds to parse (docs/benchmarks.md)
+MAX_READ_BYTES = 2 << 20  # a call's bytes: ~1.5 h of 8 GPUs, ~45,000 samples (docs/benchmarks.md)
 FLOOR_BYTES = 64 << 10
 MAX_DAYS = 400  # a span longer than this is read from its last MAX_DAYS days
 MARGIN_S = 60.0  # a Cursor keeps the lines this far before where it ended, whole
@@ -241,12 +241,13 @@ def assemble(out: bytes, args: list[str], since: float, cursor: Cursor | None) -
         held = cursor.files.get(name) if usable and cursor is not None else None
         if held is not None and start != held.offset:
             held = None  # read from 0: the file was replaced (a day downsampled)
+        whole = start + len(data) == size
         if held is not None and held.in_long_line:
             data = data[data.find(b"\n") + 1 :] if b"\n" in data else b""
         before = "".join(f"{line}\n" for line in held.lines).encode() if held is not None else b""
         files[name] = before + ctx + data
         last, complete = _last_times(data)
-        if start + len(data) < size:  # cut by the cap: complete up to the time before its last line's
+        if not whole:  # cut by the cap: complete up to the time before its last line's
             cut = min(cut, complete if complete is not None else since)
         latest = max(latest, last if last is not None else -math.inf)
     moved: dict[str, _Kept] = {}
