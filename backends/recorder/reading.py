@@ -26,7 +26,7 @@ from backends import runsroot
 from backends.hosts import Host
 from backends.recorder import layout
 
-MAX_READ_BYTES = 2 << 20  # a call's bytes: ~1.5 h of 8 GPUs, ~45,000 samples (docs/benchmarks.md)
+MAX_READ_BYTES = 2 << 20  # a call's bytes: ~1.5 h of 8 GPUs, ~45,000 samples (docs/benchmarks.md, "GPU recorder")
 FLOOR_BYTES = 64 << 10
 MAX_DAYS = 400  # a span longer than this is read from its last MAX_DAYS days
 MARGIN_S = 60.0  # a Cursor keeps the lines this far before where it ended, whole
