@@ -28,6 +28,7 @@ import calendar
 import re
 import time
 
+GPU_DIR = "gpu"  # under the runs root
 KINDS = ("gpu", "procs", "panes", "logs", "ticks")
 SNAPSHOTS = ("procs", "panes", "logs")
 COARSE = ".1m"

@@ -22,7 +22,6 @@ from backends.hosts import Host
 from backends.recorder import layout, reading
 from backends.recorder.reading import MAX_READ_BYTES, Cursor
 
-GPU_DIR = "gpu"
 MAX_PID = 1 << 22  # the kernel's pid_max at most
 MAX_ANCESTORS = 128
 GAP_TICKS = 3.0  # ticks without a sample that make a gap
@@ -320,7 +319,7 @@ async def read_recording(
     now = time.time()
     root = await host.expanded_runs_root()
     args = reading.plan(since, until or now, cursor)
-    out = await reading.fetch(host, f"{root}/{GPU_DIR}", args, max_bytes)
+    out = await reading.fetch(host, root, args, max_bytes)
     try:
         recording, fetched = await asyncio.to_thread(_parsed, out, args, since, until, now, cursor)
     except runsroot.RunsRootRefused as refused:
@@ -333,6 +332,6 @@ async def read_recording(
 def _parsed(out: bytes, args: list[str], since: float, until: float | None, now: float, cursor: Cursor | None) -> tuple[Recording, reading.Fetched]:
     fetched = reading.assemble(out, args, since, cursor)
     if fetched.cut is None:
-        return parse_recording(fetched.files, since, until, now=now), fetched
+        return parse_recording(fetched.files, since, now if until is None else until, now=now), fetched  # none after now
     end = fetched.cut if until is None else min(until, fetched.cut)
     return replace(parse_recording(fetched.files, since, end, now=end), read_to=fetched.cut), fetched

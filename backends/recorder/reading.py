@@ -33,19 +33,22 @@ MARGIN_S = 60.0  # a Cursor keeps the lines this far before where it ended, whol
 # Snapshots before the bulky samples: a cut then falls in a day's GPU samples.
 ORDER = ("ticks", "procs", "panes", "logs", "gpu")
 
-# "$1" the gpu directory, "$2" bytes at most in all, then three arguments a file: its
+# "$1" the runs root, "$2" bytes at most in all, then three arguments a file of its gpu
+# directory: its
 # name, the byte offset to read on from (past its size: from 0), and `since` in whole
 # seconds where the file is to be read from there (else -). For each file that exists:
 # a header `\036NAME START SIZE CONTEXT COUNT`, CONTEXT bytes of the GPU declarations
 # before START, COUNT bytes from START. A link, or a file that is not this user's alone,
-# is left out; a directory on the way that another user could change ends the output with
-# a `\036!` header, the reason after it.
+# is left out; the runs root or its gpu directory not this user's alone (root_ok), or a
+# directory above them another user could change, ends the output with a `\036!` header,
+# the reason after it.
 _READ = r"""export LC_ALL=C
 refuse() { printf '\036! %s\n' "$1"; exit 1; }
-dir=$1 budget=$2; shift 2
+root=$1 budget=$2; shift 2
+dir=$root/@GPU@
 [ -e "$dir" ] || [ -L "$dir" ] || exit 0
 [ ! -L "$dir" ] || refuse "$dir is a symbolic link (never followed)"
-above_ok "$dir"
+root_ok "$root"; root_ok "$dir"
 probe() {  # "OFFSET SECONDS" of the first whole line after byte $1 of fd 3 (SECONDS -: unreadable)
   tail -c +$(($1 + 1)) /dev/fd/3 2>/dev/null | head -c 8192 | {
     IFS= read -r part || exit 0
@@ -92,7 +95,7 @@ one() {  # "$1" a file's name, "$2" its offset, "$3" its since or -
   exec 3<&-
 }
 while [ $# -ge 3 ]; do one "$1" "$2" "$3"; shift 3; done
-""".replace("@FLOOR@", str(FLOOR_BYTES))
+""".replace("@FLOOR@", str(FLOOR_BYTES)).replace("@GPU@", layout.GPU_DIR)
 
 
 def days_between(since: float, until: float) -> list[str]:
@@ -182,9 +185,9 @@ def plan(since: float, until: float, cursor: Cursor | None) -> list[str]:
     return args
 
 
-async def fetch(host: Host, directory: str, args: list[str], max_bytes: int) -> bytes:
-    """The host command's output: `_READ` run on `directory` with `args` (`plan`)."""
-    argv = ["sh", "-c", runsroot.PRELUDE + _READ, "sh", directory, str(max_bytes), *args]
+async def fetch(host: Host, root: str, args: list[str], max_bytes: int) -> bytes:
+    """The host command's output: `_READ` run on the runs root `root` with `args` (`plan`)."""
+    argv = ["sh", "-c", runsroot.PRELUDE + _READ, "sh", root, str(max_bytes), *args]
     out = bytearray()
     async with contextlib.aclosing(host.chunks(argv)) as chunks:
         async for chunk in chunks:

@@ -15,7 +15,7 @@ import sys
 from backends import sanitize
 from backends.config import ConfigError, load_config
 from backends.hosts import Host, HostError
-from backends.recorder.read import GPU_DIR
+from backends.recorder.layout import GPU_DIR
 from backends.recorder.start import recorder
 from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, OneLineParser, UsageError
 
