@@ -178,3 +178,36 @@ def test_what_a_cursor_keeps_costs_time_linear_in_its_bytes():
     started = time.process_time()
     fetched = reading.assemble(out, [], T0, Cursor())
     assert time.process_time() - started < 5.0 and fetched.files == {"x": b"1"}
+
+
+async def test_over_ssh_a_day_is_read_from_since_then_on_from_the_cursor(sshd, tmp_path):
+    """The same host command through the loopback sshd: the argv quoted once at its edge."""
+    if not sshd.running:
+        sshd.start()
+    gpu = tmp_path / "runs" / "gpu"
+    day = samples(T0, T0 + 3 * 3600, uuids("a")) + samples(T0 + 3 * 3600 + 30, T0 + 6 * 3600, uuids("b"))
+    write_day_files(gpu, {f"{DAY}.gpu": day, f"{DAY}.ticks": ticks(T0, T0 + 6 * 3600), **{f"{DAY}.{k}": v for k, v in snapshots(T0).items()}})
+    host = sshd.host(runs_root=str(tmp_path / "runs"))
+    fetched = 0
+    chunks = host.chunks
+
+    async def counted(argv):
+        nonlocal fetched
+        async for chunk in chunks(argv):
+            fetched += len(chunk)
+            yield chunk
+
+    host.chunks = counted
+    try:
+        cursor, since = Cursor(), T0 + 5.5 * 3600
+        rec = await read_recording(host, since, T0 + 6 * 3600, cursor=cursor)
+        assert rec == whole(gpu, since, T0 + 6 * 3600) and {g.uuid for g in rec.gpus} == set(uuids("b"))
+        assert fetched < len(samples(since, T0 + 6 * 3600)) + 64 * 1024 + 16384 + 2 * 8192
+        added = samples(T0 + 6 * 3600, T0 + 6 * 3600 + 5)
+        with open(gpu / f"{DAY}.gpu", "ab") as f:
+            f.write(added)
+        fetched, since = 0, T0 + 6 * 3600 - 5
+        rec = await read_recording(host, since, T0 + 6 * 3600 + 5, cursor=cursor)
+        assert rec == whole(gpu, since, T0 + 6 * 3600 + 5) and fetched <= len(added) + 5 * 60
+    finally:
+        await host.close()
