@@ -87,7 +87,11 @@ async def measured(host: Counting, work) -> dict:
 
 
 async def main(args: argparse.Namespace) -> dict:
-    root = Path(tempfile.mkdtemp(prefix="recorder-read-"))
+    with tempfile.TemporaryDirectory(prefix="recorder-read-") as temp:
+        return await parts(Path(temp), args)
+
+
+async def parts(root: Path, args: argparse.Namespace) -> dict:
     gpu = root / "gpu"
     gpu.mkdir(mode=0o700)
     root.chmod(0o700)
