@@ -28,7 +28,7 @@ from backends import gpu, runs, tmux
 from backends.hosts import AuthFailed, Host, HostError, HostKeyRejected, HostUnreachable
 from backends.logs import logparse, panes, streams
 from backends.recorder.energy import UNKNOWN_START_S, Ledger, RunIdentity
-from backends.recorder.read import read_recording
+from backends.recorder.read import Cursor, read_recording
 from backends.retry import Backoff
 from backends.runs.rundir import epoch
 from tui.messages import ConsoleBatch, EnergyMetered, GpusPolled, HostFailed, MetricsBatch, RunsListed
@@ -42,7 +42,9 @@ POLL_TIMEOUT_S = 20.0
 # failure is a line in the run's log.
 FOLLOW_RETRY_S = 2.0
 FOLLOW_RETRY_CAP_S = 30.0
-READ_SHARE = 10  # the energy worker waits this many times its last reading's length, at least
+# The energy worker waits this many times its last reading's length, at least: parsed off
+# the app's loop, a reading still takes the app's one interpreter from it by turns.
+READ_SHARE = 4
 
 
 def failure_status(error: BaseException) -> tuple[HostStatus, str]:
@@ -226,11 +228,12 @@ class HostMonitor:
 
     async def _meter_energy(self) -> None:
         """Each run's GPU time and energy so far, from the host's recording: read on from
-        the last reading (backends.recorder.energy.Ledger), at most one a poll interval,
-        the next scheduled only once one has ended (a slow host or a long recording is read
-        slower, never piled up); after a failure, later each time."""
+        the last reading (backends.recorder.energy.Ledger), fetching only what the recorder
+        appended since (a Cursor), at most one a poll interval, the next scheduled only once
+        one has ended (a slow host or a long recording is read slower, never piled up);
+        after a failure, later each time."""
         name = self.host.name
-        ledger, said = Ledger(), None
+        ledger, cursor, said = Ledger(), Cursor(), None
         retry = Backoff(self.interval, FOLLOW_RETRY_CAP_S)
         while True:
             wait, news = self.interval, None
@@ -240,23 +243,23 @@ class HostMonitor:
             elif runs_here:
                 began = time.monotonic()
                 try:
-                    recording = await asyncio.wait_for(read_recording(self.host, ledger.read_from(runs_here)), POLL_TIMEOUT_S)
+                    recording = await asyncio.wait_for(
+                        read_recording(self.host, ledger.read_from(runs_here), cursor=cursor), POLL_TIMEOUT_S
+                    )
                     ledger.add(recording, runs_here)
-                    # The reader reads and parses each day file whole, on this loop: a long
-                    # day's reading is made rarer, to a share of the dashboard's time.
                     wait = max(wait, READ_SHARE * (time.monotonic() - began))
                 except asyncio.CancelledError:
                     raise
                 except Exception as error:  # the figures so far stay; a host's trouble is the listing's to say
                     wait = retry.failed()
-                    news = (dict(ledger.charges), None) if ledger.charges else ({}, ("none", f"cannot read the recording on {name}: {error}"))
+                    news = (ledger.said(), None) if ledger.charges else ({}, ("none", f"cannot read the recording on {name}: {error}"))
                 else:
                     why = None
                     if ledger.done == -math.inf:  # nothing recorded yet (not started): asked later each time
                         wait, why = retry.failed(), ("none", f"the recorder on {name} has not recorded anything yet")
                     else:
                         retry.succeeded()
-                    news = (dict(ledger.charges), why)
+                    news = (ledger.said(), why)
             # Said again when it changed, or a run came or went (the store gives it each run).
             if news is not None and (set(self.app.runs), news) != said:
                 said = set(self.app.runs), news

@@ -1,32 +1,11 @@
 """The recorder as it runs on a host: stdlib only, its source given inline to `python3 -c`
-(backends/recorder/start.py), so nothing under the runs root is ever run. Also the one
-home of the files' layout, which the reader (read.py) parses and this downsamples.
-
-Under `<runs_root>/gpu/`, one file per UTC day per kind, appended, each line
-`TIME,...` (TIME: seconds since the epoch), each text field escaped (`escape`):
-
-    DAY.gpu    TIME,INDEX,UUID                       the GPU at INDEX is UUID from here on
-               TIME,INDEX,POWER,LIMIT,USED,TOTAL,UTIL  a sample (W, W, MiB, MiB, %; empty: no reading)
-    DAY.procs  TIME,GPU_UUID,PID,START_TICKS,USED_MIB,ANCESTORS (space-separated pids)
-    DAY.panes  TIME,SOCKET,PANE_PID,SESSION          SOCKET "": tmux's default server
-    DAY.logs   TIME,SIZE,PATH                        PATH relative to the runs root
-    DAY.ticks  TIME                                  the recorder ran at TIME
-               TIME,start,TICK_S                     it started at TIME, ticking every TICK_S
-
-procs and panes are snapshots: the rows with one TIME are all there were then (a row of
-TIME alone: none), written when they change and at the start of each file; a snapshot
-holds until the next. logs holds the files whose size changed since the tick before (all
-of them at the start of each file). GPU samples come from nvidia-smi's own loop (`-lms`),
-the rest every TICK_S. Days older than KEEP_DAYS are downsampled to one row a minute (GPU
-samples: the minute's means; snapshots and sizes: the minute's last) into `DAY.KIND.1m`,
-and the oldest days go
-while all files together hold more than the cap. Every file is opened beside no link and
-written only where it is this user's alone.
+after layout.py's and files.py's (backends/recorder/start.py), so nothing under the runs
+root is ever run. Its sampling: nvidia-smi's own loop for the GPUs, and every TICK_S the
+GPU processes, the tmux panes and the logs' sizes, each written as layout.py says.
 """
 
 from __future__ import annotations
 
-import calendar
 import os
 import re
 import subprocess
@@ -34,209 +13,13 @@ import sys
 import threading
 import time
 
-KINDS = ("gpu", "procs", "panes", "logs", "ticks")
-SNAPSHOTS = ("procs", "panes", "logs")
-COARSE = ".1m"
-MINUTE = 60.0
-KEEP_DAYS = 7
-CAP_BYTES = 1 << 30
-TICK_S = 5.0
-LOOP_MS = 1000
-MAX_LINE = 4096  # longer lines are no line of ours: skipped whole
+if __package__:  # run inline (start.py), layout.py's and files.py's names are there already
+    from backends.recorder.files import Day, _ours, rotate
+    from backends.recorder.layout import KINDS, MAX_LINE, day_of, escape, number
+
 MAX_LOGS = 20000  # log files indexed at most, per tick
 GPU_QUERY = ("index", "uuid", "power.draw", "power.limit", "memory.used", "memory.total", "utilization.gpu")
 APPS_QUERY = ("gpu_uuid", "pid", "used_memory")
-_DAY = re.compile(r"(\d{4}-\d{2}-\d{2})\.([a-z]+)(\.1m)?")
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
-
-
-def day_of(t: float) -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime(t))
-
-
-def file_name(day: str, kind: str, coarse: bool = False) -> str:
-    return f"{day}.{kind}{COARSE if coarse else ''}"
-
-
-def parse_name(name: str) -> tuple[str, str, bool] | None:
-    """(day, kind, coarse) of a file of ours, else None."""
-    m = _DAY.fullmatch(name)
-    if m is None or m[2] not in KINDS:
-        return None
-    return m[1], m[2], bool(m[3])
-
-
-def escape(text: str) -> str:
-    """`text` as one ASCII field: Python's escapes for backslashes, controls and anything
-    not ASCII, and `\\x2c` for a comma."""
-    return text.encode("unicode_escape").decode("ascii").replace(",", "\\x2c")
-
-
-_ESCAPED = re.compile(r"(?:[^\\]|\\(?:[\\nrt]|x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8}))*")
-
-
-def unescape(text: str) -> str | None:
-    """What `escape` was given, or None for a field it cannot have written."""
-    if not text.isascii() or not _ESCAPED.fullmatch(text):
-        return None
-    try:
-        return text.encode("ascii").decode("unicode_escape")
-    except UnicodeError:  # \U beyond U+10FFFF
-        return None
-
-
-def lines(data: bytes) -> list[str]:
-    """The complete lines of `data` (a last one without its newline is being written),
-    each as ASCII text; one too long or not ASCII is no line of ours, left out."""
-    out = []
-    for raw in data.split(b"\n")[:-1]:
-        if len(raw) <= MAX_LINE and raw.isascii():
-            out.append(raw.decode())
-    return out
-
-
-def number(cell: str) -> str:
-    """A reading as written: digits, or empty (nvidia-smi's `[N/A]`, anything else)."""
-    cell = cell.strip()
-    return cell if _NUMBER.fullmatch(cell) else ""
-
-
-def parse_time(cell: str) -> float | None:
-    try:
-        t = float(cell)
-    except ValueError:
-        return None
-    return t if 1e9 <= t <= 1e11 else None  # a time of this century, not nan or inf
-
-
-def _minute(t: float) -> str:
-    return f"{t - t % MINUTE:.0f}"
-
-
-def downsample(kind: str, text_lines: list[str]) -> list[str]:
-    """One day's lines of `kind` as one row a minute (see the module's docstring)."""
-    out: list[str] = []
-    if kind == "gpu":
-        buckets: dict[tuple[str, str, str], list[list[float]]] = {}
-        uuids: dict[str, str] = {}
-        for line in text_lines:
-            cells = line.split(",")
-            if parse_time(cells[0]) is None or not cells[1:2] or not cells[1].isdigit():
-                continue
-            if len(cells) == 3:
-                uuids[cells[1]] = cells[2]
-            elif len(cells) == 7:
-                key = (_minute(parse_time(cells[0])), cells[1], uuids.get(cells[1], ""))
-                sums = buckets.setdefault(key, [[] for _ in range(5)])
-                for values, cell in zip(sums, cells[2:]):
-                    if number(cell):
-                        values.append(float(cell))
-        declared: dict[str, str] = {}
-        for (minute, index, uuid), sums in buckets.items():
-            if uuid and declared.get(index) != uuid:
-                out.append(f"{minute},{index},{uuid}")
-                declared[index] = uuid
-            means = ",".join(f"{sum(v) / len(v):.2f}" if v else "" for v in sums)
-            out.append(f"{minute},{index},{means}")
-    elif kind == "ticks":
-        last = None
-        for line in text_lines:
-            cells = line.split(",")
-            if (t := parse_time(cells[0])) is None:
-                continue
-            if cells[1:2] == ["start"]:
-                out.append(line)
-            elif (m := _minute(t)) != last:
-                out.append(m)
-                last = m
-    elif kind == "logs":
-        minutes: dict[str, dict[str, str]] = {}
-        for line in text_lines:
-            cells = line.split(",", 2)
-            if len(cells) == 3 and (t := parse_time(cells[0])) is not None:
-                minutes.setdefault(_minute(t), {})[cells[2]] = cells[1]
-        out = [f"{minute},{size},{path}" for minute, sizes in minutes.items() for path, size in sizes.items()]
-    else:
-        kept: list[tuple[str, list[str]]] = []  # (minute, rows without time), the minute's last
-        at, rows = None, []
-        for line in [*text_lines, None]:
-            cells = line.split(",", 1) if line is not None else ["", ""]
-            if line is not None and parse_time(cells[0]) is None:
-                continue
-            if cells[0] != at:
-                if at is not None:
-                    minute = _minute(float(at))
-                    if kept and kept[-1][0] == minute:
-                        kept.pop()
-                    kept.append((minute, rows))
-                at, rows = cells[0], []
-            if len(cells) > 1:
-                rows.append(cells[1])
-        before = None
-        for minute, rows in kept:
-            if rows != before:
-                out += [f"{minute},{row}" for row in rows] or [minute]
-            before = rows
-    return out
-
-
-# ---- the recorder itself: everything below runs on the host ----
-
-
-def _read_fd(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 1 << 20):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _ours(fd: int, directory: bool = False) -> bool:
-    st = os.fstat(fd)
-    kind = (st.st_mode & 0o170000) == (0o040000 if directory else 0o100000)
-    return kind and st.st_uid == os.geteuid() and not st.st_mode & 0o022
-
-
-def _open(dirfd: int, name: str, flags: int) -> int | None:
-    """`name` in the recording's directory, never through a link, only if ours alone."""
-    try:
-        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dirfd)
-    except OSError:
-        return None
-    if not _ours(fd):
-        os.close(fd)
-        print(f"recorder: {name} is not this user's alone: not written", file=sys.stderr, flush=True)
-        return None
-    return fd
-
-
-class Day:
-    """One kind's file of the current day, appended."""
-
-    def __init__(self, dirfd: int, kind: str):
-        self.dirfd, self.kind = dirfd, kind
-        self.day, self.fd = "", None
-        self.lock = threading.Lock()
-
-    def write(self, t: float, rows: list[str], header=None) -> bool:
-        """Append `rows` (each without its time) at time `t`; a new file begins with
-        `header()`'s rows. Whether the file was new."""
-        with self.lock:
-            day, new = day_of(t), False
-            if day != self.day:
-                if self.fd is not None:
-                    os.close(self.fd)
-                self.day, new = day, True
-                self.fd = _open(self.dirfd, file_name(day, self.kind), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            if self.fd is None:
-                return new
-            stamp = f"{t:.2f}"
-            rows = [*(header() if new and header else ()), *rows]
-            text = "".join(f"{stamp},{row}\n" if row else f"{stamp}\n" for row in rows)
-            try:
-                os.write(self.fd, text.encode("ascii", "backslashreplace"))
-            except OSError:
-                pass  # a full disk loses this sample, never the recorder
-            return new
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
@@ -332,61 +115,6 @@ def logs_rows(root: str) -> list[str]:
             add(f"{name}/console.log")
     return [f"{size},{escape(rel)}" for rel, size in found]
 
-
-def rotate(dirfd: int, today: str, keep_days: int, cap: int) -> None:
-    """Downsample the days older than `keep_days`; then drop the oldest days while all
-    files hold more than `cap` bytes (today's never)."""
-    oldest_full = day_of(calendar.timegm(time.strptime(today, "%Y-%m-%d")) - (keep_days - 1) * 86400)
-    ours = {}
-    for name in os.listdir(dirfd):
-        parsed = parse_name(name)
-        if parsed is None:
-            continue
-        try:
-            st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-        except OSError:
-            continue
-        if (st.st_mode & 0o170000) == 0o100000 and st.st_uid == os.geteuid():
-            ours[name] = (parsed, st.st_size)
-    for name, ((day, kind, coarse), _) in sorted(ours.items()):
-        if coarse or day >= oldest_full:
-            continue
-        fd = _open(dirfd, name, os.O_RDONLY)
-        if fd is None:
-            continue
-        try:
-            data = _read_fd(fd)
-        finally:
-            os.close(fd)
-        text = "".join(f"{row}\n" for row in downsample(kind, lines(data)))
-        coarse_name, temp = file_name(day, kind, True), f".{name}.tmp"
-        try:
-            os.unlink(temp, dir_fd=dirfd)
-        except FileNotFoundError:
-            pass
-        out = _open(dirfd, temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        if out is None:
-            continue
-        try:
-            os.write(out, text.encode())
-            os.fsync(out)
-        except OSError:
-            os.close(out)
-            os.unlink(temp, dir_fd=dirfd)
-            continue
-        os.close(out)
-        os.rename(temp, coarse_name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-        os.unlink(name, dir_fd=dirfd)
-        ours.pop(name)
-        ours[coarse_name] = ((day, kind, True), len(text))
-    total = sum(size for _, size in ours.values())
-    for day in sorted({parsed[0] for parsed, _ in ours.values()}):
-        if total <= cap or day >= today:
-            break
-        for name, ((d, _, _), size) in list(ours.items()):
-            if d == day:
-                os.unlink(name, dir_fd=dirfd)
-                total -= size
 
 
 def gpu_loop(days: Day, smi: str, loop_ms: int, env: dict, retry_s: float) -> None:

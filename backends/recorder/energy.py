@@ -31,19 +31,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from backends.recorder import agent
+from backends.recorder import layout
 
 if TYPE_CHECKING:
     from backends.recorder.read import PaneSample, ProcSample, Recording
 
 # Readings of one GPU further apart than this are a gap: the recorder reads every second
 # (its -lms 1000), so this allows a few lost lines; in its 1-minute means, at most two.
-STEP_S = 5 * agent.LOOP_MS / 1000
-COARSE_STEP_S = 3 * agent.MINUTE
+STEP_S = 5 * layout.LOOP_MS / 1000
+COARSE_STEP_S = 3 * layout.MINUTE
 JOULES_PER_KWH = 3.6e6
 # A run whose start is not known (a session trackside did not launch) is charged this far
 # back: the days the recorder keeps whole; its figure is a lower bound.
-UNKNOWN_START_S = agent.KEEP_DAYS * 86400.0
+UNKNOWN_START_S = layout.KEEP_DAYS * 86400.0
 # A reading continued: from the last charged moment's GPU readings (the snapshots in
 # effect then come with them).
 OVERLAP_S = STEP_S
@@ -238,22 +238,36 @@ def _in_gap(gaps: list[tuple[float, float]], starts: list[float], a: float, b: f
 class Ledger:
     """A host's charges kept up as its recording is read on: each reading charges its runs
     the time since the last (`done`), from the GPU readings just before it (OVERLAP_S);
-    a run new to it, from its own start."""
+    a run new to it, from its own start. A reading cut short by the reader's cap charges
+    the runs it reaches to where it ends, and the next reads on from there (`marks`)."""
 
     done: float = -math.inf
     charges: dict = field(default_factory=dict)
     proven: Proven = field(default_factory=dict)
+    marks: dict = field(default_factory=dict)  # the runs charged only up to a time before `done`
+    behind: bool = False  # the last reading was cut short: more to read
+
+    def said(self) -> dict:
+        """The charges as they may be said now: lower bounds while readings catch up."""
+        if not self.behind and not self.marks:
+            return dict(self.charges)
+        return {key: replace(c, at_least=True) for key, c in self.charges.items()}
+
+    def _mark(self, key: object) -> float | None:
+        """Where a run is charged through (None: a run new to it)."""
+        return self.marks.get(key, self.done) if key in self.charges else None
 
     def read_from(self, runs: Mapping[object, RunIdentity]) -> float:
         """Where the next reading of the recording should start (0: its beginning)."""
-        starts = [run.since for key, run in runs.items() if key not in self.charges]
+        starts = [run.since if (mark := self._mark(key)) is None else mark for key, run in runs.items()]
         if self.done > -math.inf:
             starts.append(self.done)
         return max(0.0, min(starts, default=self.done) - OVERLAP_S)
 
     def add(self, recording: Recording, runs: Mapping[object, RunIdentity]) -> None:
-        """Charge what `recording` (read from `read_from(runs)`) holds after `done`, and a
-        new run's whole span."""
+        """Charge what `recording` (read from `read_from(runs)`) holds after each run's
+        mark (`done`), and a new run's whole span."""
+        self.behind = recording.read_to is not None
         lasts: dict[str, float] = {}
         for s in recording.gpus:
             lasts[s.uuid] = max(lasts.get(s.uuid, -math.inf), s.time)
@@ -261,14 +275,19 @@ class Ledger:
         # Charged through the latest reading that every card still read has: a card's
         # time up to its next reading is charged when that reading comes.
         through = min((t for t in lasts.values() if t >= newest - STEP_S), default=-math.inf)
-        if through > self.done:
-            new = {key: run for key, run in runs.items() if key not in self.charges}
-            old = {key: run for key, run in runs.items() if key in self.charges}
-            # The new runs' first: the older snapshots, so `proven` ends as the newest say.
-            self.charges.update(charge(recording, new, end=through, proven=self.proven))
-            for key, c in charge(recording, old, self.done, through, self.proven).items():
-                self.charges[key] += c
-            self.done = through
+        by_mark: dict[float | None, dict] = {}
+        for key, run in runs.items():
+            mark = self._mark(key)
+            if through > -math.inf and (mark is None or through > mark):
+                by_mark.setdefault(mark, {})[key] = run
+        # The new runs' first, then from the oldest marks: the older snapshots, so
+        # `proven` ends as the newest say.
+        for mark, group in sorted(by_mark.items(), key=lambda item: -math.inf if item[0] is None else item[0]):
+            for key, c in charge(recording, group, -math.inf if mark is None else mark, through, self.proven).items():
+                self.charges[key] = c if mark is None else self.charges[key] + c
+                self.marks[key] = through
+        self.done = max(self.done, through)
+        self.marks = {key: mark for key, mark in self.marks.items() if mark < self.done}
         # A gap past the last reading charged: the recorder is not recording now (it
         # died), so what the runs do meanwhile is not known.
         if any(g.end > self.done for g in recording.gaps):

@@ -21,7 +21,7 @@ from backends import alerts, runs, runsroot, tmux
 from backends.gpu import GpuReading
 from backends.hosts import Host
 from backends.logs import logparse, recording
-from backends.recorder import agent
+from backends.recorder import layout
 from backends.recorder.read import GAP_TICKS, Recording, read_recording
 from backends.runs import RunInfo, RunPhase
 from backends.runs.rundir import read_file
@@ -105,7 +105,7 @@ class _Readings:
 
     def at(self, t: float) -> list[GpuReading]:
         latest: dict[int, GpuReading] = {}
-        first = bisect_right(self.times, t - GAP_TICKS * agent.TICK_S)
+        first = bisect_right(self.times, t - GAP_TICKS * layout.TICK_S)
         for g in self.gpus[first : bisect_right(self.times, t)]:
             latest[g.index] = GpuReading(g.index, None, g.uuid, g.power_w, g.power_limit_w, g.mem_used_mib, g.mem_total_mib, g.util_pct)
         return [latest[i] for i in sorted(latest)]
@@ -135,7 +135,8 @@ def replay(host: str, rec: Recording, histories: list[History], since: float, no
 async def missed(host: Host, since: float, now: float, rules: alerts.Rules = alerts.Rules(), interval_s: float = INTERVAL_S) -> list[tuple[float, str, alerts.Alert]]:
     """Each alert that would have been raised or cleared on `host` from `since` to `now`
     (`replay`), from its recording, its run dirs and its listing now."""
-    rec = await read_recording(host, since, now)
+    # The recorder keeps CAP_BYTES at most in all: a reading allowed as many is never cut.
+    rec = await read_recording(host, since, now, max_bytes=layout.CAP_BYTES)
     root = await host.expanded_runs_root()
     infos = await runs.list_runs(host)
     panes = await tmux.list_panes(host)

@@ -1,7 +1,7 @@
 """THE reader of a host's recording (the files backends/recorder/agent.py writes under
-`<runs_root>/gpu/`): what its GPUs drew and held, which processes held them, which tmux
-panes existed and how long each log was, over a span of time, and where nothing was
-recorded (Gap).
+`<runs_root>/gpu/`, laid out as layout.py says): what its GPUs drew and held, which
+processes held them, which tmux panes existed and how long each log was, over a span of
+time, and where nothing was recorded (Gap).
 
 The files are the runs root's, so hostile: the parser is linear in its input and total
 (a line it cannot read is skipped: too long, not ASCII, a number out of range, a field
@@ -11,27 +11,24 @@ or printed through the sanitizer.
 
 from __future__ import annotations
 
-import calendar
-import contextlib
+import asyncio
 import time
 from bisect import bisect_right
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from backends import runsroot
 from backends.hosts import Host
-from backends.recorder import agent
+from backends.recorder import layout, reading
+from backends.recorder.reading import MAX_READ_BYTES, Cursor
 
-GPU_DIR = "gpu"
-MAX_FILE_BYTES = 256 << 20  # of one day file read (a day of 8 GPUs is ~30 MB: docs/benchmarks.md)
-MAX_DAYS = 400  # a span longer than this is read from its last MAX_DAYS days
 MAX_PID = 1 << 22  # the kernel's pid_max at most
 MAX_ANCESTORS = 128
 GAP_TICKS = 3.0  # ticks without a sample that make a gap
-COARSE_GAP_S = 2.5 * agent.MINUTE  # in 1-minute data
+COARSE_GAP_S = 2.5 * layout.MINUTE  # in 1-minute data
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GpuSample:  # one GPU at one moment
     time: float  # seconds since the epoch
     index: int
@@ -43,7 +40,7 @@ class GpuSample:  # one GPU at one moment
     util_pct: float | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ProcSample:  # one compute process on one GPU at one moment
     time: float
     gpu_uuid: str
@@ -53,7 +50,7 @@ class ProcSample:  # one compute process on one GPU at one moment
     ancestors: tuple[int, ...]  # its parent chain (ppid, ppid's ppid, ... up to 1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PaneSample:  # which tmux pane roots existed, so a PID is tied to a session
     time: float
     socket: str  # the tmux socket's name (`tmux -L`), "" for the default server
@@ -61,14 +58,14 @@ class PaneSample:  # which tmux pane roots existed, so a PID is tied to a sessio
     pane_pid: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LogSize:  # a time index for logs: how long each log file was at a moment
     time: float
     path: str  # relative to the runs root (pane recordings, run dirs' logs)
     size: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Gap:  # the recorder was not running (or a sample is missing)
     start: float
     end: float
@@ -83,7 +80,7 @@ def _at(rows: tuple, times: tuple[float, ...], t: float) -> tuple:
     return tuple(row for row in rows if row.time == when)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Recording:
     gpus: tuple[GpuSample, ...]
     procs: tuple[ProcSample, ...]
@@ -95,6 +92,9 @@ class Recording:
     # snapshot holds until the next (procs_at, panes_at).
     proc_times: tuple[float, ...] = ()
     pane_times: tuple[float, ...] = ()
+    # A reading cut short by its cap (read_recording's max_bytes) holds what was recorded
+    # up to here: a reader that reads on goes on from here.
+    read_to: float | None = None
 
     def procs_at(self, t: float) -> tuple[ProcSample, ...]:
         """The compute processes as last sampled at or before `t` (none before the first)."""
@@ -119,7 +119,7 @@ def _float(cell: str, top: float) -> float | None:
     """A reading, None where there was none, _BAD where it is no reading."""
     if not cell:
         return None
-    if not agent.number(cell) or len(cell) > 24:
+    if not layout.number(cell) or len(cell) > 24:
         return _BAD
     value = float(cell)
     return value if value <= top else _BAD
@@ -133,7 +133,7 @@ def _int(cell: str, low: int, top: int) -> int | None:
 
 
 def _text(cell: str, longest: int = 1024) -> str | None:
-    text = agent.unescape(cell) if len(cell) <= 4 * longest and "," not in cell else None
+    text = layout.unescape(cell) if len(cell) <= 4 * longest and "," not in cell else None
     return text if text is not None and len(text) <= longest else None
 
 
@@ -153,7 +153,7 @@ def _gpu_file(lines: list[str], out: _Parsed) -> None:
     uuids: dict[int, str] = {}  # each file declares its GPUs
     for line in lines:
         cells = line.split(",")
-        t = agent.parse_time(cells[0])
+        t = layout.parse_time(cells[0])
         index = _int(cells[1], 0, 4095) if len(cells) > 1 else None
         if t is None or index is None:
             continue
@@ -187,7 +187,7 @@ def _snapshot_file(kind: str, lines: list[str], out: _Parsed) -> None:
     times, rows, parse = (out.proc_times, out.procs, _proc) if kind == "procs" else (out.pane_times, out.panes, _pane)
     for line in lines:
         cells = line.split(",", 5 if kind == "procs" else 3)
-        t = agent.parse_time(cells[0])
+        t = layout.parse_time(cells[0])
         row = parse(t, cells) if t is not None and len(cells) > 1 else None
         if t is None or (row is None and len(cells) > 1) or (times and t < times[-1]):
             continue  # no row of ours, or one out of time's order
@@ -200,7 +200,7 @@ def _snapshot_file(kind: str, lines: list[str], out: _Parsed) -> None:
 def _logs_file(lines: list[str], out: _Parsed) -> None:
     for line in lines:
         cells = line.split(",", 2)
-        if len(cells) == 3 and (t := agent.parse_time(cells[0])) is not None:
+        if len(cells) == 3 and (t := layout.parse_time(cells[0])) is not None:
             size, path = _int(cells[1], 0, 1 << 50), _text(cells[2], 4096)
             if size is not None and path is not None:
                 out.logs.append(LogSize(t, path, size))
@@ -209,17 +209,13 @@ def _logs_file(lines: list[str], out: _Parsed) -> None:
 def _ticks_file(lines: list[str], out: _Parsed) -> None:
     for line in lines:
         cells = line.split(",")
-        if (t := agent.parse_time(cells[0])) is None:
+        if (t := layout.parse_time(cells[0])) is None:
             continue
         if len(cells) == 1:
             out.ticks.append(t)
         elif len(cells) == 3 and cells[1] == "start" and (tick := _float(cells[2], 3600.0)) and tick > 0:
             out.starts.append((t, tick))
             out.ticks.append(t)
-
-
-def _day_start(day: str) -> float:
-    return float(calendar.timegm(time.strptime(day, "%Y-%m-%d")))
 
 
 def _gaps(out: _Parsed, since: float, end: float | None, coarse_before: float | None) -> list[Gap]:
@@ -234,7 +230,7 @@ def _gaps(out: _Parsed, since: float, end: float | None, coarse_before: float | 
         if coarse_before is not None and t < coarse_before:
             return COARSE_GAP_S
         i = bisect_right(tick_s, t)
-        return GAP_TICKS * (starts[i - 1][1] if i else agent.TICK_S)
+        return GAP_TICKS * (starts[i - 1][1] if i else layout.TICK_S)
 
     started = set(tick_s)
     gaps = []
@@ -258,7 +254,7 @@ def parse_recording(files: Mapping[str, bytes], since: float, until: float | Non
     a line it cannot read is skipped."""
     chosen: dict[tuple[str, str], tuple[bool, bytes]] = {}
     for name, data in files.items():
-        parsed = agent.parse_name(name)
+        parsed = layout.parse_name(name)
         if parsed is None:
             continue
         day, kind, coarse = parsed
@@ -267,9 +263,9 @@ def parse_recording(files: Mapping[str, bytes], since: float, until: float | Non
     out = _Parsed()
     coarse_before = None
     for (day, kind), (coarse, data) in sorted(chosen.items()):
-        lines = agent.lines(data)
+        lines = layout.lines(data)
         if coarse:
-            coarse_before = max(coarse_before or 0.0, _day_start(day) + 86400)
+            coarse_before = max(coarse_before or 0.0, layout.day_start(day) + 86400)
         if kind == "gpu":
             _gpu_file(lines, out)
         elif kind in ("procs", "panes"):
@@ -311,70 +307,31 @@ def parse_recording(files: Mapping[str, bytes], since: float, until: float | Non
     )
 
 
-# Each day file named after "$1" (the gpu directory) and "$2" (bytes at most), those that
-# exist: a header `\036NAME COUNT`, then COUNT bytes of it. A link, or a file that is not
-# this user's alone, is left out; a directory on the way that another user could change
-# ends the output with a `\036!` header, the reason after it.
-_READ = r"""refuse() { printf '\036! %s\n' "$1"; exit 1; }
-dir=$1 max=$2; shift 2
-[ -e "$dir" ] || [ -L "$dir" ] || exit 0
-[ ! -L "$dir" ] || refuse "$dir is a symbolic link (never followed)"
-above_ok "$dir"
-for n; do
-  f=$dir/$n
-  [ ! -L "$f" ] && [ -f "$f" ] || continue
-  (exec 3<"$f" || exit 0  # gone since (a day downsampled)
-    set -- $(stat -L -c '%s %u %f' /dev/fd/3) || exit 0
-    [ "$2" = "$me" ] && [ $((0x$3 & 022)) -eq 0 ] || exit 0
-    c=$1; [ "$c" -gt "$max" ] && c=$max
-    printf '\036%s %s\n' "$n" "$c"
-    head -c "$c" <&3) 2>/dev/null
-done
-"""
-
-
-def days_between(since: float, until: float) -> list[str]:
-    """The UTC days from `since`'s to `until`'s (the last MAX_DAYS of them)."""
-    first = max(_day_start(agent.day_of(since)), _day_start(agent.day_of(until)) - (MAX_DAYS - 1) * 86400)
-    days, at = [], first
-    while at <= until:
-        days.append(agent.day_of(at))
-        at += 86400
-    return days
-
-
-def parse_files(out: bytes) -> dict[str, bytes]:
-    """The day files in `_READ`'s output; RunsRootRefused's reason where it refused."""
-    files, at = {}, 0
-    while out.startswith(b"\036", at):
-        end = out.find(b"\n", at)
-        if end < 0:
-            break
-        header = out[at + 1 : end].decode(errors="replace")
-        if header.startswith("! "):
-            raise runsroot.RunsRootRefused("", f"refused: {header[2:]}")
-        name, _, count = header.rpartition(" ")
-        if not count.isdigit() or len(out) < end + 1 + int(count):
-            break  # fewer bytes than its header said: a file cut short is left out
-        files[name] = out[end + 1 : end + 1 + int(count)]
-        at = end + 1 + int(count)
-    return files
-
-
-async def read_recording(host: Host, since: float, until: float | None = None) -> Recording:
+async def read_recording(
+    host: Host, since: float, until: float | None = None, *, cursor: Cursor | None = None, max_bytes: int = MAX_READ_BYTES
+) -> Recording:
     """The host's recording from `since` to `until` (None: now), reading only the day
-    files that overlap. RunsRootRefused where its directory is not this user's alone."""
+    files that overlap and, of each, what lies after `since` (reading.py), at most
+    `max_bytes` of them: a reading cut short says where (`Recording.read_to`). `cursor`: a
+    caller that reads on passes the same one each time, and each reading fetches only what
+    was appended since the last. Parsed off the event loop. RunsRootRefused where its
+    directory is not this user's alone."""
     now = time.time()
     root = await host.expanded_runs_root()
-    names = [agent.file_name(day, kind, coarse) for day in days_between(since, until or now)
-             for kind in agent.KINDS for coarse in (False, True)]  # fmt: skip
-    argv = ["sh", "-c", runsroot.PRELUDE + _READ, "sh", f"{root}/{GPU_DIR}", str(MAX_FILE_BYTES), *names]
-    out = bytearray()
-    async with contextlib.aclosing(host.chunks(argv)) as chunks:
-        async for chunk in chunks:
-            out += chunk
+    args = reading.plan(since, until or now, cursor)
+    out = await reading.fetch(host, root, args, max_bytes)
     try:
-        files = parse_files(bytes(out))
+        recording, fetched = await asyncio.to_thread(_parsed, out, args, since, until, now, cursor)
     except runsroot.RunsRootRefused as refused:
         raise runsroot.RunsRootRefused(host.name, refused.reason) from None
-    return parse_recording(files, since, until, now=now)
+    if cursor is not None:
+        cursor.moved_to(fetched)
+    return recording
+
+
+def _parsed(out: bytes, args: list[str], since: float, until: float | None, now: float, cursor: Cursor | None) -> tuple[Recording, reading.Fetched]:
+    fetched = reading.assemble(out, args, since, cursor)
+    if fetched.cut is None:
+        return parse_recording(fetched.files, since, now if until is None else until, now=now), fetched  # none after now
+    end = fetched.cut if until is None else min(until, fetched.cut)
+    return replace(parse_recording(fetched.files, since, end, now=end), read_to=fetched.cut), fetched

@@ -4,8 +4,9 @@ not say `record = false`), again by the next command after it died, stopped on r
 
 Checking it costs one host command and one tmux query while it runs. It runs on
 trackside's tmux server (the host's `tmux_socket`), as session SESSION, marked with
-tmux.RECORDER_OPTION so no listing takes it for a run; its program is agent.py's source,
-given inline (compressed, as tmux takes a command of 16 KiB at most), with the runs root
+tmux.RECORDER_OPTION so no listing takes it for a run; its program is the sources of
+layout.py, files.py and agent.py, given inline (compressed, as tmux takes a command of
+16 KiB at most), with the runs root
 it records into checked first as every write to it is (backends/runsroot.py). A host
 where the configured nvidia-smi is no command has no GPU to record: nothing starts there.
 """
@@ -19,21 +20,23 @@ from pathlib import Path
 
 from backends import runsroot, tmux
 from backends.hosts import Host, HostError
-from backends.recorder import agent
+from backends.recorder import agent, files, layout
 from backends.ship.deliver import DEFAULT_PYTHON
 
 SESSION = "trackside-recorder"
 PYTHON = DEFAULT_PYTHON  # the host's python3
 
-# The agent's source, run by `python3 -c` (its "$@" after the source: agent.main's argv).
-_SOURCE = Path(agent.__file__).read_text()
-_BOOT = "import base64,zlib;exec(zlib.decompress(base64.b64decode('{}')))".format(
-    base64.b64encode(zlib.compress(_SOURCE.encode(), 9)).decode()
+# The recorder's program, run by `python3 -c` (its "$@" after the program: agent.main's
+# argv): each module's source run in turn in one namespace, each compiled on its own (its
+# own `from __future__`), agent.py's last, as it starts the recorder.
+_SOURCES = "\0".join(Path(module.__file__).read_text() for module in (layout, files, agent))
+_BOOT = "import base64,zlib\ng=globals()\nfor s in zlib.decompress(base64.b64decode('{}')).decode().split('\\0'):exec(s,g)".format(
+    base64.b64encode(zlib.compress(_SOURCES.encode(), 9)).decode()
 )
 
 # "$1" the runs root (a leading ~ is $HOME), "$2" the tmux socket (empty: the default
 # server), "$3" nvidia-smi, "$4" start: start it unless it runs (a dead pane is replaced);
-# status: say; stop: end it. Then python3, the agent's source and its arguments after
+# status: say; stop: end it. Then python3, the recorder's program and its arguments after
 # its root, socket and nvidia-smi.
 # Prints one word: running, started, stopped, absent (not running), no-smi, no-python.
 _ENSURE = r"""root=$1 socket=$2 smi=$3 what=$4; shift 4
@@ -60,12 +63,12 @@ echo started
 
 @dataclass(frozen=True)
 class Settings:
-    """How often it samples, and how much it keeps (agent.py's defaults)."""
+    """How often it samples, and how much it keeps (layout.py's defaults)."""
 
-    tick_s: float = agent.TICK_S
-    loop_ms: int = agent.LOOP_MS
-    keep_days: int = agent.KEEP_DAYS
-    cap_bytes: int = agent.CAP_BYTES
+    tick_s: float = layout.TICK_S
+    loop_ms: int = layout.LOOP_MS
+    keep_days: int = layout.KEEP_DAYS
+    cap_bytes: int = layout.CAP_BYTES
 
 
 async def recorder(host: Host, what: str, smi: str, settings: Settings = Settings()) -> str:

@@ -5,6 +5,7 @@ is shared; lower bounds, never guesses, where the recording cannot say."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -39,6 +40,7 @@ def recording(gpus=(), procs=(), pane_list=(), gaps=(), coarse_before=None, empt
 
 
 EVERY_5 = range(0, 101, 5)
+EVERY_5_TO_400 = range(0, 401, 5)
 TRAINER = (GPU0, 1234, 5000, 40000.0, (1200, 100, 1))  # python under the pane's shell
 BOTH_PANES = (("", "train", 100), ("", "other", 200))
 
@@ -240,3 +242,46 @@ def test_a_ledger_whose_recorder_stopped_recording_is_a_lower_bound():
     stopped = recording(readings(GPU0, range(95, 101)), listing([95], TRAINER), panes([95], *BOTH_PANES), gaps=[Gap(100.0, 160.0)])
     ledger.add(stopped, {"r": RUN})
     assert ledger.charges["r"] == Charge(100.0, 300.0 * 100, at_least=True)
+
+
+def test_a_ledger_catching_up_on_a_reading_cut_short_says_lower_bounds_until_it_has():
+    """A reading cut by the reader's cap (Recording.read_to): what is charged so far is
+    less than the run's time so far, until the readings after it have caught up."""
+    rec = recording(readings(GPU0, range(201)), listing(EVERY_5, TRAINER), panes(EVERY_5, *BOTH_PANES))
+    ledger = Ledger()
+    first = recording(*(tuple(x for x in items if x.time <= 100) for items in (rec.gpus, rec.procs, rec.panes)))
+    ledger.add(replace(first, read_to=100.0), {"r": RUN})
+    assert ledger.said()["r"] == Charge(100.0, 300.0 * 100, at_least=True)
+    since = ledger.read_from({"r": RUN})
+    ledger.add(recording(*(tuple(x for x in items if x.time >= since) for items in (rec.gpus, rec.procs, rec.panes))), {"r": RUN})
+    assert ledger.said()["r"] == Charge(200.0, 300.0 * 200)
+
+
+def test_a_run_met_late_is_charged_its_past_a_cut_reading_at_a_time():
+    """A run the ledger meets once it has read to 300 s, begun at 0: the readings from its
+    start are cut short by the reader's cap, each read on from where the last ended, until
+    it is charged as one reading of it all would."""
+    rec = recording(readings(GPU0, range(401)) + readings(GPU1, range(401)),
+                    listing(EVERY_5_TO_400, TRAINER, (GPU1, 2236, 6001, 300.0, (200, 1))),
+                    panes(EVERY_5_TO_400, *BOTH_PANES))  # fmt: skip
+
+    def part(since: float, until: float, cut: bool) -> Recording:
+        got = recording(*(tuple(x for x in items if since <= x.time <= until) for items in (rec.gpus, rec.procs, rec.panes)))
+        return replace(got, read_to=until if cut else None)
+
+    ledger = Ledger()
+    ledger.add(part(0, 300, False), {"r": RUN})
+    runs = {"r": RUN, "o": OTHER}
+    readings_taken = 0
+    while readings_taken < 20:
+        since = ledger.read_from(runs)
+        until = min(since + 100, 400)
+        ledger.add(part(since, until, until < 400), runs)
+        readings_taken += 1
+        if until == 400:
+            break
+    assert readings_taken == 5 and not ledger.marks and ledger.done == 400
+    whole = charge(rec, runs, end=400)
+    for key in runs:
+        assert ledger.said()[key].gpu_s == pytest.approx(whole[key].gpu_s) and not ledger.said()[key].at_least
+    assert ledger.said()["o"].gpu_s == pytest.approx(400)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from backends import tmux
-from backends.recorder import agent
+from backends.recorder import layout
 from backends.recorder.read import read_recording
 from backends.recorder.start import SESSION
 from tests.backends.test_runs import tmux_dir  # noqa: F401 - the fixture: this test's own tmux server
@@ -64,7 +64,7 @@ def remote(sshd, tmp_path):
 
 def ticks(root: Path) -> list[str]:
     try:
-        return (root / "gpu" / f"{agent.day_of(time.time())}.ticks").read_text().splitlines()
+        return (root / "gpu" / f"{layout.day_of(time.time())}.ticks").read_text().splitlines()
     except FileNotFoundError:
         return []
 
@@ -72,7 +72,7 @@ def ticks(root: Path) -> list[str]:
 def samples_since(root: Path, t: float) -> list[str]:
     """The GPU sample lines written after `t` (today's file)."""
     try:
-        text = (root / "gpu" / f"{agent.day_of(time.time())}.gpu").read_text()
+        text = (root / "gpu" / f"{layout.day_of(time.time())}.gpu").read_text()
     except FileNotFoundError:
         return []
     return [line for line in text.splitlines() if line.count(",") == 6 and float(line.split(",")[0]) > t]
@@ -162,7 +162,7 @@ def local(tmp_path):
 
 def old_day(gpu: Path, t0: float, every_s: int = 10) -> None:
     """A whole day of one GPU as the recorder writes it, a sample every `every_s`."""
-    day = agent.day_of(t0)
+    day = layout.day_of(t0)
     lines = [f"{t0:.2f},0,GPU-0"] + [f"{t0 + s:.2f},0,{s % 600},700.00,1000,143771,50" for s in range(0, 86400, every_s)]
     (gpu / f"{day}.gpu").write_text("".join(f"{line}\n" for line in lines))
     (gpu / f"{day}.ticks").write_text("".join(f"{t0 + s:.2f}\n" for s in range(0, 86400, 5)))
@@ -180,24 +180,24 @@ def test_old_days_are_downsampled_the_oldest_dropped_past_the_cap_and_hostile_fi
         old_day(gpu, t0)
     outside = tmp_path / "outside"
     outside.write_text("not the recorder's\n")
-    (gpu / f"{agent.day_of(nine)}.logs").symlink_to(outside)  # a link: never read, moved nor removed
-    (gpu / f"{agent.day_of(nine)}.panes").write_bytes(b"\x1b[2J" + b"x" * (5 << 20) + b"\n\xff\xfe garbage\n")
-    theirs = gpu / f"{agent.day_of(today - 8 * 86400)}.panes"
+    (gpu / f"{layout.day_of(nine)}.logs").symlink_to(outside)  # a link: never read, moved nor removed
+    (gpu / f"{layout.day_of(nine)}.panes").write_bytes(b"\x1b[2J" + b"x" * (5 << 20) + b"\n\xff\xfe garbage\n")
+    theirs = gpu / f"{layout.day_of(today - 8 * 86400)}.panes"
     theirs.write_text("1,2,3\n")
     theirs.chmod(0o666)  # another user could have written it: never opened
-    kept = sum(p.stat().st_size for p in gpu.iterdir() if p.name.startswith(agent.day_of(three)))
+    kept = sum(p.stat().st_size for p in gpu.iterdir() if p.name.startswith(layout.day_of(three)))
     settings = start.Settings(tick_s=1, loop_ms=200, cap_bytes=kept + 150_000)
 
     assert asyncio.run(start.recorder(local, "start", FAKE_SMI, settings)) == "started"
-    until(lambda: (gpu / f"{agent.day_of(time.time())}.ticks").exists(), 60, "the recorder's start, after its rotation")
+    until(lambda: (gpu / f"{layout.day_of(time.time())}.ticks").exists(), 60, "the recorder's start, after its rotation")
     names = sorted(p.name for p in gpu.iterdir())
-    assert not [n for n in names if n.startswith(agent.day_of(ten))]  # past the cap: gone
-    assert f"{agent.day_of(nine)}.gpu" not in names and f"{agent.day_of(nine)}.gpu.1m" in names
-    assert f"{agent.day_of(nine)}.panes.1m" in names and (gpu / f"{agent.day_of(nine)}.panes.1m").read_bytes() == b""
-    assert (gpu / f"{agent.day_of(nine)}.logs").is_symlink() and outside.read_text() == "not the recorder's\n"
+    assert not [n for n in names if n.startswith(layout.day_of(ten))]  # past the cap: gone
+    assert f"{layout.day_of(nine)}.gpu" not in names and f"{layout.day_of(nine)}.gpu.1m" in names
+    assert f"{layout.day_of(nine)}.panes.1m" in names and (gpu / f"{layout.day_of(nine)}.panes.1m").read_bytes() == b""
+    assert (gpu / f"{layout.day_of(nine)}.logs").is_symlink() and outside.read_text() == "not the recorder's\n"
     assert theirs.read_text() == "1,2,3\n" and theirs.name + ".1m" not in names
-    assert f"{agent.day_of(three)}.gpu" in names  # within 7 days: whole
-    made = [n for n in names if n.endswith(".1m") or n.startswith(agent.day_of(time.time()))]
+    assert f"{layout.day_of(three)}.gpu" in names  # within 7 days: whole
+    made = [n for n in names if n.endswith(".1m") or n.startswith(layout.day_of(time.time()))]
     assert made and all((gpu / n).stat().st_mode & 0o777 == 0o600 for n in made)  # this user's alone
 
     rec = asyncio.run(read_recording(local, nine, nine + 86400))

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from backends import runsroot
 from backends.hosts import LocalHost
-from backends.recorder import agent
+from backends.recorder import files, layout
 from backends.recorder.read import Gap, GpuSample, LogSize, PaneSample, ProcSample, parse_recording, read_recording
 
 T0 = 1793836800.0  # 2026-11-05 00:00:00 UTC, in the past
-DAY = agent.day_of(T0)
+DAY = layout.day_of(T0)
 UUID = "GPU-00000000-1111-2222-3333-444444444444"
 
 
@@ -70,7 +70,7 @@ def test_a_recording_that_stopped_ends_in_a_gap_up_to_now():
 
 def test_one_minute_means_count_as_samples_and_say_where_they_end():
     full = day_files()
-    coarse = {f"{DAY}.{kind}.1m": "".join(f"{r}\n" for r in agent.downsample(kind, agent.lines(data))).encode()
+    coarse = {f"{DAY}.{kind}.1m": "".join(f"{r}\n" for r in files.downsample(kind, layout.lines(data))).encode()
               for name, data in full.items() for kind in [name.split(".")[1]]}  # fmt: skip
     rec = parse_recording(coarse, T0, None)
     assert rec.coarse_before == T0 + 86400
@@ -108,7 +108,7 @@ def test_hostile_lines_are_skipped_and_the_good_ones_kept():
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.binary(max_size=3000), kind=st.sampled_from(agent.KINDS), since=st.floats(allow_nan=True))
+@given(data=st.binary(max_size=3000), kind=st.sampled_from(layout.KINDS), since=st.floats(allow_nan=True))
 def test_random_bytes_never_raise(data, kind, since):
     rec = parse_recording({f"{DAY}.{kind}": data, f"{DAY}.{kind}.1m": data}, since, None, now=T0)
     for gap in rec.gaps:
@@ -133,17 +133,17 @@ def write_day_files(directory, files: dict[str, bytes]) -> None:
 async def test_read_over_the_host_api_reads_the_overlapping_days_and_no_link(tmp_path):
     gpu = tmp_path / "runs" / "gpu"
     write_day_files(gpu, day_files())
-    write_day_files(gpu, {f"{agent.day_of(T0 - 86400 * d)}.gpu": rows(f"{T0 - 86400 * d:.2f},0,1,2,3,4,5") for d in (1, 2, 3, 4, 5)})
+    write_day_files(gpu, {f"{layout.day_of(T0 - 86400 * d)}.gpu": rows(f"{T0 - 86400 * d:.2f},0,1,2,3,4,5") for d in (1, 2, 3, 4, 5)})
     secret = tmp_path / "secret"
     secret.write_text(f"{T0 + 1:.2f},3,1,2,3,4,5\n")
     (gpu / f"{DAY}.gpu.1m").symlink_to(secret)  # a link is never followed
-    (gpu / f"{agent.day_of(T0 + 86400)}.gpu").symlink_to(secret)
+    (gpu / f"{layout.day_of(T0 + 86400)}.gpu").symlink_to(secret)
     other = gpu / f"{DAY}.ticks.1m"
     other.write_text(f"{T0 + 1:.2f},3,1,2,3,4,5\n")
     other.chmod(0o666)  # another user could have written it: left out
     host = LocalHost(runs_root=str(tmp_path / "runs"))
     rec = await read_recording(host, T0 - 86400, T0 + 2 * 86400)
-    assert rec == parse_recording({**day_files(), f"{agent.day_of(T0 - 86400)}.gpu": rows(f"{T0 - 86400:.2f},0,1,2,3,4,5")}, T0 - 86400, T0 + 2 * 86400)
+    assert rec == parse_recording({**day_files(), f"{layout.day_of(T0 - 86400)}.gpu": rows(f"{T0 - 86400:.2f},0,1,2,3,4,5")}, T0 - 86400, T0 + 2 * 86400)
     assert {g.index for g in rec.gpus} == {0}
     os.chmod(gpu, 0o777)
     with pytest.raises(runsroot.RunsRootRefused, match="can be written by other users"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 
-from backends.recorder import agent
+from backends.recorder import layout
 from tests.backends.test_runs import tmux_dir  # noqa: F401 - the fixture: this test's own tmux server
 from tests.waiting import until
 from tui.cli import main
@@ -27,9 +27,9 @@ def test_an_underfed_stretch_and_an_exit_are_found_each_at_its_moment(tmp_path, 
     gpu = [f"{starved:.2f},0,GPU-00000000-1111-2222-3333-444444444444"]
     gpu += [f"{starved + s:.2f},0,{100 if starved + s < fed else 690},700.00,1000,143771,99" for s in range(0, 400)]
     (root / "gpu").mkdir(parents=True, mode=0o700)
-    (root / "gpu" / f"{agent.day_of(now)}.gpu").write_text("".join(f"{line}\n" for line in gpu))
-    if agent.day_of(starved) != agent.day_of(now):  # just past midnight: the stretch is yesterday's
-        (root / "gpu" / f"{agent.day_of(starved)}.gpu").write_text("".join(f"{line}\n" for line in gpu))
+    (root / "gpu" / f"{layout.day_of(now)}.gpu").write_text("".join(f"{line}\n" for line in gpu))
+    if layout.day_of(starved) != layout.day_of(now):  # just past midnight: the stretch is yesterday's
+        (root / "gpu" / f"{layout.day_of(starved)}.gpu").write_text("".join(f"{line}\n" for line in gpu))
 
     assert main(["launch", "--config", str(config), "--json", "--", "sh", "-c", "sleep 3; exit 3"]) == 0
     run_id = json.loads(capsys.readouterr().out)["run_id"]

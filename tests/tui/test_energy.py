@@ -15,7 +15,7 @@ from textual.widgets import DataTable, Static
 
 from backends import runs
 from backends.recorder.energy import Charge
-from backends.recorder import agent
+from backends.recorder import layout
 from backends.recorder.read import read_recording
 from backends.recorder.start import Settings, recorder
 from scripts.sample import FOREIGN_KEY, RUN_KEY, feed_foreign, make_app, on_run
@@ -115,7 +115,7 @@ async def test_a_runs_figures_from_the_real_recorder_are_the_stand_ins_power_tim
         # the card's readings from then to then, each a second apart (the recorder's loop).
         on, off, readings = await held_between(local_host, trainer, on_gpu)
         held_s = min(t for t in readings if t >= off) - min(t for t in readings if t >= on)
-        assert abs(held_s - (off - on)) <= 2 * agent.LOOP_MS / 1000 and held_s >= 4, (held_s, on, off)
+        assert abs(held_s - (off - on)) <= 2 * layout.LOOP_MS / 1000 and held_s >= 4, (held_s, on, off)
         assert on_gpu <= on and off <= off_gpu + 10 * tick.tick_s, (on_gpu, on, off, off_gpu)
         await wait_for(pilot, lambda: charge().gpu_s == pytest.approx(held_s), 60, f"the run charged its {held_s:.1f} s")
         c = charge()

@@ -1,7 +1,7 @@
 """`trackside record start|status|stop`: the hosts' GPU recorders by hand (any other
 command starts one where none runs, unless the host's config says `record = false`; a
 `start` here starts it there too). One line a host: its recorder's state and where its
-files are (`<runs_root>/gpu/`, backends/recorder/agent.py).
+files are (`<runs_root>/gpu/`, backends/recorder/layout.py).
 
 Exit status: 0, 1 when a host could not be reached or refused, 2 for a bad argument or
 config (naming the key).
@@ -15,7 +15,7 @@ import sys
 from backends import sanitize
 from backends.config import ConfigError, load_config
 from backends.hosts import Host, HostError
-from backends.recorder.read import GPU_DIR
+from backends.recorder.layout import GPU_DIR
 from backends.recorder.start import recorder
 from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, OneLineParser, UsageError
 
