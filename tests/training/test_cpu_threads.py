@@ -32,8 +32,14 @@ def median_step_s(out: Path, max_seq_len: int) -> float:
 def test_a_short_row_is_not_slower_than_a_long_one_beside_a_busy_core(tmp_path):
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # one core taken, as a loaded machine's
     try:
-        short = median_step_s(tmp_path / "128", 128)
-        long = median_step_s(tmp_path / "256", 256)
+        # Taken in turns, each length's best of two: a machine loaded beyond the busy loop
+        # (a suite's other workers) slows whichever run it meets, and a lone pair read a
+        # 128 step at 2x a 256 one there (0.170 against 0.085 s) with the fix in place.
+        times = {128: [], 256: []}
+        for turn in range(2):
+            for length in times:
+                times[length].append(median_step_s(tmp_path / f"{length}-{turn}", length))
+        short, long = min(times[128]), min(times[256])
     finally:
         busy.kill()
         busy.wait()
