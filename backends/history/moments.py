@@ -69,7 +69,7 @@ def _from_events(history: History, rules: Rules) -> list[Moment]:
             steps.clear()
             nonfinite = oom = end = None
             resumed = (event.get("config") or {}).get("resumed_from_step") if isinstance(event.get("config"), dict) else None
-            found.append(Moment(at, "start", "trainer started" + (f", resuming after step {resumed}" if isinstance(resumed, int) else "")))
+            found.append(Moment(at, "start", "trainer started" + (f", resuming after step {resumed}" if isinstance(resumed, int) and resumed > 0 else "")))
         elif kind == NONFINITE:
             nonfinite = event
             alerts(at)
