@@ -44,6 +44,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--at", metavar="TIME", help="the moment shown first (below)")
     parser.add_argument("--host", help="a host of the config file (default: its first host; without one, this machine)")
     parser.add_argument("--config", metavar="PATH", help="config file (default ~/.config/trackside/config.toml)")
+    # `--at -2h`: argparse takes a value that starts with '-' for a flag of its own.
+    argv = [f"--at={argv[i + 1]}" if a == "--at" and i + 1 < len(argv) and argv[i + 1][:1] == "-" else a
+            for i, a in enumerate(argv) if not (i and argv[i - 1] == "--at" and a[:1] == "-")]  # fmt: skip
     args = parser.parse_args(argv)
     if not runs.RUN_ID.fullmatch(args.run) and not tmux.is_session_name(args.run):
         raise UsageError(f"trackside replay: RUN {args.run!r} is neither a run id (like {RUN_ID_EXAMPLE}) nor a tmux session name")

@@ -96,18 +96,19 @@ def timeline(history: History, moments: list[Moment], when: float, width: int) -
 
 class ReplayScreen(Guarded, Screen):
     AUTO_FOCUS = "#log"
+    # Priority: the focused log would take ←/→ and Home/End to scroll; here they move time.
 
     BINDINGS = [
-        Binding("left", "move(-1)", "−1 min", id="trackside.replay.back", tooltip="A minute earlier"),
-        Binding("right", "move(1)", "+1 min", id="trackside.replay.on", tooltip="A minute later"),
-        Binding("shift+left", "move(-10)", "−10 min", show=False, id="trackside.replay.back_far"),
-        Binding("shift+right", "move(10)", "+10 min", show=False, id="trackside.replay.on_far"),
+        Binding("left", "move(-1)", "−1 min", id="trackside.replay.back", tooltip="A minute earlier", priority=True),
+        Binding("right", "move(1)", "+1 min", id="trackside.replay.on", tooltip="A minute later", priority=True),
+        Binding("shift+left", "move(-10)", "−10 min", show=False, id="trackside.replay.back_far", priority=True),
+        Binding("shift+right", "move(10)", "+10 min", show=False, id="trackside.replay.on_far", priority=True),
         Binding("comma", "step(-1)", "Step", key_display=",", id="trackside.replay.step_back", tooltip="The step before"),
         Binding("full_stop", "step(1)", "Step", key_display=".", show=False, id="trackside.replay.step_on"),
         Binding("p", "moment(-1)", "Prev", id="trackside.replay.previous", tooltip="The moment that mattered before this"),
         Binding("n", "moment(1)", "Next", id="trackside.replay.next", tooltip="The next moment that mattered"),
-        Binding("home", "edge(0)", "Start", show=False, id="trackside.replay.start"),
-        Binding("end", "edge(1)", "End", show=False, id="trackside.replay.end"),
+        Binding("home", "edge(0)", "Start", show=False, id="trackside.replay.start", priority=True),
+        Binding("end", "edge(1)", "End", show=False, id="trackside.replay.end", priority=True),
         Binding("y", "log_scale", "Log/lin y", show=False, id="trackside.replay.log_scale"),
         Binding("s", "smoothing", "Smoothing", show=False, id="trackside.replay.smoothing"),
         Binding("x", "x_axis", "Step/tokens", show=False, id="trackside.replay.x_axis"),
