@@ -52,7 +52,7 @@ def _from_events(history: History, rules: Rules) -> list[Moment]:
         raised = run_alerts(RunFacts(key, info, list(steps), oom, nonfinite), now, rules, answered=answered)
         for alert in raised:
             if alert.key not in up:
-                found.append(Moment(now, alert.cause, alert.text))
+                found.append(Moment(now, alert.cause, _own(alert.text, key)))
         up = {alert.key for alert in raised}
 
     for event in history.events:
@@ -87,14 +87,14 @@ def _from_events(history: History, rules: Rules) -> list[Moment]:
         before = {m.kind for m in found}
         for alert in run_alerts(RunFacts(key, info, list(steps), oom, nonfinite), history.end, rules):
             if alert.cause not in before and alert.cause in ("oom", "failed", "nonfinite"):
-                found.append(Moment(history.end, alert.cause, alert.text))
+                found.append(Moment(history.end, alert.cause, _own(alert.text, key)))
         code = history.exit_status
         found.append(Moment(history.end, "exit", "exited" + (f" with status {code}" if code is not None else "")))
     elif history.events:
         # Still running when read: a stall that holds now is said from when it began.
         limit = stall_limit(steps, rules)
         if limit is not None and history.end - limit[0] > limit[1]:
-            found.append(Moment(limit[0] + limit[1], "stall", f"{key} stalled: no step since {_clock(limit[0])}"))
+            found.append(Moment(limit[0] + limit[1], "stall", f"stalled: no step since {_clock(limit[0])}"))
     return found
 
 
@@ -121,6 +121,11 @@ def _from_recording(history: History, rules: Rules) -> list[Moment]:
             found.append(Moment(sample.time, "underfed", raised[0].text))
         up = bool(raised) or (up and any(s is not None for s in since.values()))  # said once until every card is fed again
     return found
+
+
+def _own(text: str, key: str) -> str:
+    """An alert's words about the run replayed, without its name (the screen's title)."""
+    return text.removeprefix(f"{key} ")
 
 
 def _clock(t: float) -> str:

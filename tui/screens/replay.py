@@ -33,7 +33,8 @@ from tui.widgets.loss_chart import LossChart
 
 STEP_S = 60.0  # ←/→
 LEAP_S = 600.0  # shift+←/→
-READ_ONLY = "read-only: no key here acts on the run"
+SAME_S = 1e-3  # a moment this near is the one shown (a fast run's steps are milliseconds apart)
+READ_ONLY = "read-only: no key acts on the run"
 # Each moment's mark on the time line, and its colour there and in the moments' line.
 MARKS = {"start": ("▲", "green"), "end": ("■", "dim"), "exit": ("■", "bold"), "stop": ("✕", "yellow"),
          "relaunch": ("↻", "cyan"), "gap": ("┊", "magenta"), "stall": ("!", "yellow"), "underfed": ("▽", "yellow")}  # fmt: skip
@@ -159,29 +160,31 @@ class ReplayScreen(Guarded, Screen):
         width = max(10, bar.size.width or self.app.size.width)
         text = Text()
         text.append(f"{stamp(when)}", style="bold")
-        text.append(f"  +{format_duration(when - history.start)} of {format_duration(history.end - history.start)}")
-        text.append("  ended" if self.frame and self.frame.ended else "", style="dim")
-        text.append(f"   {READ_ONLY}\n", style="italic yellow")
+        text.append(f" +{format_duration(when - history.start)}/{format_duration(history.end - history.start)}")
+        text.append(" ended" if self.frame and self.frame.ended else "", style="dim")
+        text.append(f"  {READ_ONLY}\n", style="italic yellow")
         text.append(timeline(history, self.moments, when, width))
-        here = [m for m in self.moments if abs(m.time - when) < 0.5]
-        before = [m for m in self.moments if m.time < when - 0.5]
-        after = [m for m in self.moments if m.time > when + 0.5]
+        here = [m for m in self.moments if abs(m.time - when) < SAME_S]
+        before = [m for m in self.moments if m.time < when - SAME_S]
+        after = [m for m in self.moments if m.time > when + SAME_S]
+        # At a moment, it alone, whole; between two, each its half.
+        said = [("now", Moment(here[0].time, here[0].kind, " · ".join(m.text for m in here)))] if here else [*([("p", before[-1])] if before else []), *([("n", after[0])] if after else [])]
         text.append("\n")
-        if here:
-            self._said(text, "now", here[0])
-        if before:
-            self._said(text, "p", before[-1])
-        if after:
-            self._said(text, "n", after[0])
+        room = max(8, (width - 2) // max(1, len(said)))  # each its share of the line, cut
+        for key, moment in said:
+            text.append(self._said(key, moment, room))
         if not self.moments:
             text.append("no moment that mattered: no alert, stop or relaunch", style="dim")
         bar.update(inert(text))
 
-    def _said(self, text: Text, key: str, moment: Moment) -> None:
+    @staticmethod
+    def _said(key: str, moment: Moment, room: int) -> Text:
         mark, style = MARKS.get(moment.kind, ALERT_MARK)
-        text.append(f"[{key}] ", style="dim")
-        text.append(f"{mark} {time.strftime('%H:%M:%S', time.localtime(moment.time))} ", style=style)
-        text.append(f"{moment.text}  ")
+        text = Text.assemble((f"[{key}] ", "dim"), (f"{mark} {time.strftime('%H:%M:%S', time.localtime(moment.time))} ", style),
+                             moment.text)  # fmt: skip
+        text.truncate(room - 2, overflow="ellipsis")
+        text.append("  ")
+        return text
 
     def go(self, when: float) -> None:
         self.when = min(self.history.end, max(self.history.start, when))
@@ -201,9 +204,9 @@ class ReplayScreen(Guarded, Screen):
 
     def action_moment(self, direction: int) -> None:
         if direction > 0:
-            found = next((m for m in self.moments if m.time > self.when + 0.5), None)
+            found = next((m for m in self.moments if m.time > self.when + SAME_S), None)
         else:
-            found = next((m for m in reversed(self.moments) if m.time < self.when - 0.5), None)
+            found = next((m for m in reversed(self.moments) if m.time < self.when - SAME_S), None)
         if found is None:
             self.notify("no moment that mattered " + ("after" if direction > 0 else "before") + " this one", timeout=4)
             return
