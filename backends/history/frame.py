@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from backends.history.tape import LogAt, Tape
 from backends.logs.console import ConsoleSummary
+from training.contract import STEP
 
 SAMPLE_S = 5.0  # a sample older than this at a moment is no reading then (the recorder's is ~1 s)
 COARSE_S = 90.0  # the same, where the recording kept only 1-minute means
@@ -73,7 +74,7 @@ class History:
 
     def step_times(self) -> list[float]:
         """When each step event was written, in order: where ←/→ by a step land."""
-        return sorted({t for e, t in zip(self.events, self._event_times) if t is not None and e.get("event") == "step"})
+        return sorted({t for e, t in zip(self.events, self._event_times) if t is not None and e.get("event") == STEP})
 
     def gap_at(self, when: float):
         """The recorder's gap holding `when`, if one does."""
@@ -119,7 +120,7 @@ def frame_at(history: History, when: float, *, log_lines: int, history_samples: 
     else:
         log = tape.log_at(when, log_lines)
     console = None
-    if tape is not None and not any(e.get("event") == "step" for e in history.events):
+    if tape is not None and not any(e.get("event") == STEP for e in history.events):
         console = tape.console_at(when) if tape.recorded else (tape.console_to(len(tape.data)) if ended else None)
     gpus, gpu_note = _gpus_at(history, when, history_samples)
     return Frame(when, events, log, console, gpus, gpu_note, ended)

@@ -15,7 +15,7 @@ from backends.alerts import LOSS_WINDOW, HostFacts, Rules, RunFacts, format_dura
 from backends.gpu import GpuReading
 from backends.history.frame import History
 from backends.runs import RunInfo, RunPhase
-from training.contract import END, NONFINITE, OOM, START, STEP
+from training.contract import END, FAILED, NONFINITE, OOM, START, STEP
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def _from_events(history: History, rules: Rules) -> list[Moment]:
         info = _info(history, phase, exit_status=history.exit_status, end_status=end_status)
         before = {m.kind for m in found}
         for alert in run_alerts(RunFacts(key, info, list(steps), oom, nonfinite), history.end, rules):
-            if alert.cause not in before and alert.cause in ("oom", "failed", "nonfinite"):
+            if alert.cause not in before and alert.cause in (OOM, FAILED, NONFINITE):  # the alerts named by an end
                 found.append(Moment(history.end, alert.cause, _own(alert.text, key)))
         code = history.exit_status
         found.append(Moment(history.end, "exit", "exited" + (f" with status {code}" if code is not None else "")))

@@ -23,7 +23,7 @@ from backends.logs.console import ConsoleSummary
 from backends.logs.logparse import parse_metrics_line
 from backends.runs.manifest import TIME
 from backends.runs.stops import JOURNAL, SIGNALS
-from training.contract import STEP
+from training.contract import END, STEP
 
 MAX_LOG_BYTES = 1 << 26  # of one log file: the first this many bytes are replayed
 READ_S = 120.0  # a long run's metrics over a slow link
@@ -111,7 +111,7 @@ async def _run(host: Host, run_id: str) -> History:
     relaunched = [(info.run_id, _epoch(info.started)) for info in await runs.list_runs(host) if info.parent == run_id and info.run_id]
     times = [e["time"] for e in events]
     start = _epoch(manifest.get("started")) or (min(times) if times else time.time())
-    ended = exit_status is not None or manifest.get("ended") is not None or any(e["event"] == "end" for e in events)
+    ended = exit_status is not None or manifest.get("ended") is not None or any(e["event"] == END for e in events)
     tape = Tape(f"{run_id}/console.log", current=log) if log is not None else None
     history = History(run_id, host.name, run_id, manifest.get("session") or run_id, start, start, ended, events, garbled,
                       params=manifest.get("params") or {}, parent=manifest.get("parent"), exit_status=exit_status,
