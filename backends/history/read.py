@@ -56,7 +56,8 @@ async def read_history(host: Host, target: str) -> History:
     return history
 
 
-def _epoch(text) -> float | None:
+def epoch(text) -> float | None:
+    """A manifest's time (`2026-11-29T09:30:00Z`) in seconds since the epoch; None for anything else."""
     return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ"))) if isinstance(text, str) and TIME.fullmatch(text) else None
 
 
@@ -108,9 +109,9 @@ async def _run(host: Host, run_id: str) -> History:
         stops = parse_stops(await runs.read_file(host, f"{directory}/{JOURNAL}"))
     except runs.RunError:
         stops = []
-    relaunched = [(info.run_id, _epoch(info.started)) for info in await runs.list_runs(host) if info.parent == run_id and info.run_id]
+    relaunched = [(info.run_id, epoch(info.started)) for info in await runs.list_runs(host) if info.parent == run_id and info.run_id]
     times = [e["time"] for e in events]
-    start = _epoch(manifest.get("started")) or (min(times) if times else time.time())
+    start = epoch(manifest.get("started")) or (min(times) if times else time.time())
     ended = exit_status is not None or manifest.get("ended") is not None or any(e["event"] == END for e in events)
     tape = Tape(f"{run_id}/console.log", current=log) if log is not None else None
     history = History(run_id, host.name, run_id, manifest.get("session") or run_id, start, start, ended, events, garbled,

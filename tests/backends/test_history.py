@@ -193,3 +193,15 @@ def test_at_is_absolute_or_relative_and_refused_outside_the_life():
     for bad in ("", "yesterday", "+", "25:00", "2026-13-01 10:00", "+1x", "-" + "9" * 40 + "h"):
         with pytest.raises(WhenError):
             parse_when(bad, start, end)
+
+
+def test_a_runs_life_sums_its_hosts_cards_per_span_and_leaves_a_gap_blank():
+    from backends.history.life import life_of
+
+    gpus = tuple(GpuSample(T0 + t, i, f"GPU-{i}", 100.0 * (i + 1), 700.0, 1024.0 * (i + 1), 81920.0, 90.0)
+                 for t in [*range(0, 40), *range(60, 100)] for i in range(2))  # fmt: skip
+    life = life_of(Recording(gpus=gpus, gaps=(Gap(T0 + 40, T0 + 60),)), T0, T0 + 100, 10)
+    assert life.power_w[:4] == (300.0,) * 4 and life.power_w[4:6] == (None, None) and life.power_w[6:] == (300.0,) * 4
+    assert life.mem_gib[0] == 3.0 and life.limit_w == 1400.0 and life.total_gib == 160.0 and life.cards == 2
+    # samples outside the life are not its
+    assert life_of(Recording(gpus=gpus), T0 + 200, T0 + 300, 5).power_w == (None,) * 5
