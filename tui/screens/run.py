@@ -13,9 +13,6 @@ from textual.screen import Screen
 from textual.widgets import Header, Input, Log, Static
 
 from backends import pace, sanitize
-from backends.history.read import epoch as history_epoch
-from backends.hosts import HostError
-from backends.logs.series import number
 from backends.runs import launcher_code
 from backends.runs.status import RunStatus
 from training.contract import STEP
@@ -25,7 +22,7 @@ from tui.inert import inert
 from tui.state import RunState, format_duration, format_number, node_label
 from tui.widgets.alert_bar import AlertBar
 from tui.widgets.footer import Footer
-from tui.widgets.gpu_life import GpuLife
+from tui.screens.run_life import GpuLife, LifeToggle
 from tui.widgets.gpu_panel import GpuPanel
 from tui.widgets.loss_chart import LossChart
 
@@ -33,9 +30,7 @@ LOG_LINES = 2000  # shown; rewritten down to half when full
 # The window tokens/s and the ETA are measured over, in a no-break space: on a narrow
 # screen the whole of it wraps, never "(60" above "s)".
 PACE_SAID = f"({pace.WINDOW_LABEL})".replace(" ", "\u00a0")
-LIFE_READ_S = 30.0  # the GPU life chart's recording read again this often while shown
 TOP_MIN = 3  # the GPUs-and-stats band's lines however short the terminal (it scrolls the rest)
-
 
 SHOWN = ("max_seq_len", "ttt_steps", "lr", "batch_rows", "steps")
 DFLASH_SHOWN = ("max_seq_len", "block_size", "max_anchors", "soft_kl", "lr", "batch_rows", "steps")
@@ -124,16 +119,6 @@ def stats_text(run: RunState, now: float) -> Text:
     return text
 
 
-def life_span(run: RunState, now: float) -> tuple[float, float]:
-    """From the run's start (its launch, else its first event or the recording of its
-    pane) to its last step once ended, else now."""
-    first = (run.start or {}).get("time") if run.start else (run.steps[0].get("time") if run.steps else None)
-    start = history_epoch(run.info.started) or number(first) or run.info.recorded_since or now - 3600.0
-    last = number(run.last.get("time")) if run.last else None
-    end = last if run.status is not RunStatus.RUNNING and last is not None else now
-    return start, max(end, start + 1.0)
-
-
 def nodes_text(text: Text, run: RunState) -> None:
     """A multi-node run's nodes: each one's host, state and PIDs, as its own host lists them."""
     for node in run.info.nodes:
@@ -173,7 +158,7 @@ class LogPane(Vertical):
     DEFAULT_CSS = "LogPane { height: 1fr; min-height: 3; }"  # its border and two lines on a short terminal
 
 
-class RunScreen(Guarded, Screen):
+class RunScreen(LifeToggle, Guarded, Screen):
     AUTO_FOCUS = "#log"
     # Escape is the back binding's: it clears a filter before it shrinks the full log.
     ESCAPE_TO_MINIMIZE = False
@@ -222,8 +207,6 @@ class RunScreen(Guarded, Screen):
         # outgrow (_fit_top).
         self.top_lines = self.query_one("#top").styles.max_height.cells or 0
         self.query_one("#log-filter").display = False
-        self.query_one(GpuLife).display = False
-        self.set_interval(LIFE_READ_S, self._read_life)
         self.show_run(self.run_key)
         if self.focus_log:
             self._toggle_log_focus()
@@ -384,34 +367,6 @@ class RunScreen(Guarded, Screen):
 
     def action_x_axis(self) -> None:
         self.query_one(LossChart).toggle_x()
-
-    def action_gpu_life(self) -> None:
-        """The loss chart, or the run's life by time with its host's GPUs (both do not fit
-        at 80×24): the recording is read in a worker, through backends."""
-        life, loss = self.query_one(GpuLife), self.query_one(LossChart)
-        life.display, loss.display = not life.display, life.display
-        self._read_life()
-
-    def _read_life(self) -> None:
-        life, run = self.query_one(GpuLife), self.run
-        if life.display and run is not None:
-            life.show(run, life.recording, *life_span(run, self.app.clock()), life.note)
-            self.run_worker(self._life_read(run), group="life", exclusive=True, exit_on_error=False)
-
-    async def _life_read(self, run: RunState) -> None:
-        start, end = life_span(run, self.app.clock())
-        note = ""
-        try:
-            from backends.recorder.read import read_recording  # the recorder's reader, once merged
-        except ImportError:
-            recording, note = None, "this trackside has no GPU recorder yet"
-        else:
-            try:
-                recording = await read_recording(self.app.watched[run.host].host, start)
-            except HostError as error:
-                recording, note = None, f"the GPU recording on {run.host} cannot be read: {error}"
-        if self.is_mounted and self.run is run:
-            self.query_one(GpuLife).show(run, recording, start, end, note)
 
     def action_overlay(self) -> None:
         from tui.screens.pick_run import PickRun

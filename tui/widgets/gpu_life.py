@@ -90,6 +90,7 @@ class GpuLife(Guarded, Widget):
 
     DEFAULT_CSS = f"""
     GpuLife {{
+        display: none;  /* the run screen's `g` shows it in the loss chart's place */
         width: 1fr;
         height: 1fr;
         min-height: {MIN_SIZE[1]};
