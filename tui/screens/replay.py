@@ -108,6 +108,7 @@ class ReplayScreen(Guarded, Screen):
         Binding("full_stop", "step(1)", "Step", key_display=".", show=False, id="trackside.replay.step_on"),
         Binding("p", "moment(-1)", "Prev", id="trackside.replay.previous", tooltip="The moment that mattered before this"),
         Binding("n", "moment(1)", "Next", id="trackside.replay.next", tooltip="The next moment that mattered"),
+        Binding("m", "moments", "Moments", id="trackside.replay.moments", tooltip="Every moment that mattered, to go to one"),
         Binding("home", "edge(0)", "Start", show=False, id="trackside.replay.start", priority=True),
         Binding("end", "edge(1)", "End", show=False, id="trackside.replay.end", priority=True),
         Binding("y", "log_scale", "Log/lin y", show=False, id="trackside.replay.log_scale"),
@@ -211,6 +212,17 @@ class ReplayScreen(Guarded, Screen):
             self.notify("no moment that mattered " + ("after" if direction > 0 else "before") + " this one", timeout=4)
             return
         self.go(found.time)
+
+    def action_moments(self) -> None:
+        from tui.screens.pick_moment import PickMoment
+
+        if not self.moments:
+            self.notify("no moment that mattered: no alert, stop or relaunch", timeout=4)
+            return
+        near = max(0, sum(1 for m in self.moments if m.time <= self.when + SAME_S) - 1)
+        marks = [MARKS.get(m.kind, ALERT_MARK) for m in self.moments]
+        self.app.push_screen(PickMoment(self.moments, self.history.start, marks, near),
+                             lambda when: self.go(when) if when is not None else None)  # fmt: skip
 
     def action_edge(self, end: int) -> None:
         self.go(self.history.end if end else self.history.start)
