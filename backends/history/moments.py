@@ -104,8 +104,9 @@ def _from_recording(history: History, rules: Rules) -> list[Moment]:
     recording = history.recording
     if recording is None:
         return []
-    found = [Moment(g.start, "gap", f"recorder down for {format_duration(g.end - g.start)}: no GPU reading until {_clock(g.end)}")
-             for g in recording.gaps if g.end >= history.start and g.start <= history.end]  # fmt: skip
+    spans = [(max(g.start, history.start), g.end) for g in recording.gaps if g.end >= history.start and g.start <= history.end]
+    found = [Moment(start, "gap", f"recorder down for {format_duration(end - start)}: no GPU reading until {_clock(end)}")
+             for start, end in spans]  # fmt: skip
     up = False
     since: dict[int, float | None] = {}
     for sample in sorted(recording.gpus, key=lambda s: s.time):
