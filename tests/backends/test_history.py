@@ -163,9 +163,10 @@ def test_the_moments_of_a_run_with_an_oom_skips_a_stall_a_stop_and_a_relaunch():
 def test_underfed_gpus_and_the_recorders_gaps_are_moments():
     events = lines({"event": "start", "time": T0, "config": {}}, step(1, T0 + 200))
     gpus = tuple(GpuSample(T0 + t, 0, "GPU-a", 100.0, 700.0, 1000.0, 80000.0, 100.0) for t in range(0, 100))
-    h = history(events, recording=Recording(gpus=gpus, gaps=(Gap(T0 + 120, T0 + 150),)))
+    h = history(events, recording=Recording(gpus=gpus, gaps=(Gap(T0 - 50, T0), Gap(T0 + 120, T0 + 150))))
     kinds = [(m.time - T0, m.kind) for m in moments_of(h)]
     assert (60, "underfed") in kinds and (120, "gap") in kinds
+    assert kinds[0] == (0, "gap")  # the recorder not yet sampling: from the run's start, never before it
 
 
 def test_stops_from_a_journal_and_nothing_from_garbage():
