@@ -24,6 +24,7 @@
     ship = true             # launch/relaunch send the local training package (--no-ship: not)
     ship_from = "~/src/trackside/training"   # that package (default: this trackside's)
     python = "/opt/venv/bin/python"          # what runs it there (default python3; needs torch)
+    record = true           # the GPU recorder runs on the host (false: never started here)
 
     [[hosts.gpu1.sync]]     # a directory sent before a shipping launch or relaunch
     from = "~/work/dflash"  # here
@@ -38,7 +39,7 @@
     underfed_s = 60         # a GPU under half its power at >90% util this long
 
 Host tables may also set runs_root, train_command, nvidia_smi, user, known_hosts,
-identity_file, ship, ship_from and python in [defaults]. Without a file, the one host is this machine. Every mistake
+identity_file, ship, ship_from, python and record in [defaults]. Without a file, the one host is this machine. Every mistake
 is a ConfigError naming the key: `hosts.gpu1.port: expected an integer from 1 to 65535, got "abc"`.
 """
 
@@ -57,6 +58,7 @@ from backends.gpu import DEFAULT_SMI
 from backends.hosts import DEFAULT_RUNS_ROOT, Host, LocalHost, SSHHost
 from backends.hosts import MAX_CHANNELS as DEFAULT_MAX_CHANNELS
 from backends.kill import GRACE_S
+from backends.recorder.start import on_reach
 from backends.runs import TRAIN_COMMAND
 from backends.ship import local_package, sync
 from backends.ship.deliver import DEFAULT_PYTHON, Delivery
@@ -158,6 +160,7 @@ SHARED_SCHEMA = {
     "ship": _bool,
     "ship_from": _string,
     "python": _string,
+    "record": _bool,
 }
 DEFAULTS_SCHEMA = {**SHARED_SCHEMA, "grace_s": _bounded(ranges.GRACE), "poll_ms": _bounded(ranges.POLL_MS)}
 HOST_SCHEMA = {
@@ -198,6 +201,7 @@ class Shared:
     ship: bool = False  # launches and relaunches ship code unless told not to
     ship_from: str | None = None  # the package to ship; None: this trackside's own
     python: str = DEFAULT_PYTHON  # the interpreter that runs shipped code on the host
+    record: bool = True  # the first command to reach the host starts its GPU recorder
 
 
 @dataclass(kw_only=True)
@@ -229,7 +233,14 @@ class HostConfig(Shared):
         return self.address is None
 
     def make_host(self, jump_host: SSHHost | None = None) -> Host:
-        """A Host for this entry; its jump host is made too unless one is given to share."""
+        """A Host for this entry, which starts its GPU recorder when first reached unless
+        told not to; its jump host is made too unless one is given to share."""
+        host = self._host(jump_host)
+        if self.record:
+            host.on_reach = on_reach(self.nvidia_smi)
+        return host
+
+    def _host(self, jump_host: SSHHost | None) -> Host:
         if self.address is None:
             return LocalHost(self.name, prefix=self.prefix, runs_root=self.runs_root)
         if jump_host is None and self.jump_config is not None:
@@ -320,7 +331,7 @@ def parse_config(data: dict[str, Any]) -> Config:
             settings["runs_root"] = local_runs_root()
         hosts.append(HostConfig(name=name, **settings))
     if not hosts:
-        hosts = [HostConfig("local", **{key: shared[key] for key in ("runs_root", "train_command", "nvidia_smi", "ship", "ship_from", "python")})]
+        hosts = [HostConfig("local", **{key: shared[key] for key in ("runs_root", "train_command", "nvidia_smi", "ship", "ship_from", "python", "record")})]
         if "runs_root" not in given_defaults:
             hosts[0].runs_root = local_runs_root()
 

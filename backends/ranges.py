@@ -37,6 +37,7 @@ class Bounds:
 GRACE = Bounds(float, 1, 3600, "seconds")  # SIGTERM to SIGKILL; a longer save is stopped by hand
 POLL_MS = Bounds(int, 50, 60_000, "ms")  # the dashboard's refresh
 WATCH_INTERVAL = Bounds(float, 0.05, 3600, "seconds")  # `trackside watch`'s polls
+WATCH_SINCE = Bounds(float, 1, 400 * 86400, "seconds")  # `trackside watch --since`: the reader's MAX_DAYS at most
 PORT = Bounds(int, 1, 65535)
 MAX_CHANNELS = Bounds(int, 1, 64)  # SSH channels at once (sshd's default allows 10)
 SYNC_MIB = Bounds(float, 0.01, 65536, "MiB")  # what a synced directory may hold

@@ -25,6 +25,9 @@ SESSION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 # A pane tmux marks as a trackside dashboard's (backends/own_session.py): what it draws
 # is other runs' numbers, so no listing reads or records it.
 DASHBOARD_OPTION = "@trackside-dashboard"
+# A session tmux marks as the host's GPU recorder's (backends/recorder/start.py): no run,
+# so no listing shows it.
+RECORDER_OPTION = "@trackside-recorder"
 
 # A pane record holds only what tmux itself wrote: ids, pids, numbers and flags (the
 # dashboard mark as 1 or 0, never its value), so no process can print a line of one. A
@@ -42,9 +45,10 @@ PANE_FIELDS = (
     "#{pane_index}",
     "#{window_active}#{pane_active}",
     f"#{{?{DASHBOARD_OPTION},1,0}}",
+    f"#{{?{RECORDER_OPTION},1,0}}",
 )
 _PANE_FORMAT = " ".join(PANE_FIELDS)
-_RECORD = re.compile(r"(%\d+) (\$\d+) (\d+) ([01]) (-?\d*) (\d*) ([01]?) (\d*) (\d*) (\d*) ([01]{2}) ([01])")
+_RECORD = re.compile(r"(%\d+) (\$\d+) (\d+) ([01]) (-?\d*) (\d*) ([01]?) (\d*) (\d*) (\d*) ([01]{2}) ([01]) ([01])")
 # Session names, which any process of the server's user may choose, follow the records,
 # one `$id name` a line. tmux 3.x stores a name's control characters escaped, but one tmux
 # printed over two lines (an older tmux keeps a newline) breaks the count of one line per
@@ -200,7 +204,7 @@ async def new_session(host: Host, session: str, command: Sequence[str], pipe: st
 
 
 def _parse_pane(match: re.Match, session: str) -> Pane:
-    pane_id, session_id, pid, dead, status, signal, pipe, created, window, index, active, dashboard = match.groups()
+    pane_id, session_id, pid, dead, status, signal, pipe, created, window, index, active, dashboard, _ = match.groups()
     exit_status = None
     if dead == "1":
         if signal.isdigit() and signal != "0":
@@ -235,7 +239,8 @@ def _no_server(stderr: str) -> bool:
 
 
 async def list_panes(host: Host, session: str | None = None) -> list[Pane]:
-    """Every pane on the host's tmux server (or of one session); [] when no server runs."""
+    """Every pane on the host's tmux server (or of one session), but the GPU recorder's;
+    [] when no server runs."""
     # One session's panes are found by its name here, never by a target tmux would parse.
     # -u: names as tmux holds them, whatever the host's locale (else 名前 prints as ____).
     if session is not None and not is_session_name(session):
@@ -253,7 +258,7 @@ async def list_panes(host: Host, session: str | None = None) -> list[Pane]:
     records = [(m, m.group(2)) for line in lines[:count] if (m := _RECORD.fullmatch(line))]
     ids = list(dict.fromkeys(session_id for _, session_id in records))
     names = await _session_names(host, ids, lines[count:-1])  # the output's last "\n" ends no name
-    panes = [_parse_pane(m, names[session_id]) for m, session_id in records if session_id in names]
+    panes = [_parse_pane(m, names[session_id]) for m, session_id in records if session_id in names and m.group(13) == "0"]
     return panes if session is None else [pane for pane in panes if pane.session == session]
 
 

@@ -105,7 +105,7 @@ async def _lost_nodes(hosts: list[Watched], book: alerts.AlertBook, grace_s: flo
     return found
 
 
-def _line(when: float, word: str, alert: alerts.Alert) -> str:
+def alert_line(when: float, word: str, alert: alerts.Alert) -> str:
     return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}  {word:7}  {alert.text}"
 
 
@@ -138,9 +138,9 @@ async def watch(
         raised = book.evaluate(facts, [run for w in hosts for run in w.runs], now, extra)
         for key, entry in before.items():
             if key not in book.active:
-                say(_line(now, "cleared", entry.alert))
+                say(alert_line(now, "cleared", entry.alert))
         for alert in raised:
-            say(_line(now, alert.severity, alert))
+            say(alert_line(now, alert.severity, alert))
             if command:
                 task = asyncio.create_task(send(alert, now))
                 sent.add(task)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from training.contract import RUNS_ROOT as DEFAULT_RUNS_ROOT
@@ -63,6 +63,9 @@ class Host(ABC):
     # The tmux server (`tmux -L NAME`) its sessions live on: None is the user's default,
     # where the sessions trackside did not launch are; a test sets its own server's.
     tmux_socket: str | None = None
+    # What the first command to reach the host does first, once (backends/config.py gives
+    # backends/recorder/start.py's: the host's recorder started); None: nothing.
+    on_reach: Callable[[Host], Awaitable[None]] | None = None
 
     def __init__(self, name: str, *, prefix: Sequence[str] = (), runs_root: str = DEFAULT_RUNS_ROOT):
         self.name = name
@@ -72,6 +75,13 @@ class Host(ABC):
     @property
     def is_local(self) -> bool:
         return False
+
+    async def reached(self) -> None:
+        """`on_reach`, before the first command only (its own commands, and those that
+        run meanwhile, go on without it). Each subclass's `run` and `chunks` await it."""
+        hook, self.on_reach = self.on_reach, None
+        if hook is not None:
+            await hook(self)
 
     def full_argv(self, argv: Sequence[str]) -> list[str]:
         return self.prefix + check_argv(argv)

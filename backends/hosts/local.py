@@ -28,6 +28,7 @@ class LocalHost(Host):
 
     async def run(self, argv, *, input=None, timeout=30.0):
         full = self.full_argv(argv)
+        await self.reached()
         try:
             proc = await asyncio.create_subprocess_exec(
                 *full,
@@ -53,6 +54,7 @@ class LocalHost(Host):
 
     async def chunks(self, argv):
         full = self.full_argv(argv)
+        await self.reached()
         try:
             proc = await asyncio.create_subprocess_exec(
                 *full,

@@ -207,6 +207,9 @@ class SSHHost(Host):
         command SIGTERM when it reaches EOF, i.e. when the channel closes early. (A command
         given input that times out is left to finish by itself.)
         """
+        if self.on_reach is not None:
+            await self.connection()  # one that cannot be made fails the command, in its own words
+            await self.reached()
         if input is None:
             command = shlex.join(_WATCHDOG + self.full_argv(argv))
         else:

@@ -133,7 +133,7 @@ def test_hostile_set_values_exit_2_and_run_nothing(capsys, config, runs_root, tm
     code, out, err = cli(capsys, "relaunch", parent["run_id"], "--config", config, "--set", item.format(pwned=pwned))
     assert code == 2 and out == ""
     assert err.startswith("trackside: --set max_seq_len:") and "Traceback" not in err
-    assert os.listdir(runs_root) == [parent["run_id"]]  # nothing was launched
+    assert sorted(os.listdir(runs_root)) == [parent["run_id"], "gpu"]  # nothing was launched (gpu/: the host's recorder)
     assert not pwned.exists()
 
 
@@ -274,7 +274,7 @@ def test_a_relaunch_the_trainer_would_refuse_exits_2_and_launches_nothing(capsys
     parent = cli_json(capsys, "launch", "--config", config, "--", "trackside", "train", "--synthetic", "--steps", "5", "--ttt-steps", "3")
     code, out, err = cli(capsys, "relaunch", parent["run_id"], "--config", config, "--set", item)
     assert code == 2 and out == "" and err.strip().startswith(said), err
-    assert os.listdir(runs_root) == [parent["run_id"]]  # nothing was launched
+    assert sorted(os.listdir(runs_root)) == [parent["run_id"], "gpu"]  # nothing was launched (gpu/: the host's recorder)
 
 
 def test_runs_reads_a_launched_programs_console_as_the_screen_does(capsys, config):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.config import ConfigError, load_config
+from backends.config import ConfigError, load_config, parse_config
 from backends.hosts import LocalHost, SSHHost
 
 
@@ -155,3 +155,13 @@ def test_the_readmes_example_is_a_valid_config_using_every_key(tmp_path):
 
     for key in {*module.DEFAULTS_SCHEMA, *module.HOST_SCHEMA}:
         assert f"\n{key} = " in example, key
+
+
+def test_record_is_a_boolean_a_host_takes_from_defaults_and_says_whether_its_recorder_starts():
+    config = parse_config({"defaults": {"record": False}, "hosts": {"a": {}, "b": {"record": True}}})
+    assert [h.record for h in config.hosts] == [False, True]
+    hosts = config.make_hosts()
+    assert hosts["a"].on_reach is None and hosts["b"].on_reach is not None
+    assert parse_config({}).make_hosts()["local"].on_reach is not None
+    with pytest.raises(ConfigError, match=r'hosts.a.record: expected true or false, got "no"'):
+        parse_config({"hosts": {"a": {"record": "no"}}})

@@ -1,20 +1,54 @@
 """`trackside watch`: the dashboard's alerts as lines on stdout, and the config's
-[alerts] command run on each (backends.watch polls and decides).
+[alerts] command run on each (backends.watch polls and decides). With `--since 8h`, the
+alerts that would have fired in the last 8 hours instead, each at its moment, computed from
+the hosts' GPU recordings, run dirs and pane recordings (backends/recorder/missed.py); no
+command is run for them.
 
-Exit status: 0, or with `--once` 1 when any alert is up; 2 for a bad argument or config
-(naming the key).
+Exit status: 0, or with `--once` 1 when any alert is up, with `--since` 1 when any would
+have fired; 2 for a bad argument or config (naming the key).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import re
 import sys
+import time
 
 from backends import alerts, ranges, sanitize
 from backends.config import ConfigError, load_config
-from backends.watch import INTERVAL_S, Watched, watch
-from training.contract import EXIT_OK, EXIT_USAGE, OneLineParser, UsageError
+from backends.hosts import Host, HostError
+from backends.recorder.missed import missed
+from backends.watch import INTERVAL_S, Watched, alert_line, watch
+from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, OneLineParser, UsageError
 from tui.commands.flags import bounded
+
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> float:
+    """`8h`, `30m`, `2d`, `90s` or `90` (seconds), within ranges.WATCH_SINCE."""
+    m = re.fullmatch(r"(\d{1,9}(?:\.\d{1,6})?)([smhd]?)", text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"expected a duration like 8h, 30m, 2d or 90s, got {text!r}")
+    return bounded(ranges.WATCH_SINCE)(str(float(m[1]) * _UNITS[m[2]]))
+
+
+async def _missed(hosts: list[Host], seconds: float, rules: alerts.Rules) -> tuple[list[tuple[float, str, alerts.Alert]], list[str]]:
+    """Every host's missed alerts in time order, and a line for each host that could not be read."""
+    now = time.time()
+    found = await asyncio.gather(*(missed(host, now - seconds, now, rules) for host in hosts), return_exceptions=True)
+    await asyncio.gather(*(host.close() for host in hosts))
+    lines, lost = [], []
+    for result in found:
+        if isinstance(result, HostError):
+            lost.append(str(result))
+        elif isinstance(result, BaseException):
+            raise result
+        else:
+            lines += result
+    return sorted(lines, key=lambda said: said[0]), lost
 
 
 def main(argv: list[str]) -> int:
@@ -27,6 +61,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--once", action="store_true", help="poll once, print what is up, exit 1 if anything is")
     parser.add_argument("--interval", type=bounded(ranges.WATCH_INTERVAL), default=INTERVAL_S, metavar="S",
                         help=f"seconds between polls (default {INTERVAL_S:g})")  # fmt: skip
+    parser.add_argument("--since", type=duration, metavar="DURATION",
+                        help="the alerts that would have fired over the last DURATION (8h, 30m, 2d), from the recordings")  # fmt: skip
     try:
         args = parser.parse_args(argv)
         config = load_config(args.config)
@@ -35,6 +71,13 @@ def main(argv: list[str]) -> int:
         print(f"trackside watch: {error}", file=sys.stderr)
         return EXIT_USAGE
     made = config.make_hosts()
+    if args.since is not None:
+        said, lost = asyncio.run(_missed([made[entry.name] for entry in entries], args.since, config.alert_rules))
+        for line in lost:
+            print(f"trackside watch: {sanitize.line(line)}", file=sys.stderr)
+        for when, word, alert in said:
+            print(sanitize.line(alert_line(when, alert.severity if word == "raised" else word, alert)), flush=True)
+        return EXIT_FAILURE if any(word == "raised" for _, word, _ in said) or (lost and len(lost) == len(entries)) else EXIT_OK
     hosts = [Watched(made[entry.name], entry.nvidia_smi) for entry in entries]
     book = alerts.AlertBook(rules=config.alert_rules)
     settings = config.alerts

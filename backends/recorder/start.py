@@ -1,0 +1,95 @@
+"""The recorder's tmux session on a host: started by the first trackside command that
+reaches the host (`on_reach`, which backends/config.py gives each host whose config does
+not say `record = false`), again by the next command after it died, stopped on request.
+
+Checking it costs one host command and one tmux query while it runs. It runs on
+trackside's tmux server (the host's `tmux_socket`), as session SESSION, marked with
+tmux.RECORDER_OPTION so no listing takes it for a run; its program is agent.py's source,
+given inline (compressed, as tmux takes a command of 16 KiB at most), with the runs root
+it records into checked first as every write to it is (backends/runsroot.py). A host
+where the configured nvidia-smi is no command has no GPU to record: nothing starts there.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from backends import runsroot, tmux
+from backends.hosts import Host, HostError
+from backends.recorder import agent
+from backends.ship.deliver import DEFAULT_PYTHON
+
+SESSION = "trackside-recorder"
+PYTHON = DEFAULT_PYTHON  # the host's python3
+
+# The agent's source, run by `python3 -c` (its "$@" after the source: agent.main's argv).
+_SOURCE = Path(agent.__file__).read_text()
+_BOOT = "import base64,zlib;exec(zlib.decompress(base64.b64decode('{}')))".format(
+    base64.b64encode(zlib.compress(_SOURCE.encode(), 9)).decode()
+)
+
+# "$1" the runs root (a leading ~ is $HOME), "$2" the tmux socket (empty: the default
+# server), "$3" nvidia-smi, "$4" start: start it unless it runs (a dead pane is replaced);
+# status: say; stop: end it. Then python3, the agent's source and its arguments after
+# its root, socket and nvidia-smi.
+# Prints one word: running, started, stopped, absent (not running), no-smi, no-python.
+_ENSURE = r"""root=$1 socket=$2 smi=$3 what=$4; shift 4
+case $root in "~") root=$HOME ;; "~/"*) root=$HOME/${root#"~/"} ;; esac
+t() { tmux ${socket:+-L "$socket"} "$@"; }
+state=$(t display-message -p -t "=@SESSION@:" '#{pane_dead}' 2>/dev/null)
+case $what in
+  status) [ "$state" = 0 ] && echo running || echo absent; exit 0 ;;
+  stop) [ -n "$state" ] && t kill-session -t "=@SESSION@" 2>/dev/null && echo stopped || echo absent; exit 0 ;;
+esac
+[ "$state" = 0 ] && { echo running; exit 0; }
+# By their paths here: the tmux server's PATH may not be this shell's.
+smi=$(command -v "$smi") || { echo no-smi; exit 0; }
+py=$(command -v "$1") || { echo no-python; exit 0; }
+[ -d "$root" ] || mkdir -p -- "$root" || exit 1
+root_ok "$root"; dirs_ok "$root" gpu
+[ -z "$state" ] || t kill-session -t "=@SESSION@" 2>/dev/null
+code=$2; shift 2
+t new-session -d -s @SESSION@ -x 80 -y 10 -- "$py" -c "$code" "$root" "$socket" "$smi" "$@" \; \
+  set-option -t "=@SESSION@:" @OPTION@ 1 \; set-option -t "=@SESSION@:" remain-on-exit off || exit 1
+echo started
+""".replace("@SESSION@", SESSION).replace("@OPTION@", tmux.RECORDER_OPTION)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How often it samples, and how much it keeps (agent.py's defaults)."""
+
+    tick_s: float = agent.TICK_S
+    loop_ms: int = agent.LOOP_MS
+    keep_days: int = agent.KEEP_DAYS
+    cap_bytes: int = agent.CAP_BYTES
+
+
+async def recorder(host: Host, what: str, smi: str, settings: Settings = Settings()) -> str:
+    """Start (`start`), check (`status`) or stop (`stop`) the host's recorder; its state
+    in a word (_ENSURE's). HostError when the host cannot, RunsRootRefused where its runs
+    root is not this user's alone."""
+    args = [
+        host.runs_root, host.tmux_socket or "", smi, what, PYTHON, _BOOT,
+        f"{settings.tick_s:g}", str(settings.loop_ms), str(settings.keep_days), str(settings.cap_bytes),
+    ]  # fmt: skip
+    result = await runsroot.run(host, _ENSURE, args)
+    if not result.ok:
+        raise HostError(host.name, f"cannot start the GPU recorder: {result.stderr.strip() or f'exit status {result.returncode}'}")
+    return result.stdout.strip()
+
+
+def on_reach(smi: str, settings: Settings = Settings()):
+    """What a host does when a command first reaches it: start its recorder unless it
+    runs. A host that cannot is left to the command, which says why in its own words."""
+
+    async def reached(host: Host) -> None:
+        try:
+            await recorder(host, "start", smi, settings)
+        except HostError:
+            pass
+
+    return reached

@@ -1,0 +1,49 @@
+"""`trackside watch --since`: the alerts that would have fired while nobody watched, from
+what was recorded — an under-fed stretch in the host's GPU recording (the recorder's day
+files, as it writes them) and a run that exited 3 — each at its moment."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from backends.recorder import agent
+from tests.backends.test_runs import tmux_dir  # noqa: F401 - the fixture: this test's own tmux server
+from tests.waiting import until
+from tui.cli import main
+
+
+def stamp(line: str) -> float:
+    return time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))
+
+
+def test_an_underfed_stretch_and_an_exit_are_found_each_at_its_moment(tmp_path, capsys, tmux_dir):  # noqa: F811
+    root = tmp_path / "runs"
+    config = tmp_path / "config.toml"
+    config.write_text(f"[hosts.box]\nruns_root = {json.dumps(str(root))}\nrecord = false\n[alerts]\nunderfed_s = 60\n")
+    # Ten minutes ago GPU 0 drew 100 W of 700 W at 99 % for five minutes, then 690 W.
+    now = time.time()
+    starved, fed = now - 900, now - 600
+    gpu = [f"{starved:.2f},0,GPU-00000000-1111-2222-3333-444444444444"]
+    gpu += [f"{starved + s:.2f},0,{100 if starved + s < fed else 690},700.00,1000,143771,99" for s in range(0, 400)]
+    (root / "gpu").mkdir(parents=True, mode=0o700)
+    (root / "gpu" / f"{agent.day_of(now)}.gpu").write_text("".join(f"{line}\n" for line in gpu))
+    if agent.day_of(starved) != agent.day_of(now):  # just past midnight: the stretch is yesterday's
+        (root / "gpu" / f"{agent.day_of(starved)}.gpu").write_text("".join(f"{line}\n" for line in gpu))
+
+    assert main(["launch", "--config", str(config), "--json", "--", "sh", "-c", "sleep 3; exit 3"]) == 0
+    run_id = json.loads(capsys.readouterr().out)["run_id"]
+    exited = root / run_id / "exit_status"
+    until(exited.exists, 60, "the run's exit")
+    ended = exited.stat().st_mtime
+
+    code = main(["watch", "--since", "20m", "--config", str(config)])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 1, lines
+    underfed = [line for line in lines if "under-fed GPU 0 on box: 100 W of 700 W at >90% util for 1m" in line and "warning" in line]
+    cleared = [line for line in lines if "cleared" in line and "under-fed" in line]
+    failed = [line for line in lines if f"box/{run_id} failed: exit status 3" in line]
+    assert len(underfed) == len(cleared) == len(failed) == 1, lines
+    assert abs(stamp(underfed[0]) - (starved + 60)) <= 6
+    assert abs(stamp(cleared[0]) - fed) <= 6
+    assert abs(stamp(failed[0]) - ended) <= 6  # when it exited, not when a listing saw it
