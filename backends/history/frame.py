@@ -40,7 +40,6 @@ class History:
     recording: object | None = None  # backends.recorder.read.Recording over its life; None: none kept
     stops: list[dict] = field(default_factory=list)  # its kill journal's signals: {signal, time}
     relaunches: list[tuple[str, float]] = field(default_factory=list)  # (run id, started) of runs relaunched from it
-    note: str = ""  # what was not read, said on screen (no recording on the host, ...)
 
     def __post_init__(self) -> None:
         self._event_times = [_time(e) for e in self.events]
@@ -129,7 +128,7 @@ def frame_at(history: History, when: float, *, log_lines: int, history_samples: 
 def _gpus_at(history: History, when: float, count: int) -> tuple[tuple[GpuAt, ...], str]:
     recording = history.recording
     if recording is None:
-        return (), history.note or "no GPU recording on this host"
+        return (), "no GPU recording on this host"
     gap = history.gap_at(when)
     coarse = recording.coarse_before
     cards = []

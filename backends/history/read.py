@@ -21,6 +21,7 @@ from backends.hosts import Host, HostError
 from backends.logs import recording
 from backends.logs.console import ConsoleSummary
 from backends.logs.logparse import parse_metrics_line
+from backends.recorder.read import read_recording
 from backends.runs.manifest import TIME
 from backends.runs.stops import JOURNAL, SIGNALS
 from training.contract import END, STEP
@@ -46,12 +47,7 @@ async def read_history(host: Host, target: str) -> History:
     """`target`: a run id, or a tmux session trackside did not launch (its newest
     recording); RunError where the host has neither."""
     history = await (_run(host, target) if runs.RUN_ID.fullmatch(target) else _session(host, target))
-    try:  # the recorder's reader, until its branch is merged (RECORDER_SPEC.md)
-        from backends.recorder.read import read_recording
-    except ImportError:
-        history.note = "this trackside has no GPU recorder yet"
-    else:
-        history.record(await read_recording(host, history.start - MARGIN_S))
+    history.record(await read_recording(host, history.start - MARGIN_S))
     with_sizes(history)
     return history
 

@@ -56,6 +56,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 async def read(args) -> tuple[History, object]:
     config = load_config(args.config)
     host = (config.host(args.host) if args.host else config.hosts[0]).make_host()
+    host.on_reach = None  # replay only reads: it starts no recorder (a recording brought back is not appended to)
     try:
         return await read_history(host, args.run), config.alert_rules
     finally:

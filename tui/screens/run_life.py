@@ -8,6 +8,7 @@ from __future__ import annotations
 from backends.history.read import epoch
 from backends.hosts import HostError
 from backends.logs.series import number
+from backends.recorder.read import read_recording
 from backends.runs.status import RunStatus
 from tui.guard import Guarded
 from tui.state import RunState
@@ -51,14 +52,9 @@ class LifeToggle(Guarded):
         start, end = life_span(run, self.app.clock())
         note = ""
         try:
-            from backends.recorder.read import read_recording  # the recorder's reader, once merged
-        except ImportError:
-            recording, note = None, "this trackside has no GPU recorder yet"
-        else:
-            try:
-                recording = await read_recording(self.app.watched[run.host].host, start)
-            except HostError as error:
-                recording, note = None, f"the GPU recording on {run.host} cannot be read: {error}"
+            recording = await read_recording(self.app.watched[run.host].host, start)
+        except HostError as error:
+            recording, note = None, f"the GPU recording on {run.host} cannot be read: {error}"
         if self.is_mounted and self.run is run:
             self.query_one(GpuLife).show(run, recording, start, end, note)
 
