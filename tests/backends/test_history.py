@@ -5,51 +5,20 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 
 import pytest
 
 from backends.alerts import Rules
 from backends.history import History, Tape, WhenError, frame_at, moments_of, parse_when
 from backends.history.read import parse_events, parse_stops
+from backends.recorder import read as reader
+from backends.recorder.read import Gap, GpuSample, LogSize
 from backends.history.tape import MAX_TAIL_BYTES
 from backends.sanitize import LINE_CAP
 
 
-# The reader's values (RECORDER_SPEC's API), until its parse_recording is merged.
-@dataclass(frozen=True)
-class GpuSample:
-    time: float
-    index: int
-    uuid: str
-    power_w: float | None
-    power_limit_w: float | None
-    mem_used_mib: float | None
-    mem_total_mib: float | None
-    util_pct: float | None
-
-
-@dataclass(frozen=True)
-class LogSize:
-    time: float
-    path: str
-    size: int
-
-
-@dataclass(frozen=True)
-class Gap:
-    start: float
-    end: float
-
-
-@dataclass(frozen=True)
-class Recording:
-    gpus: tuple = ()
-    procs: tuple = ()
-    panes: tuple = ()
-    logs: tuple = ()
-    gaps: tuple = ()
-    coarse_before: float | None = None
+def Recording(gpus=(), logs=(), gaps=(), coarse_before=None) -> reader.Recording:  # noqa: N802 - the reader's, with defaults
+    return reader.Recording(gpus=tuple(gpus), procs=(), panes=(), logs=tuple(logs), gaps=tuple(gaps), coarse_before=coarse_before)
 
 
 T0 = 1_800_000_000.0
@@ -206,3 +175,28 @@ def test_a_runs_life_sums_its_hosts_cards_per_span_and_leaves_a_gap_blank():
     assert life.mem_gib[0] == 3.0 and life.limit_w == 1400.0 and life.total_gib == 160.0 and life.cards == 2
     # samples outside the life are not its
     assert life_of(Recording(gpus=gpus), T0 + 200, T0 + 300, 5).power_w == (None,) * 5
+
+
+def test_a_hostile_recording_read_by_the_reader_never_hangs_or_crashes_the_replay():
+    """The recorder's own files (its reader's format) holding a size past the log's end,
+    garbage, a line of megabytes and numbers out of range: the log at each moment is what
+    the file holds, the GPU readings those the reader kept."""
+    from backends.recorder import agent
+
+    day = agent.day_of(T0)
+    path = "20261206-0100-ab12/console.log"
+    logs = (f"{T0:.2f},4,{path}\n{T0 + 10:.2f},1000,{path}\n{T0 + 12:.2f},{1 << 70},{path}\n".encode() + b"\xff\xfe garbage\n" + b"9" * (3 << 20) + b"\n"
+            + f"{T0 + 20:.2f},-7,{path}\n".encode())  # fmt: skip
+    gpu = f"{T0:.2f},0,GPU-0\n{T0 + 1:.2f},0,300,700,1000,81920,99\n{T0 + 2:.2f},0,1e999,700,-5,81920,99\n".encode() + b",,,\n" * 1000
+    started = time.monotonic()
+    rec = reader.parse_recording({f"{day}.logs": logs, f"{day}.gpu": gpu}, T0 - 60, None, now=T0 + 30)
+    h = history(lines(step(1, T0), step(2, T0 + 25)), tape=Tape(path, current=b"one\ntwo\n"))
+    h.record(rec)
+    from backends.history.read import with_sizes
+
+    with_sizes(h)
+    at = [frame_at(h, T0 + dt, log_lines=5, history_samples=10) for dt in (0, 5, 15, 25)]
+    assert at[0].log.lines == ("one",) and at[1].log.lines == ("one",)
+    assert at[2].log.lines == ("one", "two") and "past the file's end" in at[2].log.note  # held to the file, said
+    assert [card.sample.power_w if card.sample else None for card in at[1].gpus] in ([], [None], [300.0])
+    assert time.monotonic() - started < 10

@@ -1,16 +1,14 @@
-"""`trackside replay` on real runs at 80×24: a CPU training stopped by a kill and relaunched,
-and a session trackside did not launch, read back from their run dir and pane recording
-at moments of their past; `--at` outside a run's life; keys that step through time.
-
-The log's size over time is sampled here while the runs run, as the recorder samples it
-(its LogSize rows), and the GPUs are the recorder's values for a card this machine lacks:
-stand-ins named so, until the recorder's reader (backends/recorder/read.py) is merged.
+"""`trackside replay` on real runs at 80×24, beside the real recorder (backends/recorder)
+reading the test nvidia-smi stand-in (tests/fake_nvidia_smi.py: this machine has no GPU):
+a CPU training stopped by a kill and relaunched, the recorder killed and restarted while it
+trained, and a session trackside did not launch; each read back from its run dir, pane
+recording and the host's recording at moments of its past; `--at` outside a run's life; the
+run screen's `g`, its life by time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import subprocess
 import sys
@@ -23,23 +21,30 @@ import pytest
 from textual.widgets import Static
 
 from backends import kill, runs
+from backends.config import load_config
 from backends.history import moments_of
-from backends.history.read import read_history, with_sizes
-from backends.hosts import LocalHost
+from backends.history.read import read_history
 from backends.logs import panes
+from backends.recorder.read import read_recording
+from backends.recorder.start import SESSION as RECORDER
 from backends.relaunch import Relaunch, relaunch
 from scripts.local_box import end_tmux_server
-from tests.backends.test_history import GpuSample, LogSize, Recording
 from tests.tui.conftest import screen_text, wait_for
-from tests.waiting import HANG_S, niced, trainer_started
+from tests.waiting import HANG_S, niced
+from tui.app import TracksideApp, Watched
 from tui.cli import main
+from tui.messages import RunsListed
 from tui.replay import ReplayApp
+from tui.screens.pick_moment import PickMoment
+from tui.screens.replay import ReplayScreen
+from tui.widgets.gpu_life import GpuLife
 from tui.widgets.gpu_panel import GpuRow
 
 SIZE = (80, 24)
+FAKE_SMI = Path(__file__).resolve().parents[1] / "fake_nvidia_smi.py"
 TRAIN = niced([sys.executable, "-m", "training", "train", "--synthetic", "--max-seq-len", "128", "--ttt-steps", "2"])
 # Someone else's program: it prints a loss a step, then waits in its pane.
-FOREIGN = [sys.executable, "-c", "import time\nfor s in range(1, 41): print(f'step {s} loss={5 - s / 10:.2f}', flush=True); time.sleep(0.05)\ntime.sleep(600)"]
+FOREIGN = [sys.executable, "-c", "import time\nfor s in range(1, 41): print(f'step {s} loss={5 - s / 10:.2f}', flush=True); time.sleep(0.5)\ntime.sleep(600)"]
 
 
 @dataclass
@@ -48,16 +53,11 @@ class Past:
     config: Path
     run: runs.RunInfo  # killed after some steps, then relaunched
     child: runs.RunInfo
-    sizes: list  # LogSize stand-ins: the logs' sizes as the recorder samples them
+    down: tuple[float, float]  # the recorder killed, and started again
 
 
-async def _sample(root: str, paths: list[str], into: list, stop: asyncio.Event) -> None:
-    """Each log's size every 0.1 s, as (time, path relative to the runs root, size)."""
-    while not stop.is_set():
-        for path in paths:
-            for found in Path(root).glob(path):
-                into.append(LogSize(time.time(), str(found.relative_to(root)), found.stat().st_size))
-        await asyncio.sleep(0.1)
+def _log_sizes(rec, path: str) -> list:
+    return [s for s in rec.logs if s.path == path and s.size > 0]
 
 
 async def _steps(run_dir: str) -> int:
@@ -67,25 +67,54 @@ async def _steps(run_dir: str) -> int:
         return 0
 
 
-async def _make_past(host: LocalHost, root: str) -> tuple[runs.RunInfo, runs.RunInfo, list]:
-    sizes: list = []
-    stop = asyncio.Event()
-    sampler = asyncio.create_task(_sample(root, ["*/console.log", "panes/*/*/*.log"], sizes, stop))
-    try:
-        run = await runs.launch(host, [*TRAIN, "--steps", "100000"])
-        subprocess.run(["tmux", "new-session", "-d", "-s", "their-sft", "--", *FOREIGN], check=True)
-        await panes.read_session(host, "their-sft")  # first seen: its pane recorded from here
-        deadline = time.monotonic() + HANG_S
-        while await _steps(run.run_dir) < 25:
-            assert time.monotonic() < deadline, "the run never made its steps"
-            await asyncio.sleep(0.2)
-        await kill.kill_run(host, run.run_id, grace_s=30)
-        child, _ = await relaunch(Relaunch(host.name, run.run_id, {"steps": 5}), {host.name: host})
-        await asyncio.sleep(0.5)
-    finally:
-        stop.set()
-        await sampler
-    return run, child, sizes
+async def _until(what: str, check, timeout: float = HANG_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.3)
+
+
+async def _make_past(config: Path, root: str) -> tuple[runs.RunInfo, runs.RunInfo, tuple[float, float]]:
+    host = load_config(str(config)).hosts[0].make_host()
+    began = time.time()
+    run = await runs.launch(host, [*TRAIN, "--steps", "100000"])  # the first command: the recorder starts
+    log = f"{run.run_id}/console.log"
+
+    async def sizes() -> int:
+        return len({s.size for s in _log_sizes(await read_recording(host, began), log)})
+
+    def more(count: int):
+        async def check() -> bool:
+            return await sizes() >= count
+        return check
+
+    async def stepped() -> bool:
+        return await _steps(run.run_dir) >= 20
+
+    await _until("the recorder's first size of the run's log", more(1))
+    # The recorder ticking (however long its start took on a loaded machine): someone
+    # else's program starts, recorded from its first line on.
+    subprocess.run(["tmux", "new-session", "-d", "-s", "their-sft", "--", *FOREIGN], check=True)
+    await panes.read_session(host, "their-sft")
+    await _until("the run's steps", stepped)
+    await _until("two sizes of the log with steps in it", more(await sizes() + 2))
+    subprocess.run(["tmux", "kill-session", "-t", f"={RECORDER}"], check=True)
+    killed = time.time()
+    await asyncio.sleep(20)  # the run trains on, unrecorded: longer than the reader's gap
+    again = load_config(str(config)).hosts[0].make_host()
+    await runs.list_runs(again)  # its first command: the recorder starts again
+    restarted = time.time()
+
+    async def sampled() -> bool:
+        return any(g.time > restarted for g in (await read_recording(host, began)).gpus)
+
+    await _until("the restarted recorder's samples", sampled)
+    await _until("a size of the log after the restart", more(await sizes() + 1))
+    await kill.kill_run(host, run.run_id, grace_s=30)
+    child, _ = await relaunch(Relaunch(host.name, run.run_id, {"steps": 5}), {host.name: host})
+    await asyncio.sleep(6)  # a tick of the recorder past the stop
+    await asyncio.gather(host.close(), again.close())
+    return run, child, (killed, restarted)
 
 
 @pytest.fixture(scope="module")
@@ -93,39 +122,37 @@ def past(tmp_path_factory):
     tmux_dir = tempfile.mkdtemp(prefix="ts-replay-", dir="/tmp")
     base = tmp_path_factory.mktemp("replay")
     root = str(base / "runs")
+    smi = base / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nFAKE_NVIDIA_SMI_GPUS=2 FAKE_NVIDIA_SMI_STATE=load exec {sys.executable} -S {FAKE_SMI} \"$@\"\n")
+    smi.chmod(0o755)
     config = base / "config.toml"
-    config.write_text(f'[hosts.box]\nruns_root = "{root}"\n')
+    config.write_text(f'[hosts.box]\nruns_root = "{root}"\nnvidia_smi = "{smi}"\n')
     with pytest.MonkeyPatch.context() as env:
         env.setenv("TMUX_TMPDIR", tmux_dir)
         env.delenv("TMUX", raising=False)
         try:
-            run, child, sizes = asyncio.run(_make_past(LocalHost("box", runs_root=root), root))
-            yield Past(root, config, run, child, sizes)
+            run, child, down = asyncio.run(_make_past(config, root))
+            yield Past(root, config, run, child, down)
         finally:
-            end_tmux_server("tmux")
+            end_tmux_server("tmux")  # the module's server: the runs, the recorder
             shutil.rmtree(tmux_dir, ignore_errors=True)
 
 
-def gpu_recording(start: float, end: float, sizes: list) -> Recording:
-    """A recorder's values for one card (this machine has none): 400 W of 700 W, a sample a second."""
-    t, samples = start - 5, []
-    while t <= end + 5:
-        samples.append(GpuSample(t, 0, "GPU-0", 400.0, 700.0, 30000.0, 81920.0, 97.0))
-        t += 1.0
-    return Recording(gpus=tuple(samples), logs=tuple(sizes))
-
-
 async def history_of(past: Past, target: str):
-    history = await (read_history(LocalHost("box", runs_root=past.root), target))
-    history.record(gpu_recording(history.start, history.end, past.sizes))
-    with_sizes(history)
-    return history
+    host = load_config(str(past.config)).hosts[0].make_host()
+    host.on_reach = None  # read what was recorded, start nothing
+    try:
+        return await read_history(host, target)
+    finally:
+        await host.close()
 
 
 async def test_the_moments_of_a_stopped_and_relaunched_run(past):
     history = await history_of(past, past.run.run_id)
     kinds = [m.kind for m in moments_of(history)]
-    assert kinds[0] == "start" and "stop" in kinds and "relaunch" in kinds and kinds[-1] in ("relaunch", "exit", "end"), kinds
+    assert {"start", "stop", "relaunch", "gap"} <= set(kinds), kinds
+    # the recorder's gap while it was killed (and the one before its first sample, from the run's start)
+    assert [m for m in moments_of(history) if m.kind == "gap" and past.down[0] - 6 < m.time < past.down[1]]
     said = {m.kind: m.text for m in moments_of(history)}
     assert said["stop"] == "SIGTERM sent by a kill"
     assert said["relaunch"] == f"relaunched as {past.child.run_id}"
@@ -134,31 +161,36 @@ async def test_the_moments_of_a_stopped_and_relaunched_run(past):
 
 async def test_replay_at_80x24_shows_the_run_as_it_was_then_and_steps_through_time(past):
     history = await history_of(past, past.run.run_id)
-    steps = [e for e in history.events if e["event"] == "step"]
-    when = steps[9]["time"]  # its 10th step (they come milliseconds apart)
+    sized = [s for s in _log_sizes(history.recording, f"{past.run.run_id}/console.log") if s.time < past.down[0]]
+    when = sized[-1].time  # the recorder's last size of the log before it was killed: steps were made by then
+    count = sum(1 for e in history.events if e["event"] == "step" and e["time"] <= when)
+    assert count > 0
     log = Path(past.root, past.run.run_id, "console.log").read_bytes()
-    sized = [s for s in past.sizes if s.path.endswith(f"{past.run.run_id}/console.log") and s.time <= when]
     then = log[: sized[-1].size].decode(errors="replace").rstrip("\n").splitlines()
     later = log[sized[-1].size :].decode(errors="replace").splitlines()
     app = ReplayApp(history, moments_of(history), when)
     async with app.run_test(size=SIZE) as pilot:
         shown = lambda: screen_text(app)  # noqa: E731
         stats = lambda: str(app.screen.query_one("#stats", Static).render())  # noqa: E731
-        await wait_for(pilot, lambda: "step 10 " in stats(), 20, "the stats at step 10")
+        await wait_for(pilot, lambda: f"step {count:,} " in stats(), 20, f"the stats at step {count}")
         text = shown()
         assert "read-only: no key acts on the run" in text
-        assert "GPU0" in text  # the card as recorded then (its figures past the 80 columns' cut)
-        assert "400/700 W" in app.screen.query_one(GpuRow).shown.plain
+        assert "GPU0" in text  # the cards as recorded then (their figures past the 80 columns' cut)
+        assert "/700 W" in app.screen.query_one(GpuRow).shown.plain
         assert then[-1].strip()[:40] in text  # the log's last line then…
-        assert not any(line.strip() and line.strip()[:40] in text for line in later if "step" in line)  # …and none after
+        assert not any(line.strip() and line.strip()[:40] in text for line in later if "step=" in line)  # …and none after
         assert "loss (" in text and "┤" in text  # the curve up to then
+        await pilot.press("n")  # the next moment that mattered: the recorder's gap, said, not filled
+        await wait_for(pilot, lambda: "[now]" in shown() and "recorder down for" in shown(), 10, f"the gap (of {app.moments})")
+        assert "GPUs on box: the recorder was down here" in str(app.screen.query_one("#gpu-none-0", Static).render())
         # n, moment by moment, to the kill's SIGTERM (the relaunch's, dated to its second, may come first)
-        for following in [m for m in app.moments if m.time > when][:3]:
+        for following in [m for m in app.moments if m.time > app.screen.when][:3]:
             await pilot.press("n")
             await wait_for(pilot, lambda: app.screen.when == following.time and "[now]" in shown(), 10, f"{following} (of {app.moments})")
             if following.kind == "stop":
                 break
         assert "SIGTERM sent by a kill" in shown()
+        assert "/700 W" in app.screen.query_one(GpuRow).shown.plain  # recorded again by then
         await pilot.press("k", "e", "r", "R")  # no key acts on the run: none of the dashboard's
         assert app.is_running and app.screen.query_one("#when")
         await pilot.press("home")
@@ -167,12 +199,40 @@ async def test_replay_at_80x24_shows_the_run_as_it_was_then_and_steps_through_ti
         await wait_for(pilot, lambda: "step 1 " in stats(), 10, "step 1")
         await pilot.press("end")
         await wait_for(pilot, lambda: "ended" in shown(), 10, "the run's end")
+        await pilot.press("m")  # every moment, the one here highlighted: the one before it, Enter
+        await wait_for(pilot, lambda: isinstance(app.screen, PickMoment), 10, "the moments' list")
+        before = [m for m in app.moments if m.time <= history.end][-2]
+        await pilot.press("up", "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ReplayScreen) and app.screen.when == before.time, 10, f"{before}")
+
+
+async def test_the_run_screens_g_shows_its_life_by_time_with_the_recorders_gap_blank(past):
+    host = load_config(str(past.config)).hosts[0].make_host()
+    host.on_reach = None
+    info = next(r for r in await runs.list_runs(host) if r.run_id == past.run.run_id)
+    app = TracksideApp([Watched(host)], monitor=False)
+    async with app.run_test(size=SIZE) as pilot:
+        app.post_message(RunsListed("box", [info], time.time()))
+        await pilot.pause()
+        app.open_run(f"box/{past.run.run_id}")
+        await pilot.pause()
+        await pilot.press("g")
+        life = app.screen.query_one(GpuLife)
+        await wait_for(pilot, lambda: life.recording is not None, 30, "the recording, read by the screen's worker")
+        text = screen_text(app)
+        assert "loss by time" in text and "power W of 1400 (2 GPUs of the host, summed" in text, text
+        shown = life.render().plain.splitlines()
+        power = [line for line in shown if "┤" in line or "│" in line][-4:]  # the power and memory bands' rows
+        assert any("  " in line.split("┤")[-1].split("│")[-1].strip() for line in power), shown  # the gap, blank
+        await pilot.press("g")
+        await wait_for(pilot, lambda: not life.display and "loss (" in screen_text(app), 10, "the loss chart back")
+    await host.close()
 
 
 async def test_replay_of_a_session_trackside_did_not_launch_from_its_pane_recording(past):
     history = await history_of(past, "their-sft")
     assert history.run_id is None and history.tape is not None and history.tape.recorded
-    middle = next(s.time for s in past.sizes if "panes/" in s.path and s.size > 60)
+    middle = next(s.time for s in history.recording.logs if s.path == history.tape.path and s.size > 60)
     app = ReplayApp(history, moments_of(history), middle)
     async with app.run_test(size=SIZE) as pilot:
         shown = lambda: screen_text(app)  # noqa: E731
@@ -184,10 +244,13 @@ async def test_replay_of_a_session_trackside_did_not_launch_from_its_pane_record
         assert "step 40 loss=1.00" in shown()
 
 
-def test_at_outside_the_runs_life_is_a_usage_error_naming_it(past, capsys):
+def test_at_outside_the_runs_life_is_a_usage_error_naming_it_and_replay_starts_no_recorder(past, capsys):
+    subprocess.run(["tmux", "kill-session", "-t", f"={RECORDER}"], check=True)
     for at, said in (("-99h", "before the run's start"), ("+99h", "after the run's end"), ("soon", "expected +DURATION")):
         code = main(["replay", past.run.run_id, "--config", str(past.config), "--at", at])
         err = capsys.readouterr().err
         assert code == 2 and said in err and "Traceback" not in err, err
     code = main(["replay", "20990101-0000-0000", "--config", str(past.config)])
     assert code == 1 and "no run 20990101-0000-0000" in capsys.readouterr().err
+    # read-only: the host's recording is read, never appended to (a recording brought back from a GPU box)
+    assert subprocess.run(["tmux", "has-session", "-t", f"={RECORDER}"], capture_output=True).returncode != 0
