@@ -6,7 +6,6 @@ Regenerate after an intended change with `pytest tests/tui/test_snapshots.py --s
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -311,41 +310,12 @@ def test_dialog_at_80x24(name, snap_compare, utc):
     assert snap_compare(shown.app(), terminal_size=(80, 24), run_before=run_before)
 
 
-def replay_history():
-    """The sample run's past: 300 steps on eight H200s recorded a second apart, the
-    recorder down for a minute, a step skipped, a stop and its end; its console's lines
-    indexed by size at each step (the recorder's values: tests/backends/test_history.py's
-    stand-ins until its reader is merged)."""
-    from backends.history import History, Tape
-    from scripts.sample import PARAMS, RUN_ID, T0, metrics_events
-    from tests.backends.test_history import Gap, GpuSample, LogSize, Recording
-
-    events = metrics_events(300)
-    events.insert(151, {"event": "nonfinite", "time": T0 + 451.0, "step": 151, "what": "loss", "in_a_row": 1})
-    events += [{"event": "end", "time": T0 + 905.0, "status": "stopped"}]
-    lines, sizes, size = [], [], 0
-    for e in events:
-        if e["event"] == "step":
-            line = f"step {e['step']} loss={e['loss']:.4f} lr=3.0e-04 tokens/s=20480\n".encode()
-            lines.append(line)
-            size += len(line)
-            sizes.append(LogSize(e["time"] + 0.5, f"{RUN_ID}/console.log", size))
-    gap = Gap(T0 + 400.0, T0 + 460.0)
-    samples = tuple(GpuSample(T0 + t, i, f"GPU-{i:04d}", 250.0 + 7 * i + 40 * math.sin(t / 60), 600.0, 40960.0 + 512 * i, 143771.0, 100.0)
-                    for t in range(-10, 910) if not gap.start <= T0 + t <= gap.end for i in range(8))  # fmt: skip
-    history = History(RUN_ID, "h200-box", RUN_ID, "eagle3-8k", T0 - 5.0, T0 + 905.0, True, events, params=dict(PARAMS),
-                      exit_status=0, tape=Tape(f"{RUN_ID}/console.log", current=b"".join(lines), sizes=[(s.time, s.size) for s in sizes]),
-                      stops=[{"signal": "TERM", "time": T0 + 904.0}])  # fmt: skip
-    history.record(Recording(gpus=samples, logs=tuple(sizes), gaps=(gap,)))
-    return history
-
-
 @pytest.mark.parametrize("at", [600.0, 430.0])
 def test_replay_at_80x24(at, snap_compare, utc):
     """A moment of the sample run's past: its GPUs then, the loss and the log up to then,
     the moments on its time line; and one inside the recorder's gap, said, not filled."""
     from backends.history import moments_of
-    from scripts.sample import T0
+    from scripts.sample import T0, replay_history
     from tui.replay import ReplayApp
 
     history = replay_history()
