@@ -355,7 +355,7 @@ def replay_history():
     from backends.recorder.read import Gap, GpuSample, LogSize, Recording
 
     events = metrics_events(300)
-    events.insert(151, {"event": "nonfinite", "time": T0 + 451.0, "step": 151, "what": "loss", "in_a_row": 1})
+    events.insert(171, {"event": "nonfinite", "time": T0 + 511.0, "step": 171, "what": "loss", "in_a_row": 1})
     events += [{"event": "end", "time": T0 + 905.0, "status": "stopped"}]
     lines, sizes, size = [], [], 0
     for e in events:

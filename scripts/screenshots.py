@@ -252,7 +252,7 @@ async def sample_replay_svgs(wanted) -> list[Path]:
 
     saved = []
     if "replay" in wanted:
-        saved += await replay_svgs(replay_history(), [T0 + 451.0], ["replay"], SIZE)
+        saved += await replay_svgs(replay_history(), [T0 + 511.0], ["replay"], SIZE)
     if "replay-80x24" in wanted:
         saved += await replay_svgs(replay_history(), [T0 + 430.0], ["replay-80x24"], NARROW_SIZE)
     return saved
