@@ -22,6 +22,7 @@ from backends.logs import recording
 from backends.logs.console import ConsoleSummary
 from backends.logs.logparse import parse_metrics_line
 from backends.recorder.read import read_recording
+from backends.runs.listing import manifests
 from backends.runs.manifest import TIME
 from backends.runs.stops import JOURNAL, SIGNALS
 from training.contract import END, STEP
@@ -105,7 +106,9 @@ async def _run(host: Host, run_id: str) -> History:
         stops = parse_stops(await runs.read_file(host, f"{directory}/{JOURNAL}"))
     except runs.RunError:
         stops = []
-    relaunched = [(info.run_id, epoch(info.started)) for info in await runs.list_runs(host) if info.parent == run_id and info.run_id]
+    # From the manifests alone: a listing would record every pane it meets, and replay only reads.
+    relaunched = [(m.get("run_id"), epoch(m.get("started"))) for m in await manifests(host)
+                  if m.get("parent") == run_id and isinstance(m.get("run_id"), str)]  # fmt: skip
     times = [e["time"] for e in events]
     start = epoch(manifest.get("started")) or (min(times) if times else time.time())
     ended = exit_status is not None or manifest.get("ended") is not None or any(e["event"] == END for e in events)

@@ -244,6 +244,23 @@ async def test_replay_of_a_session_trackside_did_not_launch_from_its_pane_record
         assert "step 40 loss=1.00" in shown()
 
 
+async def test_a_past_read_over_ssh_is_the_one_read_here(past, sshd):
+    """The test sshd on 127.0.0.1 reaches the same runs root: the run, its log, its recording
+    and its moments read alike through an SSH host."""
+    if not sshd.running:
+        sshd.start()
+    here = await history_of(past, past.run.run_id)
+    remote = sshd.host(runs_root=past.root)
+    try:
+        there = await read_history(remote, past.run.run_id)
+    finally:
+        await remote.close()
+    assert there.events == here.events and there.tape.data == here.tape.data
+    assert there.tape.offsets == here.tape.offsets and there.stops == here.stops and there.relaunches == here.relaunches
+    assert [g for g in there.recording.gpus if g.time <= here.end] == [g for g in here.recording.gpus if g.time <= here.end]
+    assert [m for m in moments_of(there) if m.time < here.end - 1] == [m for m in moments_of(here) if m.time < here.end - 1]
+
+
 def test_at_outside_the_runs_life_is_a_usage_error_naming_it_and_replay_starts_no_recorder(past, capsys):
     subprocess.run(["tmux", "kill-session", "-t", f"={RECORDER}"], check=True)
     for at, said in (("-99h", "before the run's start"), ("+99h", "after the run's end"), ("soon", "expected +DURATION")):
@@ -254,3 +271,7 @@ def test_at_outside_the_runs_life_is_a_usage_error_naming_it_and_replay_starts_n
     assert code == 1 and "no run 20990101-0000-0000" in capsys.readouterr().err
     # read-only: the host's recording is read, never appended to (a recording brought back from a GPU box)
     assert subprocess.run(["tmux", "has-session", "-t", f"={RECORDER}"], capture_output=True).returncode != 0
+    # nor does it record a pane it meets, as a listing would: a bystander's session stays unrecorded
+    subprocess.run(["tmux", "new-session", "-d", "-s", "bystander", "sleep", "600"], check=True)
+    assert main(["replay", past.run.run_id, "--config", str(past.config), "--at", "-99h"]) == 2
+    assert not list(Path(past.root, "panes").glob("*/bystander-*")), "replay recorded a pane"
