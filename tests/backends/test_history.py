@@ -12,7 +12,7 @@ from backends.alerts import Rules
 from backends.history import History, Tape, WhenError, frame_at, moments_of, parse_when
 from backends.history.read import parse_events, parse_stops
 from backends.recorder import read as reader
-from backends.recorder.read import Gap, GpuSample, LogSize
+from backends.recorder.read import Gap, GpuSample
 from backends.history.tape import MAX_TAIL_BYTES
 from backends.sanitize import LINE_CAP
 

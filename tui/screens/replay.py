@@ -31,8 +31,7 @@ from tui.widgets.footer import Footer
 from tui.widgets.gpu_panel import GpuPanel
 from tui.widgets.loss_chart import LossChart
 
-STEP_S = 60.0  # ←/→
-LEAP_S = 600.0  # shift+←/→
+STEP_S = 60.0  # ←/→ (shift: ten of them)
 SAME_S = 1e-3  # a moment this near is the one shown (a fast run's steps are milliseconds apart)
 READ_ONLY = "read-only: no key acts on the run"
 # Each moment's mark on the time line, and its colour there and in the moments' line.
@@ -98,7 +97,6 @@ def timeline(history: History, moments: list[Moment], when: float, width: int) -
 class ReplayScreen(Guarded, Screen):
     AUTO_FOCUS = "#log"
     # Priority: the focused log would take ←/→ and Home/End to scroll; here they move time.
-
     BINDINGS = [
         Binding("left", "move(-1)", "−1 min", id="trackside.replay.back", tooltip="A minute earlier", priority=True),
         Binding("right", "move(1)", "+1 min", id="trackside.replay.on", tooltip="A minute later", priority=True),
