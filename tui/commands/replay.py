@@ -30,10 +30,11 @@ AT_HELP = """TIME, the moment shown first (default: the run's end, or now while 
   start, end
 """
 
-KEYS_HELP = """keys: ←/→ a minute, shift+←/→ ten, ,/. a step of the curve, p/n the moment that
-mattered before/after, m all of them (alerts that would have fired, OOM, stalls, skipped steps, stops,
-relaunches, the recorder's gaps, the exit), Home/End, y/s/x the chart's axes as on the run
-screen, q quits. Read-only: no key acts on the run."""
+KEYS_HELP = """keys: ←/→ a minute (shift: ten), ,/. a step of the curve, p/n the moment that
+mattered before/after, m all of them (the alerts that would have fired, OOM, stalls,
+skipped steps, stops, relaunches, the recorder's gaps, the exit), Home/End the run's start
+and end, y/s/x the chart's axes as on the run screen, q quits.
+Read-only: no key acts on the run, and it starts no recorder."""
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
