@@ -76,10 +76,11 @@ class History:
         return sorted({t for e, t in zip(self.events, self._event_times) if t is not None and e.get("event") == STEP})
 
     def gap_at(self, when: float):
-        """The recorder's gap holding `when`, if one does."""
+        """The recorder's gap holding `when`, if one does: between its ends, which are the
+        recorder's last tick before it and its first after (each recorded)."""
         if self.recording is None:
             return None
-        return next((gap for gap in self.recording.gaps if gap.start <= when <= gap.end), None)
+        return next((gap for gap in self.recording.gaps if gap.start < when < gap.end), None)
 
 
 @dataclass(frozen=True)

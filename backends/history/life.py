@@ -8,7 +8,7 @@ sample (the recorder down, or not yet started) is None: a gap, never filled in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -53,3 +53,24 @@ def life_of(recording, start: float, end: float, spans: int) -> Life:
     mem = tuple(sum(a[1] / a[3] for a in span.values() if a[3]) / 1024 if any(a[3] for a in span.values()) else None for span in sums)
     cards = len({s.index for s in recording.gpus})
     return Life(start, end, power, mem, sum(limits.values()) or None, sum(totals.values()) / 1024 or None, cards)
+
+
+def read_on(older, newer):
+    """A recording read on: `older`, then `newer`, which was read from `older`'s last GPU
+    sample (so a screen showing a run of days reads only what is new). A gap of `older`
+    that reached that sample or after (the recorder quiet when it was read) is `newer`'s
+    to say again."""
+    last = last_sample(older)
+    if last is None:
+        return newer
+    return replace(
+        newer,
+        gpus=(*older.gpus, *(g for g in newer.gpus if g.time > last)),
+        logs=(*older.logs, *(s for s in newer.logs if s.time > last)),
+        gaps=(*(g for g in older.gaps if g.end <= last), *newer.gaps),
+        coarse_before=older.coarse_before if older.coarse_before is not None else newer.coarse_before,
+    )
+
+
+def last_sample(recording) -> float | None:
+    return max((g.time for g in recording.gpus), default=None) if recording is not None else None

@@ -200,3 +200,20 @@ def test_a_hostile_recording_read_by_the_reader_never_hangs_or_crashes_the_repla
     assert at[2].log.lines == ("one", "two") and "past the file's end" in at[2].log.note  # held to the file, said
     assert [card.sample.power_w if card.sample else None for card in at[1].gpus] in ([], [None], [300.0])
     assert time.monotonic() - started < 10
+
+
+def test_a_recording_read_on_holds_each_sample_once_and_its_gaps_as_the_later_read_says():
+    from backends.history.life import last_sample, read_on
+
+    def samples(times):
+        return tuple(GpuSample(T0 + t, 0, "GPU-0", 100.0, 700.0, 1.0, 2.0, 50.0) for t in times)
+
+    # the first read ended with the recorder quiet (a gap up to that read); the next one,
+    # from its last sample on, found it back
+    older = Recording(gpus=samples(range(0, 10)), gaps=(Gap(T0 + 9, T0 + 30),))
+    assert last_sample(older) == T0 + 9 and last_sample(None) is None
+    newer = Recording(gpus=samples([9, *range(40, 50)]), gaps=(Gap(T0 + 9, T0 + 40),))
+    both = read_on(older, newer)
+    assert [g.time - T0 for g in both.gpus] == [*range(0, 10), *range(40, 50)]
+    assert both.gaps == (Gap(T0 + 9, T0 + 40),)
+    assert read_on(Recording(), newer) == newer

@@ -35,6 +35,7 @@ from tui.app import TracksideApp, Watched
 from tui.cli import main
 from tui.messages import RunsListed
 from tui.replay import ReplayApp
+from tui.state import format_number
 from tui.screens.pick_moment import PickMoment
 from tui.screens.replay import ReplayScreen
 from tui.widgets.gpu_life import GpuLife
@@ -172,7 +173,7 @@ async def test_replay_at_80x24_shows_the_run_as_it_was_then_and_steps_through_ti
     async with app.run_test(size=SIZE) as pilot:
         shown = lambda: screen_text(app)  # noqa: E731
         stats = lambda: str(app.screen.query_one("#stats", Static).render())  # noqa: E731
-        await wait_for(pilot, lambda: f"step {count:,} " in stats(), 20, f"the stats at step {count}")
+        await wait_for(pilot, lambda: f"step {format_number(count)} " in stats(), 20, f"the stats at step {count}")
         text = shown()
         assert "read-only: no key acts on the run" in text
         assert "GPU0" in text  # the cards as recorded then (their figures past the 80 columns' cut)
@@ -182,6 +183,8 @@ async def test_replay_at_80x24_shows_the_run_as_it_was_then_and_steps_through_ti
         assert "loss (" in text and "┤" in text  # the curve up to then
         await pilot.press("n")  # the next moment that mattered: the recorder's gap, said, not filled
         await wait_for(pilot, lambda: "[now]" in shown() and "recorder down for" in shown(), 10, f"the gap (of {app.moments})")
+        await pilot.press("full_stop")  # a step the run made while the recorder was down
+        await wait_for(pilot, lambda: app.screen.query("#gpu-none-0"), 10, "the GPU panel inside the gap")
         assert "GPUs on box: the recorder was down here" in str(app.screen.query_one("#gpu-none-0", Static).render())
         # n, moment by moment, to the kill's SIGTERM (the relaunch's, dated to its second, may come first)
         for following in [m for m in app.moments if m.time > app.screen.when][:3]:

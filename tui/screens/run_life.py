@@ -5,6 +5,7 @@ shown: the widget only draws."""
 
 from __future__ import annotations
 
+from backends.history.life import last_sample, read_on
 from backends.history.read import epoch
 from backends.hosts import HostError
 from backends.logs.series import number
@@ -50,9 +51,11 @@ class LifeToggle(Guarded):
 
     async def _life_read(self, run: RunState) -> None:
         start, end = life_span(run, self.app.clock())
-        note = ""
-        try:
-            recording = await read_recording(self.app.watched[run.host].host, start)
+        life, note = self.query_one(GpuLife), ""
+        known = life.recording if life.run is not None and life.run.key == run.key and life.start == start else None
+        try:  # from the run's start once, then on from the last sample read
+            newer = await read_recording(self.app.watched[run.host].host, last_sample(known) or start)
+            recording = newer if known is None else read_on(known, newer)
         except HostError as error:
             recording, note = None, f"the GPU recording on {run.host} cannot be read: {error}"
         if self.is_mounted and self.run is run:
