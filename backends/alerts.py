@@ -193,14 +193,22 @@ def _skipping_alert(run: RunFacts) -> Alert | None:
     return Alert(f"skipping:{run.key}", f"{run.key} skipping {count} at step {tried}: its {what} is not finite (none applied)", "error")
 
 
-def _stall_alert(run: RunFacts, now: float, rules: Rules) -> Alert | None:
-    timed = [(e["time"], e.get("step", 0)) for e in _recent(run.steps) if isinstance(e.get("time"), (int, float))]
-    if run.info.state is not RunPhase.RUNNING or not timed:
+def stall_limit(steps: Sequence[dict], rules: Rules = Rules()) -> tuple[float, float] | None:
+    """(the latest step's time, the seconds without a step after it that are a stall), from
+    the latest steps; None where no step has a time."""
+    timed = [(e["time"], e.get("step", 0)) for e in _recent(steps) if isinstance(e.get("time"), (int, float))]
+    if not timed:
         return None
     per_step = [(t1 - t0) / (s1 - s0) for (t0, s0), (t1, s1) in zip(timed, timed[1:]) if s1 > s0]
-    quiet = now - timed[-1][0]
-    limit = max(rules.stall_floor_s, STALL_TIMES * statistics.median(per_step)) if per_step else rules.stall_floor_s
-    if quiet <= limit:
+    return timed[-1][0], max(rules.stall_floor_s, STALL_TIMES * statistics.median(per_step)) if per_step else rules.stall_floor_s
+
+
+def _stall_alert(run: RunFacts, now: float, rules: Rules) -> Alert | None:
+    limit = stall_limit(run.steps, rules)
+    if run.info.state is not RunPhase.RUNNING or limit is None:
+        return None
+    quiet = now - limit[0]
+    if quiet <= limit[1]:
         return None
     return Alert(f"stall:{run.key}", f"{run.key} stalled: no step for {format_duration(quiet)}")
 

@@ -345,3 +345,30 @@ def multinode_plan() -> KillPlan:
         ))  # fmt: skip
     head, *rest = parts
     return dataclasses.replace(head, nodes=tuple(rest))
+
+
+def replay_history():
+    """The sample run's past (`trackside replay`'s): 300 steps on eight H200s recorded a
+    second apart, the recorder down for a minute, a step skipped, a stop and its end; its
+    console's lines indexed by size at each step, as the recorder indexes them."""
+    from backends.history import History, Tape
+    from backends.recorder.read import Gap, GpuSample, LogSize, Recording
+
+    events = metrics_events(300)
+    events.insert(171, {"event": "nonfinite", "time": T0 + 511.0, "step": 171, "what": "loss", "in_a_row": 1})
+    events += [{"event": "end", "time": T0 + 905.0, "status": "stopped"}]
+    lines, sizes, size = [], [], 0
+    for e in events:
+        if e["event"] == "step":
+            line = f"step {e['step']} loss={e['loss']:.4f} lr=3.0e-04 tokens/s=20480\n".encode()
+            lines.append(line)
+            size += len(line)
+            sizes.append(LogSize(e["time"] + 0.5, f"{RUN_ID}/console.log", size))
+    gap = Gap(T0 + 400.0, T0 + 460.0)
+    samples = tuple(GpuSample(T0 + t, i, f"GPU-{i:04d}", 250.0 + 7 * i + 40 * math.sin(t / 60), 600.0, 40960.0 + 512 * i, 143771.0, 100.0)
+                    for t in range(-10, 910) if not gap.start <= T0 + t <= gap.end for i in range(8))  # fmt: skip
+    history = History(RUN_ID, "h200-box", RUN_ID, "eagle3-8k", T0 - 5.0, T0 + 905.0, True, events, params=dict(PARAMS),
+                      exit_status=0, tape=Tape(f"{RUN_ID}/console.log", current=b"".join(lines), sizes=[(s.time, s.size) for s in sizes]),
+                      stops=[{"signal": "TERM", "time": T0 + 904.0}])  # fmt: skip
+    history.record(Recording(gpus=samples, procs=(), panes=(), logs=tuple(sizes), gaps=(gap,), coarse_before=None))
+    return history

@@ -4,6 +4,7 @@ kill dialog, the refused self-kill, R's offer to ship the code here, the edit fo
 PNG when cairosvg is installed).
 
     .venv/bin/python scripts/screenshots.py [NAME…]    (default: every one)
+    .venv/bin/python scripts/screenshots.py --replay RUNS_ROOT RUN AT…   (a real run's past)
 
 The data are the snapshot tests' fixed fleet (scripts/sample.py), fed as monitor
 messages, with the llama3-8b drafter shape so the edit form predicts memory.
@@ -110,10 +111,12 @@ def _indent_by_x(match: re.Match) -> str:
 
 
 NAMES = ("fleet", "foreign-run", "self-kill-refused", "run", "kill", "ship-relaunch", "edit", "plot", "run-lineage", "dflash-run",
-         "fleet-80x24", "edit-80x24")
+         "fleet-80x24", "edit-80x24", "replay", "replay-80x24")
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--replay"]:
+        return replay_real(argv[1:])
     wanted = set(argv) or set(NAMES)
     unknown = wanted - set(NAMES)
     if unknown:
@@ -127,6 +130,8 @@ def main(argv: list[str]) -> int:
         svgs.append(asyncio.run(dflash_svg()))
     if wanted & {"fleet-80x24", "edit-80x24"}:
         svgs += asyncio.run(narrow_svgs(wanted))
+    if wanted & {"replay", "replay-80x24"}:
+        svgs += asyncio.run(sample_replay_svgs(wanted))
     pngs = to_png(svgs)
     for svg in svgs:
         print(svg.relative_to(REPO), "(+ .png)" if pngs else "")
@@ -224,6 +229,55 @@ async def dflash_svg() -> Path:
     async with app.run_test(size=SIZE) as pilot:
         await on_dflash_run(pilot)
         return Path(app.save_screenshot("dflash-run.svg", str(OUT)))
+
+
+async def replay_svgs(history, times: list[float], names: list[str], size: tuple[int, int]) -> list[Path]:
+    """`trackside replay`'s screen of `history` at each of `times`, saved as each of `names`."""
+    from backends.history import moments_of
+    from tui.replay import ReplayApp
+
+    app, saved = ReplayApp(history, moments_of(history), times[0]), []
+    async with app.run_test(size=size) as pilot:
+        for when, name in zip(times, names):
+            app.screen.go(when)
+            await pilot.pause(0.6)  # the chart replots at most twice a second
+            saved.append(Path(app.save_screenshot(f"{name}.svg", str(OUT))))
+    return saved
+
+
+async def sample_replay_svgs(wanted) -> list[Path]:
+    """The sample run's past (scripts/sample.py) at its skipped step, and at 80×24 inside
+    the recorder's gap."""
+    from scripts.sample import T0, replay_history
+
+    saved = []
+    if "replay" in wanted:
+        saved += await replay_svgs(replay_history(), [T0 + 511.0], ["replay"], SIZE)
+    if "replay-80x24" in wanted:
+        saved += await replay_svgs(replay_history(), [T0 + 430.0], ["replay-80x24"], NARROW_SIZE)
+    return saved
+
+
+def replay_real(argv: list[str]) -> int:
+    """`--replay RUNS_ROOT RUN AT…`: a real run's past (a run dir and the GPU recording
+    brought back from its host into RUNS_ROOT) at each AT (`trackside replay --at`'s
+    times), saved as replay-1.svg, replay-2.svg, …"""
+    from backends.history import parse_when
+    from backends.history.read import read_history
+    from backends.hosts import LocalHost
+
+    if len(argv) < 3:
+        print("usage: screenshots.py --replay RUNS_ROOT RUN AT [AT…]", file=sys.stderr)
+        return 2
+    root, run, ats = argv[0], argv[1], argv[2:]
+    history = asyncio.run(read_history(LocalHost("h200", runs_root=root), run))
+    times = [parse_when(at, history.start, history.end) for at in ats]
+    OUT.mkdir(exist_ok=True)
+    svgs = asyncio.run(replay_svgs(history, times, [f"replay-{k}" for k in range(1, len(times) + 1)], SIZE))
+    to_png(svgs)
+    for svg in svgs:
+        print(svg.relative_to(REPO))
+    return 0
 
 
 if __name__ == "__main__":

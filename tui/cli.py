@@ -20,7 +20,7 @@ NEEDS = {"train": ("torch",), "extract": ("torch", "transformers", "safetensors"
 # The headless commands, each its module of tui/commands/ (imported when asked for: the
 # headless ones never load textual).
 HEADLESS = {"launch", "runs", "gpus", "kill", "relaunch"}
-OWN_COMMANDS = {"plot", "watch", "serve", "record"}
+OWN_COMMANDS = {"plot", "watch", "serve", "record", "replay"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -222,6 +222,12 @@ async def _processes(host: Host) -> dict[int, procs.Proc]:
         return {}
 
 
+async def manifests(host: Host) -> list[dict]:
+    """Every readable run dir's manifest on the host, and nothing else: no tmux session
+    listed, no pane recorded (`trackside replay` finding the runs relaunched from one)."""
+    return [manifest for _, manifest, _, _ in await _read_run_dirs(host) if isinstance(manifest, dict)]
+
+
 async def list_runs(
     host: Host, recordings: Recordings | None = None, gpu_pids: Callable[[], Awaitable[Collection[int]]] | None = None
 ) -> list[RunInfo]:

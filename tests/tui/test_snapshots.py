@@ -308,3 +308,20 @@ def test_dialog_at_80x24(name, snap_compare, utc):
         await pilot.pause(0.5)
 
     assert snap_compare(shown.app(), terminal_size=(80, 24), run_before=run_before)
+
+
+@pytest.mark.parametrize("at", [600.0, 430.0])
+def test_replay_at_80x24(at, snap_compare, utc):
+    """A moment of the sample run's past: its GPUs then, the loss and the log up to then,
+    the moments on its time line; and one inside the recorder's gap, said, not filled."""
+    from backends.history import moments_of
+    from scripts.sample import T0, replay_history
+    from tui.replay import ReplayApp
+
+    history = replay_history()
+
+    async def run_before(pilot) -> None:
+        await wait_for(pilot, lambda: "loss (" in screen_text(pilot.app), 10, "the chart")
+        await pilot.pause(0.6)  # the chart's replot
+
+    assert snap_compare(ReplayApp(history, moments_of(history), T0 + at), terminal_size=(80, 24), run_before=run_before)

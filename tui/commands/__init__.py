@@ -6,7 +6,7 @@ its key do the same thing; `tui/cli.py` hands each subcommand to its module.
 - `dashboard`: `trackside [--config PATH]` and `trackside demo`
 - `headless`: `launch|runs|gpus|kill|relaunch`, their shared flags and exit codes, with
   `launch` (launch, relaunch), `runs`, `gpus` and `kill` for each one's own
-- `watch`, `plot`, `serve`, `record`: `trackside watch|plot|serve|record`; `served`: the dashboard one
+- `watch`, `plot`, `serve`, `record`, `replay`: `trackside watch|plot|serve|record|replay`; `served`: the dashboard one
   browser page of `serve` runs (the server's child, which dies with it)
 - `shared`: the parser whose errors are usage errors, and aligned columns
 """
@@ -21,6 +21,7 @@ SUMMARIES = {
     "relaunch": "launch a run again with changed parameters (--set KEY=VALUE)",
     "plot": "runs' curves in the plain terminal",
     "watch": "the dashboard's alerts as lines, and the config's alert command on each",
+    "replay": "a run's screen as it was at a moment, stepped through its past (read-only)",
     "serve": "the dashboard in a browser page",
     "record": "start, check or stop the hosts' GPU recorders (any command starts one)",
     "train": "train an EAGLE-3 or DFlash drafter on hidden states",

@@ -23,6 +23,7 @@ from tui.inert import inert
 from tui.state import RunState, format_duration, format_number, node_label
 from tui.widgets.alert_bar import AlertBar
 from tui.widgets.footer import Footer
+from tui.screens.run_life import GpuLife, LifeToggle
 from tui.widgets.gpu_panel import GpuPanel
 from tui.widgets.loss_chart import LossChart
 
@@ -31,7 +32,6 @@ LOG_LINES = 2000  # shown; rewritten down to half when full
 # screen the whole of it wraps, never "(60" above "s)".
 PACE_SAID = f"({pace.WINDOW_LABEL})".replace(" ", "\u00a0")
 TOP_MIN = 3  # the GPUs-and-stats band's lines however short the terminal (it scrolls the rest)
-
 
 SHOWN = ("max_seq_len", "ttt_steps", "lr", "batch_rows", "steps")
 DFLASH_SHOWN = ("max_seq_len", "block_size", "max_anchors", "soft_kl", "lr", "batch_rows", "steps")
@@ -160,7 +160,7 @@ class LogPane(Vertical):
     DEFAULT_CSS = "LogPane { height: 1fr; min-height: 3; }"  # its border and two lines on a short terminal
 
 
-class RunScreen(Guarded, Screen):
+class RunScreen(LifeToggle, Guarded, Screen):
     AUTO_FOCUS = "#log"
     # Escape is the back binding's: it clears a filter before it shrinks the full log.
     ESCAPE_TO_MINIMIZE = False
@@ -179,6 +179,7 @@ class RunScreen(Guarded, Screen):
         Binding("s", "smoothing", "Smoothing", id="trackside.run.smoothing", tooltip="Smooth the loss curve more, then not at all"),
         Binding("x", "x_axis", "Step/tokens", id="trackside.run.x_axis", tooltip="Loss by step or by tokens seen"),
         Binding("o", "overlay", "Overlay", id="trackside.run.overlay", tooltip="Draw another run's loss behind this one's"),
+        Binding("g", "gpu_life", "GPU life", id="trackside.run.gpu_life", tooltip="The run's whole life by time: loss, and its host's GPUs' power and memory from the recording"),
         Binding("escape", "back", "Fleet", id="trackside.run.back", tooltip="Back to the fleet of hosts and runs"),
     ]
 
@@ -196,6 +197,7 @@ class RunScreen(Guarded, Screen):
             yield GpuPanel(id="gpus")
             yield Static(id="stats")
         yield LossChart(id="loss")
+        yield GpuLife(id="life")
         with LogPane():
             yield Input(placeholder="show only log lines containing… (Esc clears)", id="log-filter")
             yield RunLog(id="log")
