@@ -4,7 +4,7 @@ kill dialog, the refused self-kill, R's offer to ship the code here, the edit fo
 PNG when cairosvg is installed).
 
     .venv/bin/python scripts/screenshots.py [NAME…]    (default: every one)
-    .venv/bin/python scripts/screenshots.py --replay RUNS_ROOT RUN AT…   (a real run's past)
+    .venv/bin/python scripts/screenshots.py --replay HOST RUNS_ROOT RUN AT…   (a real run's past)
 
 The data are the snapshot tests' fixed fleet (scripts/sample.py), fed as monitor
 messages, with the llama3-8b drafter shape so the edit form predicts memory.
@@ -259,18 +259,18 @@ async def sample_replay_svgs(wanted) -> list[Path]:
 
 
 def replay_real(argv: list[str]) -> int:
-    """`--replay RUNS_ROOT RUN AT…`: a real run's past (a run dir and the GPU recording
-    brought back from its host into RUNS_ROOT) at each AT (`trackside replay --at`'s
-    times), saved as replay-1.svg, replay-2.svg, …"""
+    """`--replay HOST RUNS_ROOT RUN AT…`: a real run's past (a run dir and the GPU
+    recording brought back from HOST into RUNS_ROOT; the screens name HOST) at each AT
+    (`trackside replay --at`'s times), saved as replay-1.svg, replay-2.svg, …"""
     from backends.history import parse_when
     from backends.history.read import read_history
     from backends.hosts import LocalHost
 
-    if len(argv) < 3:
-        print("usage: screenshots.py --replay RUNS_ROOT RUN AT [AT…]", file=sys.stderr)
+    if len(argv) < 4:
+        print("usage: screenshots.py --replay HOST RUNS_ROOT RUN AT [AT…]", file=sys.stderr)
         return 2
-    root, run, ats = argv[0], argv[1], argv[2:]
-    history = asyncio.run(read_history(LocalHost("h200", runs_root=root), run))
+    host, root, run, ats = argv[0], argv[1], argv[2], argv[3:]
+    history = asyncio.run(read_history(LocalHost(host, runs_root=root), run))
     times = [parse_when(at, history.start, history.end) for at in ats]
     OUT.mkdir(exist_ok=True)
     svgs = asyncio.run(replay_svgs(history, times, [f"replay-{k}" for k in range(1, len(times) + 1)], SIZE))
