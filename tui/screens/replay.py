@@ -25,7 +25,8 @@ from backends.history.when import stamp
 from backends.runs import RunInfo, RunPhase
 from tui.guard import Guarded
 from tui.inert import inert
-from tui.screens.run import RunLog, stats_text
+from tui.screens.run import stats_text
+from tui.widgets.run_log import RunLog
 from tui.state import HISTORY, LOG_LINES, GpuTrace, HostState, HostStatus, RunState, format_duration
 from tui.widgets.footer import Footer
 from tui.widgets.gpu_panel import GpuPanel

@@ -26,6 +26,7 @@ from tui.widgets.footer import Footer
 from tui.screens.run_life import GpuLife, LifeToggle
 from tui.widgets.gpu_panel import GpuPanel
 from tui.widgets.loss_chart import LossChart
+from tui.widgets.run_log import RunLog
 
 LOG_LINES = 2000  # shown; rewritten down to half when full
 # The window tokens/s and the ETA are measured over, in a no-break space: on a narrow
@@ -128,28 +129,6 @@ def nodes_text(text: Text, run: RunState) -> None:
         text.append(f"node {node.node} {node.host}  ", style="dim")
         text.append(label, style=style)
         text.append(f"  PIDs {' '.join(map(str, node.pids))}\n" if node.pids else "\n", style="dim")
-
-
-class RunLog(Log):
-    """Textual's Log, kept at its end through a resize while it was there: a layout change
-    that shrank it (the GPUs' band fitted to a short terminal) left it short of its end,
-    where it no longer follows new lines."""
-
-    at_end = True
-
-    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
-        super().watch_scroll_y(old_value, new_value)
-        self.at_end = new_value >= self.max_scroll_y
-
-    def on_resize(self, event: events.Resize) -> None:
-        if self.at_end:
-            self.scroll_end(animate=False, immediate=True, x_axis=False)
-
-    def watch_show_horizontal_scrollbar(self, shown: bool) -> None:
-        # A line wider than the log brings its scrollbar (overflow-x: auto) after the write
-        # scrolled to the end: a row less, and the newest line under the scrollbar.
-        if shown and self.at_end:
-            self.call_after_refresh(self.scroll_end, animate=False, immediate=True, x_axis=False)
 
 
 class LogPane(Vertical):
