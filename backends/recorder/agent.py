@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable, Iterator
 
 KINDS = ("gpu", "procs", "panes", "logs", "ticks")
 SNAPSHOTS = ("procs", "panes", "logs")
@@ -44,9 +45,10 @@ TICK_S = 5.0
 LOOP_MS = 1000
 MAX_LINE = 4096  # longer lines are no line of ours: skipped whole
 MAX_LOGS = 20000  # log files indexed at most, per tick
+MAX_FILE_BYTES = 256 << 20  # of one day file read (a day of 8 GPUs is ~33 MB: docs/benchmarks.md)
 GPU_QUERY = ("index", "uuid", "power.draw", "power.limit", "memory.used", "memory.total", "utilization.gpu")
 APPS_QUERY = ("gpu_uuid", "pid", "used_memory")
-_DAY = re.compile(r"(\d{4}-\d{2}-\d{2})\.([a-z]+)(\.1m)?")
+_DAY = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2})\.([a-z]+)(\.1m)?")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
@@ -62,6 +64,10 @@ def parse_name(name: str) -> tuple[str, str, bool] | None:
     """(day, kind, coarse) of a file of ours, else None."""
     m = _DAY.fullmatch(name)
     if m is None or m[2] not in KINDS:
+        return None
+    try:
+        time.strptime(m[1], "%Y-%m-%d")
+    except ValueError:  # 2026-02-31: no day
         return None
     return m[1], m[2], bool(m[3])
 
@@ -85,14 +91,17 @@ def unescape(text: str) -> str | None:
         return None
 
 
-def lines(data: bytes) -> list[str]:
-    """The complete lines of `data` (a last one without its newline is being written),
-    each as ASCII text; one too long or not ASCII is no line of ours, left out."""
-    out = []
-    for raw in data.split(b"\n")[:-1]:
-        if len(raw) <= MAX_LINE and raw.isascii():
-            out.append(raw.decode())
-    return out
+# A line of ours: printable ASCII (`escape` leaves nothing else), MAX_LINE at most,
+# starting with a time.
+_LINE = re.compile(rb"^(?=[0-9]{10,11}(?:\.[0-9]{1,6})?[,\n])([ -~]{1,%d})\n" % MAX_LINE, re.MULTILINE)
+
+
+def lines(data: bytes) -> Iterator[str]:
+    """The complete lines of `data` (a last one without its newline is being written)
+    that can be lines of ours, one by one; anything else (too long, not ASCII, not
+    starting with a time) is skipped by the regex alone, so junk costs no Python per
+    line and no memory."""
+    return (m[1].decode() for m in _LINE.finditer(data))
 
 
 def number(cell: str) -> str:
@@ -113,7 +122,7 @@ def _minute(t: float) -> str:
     return f"{t - t % MINUTE:.0f}"
 
 
-def downsample(kind: str, text_lines: list[str]) -> list[str]:
+def downsample(kind: str, text_lines: Iterable[str]) -> list[str]:
     """One day's lines of `kind` as one row a minute (see the module's docstring)."""
     out: list[str] = []
     if kind == "gpu":
@@ -183,10 +192,11 @@ def downsample(kind: str, text_lines: list[str]) -> list[str]:
 # ---- the recorder itself: everything below runs on the host ----
 
 
-def _read_fd(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 1 << 20):
+def _read_fd(fd: int, most: int) -> bytes:
+    chunks, left = [], most
+    while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
         chunks.append(chunk)
+        left -= len(chunk)
     return b"".join(chunks)
 
 
@@ -197,9 +207,10 @@ def _ours(fd: int, directory: bool = False) -> bool:
 
 
 def _open(dirfd: int, name: str, flags: int) -> int | None:
-    """`name` in the recording's directory, never through a link, only if ours alone."""
+    """`name` in the recording's directory, never through a link, only if ours alone
+    (never waiting on a FIFO: it is opened without blocking, then refused)."""
     try:
-        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dirfd)
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600, dir_fd=dirfd)
     except OSError:
         return None
     if not _ours(fd):
@@ -249,6 +260,15 @@ def _stat(pid: int) -> tuple[int, int] | None:
         return None
 
 
+def _uptime_ticks() -> int | None:
+    """Now, in the clock ticks since boot that /proc/PID/stat's start time counts."""
+    try:
+        with open("/proc/uptime", "rb") as f:
+            return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _ancestors(pid: int) -> list[int]:
     chain, at = [], pid
     for _ in range(128):
@@ -268,6 +288,10 @@ def _run(argv: list[str], env: dict) -> str:
 
 
 def procs_rows(smi: str, env: dict) -> list[str]:
+    """The GPU processes nvidia-smi lists, each with what /proc says of its pid: its start
+    and parents, unless that pid is a process started after the listing began (the listed
+    one ended and its pid was reused), or gone: then its row says no more than the listing."""
+    listed = _uptime_ticks()
     out = _run([smi, f"--query-compute-apps={','.join(APPS_QUERY)}", "--format=csv,noheader,nounits"], env)
     rows = []
     for line in out.splitlines():
@@ -276,8 +300,10 @@ def procs_rows(smi: str, env: dict) -> list[str]:
             continue
         pid = int(cells[1])
         stat = _stat(pid)
-        ticks = str(stat[1]) if stat else ""
-        rows.append(f"{escape(cells[0])},{pid},{ticks},{number(cells[2])},{' '.join(map(str, _ancestors(pid)))}")
+        if stat is None or listed is None or stat[1] > listed:
+            rows.append(f"{escape(cells[0])},{pid},,{number(cells[2])},")
+            continue
+        rows.append(f"{escape(cells[0])},{pid},{stat[1]},{number(cells[2])},{' '.join(map(str, _ancestors(pid)))}")
     return sorted(rows)
 
 
@@ -296,6 +322,17 @@ def panes_rows(sockets: list[str], env: dict) -> list[str]:
             continue
         rows += [f"{escape(socket)},{pid},{escape(names[sid])}" for pid, sid in panes]
     return sorted(rows)
+
+
+def is_log_path(rel: str) -> bool:
+    """Whether `rel` is a path `logs_rows` indexes: a run dir's console.log or a pane
+    recording, relative to the runs root, with no `..`, `.` or empty part."""
+    parts = rel.split("/")
+    if any(part in ("", ".", "..") or "\0" in part for part in parts):
+        return False
+    if len(parts) == 2:
+        return parts[0] not in ("gpu", "panes") and parts[1] == "console.log"
+    return len(parts) == 4 and parts[0] == "panes" and parts[3].endswith(".log")
 
 
 def logs_rows(root: str) -> list[str]:
@@ -355,7 +392,7 @@ def rotate(dirfd: int, today: str, keep_days: int, cap: int) -> None:
         if fd is None:
             continue
         try:
-            data = _read_fd(fd)
+            data = _read_fd(fd, MAX_FILE_BYTES)
         finally:
             os.close(fd)
         text = "".join(f"{row}\n" for row in downsample(kind, lines(data)))

@@ -23,7 +23,6 @@ from backends.hosts import Host
 from backends.recorder import agent
 
 GPU_DIR = "gpu"
-MAX_FILE_BYTES = 256 << 20  # of one day file read (a day of 8 GPUs is ~30 MB: docs/benchmarks.md)
 MAX_DAYS = 400  # a span longer than this is read from its last MAX_DAYS days
 MAX_PID = 1 << 22  # the kernel's pid_max at most
 MAX_ANCESTORS = 128
@@ -202,7 +201,7 @@ def _logs_file(lines: list[str], out: _Parsed) -> None:
         cells = line.split(",", 2)
         if len(cells) == 3 and (t := agent.parse_time(cells[0])) is not None:
             size, path = _int(cells[1], 0, 1 << 50), _text(cells[2], 4096)
-            if size is not None and path is not None:
+            if size is not None and path is not None and agent.is_log_path(path):
                 out.logs.append(LogSize(t, path, size))
 
 
@@ -300,7 +299,7 @@ def parse_recording(files: Mapping[str, bytes], since: float, until: float | Non
             logs.append(entry)
     end = until if now is None else (now if until is None else min(until, now))
     return Recording(
-        gpus=tuple(g for g in out.gpus if within(g.time)),
+        gpus=tuple(sorted((g for g in out.gpus if within(g.time)), key=lambda g: g.time)),  # a clock stepped back
         procs=procs,
         panes=panes,
         logs=(*before.values(), *logs),
@@ -311,15 +310,17 @@ def parse_recording(files: Mapping[str, bytes], since: float, until: float | Non
     )
 
 
-# Each day file named after "$1" (the gpu directory) and "$2" (bytes at most), those that
-# exist: a header `\036NAME COUNT`, then COUNT bytes of it. A link, or a file that is not
-# this user's alone, is left out; a directory on the way that another user could change
-# ends the output with a `\036!` header, the reason after it.
+# Each day file in "$1"'s (the runs root's) gpu directory named after "$2" (bytes at
+# most), those that exist: a header `\036NAME COUNT`, then COUNT bytes of it. A link, or a
+# file that is not this user's alone, is left out; the runs root or its gpu directory not
+# this user's alone (root_ok: a sticky one others can write too), or a directory above
+# them another user could change, ends the output with a `\036!` header, the reason after it.
 _READ = r"""refuse() { printf '\036! %s\n' "$1"; exit 1; }
-dir=$1 max=$2; shift 2
+root=$1 max=$2; shift 2
+dir=$root/@GPU@
 [ -e "$dir" ] || [ -L "$dir" ] || exit 0
 [ ! -L "$dir" ] || refuse "$dir is a symbolic link (never followed)"
-above_ok "$dir"
+root_ok "$root"; root_ok "$dir"
 for n; do
   f=$dir/$n
   [ ! -L "$f" ] && [ -f "$f" ] || continue
@@ -330,7 +331,7 @@ for n; do
     printf '\036%s %s\n' "$n" "$c"
     head -c "$c" <&3) 2>/dev/null
 done
-"""
+""".replace("@GPU@", GPU_DIR)
 
 
 def days_between(since: float, until: float) -> list[str]:
@@ -368,7 +369,7 @@ async def read_recording(host: Host, since: float, until: float | None = None) -
     root = await host.expanded_runs_root()
     names = [agent.file_name(day, kind, coarse) for day in days_between(since, until or now)
              for kind in agent.KINDS for coarse in (False, True)]  # fmt: skip
-    argv = ["sh", "-c", runsroot.PRELUDE + _READ, "sh", f"{root}/{GPU_DIR}", str(MAX_FILE_BYTES), *names]
+    argv = ["sh", "-c", runsroot.PRELUDE + _READ, "sh", root, str(agent.MAX_FILE_BYTES), *names]
     out = bytearray()
     async with contextlib.aclosing(host.chunks(argv)) as chunks:
         async for chunk in chunks:
@@ -377,4 +378,4 @@ async def read_recording(host: Host, since: float, until: float | None = None) -
         files = parse_files(bytes(out))
     except runsroot.RunsRootRefused as refused:
         raise runsroot.RunsRootRefused(host.name, refused.reason) from None
-    return parse_recording(files, since, until, now=now)
+    return parse_recording(files, since, now if until is None else until, now=now)  # none after now
