@@ -15,7 +15,7 @@ import calendar
 import contextlib
 import time
 from bisect import bisect_right
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from backends import runsroot
@@ -184,6 +184,7 @@ def _pane(t: float, cells: list[str]) -> PaneSample | None:
 
 def _snapshot_file(kind: str, lines: list[str], out: _Parsed) -> None:
     times, rows, parse = (out.proc_times, out.procs, _proc) if kind == "procs" else (out.pane_times, out.panes, _pane)
+    seen: set = set()  # the rows of the snapshot at times[-1]: one written twice is one
     for line in lines:
         cells = line.split(",", 5 if kind == "procs" else 3)
         t = agent.parse_time(cells[0])
@@ -192,8 +193,10 @@ def _snapshot_file(kind: str, lines: list[str], out: _Parsed) -> None:
             continue  # no row of ours, or one out of time's order
         if not times or times[-1] != t:
             times.append(t)
-        if row is not None:
+            seen = set()
+        if row is not None and row not in seen:
             rows.append(row)
+            seen.add(row)
 
 
 def _logs_file(lines: list[str], out: _Parsed) -> None:
@@ -249,6 +252,20 @@ def _gaps(out: _Parsed, since: float, end: float | None, coarse_before: float | 
     return [g for g in gaps if g.end >= since and (end is None or g.start <= end)]
 
 
+def _in_order(gpus: Iterable[GpuSample]) -> tuple[GpuSample, ...]:
+    """The samples in time order (a clock may step back), a GPU's at one time once (a
+    day written twice)."""
+    out: list[GpuSample] = []
+    at: set[tuple[float, int]] = set()  # (time, index) of those at out[-1]'s time
+    for g in sorted(gpus, key=lambda g: g.time):
+        if out and out[-1].time != g.time:
+            at = set()
+        if (g.time, g.index) not in at:
+            out.append(g)
+            at.add((g.time, g.index))
+    return tuple(out)
+
+
 def parse_recording(files: Mapping[str, bytes], since: float, until: float | None, now: float | None = None) -> Recording:
     """The recording in `files` (each day file's name and bytes) from `since` to `until`
     (None: all there is). The procs and panes snapshot in effect at `since`, and each log's
@@ -299,7 +316,7 @@ def parse_recording(files: Mapping[str, bytes], since: float, until: float | Non
             logs.append(entry)
     end = until if now is None else (now if until is None else min(until, now))
     return Recording(
-        gpus=tuple(sorted((g for g in out.gpus if within(g.time)), key=lambda g: g.time)),  # a clock stepped back
+        gpus=_in_order(g for g in out.gpus if within(g.time)),
         procs=procs,
         panes=panes,
         logs=(*before.values(), *logs),

@@ -448,3 +448,15 @@ def test_the_inline_program_fits_tmux_with_the_longest_runs_root():
     longest = "/" + "r" * 4094
     command = [start.PYTHON, "-c", start._BOOT, longest, "a-socket", "/usr/bin/nvidia-smi", "5", "1000", "7", str(1 << 30)]
     assert sum(len(part.encode()) + 1 for part in command) < 16 * 1024 - 1024
+
+
+def test_a_day_written_twice_reads_as_the_day_once():
+    """A day file appended to itself (two recorders on one runs root, a copy restored onto
+    it): each sample and each snapshot's row once, so nothing is charged twice."""
+    from tests.backends.test_recorder_read import day_files
+
+    once = day_files()
+    twice = {name: data + data for name, data in once.items()}
+    a, b = parse_recording(once, T0, None), parse_recording(twice, T0, None)
+    assert (b.gpus, b.procs, b.panes, b.proc_times, b.pane_times) == (a.gpus, a.procs, a.panes, a.proc_times, a.pane_times)
+    assert b.procs_at(T0 + 399) == a.procs_at(T0 + 399) and len(b.panes_at(T0 + 599)) == 2
