@@ -399,7 +399,7 @@ def rotate(dirfd: int, today: str, keep_days: int, cap: int) -> None:
         coarse_name, temp = file_name(day, kind, True), f".{name}.tmp"
         try:
             os.unlink(temp, dir_fd=dirfd)
-        except FileNotFoundError:
+        except OSError:
             pass
         out = _open(dirfd, temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         if out is None:
@@ -412,8 +412,11 @@ def rotate(dirfd: int, today: str, keep_days: int, cap: int) -> None:
             os.unlink(temp, dir_fd=dirfd)
             continue
         os.close(out)
-        os.rename(temp, coarse_name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-        os.unlink(name, dir_fd=dirfd)
+        try:  # a file it cannot remove (gone since, immutable) is left; the recorder goes on
+            os.rename(temp, coarse_name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+            os.unlink(name, dir_fd=dirfd)
+        except OSError:
+            continue
         ours.pop(name)
         ours[coarse_name] = ((day, kind, True), len(text))
     total = sum(size for _, size in ours.values())
@@ -422,7 +425,10 @@ def rotate(dirfd: int, today: str, keep_days: int, cap: int) -> None:
             break
         for name, ((d, _, _), size) in list(ours.items()):
             if d == day:
-                os.unlink(name, dir_fd=dirfd)
+                try:
+                    os.unlink(name, dir_fd=dirfd)
+                except OSError:
+                    continue
                 total -= size
 
 

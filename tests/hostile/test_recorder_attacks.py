@@ -460,3 +460,22 @@ def test_a_day_written_twice_reads_as_the_day_once():
     a, b = parse_recording(once, T0, None), parse_recording(twice, T0, None)
     assert (b.gpus, b.procs, b.panes, b.proc_times, b.pane_times) == (a.gpus, a.procs, a.panes, a.proc_times, a.pane_times)
     assert b.procs_at(T0 + 399) == a.procs_at(T0 + 399) and len(b.panes_at(T0 + 599)) == 2
+
+
+def test_a_day_file_it_cannot_remove_leaves_the_recorder_recording(local):
+    """Rotation meets a file it cannot remove (immutable here; gone since, elsewhere): the
+    recorder goes on, for a recorder that died is a gap nobody sees until the next command."""
+    gpu = Path(local.runs_root) / "gpu"
+    gpu.mkdir(parents=True, mode=0o700)
+    old = time.time() - 10 * 86400
+    stuck = gpu / agent.file_name(agent.day_of(old), "gpu")
+    stuck.write_bytes(rows(f"{old:.2f},0,{UUID}", f"{old:.2f},0,100,700,1,2,3"))
+    stuck.chmod(0o600)
+    subprocess.run(["chattr", "+i", str(stuck)], check=True)
+    try:
+        began = time.time()
+        assert asyncio.run(start.recorder(local, "start", FAKE_SMI, FAST)) == "started"
+        until(lambda: ticks_after(local.runs_root, began) >= 5, 30, "ticks after the rotation")
+        assert stuck.exists()
+    finally:
+        subprocess.run(["chattr", "-i", str(stuck)], check=True)
