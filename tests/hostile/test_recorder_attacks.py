@@ -164,16 +164,19 @@ def test_a_process_name_forging_stat_fields_gives_its_real_parents(local, tmp_pa
         holder.wait()
 
 
-def test_a_pid_that_started_after_the_gpu_listing_is_not_charged_as_the_listed_one(local, tmp_path):
+@pytest.mark.parametrize("listed", ["started after the listing", "gone before its /proc is read"])
+def test_a_pid_that_is_not_the_listed_process_is_not_charged_as_it(local, tmp_path, listed):
     """nvidia-smi names pid P; by the time the recorder reads /proc/P, P may be a newer
-    process (the listed one ended, its pid reused). The stand-in's wrapper models it: the
-    pid it lists is of a process it starts after the listing began."""
+    process (the listed one ended, its pid reused), or gone. The stand-in's wrapper models
+    both: the pid it lists is of a process it starts after the listing began, or of one
+    that has exited."""
     late = tmp_path / "late.pid"
     smi = tmp_path / "nvidia-smi"
+    process = "sleep 0.1; sleep 600 >/dev/null 2>&1 &" if listed.startswith("started") else "true & wait;"
     smi.write_text(
         "#!/bin/sh\n"
         'case "$1" in --query-compute-apps=*)\n'
-        f"  sleep 0.1; sleep 600 >/dev/null 2>&1 & echo $! >> {late}\n"
+        f"  {process} echo $! >> {late}\n"
         f'  echo "{UUID}, $!, 5000"; exit 0 ;;\n'
         "esac\n"
         f'exec {sys.executable} -S {FAKE_SMI} "$@"\n'
@@ -205,8 +208,8 @@ def test_a_fifo_named_as_a_day_file_blocks_neither_the_recorder_nor_the_reader(l
     began = time.time()
     assert asyncio.run(start.recorder(local, "start", FAKE_SMI, FAST)) == "started"
     until(lambda: ticks_after(local.runs_root, began) >= 5, 30, "ticks past the FIFO")
-    rec = asyncio.run(asyncio.wait_for(read_recording(local, began), 30))
-    assert rec.gpus and rec.procs == () and rec.proc_times == ()
+    rec = until(lambda: (r := asyncio.run(asyncio.wait_for(read_recording(local, began), 30))).gpus and r, 30, "GPU samples")
+    assert rec.procs == () and rec.proc_times == ()
 
 
 def test_links_dirs_and_odd_names_under_gpu_are_never_read(local, tmp_path):
@@ -402,19 +405,23 @@ def test_gpu_swapped_for_a_link_while_it_records_is_never_written_through(local,
 # --- the inline program and its arguments --------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["with space", "q'uo\"te", "$(touch {x})", "`touch {x}`", "#{session_name}", "-dash", "a" * 200 + "/" + "b" * 200])
-def test_a_runs_root_named_as_shell_is_one_argument(tmp_path, tmux_dir, name):  # noqa: F811
+@pytest.mark.parametrize("name", ["with space", "q'uo\"te", "$(touch {x})", "`touch {x}`", "#{session_name}", "-dash",
+                                  "esc\x1b]0;title\x07\x1b[2J", "a" * 200 + "/" + "b" * 200])  # fmt: skip
+def test_a_runs_root_named_as_shell_is_one_argument(tmp_path, tmux_dir, capsys, name):  # noqa: F811
     x = tmp_path / "PWNED"
     root = tmp_path / name.replace("{x}", str(x))
     host = LocalHost("box", runs_root=str(root))
     began = time.time()
     try:
         assert asyncio.run(start.recorder(host, "start", FAKE_SMI, FAST)) == "started"
-        until(lambda: ticks_after(root, began) >= 2, 60, "ticks in the runs root named so")
-        assert recording(host, began).gpus
+        until(lambda: recording(host, began).gpus, 60, "GPU samples in the runs root named so")
+        (tmp_path / "config").mkdir()
+        assert main(["record", "status", "--config", config_file(tmp_path / "config", str(root))]) == 0
+        said = capsys.readouterr().out
+        assert said.count("\n") == 1 and said.startswith("box: running (") and "\x1b" not in said and "\x07" not in said
     finally:
         asyncio.run(start.recorder(host, "stop", FAKE_SMI))
-    assert not x.exists() and sorted(p.name for p in tmp_path.iterdir()) == sorted({root.relative_to(tmp_path).parts[0]})
+    assert not x.exists() and sorted(p.name for p in tmp_path.iterdir()) == sorted({root.relative_to(tmp_path).parts[0], "config"})
 
 
 def test_a_runs_root_at_home_is_expanded_there(tmp_path, tmux_dir, monkeypatch):  # noqa: F811
