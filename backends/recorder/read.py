@@ -228,7 +228,7 @@ def _gaps(out: _Parsed, since: float, end: float | None, coarse_before: float | 
     """Where the recorder wrote nothing for longer than it would have: no GPU sample nor
     tick for GAP_TICKS of its ticks (COARSE_GAP_S in 1-minute data), and before each of
     its starts, back to what it wrote last."""
-    times = sorted({g.time for g in out.gpus} | set(out.ticks))
+    times = sorted(t for t in {g.time for g in out.gpus} | set(out.ticks) if end is None or t <= end)  # none after now
     starts = sorted(out.starts)
     tick_s = [s for s, _ in starts]
 

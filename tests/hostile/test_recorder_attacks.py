@@ -20,7 +20,7 @@ import pytest
 from backends import runsroot
 from backends.hosts import LocalHost
 from backends.recorder import agent, start
-from backends.recorder.read import parse_recording, read_recording
+from backends.recorder.read import Gap, parse_recording, read_recording
 from tests.backends.test_runs import tmux_dir  # noqa: F401 - the fixture: this test's own tmux server
 from tests.hostile.test_tmux_edge import escaped, tmux_out
 from tests.waiting import until
@@ -486,3 +486,13 @@ def test_a_day_file_it_cannot_remove_leaves_the_recorder_recording(local):
         assert stuck.exists()
     finally:
         subprocess.run(["chattr", "-i", str(stuck)], check=True)
+
+
+def test_a_tick_stamped_in_the_future_hides_no_gap_up_to_now():
+    """A clock stepped forward then back (or a forged line) leaves a tick after now: the
+    recorder that stopped is still a gap up to now, not up to that tick."""
+    from tests.backends.test_recorder_read import day_files
+
+    files = day_files()
+    files[f"{DAY}.ticks"] += rows(f"{T0 + 7200:.2f}")
+    assert parse_recording(files, T0, None, now=T0 + 3600).gaps[-1] == Gap(T0 + 595, T0 + 3600)
