@@ -32,6 +32,15 @@ def _stat(pid: int) -> tuple[int, int] | None:
         return None
 
 
+def _uptime_ticks() -> int | None:
+    """Now, in the clock ticks since boot that /proc/PID/stat's start time counts."""
+    try:
+        with open("/proc/uptime", "rb") as f:
+            return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _ancestors(pid: int) -> list[int]:
     chain, at = [], pid
     for _ in range(128):
@@ -51,6 +60,10 @@ def _run(argv: list[str], env: dict) -> str:
 
 
 def procs_rows(smi: str, env: dict) -> list[str]:
+    """The GPU processes nvidia-smi lists, each with what /proc says of its pid: its start
+    and parents, unless that pid is a process started after the listing began (the listed
+    one ended and its pid was reused), or gone: then its row says no more than the listing."""
+    listed = _uptime_ticks()
     out = _run([smi, f"--query-compute-apps={','.join(APPS_QUERY)}", "--format=csv,noheader,nounits"], env)
     rows = []
     for line in out.splitlines():
@@ -59,8 +72,10 @@ def procs_rows(smi: str, env: dict) -> list[str]:
             continue
         pid = int(cells[1])
         stat = _stat(pid)
-        ticks = str(stat[1]) if stat else ""
-        rows.append(f"{escape(cells[0])},{pid},{ticks},{number(cells[2])},{' '.join(map(str, _ancestors(pid)))}")
+        if stat is None or listed is None or stat[1] > listed:
+            rows.append(f"{escape(cells[0])},{pid},,{number(cells[2])},")
+            continue
+        rows.append(f"{escape(cells[0])},{pid},{stat[1]},{number(cells[2])},{' '.join(map(str, _ancestors(pid)))}")
     return sorted(rows)
 
 
