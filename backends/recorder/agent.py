@@ -15,7 +15,7 @@ import time
 
 if __package__:  # run inline (start.py), layout.py's and files.py's names are there already
     from backends.recorder.files import Day, _ours, rotate
-    from backends.recorder.layout import KINDS, MAX_LINE, day_of, escape, number
+    from backends.recorder.layout import GPU_DIR, KINDS, MAX_LINE, day_of, escape, number
 
 MAX_LOGS = 20000  # log files indexed at most, per tick
 GPU_QUERY = ("index", "uuid", "power.draw", "power.limit", "memory.used", "memory.total", "utilization.gpu")
@@ -132,6 +132,16 @@ def logs_rows(root: str) -> list[str]:
 
 
 
+def still_there(root: str, dirfd: int) -> bool:
+    """Whether `root`/gpu is still the directory the recorder writes into (`dirfd`): not
+    removed, with its runs root or alone, nor replaced."""
+    try:
+        there, held = os.stat(os.path.join(root, GPU_DIR), follow_symlinks=False), os.fstat(dirfd)
+    except OSError:
+        return False
+    return held.st_nlink > 0 and (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
+
+
 def gpu_loop(days: Day, smi: str, loop_ms: int, env: dict, retry_s: float) -> None:
     argv = [smi, f"--query-gpu={','.join(GPU_QUERY)}", "--format=csv,noheader,nounits", "-lms", str(loop_ms)]
     declared: dict[str, str] = {}
@@ -169,7 +179,7 @@ def main(argv: list[str]) -> None:
     root, socket, smi = argv[0], argv[1], argv[2]
     tick_s, loop_ms, keep_days, cap = float(argv[3]), int(argv[4]), int(argv[5]), int(argv[6])
     env = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}
-    dirfd = os.open(os.path.join(root, "gpu"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    dirfd = os.open(os.path.join(root, GPU_DIR), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     if not _ours(dirfd, directory=True):
         sys.exit(f"recorder: {root}/gpu is not this user's alone")
     os.umask(0o077)
@@ -181,6 +191,8 @@ def main(argv: list[str]) -> None:
     sockets = list(dict.fromkeys([socket, ""]))
     last: dict[str, list[str]] = {}
     while True:
+        if not still_there(root, dirfd):  # removed or replaced (a benchmark's temporary root): never write into nothing
+            sys.exit(f"recorder: {root}/{GPU_DIR} is gone: ended")
         now = time.time()
         snapshot = {"procs": procs_rows(smi, env), "panes": panes_rows(sockets, env), "logs": logs_rows(root)}
         t = time.time()

@@ -104,7 +104,7 @@ def test_hostile_session_names_are_recorded_read_back_and_printed_inert(local, t
 
     def sessions():
         rec = recording(local, began)
-        return {p.session for p in rec.panes_at(time.time())} - {start.SESSION}
+        return {p.session for p in rec.panes_at(time.time())} - {start.session_of(local.runs_root)}
 
     # Every name as tmux lists it, each exactly, on a line of its own: but the one too long
     # for a line of the recording, which is not said (never cut short into another's).
@@ -136,7 +136,7 @@ def test_a_name_too_long_to_record_does_not_keep_an_ended_session_alive(local, t
     ended = time.time()
     until(lambda: ticks_after(local.runs_root, ended + 1), 30, "ticks after train ended")
     rec = recording(local, began)
-    assert [p.session for p in rec.panes_at(time.time())] == [start.SESSION]
+    assert [p.session for p in rec.panes_at(time.time())] == [start.session_of(local.runs_root)]
     assert rec.pane_times[-1] > ended
 
 
@@ -259,7 +259,7 @@ def test_a_huge_sparse_old_day_is_downsampled_in_bounded_memory(local):
     assert asyncio.run(start.recorder(local, "start", FAKE_SMI, FAST)) == "started"
     coarse = gpu / layout.file_name(layout.day_of(old), "gpu", True)
     until(coarse.exists, 60, "the old day downsampled")
-    pane = int(tmux_out("list-panes", "-t", f"={start.SESSION}:", "-F", "#{pane_pid}"))
+    pane = int(tmux_out("list-panes", "-t", f"={start.session_of(local.runs_root)}:", "-F", "#{pane_pid}"))
     peak_kib = next(int(line.split()[1]) for line in Path(f"/proc/{pane}/status").read_text().splitlines() if line.startswith("VmHWM:"))
     assert peak_kib < 1 << 20, f"the recorder held {peak_kib >> 10} MiB"
     assert [line.split(",")[2] for line in lines_of(coarse) if line.count(",") == 6] == ["100.00"]
@@ -391,12 +391,14 @@ def test_gpu_swapped_for_a_link_while_it_records_is_never_written_through(local,
     began = time.time()
     assert asyncio.run(start.recorder(local, "start", FAKE_SMI, FAST)) == "started"
     until(lambda: ticks_after(local.runs_root, began) >= 2, 60, "ticks")
+    session = start.session_of(local.runs_root)
+    assert subprocess.run(["tmux", "has-session", "-t", f"={session}"], capture_output=True).returncode == 0
     gpu = Path(local.runs_root) / "gpu"
     gpu.rename(Path(local.runs_root) / "moved")
     gpu.symlink_to(elsewhere)
-    moved = Path(local.runs_root) / "moved" / today(local.runs_root, "ticks").name
-    swapped = time.time()
-    until(lambda: any((layout.parse_time(line) or 0) > swapped + 1 for line in lines_of(moved)), 30, "ticks after the swap")
+    # Its gpu/ is no longer the directory it writes into: it ends at its next tick
+    # (writing on into the moved one, never through the link, until then).
+    until(lambda: subprocess.run(["tmux", "has-session", "-t", f"={session}"], capture_output=True).returncode != 0, 30, "the recorder to end")
     assert list(elsewhere.iterdir()) == []
     with pytest.raises(runsroot.RunsRootRefused, match="symbolic link"):
         recording(local, began)
