@@ -17,6 +17,8 @@ it (exit REFUSED, raised as `RunsRootRefused`):
 - `above_ok DIR...`: each DIR and every directory above it, as `root_ok` asks of those
   above a root, for a reader that knows no root (it checks each file it opens).
 
+Each refuses a path with a line break in it: the checks read paths one a line.
+
 With the directories so checked, nothing on the way can change between a check and a
 use, so a file made under them is made where it was checked (`set -C` for new files,
 `mktemp` for replacements, never through a link). The prelude sets `umask 077`:
@@ -57,6 +59,10 @@ _check() {  # rule, -L (follow links) or -l (do not), then paths one a line: ref
     while read -r _u _f _n; do _why "$1" "$_u" "$_f" "$_n"; done | head -n 1)
   [ -z "$_bad" ] || refuse "$_bad"
 }
+_one_line() {  # the checks read paths one a line: one with a line break would pass in pieces
+  for _x in "$@"; do case $_x in *'
+'*) refuse "a path with a line break in its name (never checked, never used)" ;; esac; done
+}
 _above() {  # the directories above each path, from /, one a line (a path ending in / counts itself)
   for _x in "$@"; do
     _p= _r=${_x#/}
@@ -65,12 +71,14 @@ _above() {  # the directories above each path, from /, one a line (a path ending
   done | sort -u
 }
 root_ok() {
+  _one_line "$1"
   [ -e "$1" ] || [ -L "$1" ] || return 0
   _real=$(cd -P -- "$1" 2>/dev/null && pwd -P) || refuse "$1 is not a directory"
   _check above -L "$(_above "$1" "$_real")"
   _check mine -L "$1"
 }
 dirs_ok() {
+  _one_line "$@"
   _root=$1; shift
   for _rel in "$@"; do
     _d=$_root
@@ -85,9 +93,11 @@ dirs_ok() {
   done
 }
 files_ok() {
+  _one_line "$@"
   for _x in "$@"; do if [ -e "$_x" ] || [ -L "$_x" ]; then _check mine -l "$_x"; fi; done
 }
 above_ok() {
+  _one_line "$@"
   _check above -L "$(for _x in "$@"; do _above "$_x/"; _r=$(cd -P -- "$_x" 2>/dev/null && pwd -P) && _above "$_r/"; done)"
 }
 """.replace("@REFUSED@", str(REFUSED))

@@ -29,7 +29,6 @@ sys.path.insert(0, str(REPO))
 
 from backends.hosts import LocalHost  # noqa: E402
 from backends.recorder import start  # noqa: E402
-from backends.recorder.start import SESSION  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -76,7 +75,7 @@ def main() -> None:
     host.tmux_socket = socket
     try:
         assert asyncio.run(start.recorder(host, "start", smi)) == "started"
-        pane = int(subprocess.run(["tmux", "-L", socket, "list-panes", "-t", f"={SESSION}:", "-F", "#{pane_pid}"],
+        pane = int(subprocess.run(["tmux", "-L", socket, "list-panes", "-t", f"={start.session_of(host.runs_root)}:", "-F", "#{pane_pid}"],
                                   capture_output=True, text=True, check=True).stdout)  # fmt: skip
         began = time.monotonic()
         time.sleep(args.seconds)

@@ -15,7 +15,7 @@ import time
 
 if __package__:  # run inline (start.py), layout.py's and files.py's names are there already
     from backends.recorder.files import Day, _ours, rotate
-    from backends.recorder.layout import KINDS, MAX_LINE, day_of, escape, number
+    from backends.recorder.layout import GPU_DIR, KINDS, MAX_LINE, day_of, escape, number
 
 MAX_LOGS = 20000  # log files indexed at most, per tick
 GPU_QUERY = ("index", "uuid", "power.draw", "power.limit", "memory.used", "memory.total", "utilization.gpu")
@@ -28,6 +28,15 @@ def _stat(pid: int) -> tuple[int, int] | None:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rpartition(b")")[2].split()
         return int(fields[1]), int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _uptime_ticks() -> int | None:
+    """Now, in the clock ticks since boot that /proc/PID/stat's start time counts."""
+    try:
+        with open("/proc/uptime", "rb") as f:
+            return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return None
 
@@ -51,6 +60,10 @@ def _run(argv: list[str], env: dict) -> str:
 
 
 def procs_rows(smi: str, env: dict) -> list[str]:
+    """The GPU processes nvidia-smi lists, each with what /proc says of its pid: its start
+    and parents, unless that pid is a process started after the listing began (the listed
+    one ended and its pid was reused), or gone: then its row says no more than the listing."""
+    listed = _uptime_ticks()
     out = _run([smi, f"--query-compute-apps={','.join(APPS_QUERY)}", "--format=csv,noheader,nounits"], env)
     rows = []
     for line in out.splitlines():
@@ -59,8 +72,10 @@ def procs_rows(smi: str, env: dict) -> list[str]:
             continue
         pid = int(cells[1])
         stat = _stat(pid)
-        ticks = str(stat[1]) if stat else ""
-        rows.append(f"{escape(cells[0])},{pid},{ticks},{number(cells[2])},{' '.join(map(str, _ancestors(pid)))}")
+        if stat is None or listed is None or stat[1] > listed:
+            rows.append(f"{escape(cells[0])},{pid},,{number(cells[2])},")
+            continue
+        rows.append(f"{escape(cells[0])},{pid},{stat[1]},{number(cells[2])},{' '.join(map(str, _ancestors(pid)))}")
     return sorted(rows)
 
 
@@ -117,6 +132,16 @@ def logs_rows(root: str) -> list[str]:
 
 
 
+def still_there(root: str, dirfd: int) -> bool:
+    """Whether `root`/gpu is still the directory the recorder writes into (`dirfd`): not
+    removed, with its runs root or alone, nor replaced."""
+    try:
+        there, held = os.stat(os.path.join(root, GPU_DIR), follow_symlinks=False), os.fstat(dirfd)
+    except OSError:
+        return False
+    return held.st_nlink > 0 and (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
+
+
 def gpu_loop(days: Day, smi: str, loop_ms: int, env: dict, retry_s: float) -> None:
     argv = [smi, f"--query-gpu={','.join(GPU_QUERY)}", "--format=csv,noheader,nounits", "-lms", str(loop_ms)]
     declared: dict[str, str] = {}
@@ -154,7 +179,7 @@ def main(argv: list[str]) -> None:
     root, socket, smi = argv[0], argv[1], argv[2]
     tick_s, loop_ms, keep_days, cap = float(argv[3]), int(argv[4]), int(argv[5]), int(argv[6])
     env = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}
-    dirfd = os.open(os.path.join(root, "gpu"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    dirfd = os.open(os.path.join(root, GPU_DIR), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     if not _ours(dirfd, directory=True):
         sys.exit(f"recorder: {root}/gpu is not this user's alone")
     os.umask(0o077)
@@ -166,6 +191,8 @@ def main(argv: list[str]) -> None:
     sockets = list(dict.fromkeys([socket, ""]))
     last: dict[str, list[str]] = {}
     while True:
+        if not still_there(root, dirfd):  # removed or replaced (a benchmark's temporary root): never write into nothing
+            sys.exit(f"recorder: {root}/{GPU_DIR} is gone: ended")
         now = time.time()
         snapshot = {"procs": procs_rows(smi, env), "panes": panes_rows(sockets, env), "logs": logs_rows(root)}
         t = time.time()

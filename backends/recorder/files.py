@@ -12,16 +12,17 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterable
 
 if __package__:  # run inline (start.py), layout.py's names are there already
-    from backends.recorder.layout import MINUTE, day_of, file_name, lines, number, parse_name, parse_time
+    from backends.recorder.layout import MAX_FILE_BYTES, MINUTE, day_of, file_name, lines, number, parse_name, parse_time
 
 
 def _minute(t: float) -> str:
     return f"{t - t % MINUTE:.0f}"
 
 
-def downsample(kind: str, text_lines: list[str]) -> list[str]:
+def downsample(kind: str, text_lines: Iterable[str]) -> list[str]:
     """One day's lines of `kind` as one row a minute (see the module's docstring)."""
     out: list[str] = []
     if kind == "gpu":
@@ -89,10 +90,11 @@ def downsample(kind: str, text_lines: list[str]) -> list[str]:
 
 
 
-def _read_fd(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 1 << 20):
+def _read_fd(fd: int, most: int) -> bytes:
+    chunks, left = [], most
+    while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
         chunks.append(chunk)
+        left -= len(chunk)
     return b"".join(chunks)
 
 
@@ -103,9 +105,10 @@ def _ours(fd: int, directory: bool = False) -> bool:
 
 
 def _open(dirfd: int, name: str, flags: int) -> int | None:
-    """`name` in the recording's directory, never through a link, only if ours alone."""
+    """`name` in the recording's directory, never through a link, only if ours alone
+    (never waiting on a FIFO: it is opened without blocking, then refused)."""
     try:
-        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dirfd)
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600, dir_fd=dirfd)
     except OSError:
         return None
     if not _ours(fd):
@@ -168,14 +171,14 @@ def rotate(dirfd: int, today: str, keep_days: int, cap: int) -> None:
         if fd is None:
             continue
         try:
-            data = _read_fd(fd)
+            data = _read_fd(fd, MAX_FILE_BYTES)
         finally:
             os.close(fd)
         text = "".join(f"{row}\n" for row in downsample(kind, lines(data)))
         coarse_name, temp = file_name(day, kind, True), f".{name}.tmp"
         try:
             os.unlink(temp, dir_fd=dirfd)
-        except FileNotFoundError:
+        except OSError:
             pass
         out = _open(dirfd, temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         if out is None:
@@ -188,8 +191,11 @@ def rotate(dirfd: int, today: str, keep_days: int, cap: int) -> None:
             os.unlink(temp, dir_fd=dirfd)
             continue
         os.close(out)
-        os.rename(temp, coarse_name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-        os.unlink(name, dir_fd=dirfd)
+        try:  # a file it cannot remove (gone since, immutable) is left; the recorder goes on
+            os.rename(temp, coarse_name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+            os.unlink(name, dir_fd=dirfd)
+        except OSError:
+            continue
         ours.pop(name)
         ours[coarse_name] = ((day, kind, True), len(text))
     total = sum(size for _, size in ours.values())
@@ -198,6 +204,9 @@ def rotate(dirfd: int, today: str, keep_days: int, cap: int) -> None:
             break
         for name, ((d, _, _), size) in list(ours.items()):
             if d == day:
-                os.unlink(name, dir_fd=dirfd)
+                try:
+                    os.unlink(name, dir_fd=dirfd)
+                except OSError:
+                    continue
                 total -= size
 

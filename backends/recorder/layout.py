@@ -27,6 +27,7 @@ from __future__ import annotations
 import calendar
 import re
 import time
+from collections.abc import Iterator
 
 GPU_DIR = "gpu"  # under the runs root
 KINDS = ("gpu", "procs", "panes", "logs", "ticks")
@@ -38,7 +39,8 @@ CAP_BYTES = 1 << 30
 TICK_S = 5.0
 LOOP_MS = 1000
 MAX_LINE = 4096  # longer lines are no line of ours: skipped whole
-_DAY = re.compile(r"(\d{4}-\d{2}-\d{2})\.([a-z]+)(\.1m)?")
+MAX_FILE_BYTES = 256 << 20  # of one old day read to downsample (a day of 8 GPUs is ~33 MB: docs/benchmarks.md)
+_DAY = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2})\.([a-z]+)(\.1m)?")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
@@ -59,6 +61,10 @@ def parse_name(name: str) -> tuple[str, str, bool] | None:
     """(day, kind, coarse) of a file of ours, else None."""
     m = _DAY.fullmatch(name)
     if m is None or m[2] not in KINDS:
+        return None
+    try:
+        time.strptime(m[1], "%Y-%m-%d")
+    except ValueError:  # 2026-02-31: no day
         return None
     return m[1], m[2], bool(m[3])
 
@@ -82,14 +88,17 @@ def unescape(text: str) -> str | None:
         return None
 
 
-def lines(data: bytes) -> list[str]:
-    """The complete lines of `data` (a last one without its newline is being written),
-    each as ASCII text; one too long or not ASCII is no line of ours, left out."""
-    out = []
-    for raw in data.split(b"\n")[:-1]:
-        if len(raw) <= MAX_LINE and raw.isascii():
-            out.append(raw.decode())
-    return out
+# A line of ours: printable ASCII (`escape` leaves nothing else), MAX_LINE at most,
+# starting with a time.
+_LINE = re.compile(rb"^(?=[0-9]{10,11}(?:\.[0-9]{1,6})?[,\n])([ -~]{1,%d})\n" % MAX_LINE, re.MULTILINE)
+
+
+def lines(data: bytes) -> Iterator[str]:
+    """The complete lines of `data` (a last one without its newline is being written)
+    that can be lines of ours, one by one; anything else (too long, not ASCII, not
+    starting with a time) is skipped by the regex alone, so junk costs no Python per
+    line and no memory."""
+    return (m[1].decode() for m in _LINE.finditer(data))
 
 
 def number(cell: str) -> str:
@@ -105,3 +114,15 @@ def parse_time(cell: str) -> float | None:
         return None
     return t if 1e9 <= t <= 1e11 else None  # a time of this century, not nan or inf
 
+
+
+def is_log_path(rel: str) -> bool:
+    """Whether `rel` is a path the recorder indexes (agent.py's logs_rows): a run dir's
+    console.log or a pane recording, relative to the runs root, with no `..`, `.` or
+    empty part."""
+    parts = rel.split("/")
+    if any(part in ("", ".", "..") or "\0" in part for part in parts):
+        return False
+    if len(parts) == 2:
+        return parts[0] not in (GPU_DIR, "panes") and parts[1] == "console.log"
+    return len(parts) == 4 and parts[0] == "panes" and parts[3].endswith(".log")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from bisect import bisect_right
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from backends import runsroot
@@ -149,7 +149,7 @@ class _Parsed:
     starts: list[tuple[float, float]] = field(default_factory=list)  # (time, tick_s)
 
 
-def _gpu_file(lines: list[str], out: _Parsed) -> None:
+def _gpu_file(lines: Iterable[str], out: _Parsed) -> None:
     uuids: dict[int, str] = {}  # each file declares its GPUs
     for line in lines:
         cells = line.split(",")
@@ -183,8 +183,9 @@ def _pane(t: float, cells: list[str]) -> PaneSample | None:
     return PaneSample(t, socket, session, pid) if socket is not None and pid is not None and session is not None else None
 
 
-def _snapshot_file(kind: str, lines: list[str], out: _Parsed) -> None:
+def _snapshot_file(kind: str, lines: Iterable[str], out: _Parsed) -> None:
     times, rows, parse = (out.proc_times, out.procs, _proc) if kind == "procs" else (out.pane_times, out.panes, _pane)
+    seen: set = set()  # the rows of the snapshot at times[-1]: one written twice is one
     for line in lines:
         cells = line.split(",", 5 if kind == "procs" else 3)
         t = layout.parse_time(cells[0])
@@ -193,20 +194,22 @@ def _snapshot_file(kind: str, lines: list[str], out: _Parsed) -> None:
             continue  # no row of ours, or one out of time's order
         if not times or times[-1] != t:
             times.append(t)
-        if row is not None:
+            seen = set()
+        if row is not None and row not in seen:
             rows.append(row)
+            seen.add(row)
 
 
-def _logs_file(lines: list[str], out: _Parsed) -> None:
+def _logs_file(lines: Iterable[str], out: _Parsed) -> None:
     for line in lines:
         cells = line.split(",", 2)
         if len(cells) == 3 and (t := layout.parse_time(cells[0])) is not None:
             size, path = _int(cells[1], 0, 1 << 50), _text(cells[2], 4096)
-            if size is not None and path is not None:
+            if size is not None and path is not None and layout.is_log_path(path):
                 out.logs.append(LogSize(t, path, size))
 
 
-def _ticks_file(lines: list[str], out: _Parsed) -> None:
+def _ticks_file(lines: Iterable[str], out: _Parsed) -> None:
     for line in lines:
         cells = line.split(",")
         if (t := layout.parse_time(cells[0])) is None:
@@ -222,7 +225,7 @@ def _gaps(out: _Parsed, since: float, end: float | None, coarse_before: float | 
     """Where the recorder wrote nothing for longer than it would have: no GPU sample nor
     tick for GAP_TICKS of its ticks (COARSE_GAP_S in 1-minute data), and before each of
     its starts, back to what it wrote last."""
-    times = sorted({g.time for g in out.gpus} | set(out.ticks))
+    times = sorted(t for t in {g.time for g in out.gpus} | set(out.ticks) if end is None or t <= end)  # none after now
     starts = sorted(out.starts)
     tick_s = [s for s, _ in starts]
 
@@ -244,6 +247,20 @@ def _gaps(out: _Parsed, since: float, end: float | None, coarse_before: float | 
         if end - last > (limit(last) if times else 0.0):
             gaps.append(Gap(last, end))
     return [g for g in gaps if g.end >= since and (end is None or g.start <= end)]
+
+
+def _in_order(gpus: Iterable[GpuSample]) -> tuple[GpuSample, ...]:
+    """The samples in time order (a clock may step back), a GPU's at one time once (a
+    day written twice)."""
+    out: list[GpuSample] = []
+    at: set[tuple[float, int]] = set()  # (time, index) of those at out[-1]'s time
+    for g in sorted(gpus, key=lambda g: g.time):
+        if out and out[-1].time != g.time:
+            at = set()
+        if (g.time, g.index) not in at:
+            out.append(g)
+            at.add((g.time, g.index))
+    return tuple(out)
 
 
 def parse_recording(files: Mapping[str, bytes], since: float, until: float | None, now: float | None = None) -> Recording:
@@ -296,7 +313,7 @@ def parse_recording(files: Mapping[str, bytes], since: float, until: float | Non
             logs.append(entry)
     end = until if now is None else (now if until is None else min(until, now))
     return Recording(
-        gpus=tuple(g for g in out.gpus if within(g.time)),
+        gpus=_in_order(g for g in out.gpus if within(g.time)),
         procs=procs,
         panes=panes,
         logs=(*before.values(), *logs),

@@ -223,7 +223,7 @@ def _last_times(data: bytes) -> tuple[float | None, float | None]:
     """The time of the last complete line of `data` that has one, and the time before it:
     a file cut at a time may hold only some of that time's lines."""
     last = None
-    for line in reversed(layout.lines(data)):
+    for line in reversed(list(layout.lines(data))):
         if (t := layout.parse_time(line.partition(",")[0])) is not None:
             if last is None:
                 last = t
@@ -250,8 +250,11 @@ def assemble(out: bytes, args: list[str], since: float, cursor: Cursor | None) -
         before = "".join(f"{line}\n" for line in held.lines).encode() if held is not None else b""
         files[name] = before + ctx + data
         last, complete = _last_times(data)
-        if not whole:  # cut by the cap: complete up to the time before its last line's
-            cut = min(cut, complete if complete is not None else since)
+        if not whole:  # cut by the cap: complete up to the time before its last line's,
+            # or up to its last line's where what follows is too long to be a line of ours
+            # (a time's lines are written in one append: the rest of them is not after it)
+            done = last if len(data) - data.rfind(b"\n") - 1 > layout.MAX_LINE else complete
+            cut = min(cut, done if done is not None else since)
         latest = max(latest, last if last is not None else -math.inf)
     moved: dict[str, _Kept] = {}
     horizon = min(cut, latest) - MARGIN_S

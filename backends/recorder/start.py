@@ -3,7 +3,8 @@ reaches the host (`on_reach`, which backends/config.py gives each host whose con
 not say `record = false`), again by the next command after it died, stopped on request.
 
 Checking it costs one host command and one tmux query while it runs. It runs on
-trackside's tmux server (the host's `tmux_socket`), as session SESSION, marked with
+trackside's tmux server (the host's `tmux_socket`), one per runs root: its session is
+SESSION and the root directory's device and inode (`session_of`), marked with
 tmux.RECORDER_OPTION so no listing takes it for a run; its program is the sources of
 layout.py, files.py and agent.py, given inline (compressed, as tmux takes a command of
 16 KiB at most), with the runs root
@@ -14,6 +15,7 @@ where the configured nvidia-smi is no command has no GPU to record: nothing star
 from __future__ import annotations
 
 import base64
+import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,15 +39,23 @@ _BOOT = "import base64,zlib\ng=globals()\nfor s in zlib.decompress(base64.b64dec
 # "$1" the runs root (a leading ~ is $HOME), "$2" the tmux socket (empty: the default
 # server), "$3" nvidia-smi, "$4" start: start it unless it runs (a dead pane is replaced);
 # status: say; stop: end it. Then python3, the recorder's program and its arguments after
-# its root, socket and nvidia-smi.
+# its root, socket and nvidia-smi. The recorder is the runs root's: its session is named
+# after the root directory (`session_of`), so one of another root (a benchmark's
+# temporary one) on the same tmux server is never taken for it, nor stopped.
 # Prints one word: running, started, stopped, absent (not running), no-smi, no-python.
 _ENSURE = r"""root=$1 socket=$2 smi=$3 what=$4; shift 4
 case $root in "~") root=$HOME ;; "~/"*) root=$HOME/${root#"~/"} ;; esac
 t() { tmux ${socket:+-L "$socket"} "$@"; }
-state=$(t display-message -p -t "=@SESSION@:" '#{pane_dead}' 2>/dev/null)
+look() {  # $s: this root's session (none: no root); $state: its pane_dead (empty: none)
+  s= state=
+  id=$(stat -L -c '%d-%i' -- "$root" 2>/dev/null) || return 0
+  s=@SESSION@-$id
+  state=$(t display-message -p -t "=$s:" '#{pane_dead}' 2>/dev/null)
+}
+look
 case $what in
   status) [ "$state" = 0 ] && echo running || echo absent; exit 0 ;;
-  stop) [ -n "$state" ] && t kill-session -t "=@SESSION@" 2>/dev/null && echo stopped || echo absent; exit 0 ;;
+  stop) [ -n "$state" ] && t kill-session -t "=$s" 2>/dev/null && echo stopped || echo absent; exit 0 ;;
 esac
 [ "$state" = 0 ] && { echo running; exit 0; }
 # By their paths here: the tmux server's PATH may not be this shell's.
@@ -53,12 +63,21 @@ smi=$(command -v "$smi") || { echo no-smi; exit 0; }
 py=$(command -v "$1") || { echo no-python; exit 0; }
 [ -d "$root" ] || mkdir -p -- "$root" || exit 1
 root_ok "$root"; dirs_ok "$root" gpu
-[ -z "$state" ] || t kill-session -t "=@SESSION@" 2>/dev/null
+look
+[ -n "$s" ] || exit 1
+[ -z "$state" ] || t kill-session -t "=$s" 2>/dev/null
 code=$2; shift 2
-t new-session -d -s @SESSION@ -x 80 -y 10 -- "$py" -c "$code" "$root" "$socket" "$smi" "$@" \; \
-  set-option -t "=@SESSION@:" @OPTION@ 1 \; set-option -t "=@SESSION@:" remain-on-exit off || exit 1
+t new-session -d -s "$s" -x 80 -y 10 -- "$py" -c "$code" "$root" "$socket" "$smi" "$@" \; \
+  set-option -t "=$s:" @OPTION@ 1 \; set-option -t "=$s:" remain-on-exit off || exit 1
 echo started
 """.replace("@SESSION@", SESSION).replace("@OPTION@", tmux.RECORDER_OPTION)
+
+
+def session_of(root: str) -> str:
+    """The tmux session of the recorder of the runs root `root` on this machine (_ENSURE
+    names it so): SESSION, then the root directory's device and inode."""
+    st = os.stat(root)
+    return f"{SESSION}-{st.st_dev}-{st.st_ino}"
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import pytest
 from backends import tmux
 from backends.recorder import layout
 from backends.recorder.read import read_recording
-from backends.recorder.start import SESSION
+from backends.recorder.start import SESSION, session_of
 from tests.backends.test_runs import tmux_dir  # noqa: F401 - the fixture: this test's own tmux server
 from tests.waiting import until
 from tui.cli import main
@@ -89,10 +89,10 @@ def test_the_first_command_starts_it_the_next_restarts_a_killed_one_and_the_gap_
     began = time.time()
     assert main(["runs", "--config", config()]) == 0
     assert SESSION not in capsys.readouterr().out  # no listing takes the recorder for a run
-    assert tmux_cmd("has-session", "-t", f"={SESSION}").returncode == 0
+    assert tmux_cmd("has-session", "-t", f"={session_of(str(root))}").returncode == 0
     until(lambda: len(samples_since(root, began)) >= 4, 60, "the recorder's first GPU samples")
     # One process tree, nothing under the runs root run: its pane runs python3 -c.
-    pane = int(tmux_cmd("list-panes", "-t", f"={SESSION}:", "-F", "#{pane_pid}").stdout)
+    pane = int(tmux_cmd("list-panes", "-t", f"={session_of(str(root))}:", "-F", "#{pane_pid}").stdout)
     python, dash_c = Path(f"/proc/{pane}/cmdline").read_bytes().split(b"\0")[:2]
     assert python.endswith(b"/python3") and dash_c == b"-c"
 
@@ -101,7 +101,7 @@ def test_the_first_command_starts_it_the_next_restarts_a_killed_one_and_the_gap_
 
     killed = time.time()
     os.killpg(pane, signal.SIGKILL)
-    until(lambda: tmux_cmd("has-session", "-t", f"={SESSION}").returncode != 0, 30, "the killed recorder's session to end")
+    until(lambda: tmux_cmd("has-session", "-t", f"={session_of(str(root))}").returncode != 0, 30, "the killed recorder's session to end")
     assert main(["gpus", "--config", config()]) == 0  # the next command
     restarted = time.time()
     until(lambda: len(samples_since(root, restarted)) >= 2, 60, "GPU samples from the restarted recorder")
@@ -126,7 +126,7 @@ def test_the_first_command_starts_it_the_next_restarts_a_killed_one_and_the_gap_
     assert capsys.readouterr().out == f"remote: running ({root}/gpu/)\n"
     assert main(["record", "stop", "--config", config()]) == 0
     assert capsys.readouterr().out == f"remote: stopped ({root}/gpu/)\n"
-    assert tmux_cmd("has-session", "-t", f"={SESSION}").returncode != 0
+    assert tmux_cmd("has-session", "-t", f"={session_of(str(root))}").returncode != 0
 
 
 @pytest.mark.parametrize("where", ["[hosts.remote]", "[defaults]"])
@@ -138,7 +138,7 @@ def test_record_false_is_honoured(remote, capsys, where):
     assert main(["runs", "--config", path]) == 0
     assert main(["gpus", "--config", path]) == 0
     # The command is over, and with it the only moment the recorder would have started.
-    assert tmux_cmd("has-session", "-t", f"={SESSION}").returncode != 0
+    assert not [s for s in tmux_cmd("list-sessions", "-F", "#{session_name}").stdout.split() if s.startswith(SESSION)]
     assert not (root / "gpu").exists()
     assert main(["record", "start", "--config", path]) == 0  # by hand, it starts
     assert capsys.readouterr().out.endswith(f"remote: started ({root}/gpu/)\n")
@@ -223,5 +223,6 @@ def test_a_runs_root_another_user_could_change_is_refused_and_nothing_starts(tmp
     assert main(["runs", "--config", str(config)]) == (2 if hostile == "root writable by others" else 0)
     assert main(["record", "start", "--config", str(config)]) == 1
     assert "refused" in capsys.readouterr().err
-    assert subprocess.run(["tmux", "has-session", "-t", f"={SESSION}"], capture_output=True).returncode != 0
+    sessions = subprocess.run(["tmux", "list-sessions", "-F", "#{session_name}"], capture_output=True, text=True).stdout
+    assert not [s for s in sessions.split() if s.startswith(SESSION)]
     assert not list((tmp_path / "elsewhere").iterdir()) if hostile == "gpu/ a link" else not (root / "gpu").exists()

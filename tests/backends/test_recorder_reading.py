@@ -131,9 +131,10 @@ async def test_reading_on_fetches_only_what_was_appended(tmp_path):
 async def test_a_day_is_read_from_where_since_begins(tmp_path):
     gpu = tmp_path / "runs" / "gpu"
     # A restart at 3 h declares other cards; hostile lines among the samples: too long,
-    # garbage, and one out of time's order (a sample from 5 h 30 written at 1 h).
+    # garbage, and one out of time's order (a sample from 5 h 30 written at 1 h, half a
+    # second off the samples then: one at a sample's time would be read as a copy of it).
     day = samples(T0, T0 + 3600, uuids("a"))
-    day += f"{T0 + 5.5 * 3600:.2f},0,999.00,700.00,1,2,3\n".encode() + b"x" * 100_000 + b"\n\x00\xff,1,2\n"
+    day += f"{T0 + 5.5 * 3600 + 0.5:.2f},0,999.00,700.00,1,2,3\n".encode() + b"x" * 100_000 + b"\n\x00\xff,1,2\n"
     day += samples(T0 + 3600, T0 + 3 * 3600) + samples(T0 + 3 * 3600 + 30, T0 + 6 * 3600, uuids("b"))
     tick = ticks(T0, T0 + 3 * 3600) + ticks(T0 + 3 * 3600 + 30, T0 + 6 * 3600)
     write_day_files(gpu, {f"{DAY}.gpu": day, f"{DAY}.ticks": tick, **{f"{DAY}.{kind}": data for kind, data in snapshots(T0).items()}})
