@@ -18,6 +18,7 @@ from backends.gpu import GpuProcess
 from backends.kill import GpuDelta, KillReport
 from backends.runs import RunPhase
 from tests.tui.conftest import screen_text, wait_for
+from tests.waiting import HANG_S
 from tui.app import TracksideApp
 from tui.messages import RunsListed
 from scripts.sample import (
@@ -142,7 +143,7 @@ async def test_the_edit_form_keeps_its_title_and_buttons_in_sight(size):
         await on_run(pilot)
         open_edit(pilot)
         shown = lambda: screen_text(app)  # noqa: E731
-        await wait_for(pilot, lambda: "Keep (r relaunches)" in shown() and "Cancel" in shown(), 10, "Cancel and Keep on screen")
+        await wait_for(pilot, lambda: "Keep (r relaunches)" in shown() and "Cancel" in shown(), HANG_S, "Cancel and Keep on screen")
         assert "Edit h200-box/" in shown()
 
 
@@ -321,7 +322,7 @@ def test_replay_at_80x24(at, snap_compare, utc):
     history = replay_history()
 
     async def run_before(pilot) -> None:
-        await wait_for(pilot, lambda: "loss (" in screen_text(pilot.app), 10, "the chart")
+        await wait_for(pilot, lambda: "loss (" in screen_text(pilot.app), HANG_S, "the chart")
         await pilot.pause(0.6)  # the chart's replot
 
     assert snap_compare(ReplayApp(history, moments_of(history), T0 + at), terminal_size=(80, 24), run_before=run_before)
