@@ -16,7 +16,7 @@ trackside fit "${fit[@]}" 2>&1 | head -3 | tee $OUT/fit-131072.txt
 trackside fit "${fit[@]}" --offload-saved 2>&1 | head -4 | tee -a $OUT/fit-131072.txt
 python3 bench/random_data.py --preset kimi-k2 --out /tmp/kimi-data --samples 60 --length 2048 > /dev/null
 trackside record start | tee $OUT/record-start.txt
-rec=$(tmux list-panes -t "=trackside-recorder:" -F '#{pane_pid}')
+rec=$(tmux list-panes -a -F '#{session_name} #{pane_pid}' | awk '/^trackside-recorder-/ {print $2; exit}')  # one recorder per runs root, named from the root
 began=$SECONDS; echo "data ready, recorder pid $rec at ${SECONDS} s"
 trackside launch --session kimi131k -- trackside train --data /tmp/kimi-data --preset kimi-k2 --ttt-steps 5 \
   --checkpoint-ttt --freeze-lm-head --gpu-mem-gib 96 --save-every 0 --device cuda --offload-saved \
