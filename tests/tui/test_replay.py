@@ -26,7 +26,7 @@ from backends.history import moments_of
 from backends.history.read import read_history
 from backends.logs import panes
 from backends.recorder.read import read_recording
-from backends.recorder.start import SESSION as RECORDER
+from backends.recorder.start import session_of
 from backends.relaunch import Relaunch, relaunch
 from scripts.local_box import end_tmux_server
 from tests.tui.conftest import screen_text, wait_for
@@ -99,7 +99,7 @@ async def _make_past(config: Path, root: str) -> tuple[runs.RunInfo, runs.RunInf
     await panes.read_session(host, "their-sft")
     await _until("the run's steps", stepped)
     await _until("two sizes of the log with steps in it", more(await sizes() + 2))
-    subprocess.run(["tmux", "kill-session", "-t", f"={RECORDER}"], check=True)
+    subprocess.run(["tmux", "kill-session", "-t", f"={session_of(root)}"], check=True)
     killed = time.time()
     await asyncio.sleep(20)  # the run trains on, unrecorded: longer than the reader's gap
     again = load_config(str(config)).hosts[0].make_host()
@@ -265,7 +265,8 @@ async def test_a_past_read_over_ssh_is_the_one_read_here(past, sshd):
 
 
 def test_at_outside_the_runs_life_is_a_usage_error_naming_it_and_replay_starts_no_recorder(past, capsys):
-    subprocess.run(["tmux", "kill-session", "-t", f"={RECORDER}"], check=True)
+    recorder = session_of(past.root)
+    subprocess.run(["tmux", "kill-session", "-t", f"={recorder}"], check=True)
     for at, said in (("-99h", "before the run's start"), ("+99h", "after the run's end"), ("soon", "expected +DURATION")):
         code = main(["replay", past.run.run_id, "--config", str(past.config), "--at", at])
         err = capsys.readouterr().err
@@ -273,7 +274,7 @@ def test_at_outside_the_runs_life_is_a_usage_error_naming_it_and_replay_starts_n
     code = main(["replay", "20990101-0000-0000", "--config", str(past.config)])
     assert code == 1 and "no run 20990101-0000-0000" in capsys.readouterr().err
     # read-only: the host's recording is read, never appended to (a recording brought back from a GPU box)
-    assert subprocess.run(["tmux", "has-session", "-t", f"={RECORDER}"], capture_output=True).returncode != 0
+    assert subprocess.run(["tmux", "has-session", "-t", f"={recorder}"], capture_output=True).returncode != 0
     # nor does it record a pane it meets, as a listing would: a bystander's session stays unrecorded
     subprocess.run(["tmux", "new-session", "-d", "-s", "bystander", "sleep", "600"], check=True)
     assert main(["replay", past.run.run_id, "--config", str(past.config), "--at", "-99h"]) == 2
