@@ -41,10 +41,12 @@ class LocalHost(Host):
             return CommandResult(127, "", f"{full[0]}: command not found")
         pidfd = _pidfd(proc)
         try:
-            out, err = await asyncio.wait_for(
-                proc.communicate(input.encode() if input is not None else None), timeout
-            )
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result of a
+            # command that ended as the call was cancelled, losing the cancellation (a
+            # Ctrl-C during `trackside demo`'s stop then waited out the whole grace).
+            async with asyncio.timeout(timeout):
+                out, err = await proc.communicate(input.encode() if input is not None else None)
+        except TimeoutError:
             raise HostError(self.name, f"command timed out after {timeout}s: {shlex.join(full)}") from None
         finally:
             # Timed out or cancelled (a monitor stopping, the app quitting): the command

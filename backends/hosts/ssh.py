@@ -234,11 +234,9 @@ class SSHHost(Host):
     async def run(self, argv, *, input=None, timeout=30.0):
         async with self._process(argv, input, encoding="utf-8", errors="replace") as process:
             try:
-                if input is None:
-                    out, err = await asyncio.wait_for(_read_all(process), timeout)
-                else:
-                    out, err = await asyncio.wait_for(process.communicate(input), timeout)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(timeout):  # not wait_for: see LocalHost.run
+                    out, err = await (_read_all(process) if input is None else process.communicate(input))
+            except TimeoutError:
                 raise HostError(self.name, f"command timed out after {timeout}s: {self.shell_command(argv)}") from None
             if process.returncode is None:
                 raise asyncssh.ConnectionLost("the command ended without an exit status")
