@@ -50,7 +50,11 @@ def test_ctrl_c_while_the_demo_run_stops_says_what_is_left_without_a_traceback(t
         "info = asyncio.run(runs.launch(host, ['bash', '-c', \"trap '' TERM; sleep 600\"]))\n"
         "sys.exit(end_demo_run(host, info, keep=False))\n"
     )
-    demo = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal's shell gives it: a test before this one in the same worker may
+    # have left SIGINT ignored, and a child inherits that (Python then installs no handler),
+    # so the Ctrl-C was never seen and the stop waited out its grace.
+    demo = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     said = demo.stdout.readline()
     try:
         assert "stopping the demo run" in said, said
