@@ -2,9 +2,17 @@
 and AdamW state, whole (DDP) or sharded (FSDP), either drafter."""
 from __future__ import annotations
 
-from training.memory.units import FP32
+from training.memory.units import FP32, PRECISIONS
 
 SHARDINGS = ("ddp", "fsdp")
+
+
+def check_precision_and_sharding(precision: str, sharding: str) -> None:
+    """A drafter shape's precision and sharding, as every drafter's memory model takes them."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if sharding not in SHARDINGS:
+        raise ValueError(f"sharding must be one of {', '.join(SHARDINGS)}, got {sharding!r}")
 
 
 def trained_state(trainable: int, gathered: int, world_size: int, sharding: str

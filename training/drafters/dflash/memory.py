@@ -29,7 +29,7 @@ from pathlib import Path
 from training.config import FLEX_BLOCK, DFlashConfig
 from training.memory.measured import start_and_peak, start_config, trained_drafter
 from training.memory.peak import DEFAULT_HEADROOM_GIB, Prediction, fits
-from training.memory.state import SHARDINGS, trained_state
+from training.memory.state import check_precision_and_sharding, trained_state
 from training.memory.units import BF16, FP32, GiB, INDEX, PRECISIONS
 from training.params import anchor_room
 
@@ -55,12 +55,7 @@ class DFlashShape:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not 0 <= self.soft_kl <= 1:
             raise ValueError(f"soft_kl must be in [0, 1], got {self.soft_kl!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, "
-                             f"got {self.precision!r}")
-        if self.sharding not in SHARDINGS:
-            raise ValueError(f"sharding must be one of {', '.join(SHARDINGS)}, "
-                             f"got {self.sharding!r}")
+        check_precision_and_sharding(self.precision, self.sharding)
 
 
 def parameter_counts(cfg: DFlashConfig) -> dict[str, int]:

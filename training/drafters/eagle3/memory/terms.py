@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from training.config import FLEX_BLOCK, DrafterConfig
 from training.drafters.eagle3.memory.state import frozen_bytes, parameter_counts
-from training.memory.state import SHARDINGS, trained_state
+from training.memory.state import check_precision_and_sharding, trained_state
 from training.memory.units import BF16, FP32, INDEX, PRECISIONS
 
 GROUPS = ("constant", "per_token", "per_step", "diagonal")
@@ -47,12 +47,7 @@ class StepShape:
                 or self.checkpoint_ttt < 0:
             raise ValueError("checkpoint_ttt counts TTT steps (0 or more), "
                              f"got {self.checkpoint_ttt!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, "
-                             f"got {self.precision!r}")
-        if self.sharding not in SHARDINGS:
-            raise ValueError(f"sharding must be one of {', '.join(SHARDINGS)}, "
-                             f"got {self.sharding!r}")
+        check_precision_and_sharding(self.precision, self.sharding)
 
     @property
     def tokens(self) -> int:
