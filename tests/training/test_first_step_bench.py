@@ -1,5 +1,6 @@
 import json
 import os
+import pstats
 import subprocess
 import sys
 from pathlib import Path
@@ -24,9 +25,11 @@ def test_launches_at_each_length_report_their_first_step_and_keep_the_profile(tm
     for r in rows:
         assert 0 < r["start_event_s"] <= r["first_step_s"] <= r["wall_s"]
     assert "profiled" in rows[1] and "profiled" not in rows[0]
-    tops = (tmp_path / "first_step_384.prof.txt").read_text()
-    assert "Ordered by: cumulative time" in tops and "training/loop.py" in tops
-    assert (tmp_path / "first_step_384.prof").stat().st_size > 0
+    assert "Ordered by: cumulative time" in (tmp_path / "first_step_384.prof.txt").read_text()
+    # the trainer's own profile (asked of the whole profile: which imports fill its top
+    # entries depends on what the machine has cached)
+    profiled = pstats.Stats(str(tmp_path / "first_step_384.prof")).stats
+    assert any(file.endswith("training/loop.py") for file, _, _ in profiled)
 
 
 def test_a_torch_without_bytecode_that_may_not_write_it_is_named(tmp_path, monkeypatch):

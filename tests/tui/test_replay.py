@@ -37,7 +37,7 @@ from tui.messages import RunsListed
 from tui.replay import ReplayApp
 from tui.state import format_number
 from tui.screens.pick_moment import PickMoment
-from tui.screens.replay import ReplayScreen
+from tui.screens.replay import SAME_S, ReplayScreen
 from tui.widgets.gpu_life import GpuLife
 from tui.widgets.gpu_panel import GpuRow
 
@@ -162,8 +162,11 @@ async def test_the_moments_of_a_stopped_and_relaunched_run(past):
 
 async def test_replay_at_80x24_shows_the_run_as_it_was_then_and_steps_through_time(past):
     history = await history_of(past, past.run.run_id)
-    sized = [s for s in _log_sizes(history.recording, f"{past.run.run_id}/console.log") if s.time < past.down[0]]
-    when = sized[-1].time  # the recorder's last size of the log before it was killed: steps were made by then
+    gap = next(m for m in moments_of(history) if m.kind == "gap" and past.down[0] - 6 < m.time < past.down[1])
+    # the recorder's last size of the log strictly before its gap began (a tick writes both at
+    # one time, so the last size can be the gap's start itself): steps were made by then
+    sized = [s for s in _log_sizes(history.recording, f"{past.run.run_id}/console.log") if s.time < gap.time - SAME_S]
+    when = sized[-1].time
     count = sum(1 for e in history.events if e["event"] == "step" and e["time"] <= when)
     assert count > 0
     log = Path(past.root, past.run.run_id, "console.log").read_bytes()
@@ -182,7 +185,7 @@ async def test_replay_at_80x24_shows_the_run_as_it_was_then_and_steps_through_ti
         assert not any(line.strip() and line.strip()[:40] in text for line in later if "step=" in line)  # …and none after
         assert "loss (" in text and "┤" in text  # the curve up to then
         await pilot.press("n")  # the next moment that mattered: the recorder's gap, said, not filled
-        await wait_for(pilot, lambda: "[now]" in shown() and "recorder down for" in shown(), 10, f"the gap (of {app.moments})")
+        await wait_for(pilot, lambda: app.screen.when == gap.time and "[now]" in shown() and "recorder down for" in shown(), 10, f"the gap (of {app.moments})")
         await pilot.press("full_stop")  # a step the run made while the recorder was down
         await wait_for(pilot, lambda: app.screen.query("#gpu-none-0"), 10, "the GPU panel inside the gap")
         assert "GPUs on box: the recorder was down here" in str(app.screen.query_one("#gpu-none-0", Static).render())
