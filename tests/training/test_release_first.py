@@ -103,6 +103,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # up to six trainer starts, each as long as the machine's load makes it
 def test_the_trainer_exits_before_its_checkpoint_is_durable_and_resume_reads_it_from_ram_then_waits_to_save(
         tmp_path, tmp_path_factory):
     run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"
@@ -162,6 +163,7 @@ def test_the_trainer_exits_before_its_checkpoint_is_durable_and_resume_reads_it_
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # nine trainer starts, each as long as the machine's load makes it
 def test_kill_9_of_the_trainer_while_staging_or_of_the_writer_mid_write_leaves_whole_checkpoints(
         tmp_path, tmp_path_factory):
     run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"

@@ -115,6 +115,7 @@ def test_the_kill_dialog_of_a_one_host_torchrun_run_names_each_ranks_pid():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two torchruns and their workers start, stop and start again, as long as the load makes them
 async def test_k_stops_a_real_two_node_run_named_once_in_the_fleet_and_r_relaunches_every_node(two_hosts):  # noqa: F811
     config_path, _, _ = two_hosts
     config = load_config(config_path)
