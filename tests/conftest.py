@@ -66,17 +66,29 @@ SLOWEST = (
 )
 
 
+def _shares_a_module_fixture(item) -> bool:
+    defs = getattr(item, "_fixtureinfo", None)
+    return bool(defs) and any(d[-1].scope == "module" for name, d in defs.name2fixturedefs.items() if d and name in item.fixturenames)
+
+
 @pytest.hookimpl(trylast=True)  # after `-m`, `-k` and the like deselected theirs
 def pytest_collection_modifyitems(config, items):
     """Slowest first, for `--dist worksteal` (scripts/test.sh): its workers each take an
     equal run of the collection, in order, and a worker with nothing left steals the back
     half of the longest queue. So the slow tests are dealt one to each run's front, where
     they start at once and are never what is stolen; each worker collects, and all deal
-    the same (the count of workers is theirs as well)."""
+    the same (the count of workers is theirs as well). A module's tests that share a
+    module-scoped fixture (a recorded past, a built model) are dealt as one, at a front:
+    split between workers, or stolen in half, each part would build it again."""
     rank = {node_id: i for i, node_id in enumerate(SLOWEST)}
-    slow = sorted((i for i in items if i.nodeid in rank or i.get_closest_marker("slow")),
+    groups: dict[str, list] = {}
+    for item in items:
+        if item.nodeid not in rank and _shares_a_module_fixture(item):
+            groups.setdefault(item.nodeid.split("::")[0], []).append(item)
+    slow = sorted((i for i in items if i.nodeid in rank or (i.get_closest_marker("slow") and not _shares_a_module_fixture(i))),
                   key=lambda i: rank.get(i.nodeid, len(rank)))
-    chosen = {id(i) for i in slow}
+    units = [[i] for i in slow if i.nodeid in rank] + list(groups.values()) + [[i] for i in slow if i.nodeid not in rank]
+    chosen = {id(i) for unit in units for i in unit}
     rest = [i for i in items if id(i) not in chosen]
     workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
     # The run each worker is sent: xdist's split, pending // workers left, in turn.
@@ -84,7 +96,9 @@ def pytest_collection_modifyitems(config, items):
     for n in range(workers, 0, -1):
         sizes.append(left // n)
         left -= sizes[-1]
-    runs = [slow[w::workers] for w in range(workers)]
+    runs: list[list] = [[] for _ in range(workers)]
+    for n, unit in enumerate(units):
+        runs[n % workers].extend(unit)
     for run, size in zip(runs, sizes):
         take = max(0, size - len(run))
         run.extend(rest[:take])

@@ -83,7 +83,7 @@ async def test_garbage_lines_missing_smi_refused_host_and_deleted_run_dir(tmp_pa
         await wait_for(pilot, lambda: run.steps, 20, "the one good step")
         assert run.garbled == len(GARBAGE)
         await wait_for(pilot, lambda: "loss 3.25" in screen_text(app), 10, "the good step's loss drawn")
-        assert "unreadable metrics lines skipped" in screen_text(app)
+        await wait_for(pilot, lambda: "unreadable metrics lines skipped" in screen_text(app), 10, "the skipped lines said")
 
         shutil.rmtree(info.run_dir)
         await wait_for(pilot, lambda: run.gone, 20, "the deleted run dir to show")
