@@ -234,17 +234,28 @@ class TracksideApp(ErrorPolicy, App):
 
     def _open_list(self, kind: type[Screen], make: Callable[[Screen], Screen]) -> None:
         """`?` and `!`: one list at a time. Its own key closes it; the other's replaces it
-        (run from the palette over the other, each went on top, without end)."""
+        (push_screen: run from the palette over the other, each went on top, without end)."""
+        if isinstance(self.screen, kind):
+            self.screen.dismiss()
+            return
+        self.push_screen(make(self.screen_stack[-2] if self._list_on_top() else self.screen))
+
+    def _list_on_top(self) -> bool:
         from tui.screens.alerts import AlertsScreen
         from tui.screens.help import HelpScreen
 
-        top = self.screen
-        if isinstance(top, kind):
-            top.dismiss()
-            return
-        if isinstance(top, (HelpScreen, AlertsScreen)):
+        return isinstance(self.screen, (HelpScreen, AlertsScreen))
+
+    def push_screen(self, screen, *args, **kwargs):
+        # A list (`?`, `!`) is read, then left: a screen opened while one is on top takes
+        # its place. An action's form, made once the host had answered, went over a help
+        # opened meanwhile, and lists stayed under forms without end. The palette alone
+        # goes over a list (its commands then act on the screen under it).
+        from tui.screens.palette import CommandPalette
+
+        if self._list_on_top() and not isinstance(screen, CommandPalette):
             self.pop_screen()
-        self.push_screen(make(self.screen))
+        return super().push_screen(screen, *args, **kwargs)
 
     # --- actions --------------------------------------------------------------------
 

@@ -6,8 +6,11 @@ from textual import events
 from textual.widgets import DataTable, Log
 
 from tui.keys import KEYS
+from tests.waiting import wait_until
 from scripts.sample import RUN_KEY, feed, make_app, on_run
+from tui.screens.edit import EditScreen
 from tui.screens.help import HelpScreen
+from tui.screens.palette import CommandPalette
 from tui.screens.run import RunScreen
 from tui.widgets.loss_chart import LossChart
 
@@ -104,3 +107,26 @@ async def test_an_offline_hosts_row_says_why_whole():
         table = app.screen.query_one(DataTable)
         row = [str(table.get_cell("host:pve-129", column)) for column in ("state", "power")]
         assert row == ["offline", "connection refused by 10.0.0.129:22"], row
+
+
+
+async def test_a_screen_opened_while_a_list_is_up_takes_the_lists_place():
+    """`e` then `?` as a terminal delivers them: the edit form, made after the run's
+    parameters were read, went over the help the `?` had opened meanwhile, the help left
+    under it (the monkey found the stack growing: help, edit, the alerts over it, the
+    palette). A screen opened while a list (help, alerts) is on top takes its place; the
+    palette alone goes over a list."""
+    app = make_app()
+    async with app.run_test(size=(120, 36)) as pilot:
+        await on_run(pilot)
+        for key, char, shown in (("question_mark", "?", "HelpScreen"), ("exclamation_mark", "!", "AlertsScreen")):
+            app.post_message(events.Key("e", "e"))
+            app.post_message(events.Key(key, char))
+            await wait_until(lambda: isinstance(app.screen, EditScreen), 10, f"the edit form after {shown}")
+            await pilot.pause(0.2)
+            assert [type(s).__name__ for s in app.screen_stack[2:]] == ["RunScreen", "EditScreen"], app.screen_stack
+            await pilot.press("escape")
+            await wait_until(lambda: isinstance(app.screen, RunScreen), 10, "the run screen again")
+        await pilot.press("question_mark", "ctrl+p")
+        await wait_until(lambda: isinstance(app.screen, CommandPalette), 10, "the palette over the help")
+        assert [type(s).__name__ for s in app.screen_stack[2:]] == ["RunScreen", "HelpScreen", "CommandPalette"]
