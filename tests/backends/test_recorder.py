@@ -108,7 +108,8 @@ def test_the_first_command_starts_it_the_next_restarts_a_killed_one_and_the_gap_
 
     rec = asyncio.run(read_recording(host, began))
     starts = [float(line.split(",")[0]) for line in ticks(root) if ",start," in line]
-    assert len(starts) == 2 and killed < starts[1] < restarted
+    # (the recorder writes its times to the hundredth: rounded, one may read 5 ms later)
+    assert len(starts) == 2 and killed < starts[1] < restarted + 0.005
     assert [(g.start < killed, g.end) for g in rec.gaps] == [(True, starts[1])]
     before, after = [g for g in rec.gpus if g.time < killed], [g for g in rec.gpus if g.time > starts[1]]
     assert {g.index for g in before} == {g.index for g in after} == {0, 1}

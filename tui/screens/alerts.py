@@ -52,10 +52,11 @@ class AlertsScreen(Dialog[None]):
             yield Static(Text("Esc or ! closes", style="dim"), classes="closes")
 
     def on_mount(self) -> None:
+        if self.taken_down():
+            return
         # A dialog is not the screen the app tells of changes: it reads the book itself.
         self.set_interval(1.0, self.show)
-        for body in self.query(DialogBody):  # none where it was replaced as it opened (as the help)
-            self.call_after_refresh(body.focus)  # the arrows scroll a long history
+        self.call_after_refresh(self.query_one(DialogBody).focus)  # the arrows scroll a long history
 
     def show(self) -> None:
         self.query_one("#alerts-table", Static).update(alerts_table(list(self.app.alert_book.entries)))

@@ -15,6 +15,7 @@ from tui.screens.dialog import Dialog, titled
 
 
 class Confirm(Dialog[bool]):
+    AUTO_FOCUS = "#no"  # Enter, pressed without reading, answers No
     BINDINGS = [
         Binding("y", "answer(True)", "Yes", id="trackside.confirm.yes"),
         Binding("n,escape", "answer(False)", "No", id="trackside.confirm.no"),
@@ -32,9 +33,6 @@ class Confirm(Dialog[bool]):
             with Horizontal(classes="buttons"):
                 yield Button("No", id="no", variant="primary")
                 yield Button(self.yes, id="yes", variant="error")
-
-    def on_mount(self) -> None:
-        self.query_one("#no", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "yes")

@@ -81,6 +81,8 @@ class EditScreen(Dialog[dict | None]):
                 yield Button("Keep (r relaunches)", id="keep", variant="primary")
 
     def on_mount(self) -> None:
+        if self.taken_down():
+            return
         self.query_one("#param-max_seq_len", Input).focus()
         self.validate()
         self.ask_cost()

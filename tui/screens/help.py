@@ -60,7 +60,6 @@ class HelpScreen(Dialog[None]):
             yield Static(Text("Esc or ? closes", style="dim"), classes="closes")
 
     def on_mount(self) -> None:
-        # Once laid out, the keys that do not fit can be scrolled to with the arrows. None
-        # where it was replaced as it opened (app.push_screen): taken down before its mount.
-        for body in self.query(DialogBody):
-            self.call_after_refresh(body.focus)
+        # Once laid out, the keys that do not fit can be scrolled to with the arrows.
+        if not self.taken_down():
+            self.call_after_refresh(self.query_one(DialogBody).focus)

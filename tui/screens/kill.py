@@ -160,6 +160,7 @@ class KillReportScreen(Dialog[None]):
     """The kill's report; after R, how its relaunch goes, said here as it happens: a toast
     would cover the report and its Close at 80×24."""
 
+    AUTO_FOCUS = "Button"
     BINDINGS = [Binding("escape,enter", "dismiss", "Close", id="trackside.kill.close")]
     DEFAULT_CSS = "#kill-answers { height: auto; }"
 
@@ -191,9 +192,6 @@ class KillReportScreen(Dialog[None]):
         self.relaunch = said, failed
         for line in self.query("#kill-relaunch").results(Static):
             line.update(self._relaunch_line())
-
-    def on_mount(self) -> None:
-        self.query_one(Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss()

@@ -42,6 +42,8 @@ class PickMoment(Dialog[float | None]):
             yield OptionList(*(Option(choice(m, self.start, mark)) for m, mark in zip(self.moments, self.marks)), id="pick-moment")
 
     def on_mount(self) -> None:
+        if self.taken_down():
+            return
         options = self.query_one(OptionList)
         options.highlighted = self.near
         options.focus()

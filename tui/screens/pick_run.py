@@ -26,6 +26,7 @@ def choice(run: RunState, shown: bool) -> Text:
 class PickRun(Dialog[str | None]):
     """Dismisses with the picked run's key, or None."""
 
+    AUTO_FOCUS = "OptionList"
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="trackside.pick_run.cancel")]
     DEFAULT_CSS = """
     PickRun .title {
@@ -44,9 +45,6 @@ class PickRun(Dialog[str | None]):
         with Vertical(classes="dialog"):
             yield Static(inert(Text(f"Draw which run's loss behind {self.for_key}?", style="bold")), classes="title")
             yield OptionList(*(Option(choice(run, run.key in self.shown)) for run in self.runs), id="pick-run")
-
-    def on_mount(self) -> None:
-        self.query_one(OptionList).focus()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         self.dismiss(self.keys[event.option_index])

@@ -29,6 +29,7 @@ def offer_text(key: str, differing: list[tuple[str, list[str]]]) -> Text:
 
 
 class ShipRelaunch(Dialog[str | None]):
+    AUTO_FOCUS = f"#{SHIP}"
     BINDINGS = [
         Binding("s", "answer('ship')", "Ship", id="trackside.ship.ship"),
         Binding("o", "answer('keep')", "Its own code", id="trackside.ship.keep"),
@@ -47,9 +48,6 @@ class ShipRelaunch(Dialog[str | None]):
                 yield Button("Cancel", id="cancel")
                 yield Button("Its own code", id=KEEP)
                 yield Button("Ship and relaunch", id=SHIP, variant="primary")
-
-    def on_mount(self) -> None:
-        self.query_one(f"#{SHIP}", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id if event.button.id in (SHIP, KEEP) else None)

@@ -1,0 +1,47 @@
+"""A dialog closed as it opens: by a key that came with the one that opened it (`k` then
+Escape in one read of the terminal), or by a screen that takes its place. Its widgets are
+gone by the time it mounts, and a dialog that focused or validated them there raised
+(NoMatches: in CI, the kill dialog of a double `R`). Each dialog, pushed and popped in one
+breath on the sample app's run screen, leaves the run screen and no error."""
+
+from __future__ import annotations
+
+import pytest
+from rich.text import Text
+
+from backends.history.moments import Moment
+from scripts.sample import RUN_KEY, make_app, on_run
+from tui.screens.alerts import AlertsScreen
+from tui.screens.confirm import Confirm
+from tui.screens.edit import EditScreen
+from tui.screens.help import HelpScreen
+from tui.screens.pick_moment import PickMoment
+from tui.screens.pick_run import PickRun
+from tui.screens.run import RunScreen
+from tui.screens.ship import ShipRelaunch
+
+DIALOGS = {
+    "confirm": lambda app: Confirm(Text("Kill it?"), "Yes, kill"),
+    "help": lambda app: HelpScreen(app.screen),
+    "alerts": lambda app: AlertsScreen(),
+    "edit": lambda app: EditScreen(app.runs[RUN_KEY], app.hosts[app.runs[RUN_KEY].host], {}),
+    "pick run": lambda app: PickRun(RUN_KEY, list(app.runs.values()), set()),
+    "pick moment": lambda app: PickMoment([Moment(1.0, "start", "trainer started")], 0.0, [("", "")], 0),
+    "ship": lambda app: ShipRelaunch(RUN_KEY, [("training/loop.py", ["changed"])]),
+}
+
+
+@pytest.mark.parametrize("name", DIALOGS)
+async def test_a_dialog_closed_as_it_opens_leaves_no_error(name):
+    app = make_app()
+    async with app.run_test(size=(120, 36)) as pilot:
+        await on_run(pilot)
+        app.push_screen(DIALOGS[name](app))
+        app.pop_screen()
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, RunScreen) and app.is_running and app.return_code is None, app.screen_stack
+        # and opened as usual, it focuses what it did
+        dialog = DIALOGS[name](app)
+        await app.push_screen(dialog)
+        await pilot.pause(0.3)
+        assert app.screen is dialog and (app.focused is not None or name in ("help", "alerts")), (name, app.focused)
