@@ -95,12 +95,12 @@ def test_the_step_clips_as_clip_grad_norm_does_fused_or_not(scale, fused):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.timeout(900)  # 189 s in a green loaded suite, 240 s and cut on a slower day
+@pytest.mark.timeout(1200)  # a bound for a hang: at nice 10 beside two busy loops it took over 600 s
 def test_synthetic_200_steps_meet_the_contract_and_learn(tmp_path, cache):
     run_dir = tmp_path / "run"
     result = subprocess.run(
         niced([sys.executable, "-m", "training", "train", "--synthetic", "--steps", "200",
-               "--out", str(run_dir)]), cwd=ROOT, capture_output=True, text=True, timeout=600,
+               "--out", str(run_dir)]), cwd=ROOT, capture_output=True, text=True, timeout=1100,
         # One thread: tiny matmuls gain nothing from more, and lose a lot on a shared box.
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr

@@ -362,9 +362,11 @@ async def test_a_narrow_footer_shows_whole_keys_the_operators_first(width):
     app = make_app()
     async with app.run_test(size=(width, 24)) as pilot:
         await feed(pilot)
-        for opened in (lambda: None, lambda: app.open_run(RUN_KEY)):
+        for opened, screen in ((lambda: None, FleetScreen), (lambda: app.open_run(RUN_KEY), RunScreen)):
             opened()
-            await pilot.pause(0.3)
+            # drawn: its screen on top and its footer's palette key on the last line
+            await wait_for(pilot, lambda: isinstance(app.screen, screen) and "▏" in (screen_text(app).splitlines() or [""])[-1], 10, f"{screen.__name__}'s footer")
+            await pilot.pause(0.3)  # and its keys, laid out to the width
             footer = app.screen.query_one(Footer)
             shown = {k.key_display: k.description for k in footer.children if hasattr(k, "key_display")}
             line = screen_text(app).splitlines()[-1]
