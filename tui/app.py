@@ -240,6 +240,11 @@ class TracksideApp(ErrorPolicy, App):
             return
         self.push_screen(make(self.screen_stack[-2] if self._list_on_top() else self.screen))
 
+    def shows(self, screen: Screen) -> bool:
+        """Whether `screen` is what the operator sees: on top, or under a list alone (which a
+        screen opened now replaces)."""
+        return self.screen is screen or (self._list_on_top() and self.screen_stack[-2] is screen)
+
     def _list_on_top(self) -> bool:
         from tui.screens.alerts import AlertsScreen
         from tui.screens.help import HelpScreen

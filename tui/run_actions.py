@@ -62,6 +62,8 @@ class ActionsApp(Protocol):
 
     def shown_screen(self) -> Screen | None: ...
 
+    def shows(self, screen: Screen) -> bool: ...
+
     def select(self, key: str) -> None: ...
 
     def changed(self, *, host: str | None = None, run: str | None = None) -> None: ...
@@ -380,10 +382,14 @@ class RunActions:
         if run is None:
             return
 
-        self.app.run_worker(self._edit(run, EditScreen(run, self.app.store.hosts[run.host], self.app.store.pending.get(run.key, {}))),
+        self.app.run_worker(self._edit(run, EditScreen(run, self.app.store.hosts[run.host], self.app.store.pending.get(run.key, {})), self.app.screen),
                         group="dialogs", exit_on_error=False)  # fmt: skip
 
-    async def _edit(self, run: RunState, form) -> None:
+    async def _edit(self, run: RunState, form, asked_on) -> None:
+        # The worker opens the form a moment after the key: a key that came with it (a
+        # second e, o's list of runs) has put its own screen there since, and wins.
+        if not self.app.shows(asked_on):
+            return
         changes = await self.app.push_screen_wait(form)
         if changes is None:
             return

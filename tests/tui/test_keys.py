@@ -130,3 +130,20 @@ async def test_a_screen_opened_while_a_list_is_up_takes_the_lists_place():
         await pilot.press("question_mark", "ctrl+p")
         await wait_until(lambda: isinstance(app.screen, CommandPalette), 10, "the palette over the help")
         assert [type(s).__name__ for s in app.screen_stack[2:]] == ["RunScreen", "HelpScreen", "CommandPalette"]
+
+
+async def test_a_key_that_came_with_e_wins_over_its_form():
+    """`e` opens its form from a worker, a moment after the key: `e e` in one breath
+    opened two forms (the monkey's stack: o's list of runs, two forms over it, the
+    palette). The form opens only where the screen `e` was pressed on is still what is
+    seen: a second form, or o's list, that came first wins."""
+    app = make_app()
+    async with app.run_test(size=(120, 36)) as pilot:
+        await on_run(pilot)
+        app.action_edit()  # both asked for before the first one's worker has started
+        app.action_edit()
+        await wait_until(lambda: len(app.screen_stack) > 3, 10, "the form")
+        await pilot.pause(0.3)
+        assert [type(s).__name__ for s in app.screen_stack[2:]] == ["RunScreen", "EditScreen"], app.screen_stack
+        await pilot.press("escape")
+        await wait_until(lambda: isinstance(app.screen, RunScreen), 10, "the run screen again")
