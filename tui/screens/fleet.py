@@ -295,9 +295,11 @@ class FleetScreen(Guarded, Screen):
         self.app.refresh_bindings()
 
     def action_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        box.display = True
-        box.focus()
+        # None while the screen is still being mounted or taken down: the palette's Filter,
+        # run by one of several Enters in one breath, came then (CI, once).
+        for box in self.query("#filter").results(Input):
+            box.display = True
+            box.focus()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self.rebuild()
