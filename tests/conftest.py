@@ -85,7 +85,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid not in rank and _shares_a_module_fixture(item):
             groups.setdefault(item.nodeid.split("::")[0], []).append(item)
-    slow = sorted((i for i in items if i.nodeid in rank or (i.get_closest_marker("slow") and not _shares_a_module_fixture(i))),
+    grouped = {id(i) for group in groups.values() for i in group}
+    slow = sorted((i for i in items if i.nodeid in rank or (i.get_closest_marker("slow") and id(i) not in grouped)),
                   key=lambda i: rank.get(i.nodeid, len(rank)))
     units = [[i] for i in slow if i.nodeid in rank] + list(groups.values()) + [[i] for i in slow if i.nodeid not in rank]
     chosen = {id(i) for unit in units for i in unit}

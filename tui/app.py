@@ -253,8 +253,8 @@ class TracksideApp(ErrorPolicy, App):
 
     def push_screen(self, screen, *args, **kwargs):
         # A list (`?`, `!`) is read, then left: a screen opened while one is on top takes
-        # its place. An action's form, made once the host had answered, went over a help
-        # opened meanwhile, and lists stayed under forms without end. The palette alone
+        # its place. A form its worker opened after the keys that came with its own went
+        # over a help opened by one of them, and lists stayed under forms without end. The palette alone
         # goes over a list (its commands then act on the screen under it).
         from tui.screens.palette import CommandPalette
 
