@@ -10,10 +10,13 @@ import pytest
 from rich.text import Text
 
 from backends.history.moments import Moment
-from scripts.sample import RUN_KEY, make_app, on_run
+from scripts.sample import RUN_KEY, feed, make_app, on_run
+from tests.tui.conftest import screen_text, wait_for
+from tests.waiting import HANG_S
 from tui.screens.alerts import AlertsScreen
 from tui.screens.confirm import Confirm
 from tui.screens.edit import EditScreen
+from tui.screens.fleet import FleetScreen
 from tui.screens.help import HelpScreen
 from tui.screens.pick_moment import PickMoment
 from tui.screens.pick_run import PickRun
@@ -45,3 +48,26 @@ async def test_a_dialog_closed_as_it_opens_leaves_no_error(name):
         await app.push_screen(dialog)
         await pilot.pause(0.3)
         assert app.screen is dialog and (app.focused is not None or name in ("help", "alerts")), (name, app.focused)
+
+
+async def test_a_run_screen_closed_as_it_opens_leaves_no_error():
+    """Textual's Header, on a screen closed as it opened, ran its title callbacks after its
+    parts were gone and ended the app (NoMatches; CI, a double Enter at the test's end)."""
+    app = make_app()
+    async with app.run_test(size=(120, 36)) as pilot:
+        await feed(pilot)
+        app.open_run(RUN_KEY)
+        app.pop_screen()
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, FleetScreen) and app.is_running and app.return_code is None, app.screen_stack
+        app.open_run(RUN_KEY)  # and the test ends, taking the app down, in the same breath:
+        # an error raised in the app while it closes is raised here, as the block ends
+
+
+async def test_the_title_line_follows_the_screen():
+    app = make_app()
+    async with app.run_test(size=(120, 36)) as pilot:
+        await on_run(pilot)
+        assert f"trackside — {RUN_KEY}" in screen_text(app).splitlines()[0]
+        app.screen.sub_title = "renamed"
+        await wait_for(pilot, lambda: "trackside — renamed" in screen_text(app).splitlines()[0], HANG_S, "the new title")

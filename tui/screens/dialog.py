@@ -16,16 +16,12 @@ from textual.widgets import Static
 
 from tui.guard import Guarded
 from tui.inert import inert
+from tui.screens.taken_down import TakenDown
 
 
-class Dialog(Guarded, ModalScreen[ScreenResultType]):
+class Dialog(TakenDown, Guarded, ModalScreen[ScreenResultType]):
     """What it focuses first is its AUTO_FOCUS (Textual's, which finds none where the
     dialog was taken down as it opened: its widgets are gone by its mount)."""
-
-    def taken_down(self) -> bool:
-        """Closed while its widgets were being mounted (by a key that came with the one
-        that opened it, or a screen that took its place): its mount finds none of them."""
-        return self not in self.app.screen_stack
 
     def dismiss(self, result=None):
         if self.app.screen is not self:

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.screen import Screen
-from textual.widgets import DataTable, Header, Input
+from textual.widgets import DataTable, Input
 
 from backends.alerts import UNDERFED_POWER
 from backends.config import Defaults
@@ -17,6 +17,7 @@ from tui.keys import KEYS, RUN_ACTIONS
 from tui.state import HostState, HostStatus, RunState, format_duration, format_number, node_label
 from tui.widgets.alert_bar import AlertBar
 from tui.widgets.footer import Footer
+from tui.widgets.title_bar import TitleBar
 from tui.guard import Guarded
 from tui.inert import inert
 
@@ -167,7 +168,7 @@ class FleetScreen(Guarded, Screen):
     AUTO_FOCUS = "#fleet"
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield TitleBar()
         yield AlertBar(id="alerts")
         yield Input(placeholder="filter hosts and runs (Enter to keep, Esc to clear)", id="filter")
         yield DataTable(id="fleet", cursor_type="row", zebra_stripes=True)

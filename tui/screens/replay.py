@@ -16,7 +16,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Header, Static
+from textual.widgets import Static
 
 from backends import sanitize
 from backends.gpu import GpuReading, GpuSnapshot, GpuStatus
@@ -31,6 +31,7 @@ from tui.state import HISTORY, LOG_LINES, GpuTrace, HostState, HostStatus, RunSt
 from tui.widgets.footer import Footer
 from tui.widgets.gpu_panel import GpuPanel
 from tui.widgets.loss_chart import LossChart
+from tui.widgets.title_bar import TitleBar
 
 STEP_S = 60.0  # ←/→ (shift: ten of them)
 SAME_S = 1e-3  # a moment this near is the one shown (a fast run's steps are milliseconds apart)
@@ -124,7 +125,7 @@ class ReplayScreen(Guarded, Screen):
         self.steps = history.step_times() or (list(history.tape.times) if history.tape is not None else [])
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield TitleBar()
         yield Static(id="when")
         with Horizontal(id="top"):
             yield GpuPanel(id="gpus")

@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Header, Input, Log, Static
+from textual.widgets import Input, Log, Static
 
 from backends import pace, sanitize
 from backends.runs import launcher_code
@@ -24,9 +24,11 @@ from tui.state import RunState, format_duration, format_number, node_label
 from tui.widgets.alert_bar import AlertBar
 from tui.widgets.footer import Footer
 from tui.screens.run_life import GpuLife, LifeToggle
+from tui.screens.taken_down import TakenDown
 from tui.widgets.gpu_panel import GpuPanel
 from tui.widgets.loss_chart import LossChart
 from tui.widgets.run_log import RunLog
+from tui.widgets.title_bar import TitleBar
 
 LOG_LINES = 2000  # shown; rewritten down to half when full
 # The window tokens/s and the ETA are measured over, in a no-break space: on a narrow
@@ -139,7 +141,7 @@ class LogPane(Vertical):
     DEFAULT_CSS = "LogPane { height: 1fr; min-height: 3; }"  # its border and two lines on a short terminal
 
 
-class RunScreen(LifeToggle, Guarded, Screen):
+class RunScreen(TakenDown, LifeToggle, Guarded, Screen):
     AUTO_FOCUS = "#log"
     # Escape is the back binding's: it clears a filter before it shrinks the full log.
     ESCAPE_TO_MINIMIZE = False
@@ -170,7 +172,7 @@ class RunScreen(LifeToggle, Guarded, Screen):
         self.log_filter = ""
 
     def compose(self) -> ComposeResult:
-        yield Header()
+        yield TitleBar()
         yield AlertBar(id="alerts")
         with Horizontal(id="top"):
             yield GpuPanel(id="gpus")
@@ -183,6 +185,8 @@ class RunScreen(LifeToggle, Guarded, Screen):
         yield Footer()
 
     def on_mount(self) -> None:
+        if self.taken_down():
+            return
         self.composed = True
         # The stylesheet's cap on the GPUs-and-stats band, which a run spanning hosts may
         # outgrow (_fit_top).
@@ -271,7 +275,7 @@ class RunScreen(LifeToggle, Guarded, Screen):
         if lines is not None:
             self.gpu_lines = lines
         wanted = max(self.top_lines, min(self.gpu_lines, self.size.height // 2))
-        fixed = sum(w.outer_size.height for w in (self.query_one(Header), self.query_one(AlertBar), self.query_one(Footer)) if w.display)
+        fixed = sum(w.outer_size.height for w in (self.query_one(TitleBar), self.query_one(AlertBar), self.query_one(Footer)) if w.display)
         least = sum(w.styles.min_height.cells or 0 for w in (self.query_one(LossChart), self.query_one(LogPane)))
         cap = max(TOP_MIN, min(wanted, self.size.height - fixed - least))
         if cap != self.top_cap:
