@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -13,6 +14,9 @@ from dataclasses import dataclass
 from training.contract import RUNS_ROOT as DEFAULT_RUNS_ROOT
 
 CHUNK_BYTES = 1 << 16
+# A command that reaches a host this long after `on_reach` last ran runs it again: a
+# dashboard left open all night restarts a recorder that died, as the next command would.
+REACH_AGAIN_S = 60.0
 
 
 class HostError(Exception):
@@ -63,9 +67,12 @@ class Host(ABC):
     # The tmux server (`tmux -L NAME`) its sessions live on: None is the user's default,
     # where the sessions trackside did not launch are; a test sets its own server's.
     tmux_socket: str | None = None
-    # What the first command to reach the host does first, once (backends/config.py gives
-    # backends/recorder/start.py's: the host's recorder started); None: nothing.
+    # What the first command to reach the host does first, and a command again each
+    # REACH_AGAIN_S (backends/config.py gives backends/recorder/start.py's: the host's
+    # recorder started unless it runs); None: nothing.
     on_reach: Callable[[Host], Awaitable[None]] | None = None
+    _reached_at: float | None = None  # time.monotonic() when on_reach last ended
+    _reaching = False
 
     def __init__(self, name: str, *, prefix: Sequence[str] = (), runs_root: str = DEFAULT_RUNS_ROOT):
         self.name = name
@@ -77,11 +84,18 @@ class Host(ABC):
         return False
 
     async def reached(self) -> None:
-        """`on_reach`, before the first command only (its own commands, and those that
-        run meanwhile, go on without it). Each subclass's `run` and `chunks` await it."""
-        hook, self.on_reach = self.on_reach, None
-        if hook is not None:
+        """`on_reach`, before the first command and again before one REACH_AGAIN_S after it
+        last ended (its own commands, and those that run meanwhile, go on without it). Each
+        subclass's `run` and `chunks` await it."""
+        hook, last = self.on_reach, self._reached_at
+        if hook is None or self._reaching or (last is not None and time.monotonic() - last < REACH_AGAIN_S):
+            return
+        self._reaching = True
+        try:
             await hook(self)
+        finally:
+            self._reaching = False
+            self._reached_at = time.monotonic()
 
     def full_argv(self, argv: Sequence[str]) -> list[str]:
         return self.prefix + check_argv(argv)

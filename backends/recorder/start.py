@@ -1,6 +1,7 @@
 """The recorder's tmux session on a host: started by the first trackside command that
 reaches the host (`on_reach`, which backends/config.py gives each host whose config does
-not say `record = false`), again by the next command after it died, stopped on request.
+not say `record = false`), again by the next command after it died (a command that
+reaches the host REACH_AGAIN_S after the last check: a dashboard's own), stopped on request.
 
 Checking it costs one host command and one tmux query while it runs. It runs on
 trackside's tmux server (the host's `tmux_socket`), one per runs root: its session is
