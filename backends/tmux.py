@@ -166,6 +166,11 @@ def _argument(text: str) -> str:
     return f"{text[:-1]}\\;" if text.endswith(";") else text
 
 
+# _argument for a shell that gives tmux its argv itself (the recorder's start, whose paths
+# are known only on the host): `tmux_argument TEXT` sets $a to TEXT as tmux must be given it.
+SHELL_ARGUMENT = r"""tmux_argument() { case $1 in *\;) a="${1%;}\\;" ;; *) a=$1 ;; esac; }"""
+
+
 def tmux_argv(host: Host | None, *args: str | _Then) -> list[str]:
     """tmux with `args`, each one argument to it whatever it holds, the host's socket
     (None: the server $TMUX names, or the default one), commands split at THEN."""

@@ -43,8 +43,11 @@ _BOOT = "import base64,zlib\ng=globals()\nfor s in zlib.decompress(base64.b64dec
 # its root, socket and nvidia-smi. The recorder is the runs root's: its session is named
 # after the root directory (`session_of`), so one of another root (a benchmark's
 # temporary one) on the same tmux server is never taken for it, nor stopped.
+# Each argument of the recorder's command goes to tmux as tmux.SHELL_ARGUMENT gives it (a
+# runs root ending in ';' would end tmux's command there).
 # Prints one word: running, started, stopped, absent (not running), no-smi, no-python.
 _ENSURE = r"""root=$1 socket=$2 smi=$3 what=$4; shift 4
+@ARGUMENT@
 case $root in "~") root=$HOME ;; "~/"*) root=$HOME/${root#"~/"} ;; esac
 t() { tmux ${socket:+-L "$socket"} "$@"; }
 look() {  # $s: this root's session (none: no root); $state: its pane_dead (empty: none)
@@ -68,10 +71,12 @@ look
 [ -n "$s" ] || exit 1
 [ -z "$state" ] || t kill-session -t "=$s" 2>/dev/null
 code=$2; shift 2
-t new-session -d -s "$s" -x 80 -y 10 -- "$py" -c "$code" "$root" "$socket" "$smi" "$@" \; \
+set -- "$py" -c "$code" "$root" "$socket" "$smi" "$@"
+n=$#; while [ "$n" -gt 0 ]; do tmux_argument "$1"; shift; set -- "$@" "$a"; n=$((n - 1)); done
+t new-session -d -s "$s" -x 80 -y 10 -- "$@" \; \
   set-option -t "=$s:" @OPTION@ 1 \; set-option -t "=$s:" remain-on-exit off || exit 1
 echo started
-""".replace("@SESSION@", SESSION).replace("@OPTION@", tmux.RECORDER_OPTION)
+""".replace("@SESSION@", SESSION).replace("@OPTION@", tmux.RECORDER_OPTION).replace("@ARGUMENT@", tmux.SHELL_ARGUMENT)
 
 
 def session_of(root: str) -> str:

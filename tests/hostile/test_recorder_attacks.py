@@ -408,7 +408,7 @@ def test_gpu_swapped_for_a_link_while_it_records_is_never_written_through(local,
 
 
 @pytest.mark.parametrize("name", ["with space", "q'uo\"te", "$(touch {x})", "`touch {x}`", "#{session_name}", "-dash",
-                                  "esc\x1b]0;title\x07\x1b[2J", "/".join(["d" * 250] * 15)])  # fmt: skip
+                                  "esc\x1b]0;title\x07\x1b[2J", "/".join(["d" * 250] * 15), "ends;", "ends\\;"])  # fmt: skip
 def test_a_runs_root_named_as_shell_is_one_argument(tmp_path, tmux_dir, capsys, name):  # noqa: F811
     x = tmp_path / "PWNED"
     root = tmp_path / name.replace("{x}", str(x))

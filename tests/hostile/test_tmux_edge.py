@@ -102,6 +102,16 @@ def test_literal_holds_for_any_text(tmux_dir, text):
     assert through_edge("display-message", "-p", "-t", "=base:", tmux.literal(text, strftime=True)) == text + "\n"
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=";\\ab'\"$ \n", max_size=12))
+def test_the_shells_tmux_argument_is_the_edges_own(text):
+    """The recorder's start gives tmux its argv from a shell (tmux.SHELL_ARGUMENT): it
+    writes each argument as tmux_argv does."""
+    script = f'{tmux.SHELL_ARGUMENT}\ntmux_argument "$1"; printf %s "$a"'
+    shell = subprocess.run(["sh", "-c", script, "sh", text], capture_output=True, text=True, check=True).stdout
+    assert shell == tmux.tmux_argv(None, text)[1]
+
+
 @pytest.fixture
 def two_servers(tmux_dir):
     """The dashboard's tmux server (session `dash`) and another one, as a host's own
