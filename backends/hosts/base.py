@@ -4,6 +4,7 @@ and the errors a host's trouble is told by."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shlex
 import time
@@ -73,6 +74,7 @@ class Host(ABC):
     on_reach: Callable[[Host], Awaitable[None]] | None = None
     _reached_at: float | None = None  # time.monotonic() when on_reach last ended
     _reaching = False
+    _reach_again: asyncio.Task | None = None  # the later checks' task, kept from the collector
 
     def __init__(self, name: str, *, prefix: Sequence[str] = (), runs_root: str = DEFAULT_RUNS_ROOT):
         self.name = name
@@ -84,13 +86,20 @@ class Host(ABC):
         return False
 
     async def reached(self) -> None:
-        """`on_reach`, before the first command and again before one REACH_AGAIN_S after it
+        """`on_reach`: before the first command, and beside a command REACH_AGAIN_S after it
         last ended (its own commands, and those that run meanwhile, go on without it). Each
         subclass's `run` and `chunks` await it."""
         hook, last = self.on_reach, self._reached_at
         if hook is None or self._reaching or (last is not None and time.monotonic() - last < REACH_AGAIN_S):
             return
         self._reaching = True
+        if last is None:
+            await self._reach(hook)
+        else:
+            # Not before the command: a kill is never held up by a slow host's check.
+            self._reach_again = asyncio.get_running_loop().create_task(self._reach(hook))
+
+    async def _reach(self, hook: Callable[[Host], Awaitable[None]]) -> None:
         try:
             await hook(self)
         finally:

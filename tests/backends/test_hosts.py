@@ -104,3 +104,30 @@ async def test_every_host_names_its_tmux_server_and_tmux_runs_there(tmp_path):
         assert "named" not in await tmux.list_sessions(LocalHost())
     finally:
         end_tmux_server("tmux", "-L", host.tmux_socket)
+
+
+async def test_on_reach_comes_before_the_first_command_and_beside_a_later_one(monkeypatch):
+    """The first command waits for the host's `on_reach` (the recorder started before it
+    runs); a later one, REACH_AGAIN_S on, runs it again beside itself: a check held up by
+    a slow host never holds up the command (a kill)."""
+    from backends.hosts import base
+
+    monkeypatch.setattr(base, "REACH_AGAIN_S", 0.0)
+    host, calls, release = LocalHost(), [], asyncio.Event()
+
+    async def hook(h):
+        calls.append(len(calls))
+        await h.run(["true"])  # its own commands go on without it
+        if len(calls) > 1:
+            await release.wait()  # the later check: a host that does not answer
+
+    host.on_reach = hook
+    assert (await host.run(["echo", "first"])).stdout == "first\n" and calls == [0]
+    async with asyncio.timeout(10):
+        assert (await host.run(["echo", "second"])).stdout == "second\n"
+    await asyncio.sleep(0)
+    assert calls == [0, 1] and host._reaching  # still checking; the command is done
+    assert (await host.run(["echo", "third"])).stdout == "third\n" and calls == [0, 1]  # one check at a time
+    release.set()
+    await host._reach_again
+    assert not host._reaching
