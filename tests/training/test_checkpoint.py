@@ -115,7 +115,10 @@ def stopped_and_durable(run_dir: Path, timeout: float = 30) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # 20 trials: 294 s in a green loaded suite, past the default 300 s on a slower day
+# 21 trainer starts, each waited for with a hang's bound (HANG_S): this bound is only for a
+# hang outside those waits. 237 s quiet; beside two busy loops at load 8-10, where a nice-10
+# trainer gets a tenth of a core, the 20 trials ran past 900 s (docs/testing.md).
+@pytest.mark.timeout(1800)
 def test_kill_9_at_random_moments_then_resume_continues_exactly(tmp_path, tmp_path_factory):
     run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"
     environ = env(tmp_path_factory)
