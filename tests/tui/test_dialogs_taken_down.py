@@ -1,8 +1,10 @@
-"""A dialog closed as it opens: by a key that came with the one that opened it (`k` then
-Escape in one read of the terminal), or by a screen that takes its place. Its widgets are
-gone by the time it mounts, and a dialog that focused or validated them there raised
-(NoMatches: in CI, the kill dialog of a double `R`). Each dialog, pushed and popped in one
-breath on the sample app's run screen, leaves the run screen and no error."""
+"""A screen closed as it opens: by a key that came with the one that opened it (`k` then
+Escape in one read of the terminal), by a screen that takes its place, or by the app
+quitting. Its widgets are gone by the time it mounts, and a screen that focused or
+validated them there raised (NoMatches: in CI, the kill dialog of a double `R`, and
+Textual's Header on a run screen). Each dialog, and the run screen, pushed and popped in
+one breath leaves the screen under it and no error; the title line that replaced Header
+follows the screen's title."""
 
 from __future__ import annotations
 
