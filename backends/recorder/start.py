@@ -27,6 +27,7 @@ from backends.recorder import agent, files, layout
 from backends.ship.deliver import DEFAULT_PYTHON
 
 SESSION = "trackside-recorder"
+HELD = "stopped-by-hand"  # under gpu/: a recorder stopped by `trackside record stop` stays so
 PYTHON = DEFAULT_PYTHON  # the host's python3
 
 # The recorder's program, run by `python3 -c` (its "$@" after the program: agent.main's
@@ -38,14 +39,17 @@ _BOOT = "import base64,zlib\ng=globals()\nfor s in zlib.decompress(base64.b64dec
 )
 
 # "$1" the runs root (a leading ~ is $HOME), "$2" the tmux socket (empty: the default
-# server), "$3" nvidia-smi, "$4" start: start it unless it runs (a dead pane is replaced);
-# status: say; stop: end it. Then python3, the recorder's program and its arguments after
-# its root, socket and nvidia-smi. The recorder is the runs root's: its session is named
+# server), "$3" nvidia-smi, "$4" ensure (what a command that reaches the host asks):
+# start it unless it runs (a dead pane is replaced) or was stopped by hand; start: the
+# same, and no longer held stopped; status: say; stop: end it, and hold it stopped (the
+# directory HELD under gpu/: never a link, as dirs_ok makes it). Then python3, the
+# recorder's program and its arguments after its root, socket and nvidia-smi. The recorder is the runs root's: its session is named
 # after the root directory (`session_of`), so one of another root (a benchmark's
 # temporary one) on the same tmux server is never taken for it, nor stopped.
 # Each argument of the recorder's command goes to tmux as tmux.SHELL_ARGUMENT gives it (a
 # runs root ending in ';' would end tmux's command there).
-# Prints one word: running, started, stopped, absent (not running), no-smi, no-python.
+# Prints one word: running, started, stopped, absent (not running), held (not running,
+# stopped by hand), no-smi, no-python.
 _ENSURE = r"""root=$1 socket=$2 smi=$3 what=$4; shift 4
 @ARGUMENT@
 case $root in "~") root=$HOME ;; "~/"*) root=$HOME/${root#"~/"} ;; esac
@@ -56,10 +60,16 @@ look() {  # $s: this root's session (none: no root); $state: its pane_dead (empt
   s=@SESSION@-$id
   state=$(t display-message -p -t "=$s:" '#{pane_dead}' 2>/dev/null)
 }
+held=$root/gpu/@HELD@
 look
 case $what in
-  status) [ "$state" = 0 ] && echo running || echo absent; exit 0 ;;
-  stop) [ -n "$state" ] && t kill-session -t "=$s" 2>/dev/null && echo stopped || echo absent; exit 0 ;;
+  status) [ "$state" = 0 ] && echo running || { [ -d "$held" ] && [ ! -L "$held" ] && echo held || echo absent; }; exit 0 ;;
+  stop)
+    if [ -n "$state" ] && t kill-session -t "=$s" 2>/dev/null; then said=stopped; elif [ -n "$s" ]; then said=held; else said=absent; fi
+    # Held where the root passes its checks: one refused is never recorded into anyway
+    # (a start refuses it), and a stop is never refused.
+    [ -z "$s" ] || (root_ok "$root"; dirs_ok "$root" gpu/@HELD@) 2>/dev/null || [ "$said" != held ] || said=absent
+    echo "$said"; exit 0 ;;
 esac
 [ "$state" = 0 ] && { echo running; exit 0; }
 # By their paths here: the tmux server's PATH may not be this shell's.
@@ -67,6 +77,10 @@ smi=$(command -v "$smi") || { echo no-smi; exit 0; }
 py=$(command -v "$1") || { echo no-python; exit 0; }
 [ -d "$root" ] || mkdir -p -- "$root" || exit 1
 root_ok "$root"; dirs_ok "$root" gpu
+if [ -d "$held" ] && [ ! -L "$held" ]; then
+  [ "$what" = start ] || { echo held; exit 0; }
+  rmdir -- "$held" || exit 1
+fi
 look
 [ -n "$s" ] || exit 1
 [ -z "$state" ] || t kill-session -t "=$s" 2>/dev/null
@@ -76,7 +90,7 @@ n=$#; while [ "$n" -gt 0 ]; do tmux_argument "$1"; shift; set -- "$@" "$a"; n=$(
 t new-session -d -s "$s" -x 80 -y 10 -- "$@" \; \
   set-option -t "=$s:" @OPTION@ 1 \; set-option -t "=$s:" remain-on-exit off || exit 1
 echo started
-""".replace("@SESSION@", SESSION).replace("@OPTION@", tmux.RECORDER_OPTION).replace("@ARGUMENT@", tmux.SHELL_ARGUMENT)
+""".replace("@SESSION@", SESSION).replace("@OPTION@", tmux.RECORDER_OPTION).replace("@HELD@", HELD).replace("@ARGUMENT@", tmux.SHELL_ARGUMENT)
 
 
 def session_of(root: str) -> str:
@@ -97,8 +111,8 @@ class Settings:
 
 
 async def recorder(host: Host, what: str, smi: str, settings: Settings = Settings()) -> str:
-    """Start (`start`), check (`status`) or stop (`stop`) the host's recorder; its state
-    in a word (_ENSURE's). HostError when the host cannot, RunsRootRefused where its runs
+    """Start unless stopped by hand (`ensure`), start (`start`), check (`status`) or stop
+    and hold stopped (`stop`) the host's recorder; its state in a word (_ENSURE's). HostError when the host cannot, RunsRootRefused where its runs
     root is not this user's alone."""
     args = [
         host.runs_root, host.tmux_socket or "", smi, what, PYTHON, _BOOT,
@@ -111,12 +125,13 @@ async def recorder(host: Host, what: str, smi: str, settings: Settings = Setting
 
 
 def on_reach(smi: str, settings: Settings = Settings()):
-    """What a host does when a command first reaches it: start its recorder unless it
-    runs. A host that cannot is left to the command, which says why in its own words."""
+    """What a host does when a command reaches it (backends/hosts/base.py says when):
+    start its recorder unless it runs or was stopped by hand. A host that cannot is left
+    to the command, which says why in its own words."""
 
     async def reached(host: Host) -> None:
         try:
-            await recorder(host, "start", smi, settings)
+            await recorder(host, "ensure", smi, settings)
         except HostError:
             pass
 

@@ -134,6 +134,32 @@ def test_the_first_command_starts_it_the_next_restarts_a_killed_one_and_the_gap_
     assert tmux_cmd("has-session", "-t", f"={session_of(str(root))}").returncode != 0
 
 
+def test_a_recorder_stopped_by_hand_stays_stopped_until_started_by_hand(remote, capsys):
+    """A death is restarted by the next command; `trackside record stop` is the operator's
+    word, and no command but `record start` undoes it (a dashboard left open checks each
+    minute: it would have undone it within one)."""
+    config, tmux_cmd, root, _ = remote
+    running = lambda: tmux_cmd("has-session", "-t", f"={session_of(str(root))}").returncode == 0  # noqa: E731
+    assert main(["runs", "--config", config()]) == 0 and running()
+    assert main(["record", "stop", "--config", config()]) == 0 and not running()
+    assert main(["runs", "--config", config()]) == 0
+    assert main(["gpus", "--config", config()]) == 0
+    assert not running()
+    capsys.readouterr()
+    assert main(["record", "status", "--config", config()]) == 0
+    assert capsys.readouterr().out.startswith("remote: not running: stopped by hand")
+    assert main(["record", "stop", "--config", config()]) == 0  # stopped already: held still
+    assert capsys.readouterr().out.startswith("remote: not running: stopped by hand")
+    assert main(["record", "start", "--config", config()]) == 0 and running()
+    assert capsys.readouterr().out.startswith("remote: started")
+    # Started by hand, it is no longer held: a death is again the next command's to mend.
+    pane = int(tmux_cmd("list-panes", "-t", f"={session_of(str(root))}:", "-F", "#{pane_pid}").stdout)
+    os.killpg(pane, signal.SIGKILL)
+    until(lambda: not running(), 30, "the killed recorder's session to end")
+    assert main(["runs", "--config", config()]) == 0 and running()
+    assert main(["record", "stop", "--config", config()]) == 0
+
+
 async def test_a_dashboard_left_open_restarts_a_killed_recorder_by_itself(remote, monkeypatch):
     """No other command comes at night: the dashboard's own listings run the host's
     `on_reach` again each REACH_AGAIN_S, and the recorder killed meanwhile is back."""

@@ -385,6 +385,25 @@ def test_a_recording_others_could_change_is_refused(local, hostile):
         asyncio.run(read_recording(local, T0 - 10, T0 + 10))
 
 
+def test_a_held_mark_that_is_a_link_holds_nothing_and_stop_makes_none_through_it(local, tmp_path):
+    """`record stop` holds a recorder stopped with a directory under gpu/: one planted as a
+    link (to a directory) is no hold, and a stop neither trusts it nor is refused by it."""
+    gpu = Path(local.runs_root) / "gpu"
+    gpu.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (gpu / start.HELD).symlink_to(elsewhere)
+    for _ in range(2):
+        assert asyncio.run(start.recorder(local, "ensure", FAKE_SMI, FAST)) == "started"
+        assert asyncio.run(start.recorder(local, "stop", FAKE_SMI)) == "stopped"
+    assert (gpu / start.HELD).is_symlink() and list(elsewhere.iterdir()) == []
+    (gpu / start.HELD).unlink()
+    assert asyncio.run(start.recorder(local, "ensure", FAKE_SMI, FAST)) == "started"
+    assert asyncio.run(start.recorder(local, "stop", FAKE_SMI)) == "stopped"
+    assert (gpu / start.HELD).is_dir() and not (gpu / start.HELD).is_symlink()
+    assert asyncio.run(start.recorder(local, "ensure", FAKE_SMI, FAST)) == "held"
+
+
 def test_gpu_swapped_for_a_link_while_it_records_is_never_written_through(local, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)

@@ -1,6 +1,6 @@
 """`trackside record start|status|stop`: the hosts' GPU recorders by hand (any other
-command starts one where none runs, unless the host's config says `record = false`; a
-`start` here starts it there too). One line a host: its recorder's state and where its
+command starts one where none runs, unless the host's config says `record = false` or it
+was stopped here; a `start` here starts it in either case, and a `stop` holds it stopped). One line a host: its recorder's state and where its
 files are (`<runs_root>/gpu/`, backends/recorder/layout.py).
 
 Exit status: 0, 1 when a host could not be reached or refused, 2 for a bad argument or
@@ -24,6 +24,7 @@ SAID = {
     "started": "started",
     "stopped": "stopped",
     "absent": "not running",
+    "held": "not running: stopped by hand (no command starts it again but `trackside record start`)",
     "no-smi": "not started: the host has no nvidia-smi (config: nvidia_smi)",
     "no-python": "not started: the host has no python3",
 }
