@@ -162,7 +162,9 @@ class Browser:
             if needle in self.text(start):
                 return
             await asyncio.sleep(0.1)
-        raise AssertionError(f"the page was never sent {needle!r} in {timeout:.0f}s; last: {self.text(start)[-600:]!r}")
+        # Its lines with something on them: a frame's tail is often blank rows (CI once showed nothing else).
+        sent = "\n".join(line.strip() for line in self.text(start).splitlines() if line.strip())
+        raise AssertionError(f"the page was never sent {needle!r} in {timeout:.0f}s; what it was sent: {sent[-2000:]!r}")
 
     async def press(self, name: str) -> None:
         key = _key(name)
