@@ -61,9 +61,10 @@ look() {  # $s: this root's session (none: no root); $state: its pane_dead (empt
   state=$(t display-message -p -t "=$s:" '#{pane_dead}' 2>/dev/null)
 }
 held=$root/gpu/@HELD@
+is_held() { [ -d "$held" ] && [ ! -L "$held" ]; }
 look
 case $what in
-  status) [ "$state" = 0 ] && echo running || { [ -d "$held" ] && [ ! -L "$held" ] && echo held || echo absent; }; exit 0 ;;
+  status) [ "$state" = 0 ] && echo running || { is_held && echo held || echo absent; }; exit 0 ;;
   stop)
     if [ -n "$state" ] && t kill-session -t "=$s" 2>/dev/null; then said=stopped; elif [ -n "$s" ]; then said=held; else said=absent; fi
     # Held where the root passes its checks: one refused is never recorded into anyway
@@ -77,7 +78,7 @@ smi=$(command -v "$smi") || { echo no-smi; exit 0; }
 py=$(command -v "$1") || { echo no-python; exit 0; }
 [ -d "$root" ] || mkdir -p -- "$root" || exit 1
 root_ok "$root"; dirs_ok "$root" gpu
-if [ -d "$held" ] && [ ! -L "$held" ]; then
+if is_held; then
   [ "$what" = start ] || { echo held; exit 0; }
   rmdir -- "$held" || exit 1
 fi
