@@ -26,7 +26,7 @@ import torch
 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
 
-_importing: threading.Thread | None = None
+_meanwhile: list[threading.Thread] = []  # in the order begun; each waits for those before it
 
 
 def import_compiler_meanwhile() -> None:
@@ -34,10 +34,22 @@ def import_compiler_meanwhile() -> None:
     this process waits for the run it replaces, sets up CUDA, reads its data and builds and
     resumes its model: the first compiled call would otherwise import it, some 600 modules,
     on the first step's clock. Joined before the first compile (`compiler_imported`)."""
-    global _importing
-    if _importing is None:
-        _importing = threading.Thread(target=_import_compiler, name="compiler-imports", daemon=True)
-        _importing.start()
+    if not _meanwhile:
+        after_compiler_imports(_import_compiler, "compiler-imports")
+
+
+def after_compiler_imports(work, name: str) -> None:
+    """Run `work` on a thread of its own once the threads begun before it are done (the
+    compiler's imports first): the first compile waits for it too."""
+    before = list(_meanwhile)
+
+    def run() -> None:
+        for thread in before:
+            thread.join()
+        work()
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    _meanwhile.append(thread)
+    thread.start()
 
 
 def _import_compiler() -> None:
@@ -50,10 +62,11 @@ def _import_compiler() -> None:
 
 
 def compiler_imported() -> None:
-    """Wait for `import_compiler_meanwhile`'s thread, if one began: two threads importing
-    the same modules at once could each meet the other's half-initialised ones."""
-    if _importing is not None:
-        _importing.join()
+    """Wait for the threads `import_compiler_meanwhile` and `after_compiler_imports` began:
+    two threads importing the same modules at once could each meet the other's
+    half-initialised ones, and a compile before the kept kernels are loaded would miss them."""
+    for thread in list(_meanwhile):
+        thread.join()
 
 
 def compile_island(fn, varying: Sequence[Sequence[int]] = ()):

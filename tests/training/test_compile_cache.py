@@ -1,0 +1,112 @@
+"""Compiled kernels kept under the runs root (training/compile_cache.py): a later process
+whose inductor cache is cold finds them, and a kept file anyone else could have written
+is never loaded. Real torch.compile on the CPU, each process with its own inductor cache."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# One process of a launch: load what is kept (under each runs root given; `keep` writes to
+# the last), compile and run forward and backward, keep.
+LAUNCH = """
+import json, os, sys
+from pathlib import Path
+import torch
+from training import compile_cache
+
+said = [line for root in sys.argv[1:] for line in compile_cache.load(Path(root), torch.device("cpu"), places=())]
+act = getattr(torch.nn.functional, os.environ["ACTIVATION"])
+def f(x, w):
+    return act(x @ w).sum(-1)
+x = torch.randn(48, 32, requires_grad=True)
+torch._dynamo.maybe_mark_dynamic(x, 0)
+torch.compile(f, fullgraph=True)(x, torch.randn(32, 16)).sum().backward()
+counts = dict(torch._dynamo.utils.counters["inductor"])
+print(json.dumps({"said": said, "kept": compile_cache.keep(), "hits": counts.get("fxgraph_cache_hit", 0),
+                  "misses": counts.get("fxgraph_cache_miss", 0)}))
+"""
+
+
+def launch(inductor_cache: Path, *runs_roots: Path, activation: str = "silu") -> dict:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache), "PYTHONPATH": str(REPO),
+           "ACTIVATION": activation}
+    done = subprocess.run([sys.executable, "-c", LAUNCH, *map(str, runs_roots)], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def kept(tmp_path_factory) -> tuple[Path, dict]:
+    """A runs root after one launch on a cold box."""
+    root = tmp_path_factory.mktemp("runs")
+    first = launch(tmp_path_factory.mktemp("inductor"), root)
+    return root, first
+
+
+def kept_file(root: Path) -> Path:
+    """The first launch's set."""
+    (folder,) = (root / "compiled").iterdir()
+    return min(folder.iterdir(), key=lambda p: p.stat().st_mtime)
+
+
+def test_the_first_launch_compiles_and_keeps_what_it_compiled(kept):
+    root, first = kept
+    assert first["said"] == [] and first["misses"] >= 2 and first["hits"] == 0
+    path = kept_file(root)
+    assert first["kept"] == f"{path}: {path.stat().st_size / 2**20:.1f} MiB of compiled artifacts kept for the next launch"
+    assert path.parent.name.startswith("torch-") and path.parent.name.endswith("-cpu")
+    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_another_graphs_set_is_kept_beside_and_a_cold_cache_finds_both(kept, tmp_path):
+    root, first = kept
+    other = launch(tmp_path / "cold-1", root, activation="gelu")  # another drafter, another model
+    folder = kept_file(root).parent
+    assert other["said"] == [f"{folder}: {first['misses'] + 1} compiled artifacts loaded"]
+    assert other["hits"] == 0 and other["misses"] >= 2
+    assert other["kept"].startswith(f"{folder}/") and len(list(folder.iterdir())) == 2
+    again = launch(tmp_path / "cold-2", root)
+    assert again["said"] == [f"{folder}: {first['misses'] + other['misses'] + 2} compiled artifacts loaded"]
+    assert again["hits"] == first["misses"] and again["misses"] == 0
+    assert again["kept"] is None  # all it used was loaded: nothing written
+
+
+TAMPERS = ("group-writable", "someone else's", "a link", "folder a link")
+
+
+def test_a_kept_file_another_user_could_have_written_is_not_loaded(kept, tmp_path):
+    """The artifacts are pickles and generated code: loading a planted one runs it. One
+    process meets each way in turn; one of them loaded would show as cache hits."""
+    source, _ = kept
+    path = kept_file(source)
+    target, name = path.parent.name, path.name
+    roots = [tmp_path / tamper.replace(" ", "-").replace("'", "") for tamper in TAMPERS]
+    for tamper, root in zip(TAMPERS, roots):
+        (root / "compiled").mkdir(parents=True)
+        folder = root / "compiled" / target
+        if tamper == "folder a link":
+            folder.symlink_to(path.parent)
+            continue
+        folder.mkdir(mode=0o700)
+        if tamper == "a link":
+            (folder / name).symlink_to(path)
+            continue
+        (folder / name).write_bytes(path.read_bytes())
+        (folder / name).chmod(0o620 if tamper == "group-writable" else 0o600)
+        if tamper == "someone else's":
+            os.chown(folder / name, 65534, 65534)
+    again = launch(tmp_path / "cold", *roots)
+    assert again["said"] == [
+        *(f"{root / 'compiled' / target}: 0 compiled artifacts loaded; not loaded, a link or not this "
+          f"user's alone: {name}" for root in roots[:3]),
+        f"{roots[3] / 'compiled' / target}: nothing loaded: it or its folder is a link, or not this user's alone"]
+    assert again["hits"] == 0 and again["misses"] >= 2  # compiled afresh
+    assert again["kept"].startswith(f"{roots[3] / 'compiled' / target}: compiled artifacts not kept")
