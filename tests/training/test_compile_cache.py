@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -110,3 +111,29 @@ def test_a_kept_file_another_user_could_have_written_is_not_loaded(kept, tmp_pat
         f"{roots[3] / 'compiled' / target}: nothing loaded: it or its folder is a link, or not this user's alone"]
     assert again["hits"] == 0 and again["misses"] >= 2  # compiled afresh
     assert again["kept"].startswith(f"{roots[3] / 'compiled' / target}: compiled artifacts not kept")
+
+
+@pytest.mark.gpu
+def test_the_trainer_keeps_its_islands_and_a_cold_launch_loads_them(tmp_path, cache):
+    """On the card the islands compile: the first launch keeps them under its runs root,
+    a second one with inductor's cache cold loads them and keeps nothing new. The package
+    is a copy without the sets it ships, so only the runs root's count."""
+    code = tmp_path / "code"
+    shutil.copytree(REPO / "training", code / "training", ignore=shutil.ignore_patterns("compiled", "__pycache__"))
+
+    def train(label: str) -> list[str]:
+        env = {**os.environ, "TRACKSIDE_RUNS_ROOT": str(tmp_path / "runs"), "PYTHONPATH": str(code),
+               "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / label)}
+        done = subprocess.run([sys.executable, "-m", "training", "train", "--synthetic", "--steps", "2",
+                               "--device", "cuda", "--max-seq-len", "512", "--out", str(tmp_path / label / "run")],
+                              cwd=code, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return [line for line in done.stdout.splitlines() if "compiled artifacts" in line]
+
+    first = train("first")
+    assert len(first) == 1 and first[0].endswith("MiB of compiled artifacts kept for the next launch")
+    (folder,) = (tmp_path / "runs" / "compiled").iterdir()
+    assert folder.name.startswith("torch-") and "-sm" in folder.name
+    second = train("second")
+    assert len(second) == 1 and second[0].startswith(f"train: {folder}: ")
+    assert int(second[0].split(": ")[-1].split()[0]) > 0 and second[0].endswith("compiled artifacts loaded")
