@@ -14,8 +14,8 @@ with the code when it is shipped to a host (backends/ship), so a box's first lau
 finds them.
 
 The artifacts are pickles and generated code, so loading one runs what it holds: a set is
-loaded only where it and its folders belong to this user, nobody else can write to them,
-and none is a link. A set that fails to load is skipped: the islands compile as if it
+loaded only where it and its folders belong to this user (or root), nobody else can
+write to them, and none is a link. A set that fails to load is skipped: the islands compile as if it
 were not there.
 """
 from __future__ import annotations
@@ -50,12 +50,13 @@ def target(device: torch.device) -> str:
 
 
 def _owned(st: os.stat_result) -> bool:
-    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+    """This user's or root's (as the Python it runs is), and nobody else can write it."""
+    return st.st_uid in (os.geteuid(), 0) and not st.st_mode & 0o022
 
 
 def _open_folder(path: Path) -> int | None:
     """An fd of `path`, reached without following a link at its last two parts, where both
-    are folders of this user's that only it can write to; else None."""
+    are folders that pass `_owned`; else None."""
     fds = []
     try:
         for part in (path.parent, path.name):
@@ -73,7 +74,7 @@ def _open_folder(path: Path) -> int | None:
 
 def _sets(dirfd: int) -> list[tuple[float, str, bytes | None]]:
     """(modified, name, bytes) of each set in the folder, newest first; bytes None for one
-    that is a link, not a file, or not this user's alone."""
+    that is a link, not a file, or another user could write."""
     found = []
     for name in os.listdir(dirfd):
         if not name.endswith(".bin") or name.startswith("."):
@@ -107,7 +108,7 @@ def load(runs_root: Path, device: torch.device, places: tuple[Path, ...] = (PACK
             continue
         dirfd = _open_folder(folder)
         if dirfd is None:
-            said.append(f"{folder}: nothing loaded: it or its folder is a link, or not this user's alone")
+            said.append(f"{folder}: nothing loaded: it or its folder is a link, or another user could write it")
             continue
         try:
             sets = _sets(dirfd)
@@ -127,7 +128,7 @@ def load(runs_root: Path, device: torch.device, places: tuple[Path, ...] = (PACK
             loaded += len(_names(info))
         line = f"{folder}: {loaded} compiled artifacts loaded"
         if refused:
-            line += f"; not loaded, a link or not this user's alone: {', '.join(refused)}"
+            line += f"; not loaded, a link or another user could write it: {', '.join(refused)}"
         if failed:
             line += f"; failed to load: {', '.join(failed)}"
         said.append(line)
@@ -152,7 +153,7 @@ def keep() -> str | None:
         return f"{_keep_in}: compiled artifacts not kept ({exc})"
     dirfd = _open_folder(_keep_in)
     if dirfd is None:
-        return f"{_keep_in}: compiled artifacts not kept: it or its folder is a link, or not this user's alone"
+        return f"{_keep_in}: compiled artifacts not kept: it or its folder is a link, or another user could write it"
     name = hashlib.sha256(repr(sorted(_names(info))).encode()).hexdigest()[:16] + ".bin"
     temporary = f".{name}.{os.getpid()}"
     try:

@@ -106,9 +106,10 @@ def test_a_kept_file_another_user_could_have_written_is_not_loaded(kept, tmp_pat
             os.chown(folder / name, 65534, 65534)
     again = launch(tmp_path / "cold", *roots)
     assert again["said"] == [
-        *(f"{root / 'compiled' / target}: 0 compiled artifacts loaded; not loaded, a link or not this "
-          f"user's alone: {name}" for root in roots[:3]),
-        f"{roots[3] / 'compiled' / target}: nothing loaded: it or its folder is a link, or not this user's alone"]
+        *(f"{root / 'compiled' / target}: 0 compiled artifacts loaded; not loaded, a link or another "
+          f"user could write it: {name}" for root in roots[:3]),
+        f"{roots[3] / 'compiled' / target}: nothing loaded: it or its folder is a link, or another user "
+        "could write it"]
     assert again["hits"] == 0 and again["misses"] >= 2  # compiled afresh
     assert again["kept"].startswith(f"{roots[3] / 'compiled' / target}: compiled artifacts not kept")
 
