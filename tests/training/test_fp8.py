@@ -1,0 +1,162 @@
+"""fp8 matmuls (training/fp8.py) on the CPU, real torch._scaled_mm: against float64 within
+fp8's rounding, the MLP in fp8 against the MLP as it is, `train --fp8` end to end, and
+where --fp8 is refused.
+
+Tolerances. e4m3 keeps 3 mantissa bits, e5m2 2: rounding random normal data to the
+nearest is off by a relative ~2.6 % (e4m3) and ~5.2 % (e5m2) RMS. A product of two
+rounded operands adds their errors in quadrature, and over a sum of many such products
+the error relative to the result's norm stays that RMS: ~3.7 % forward (e4m3 x e4m3) and
+~5.8 % for the gradients (an e5m2 gradient times an e4m3 operand), as measured here. A
+scale inverted, lost or left out, or an operand transposed wrong, is off by 40 % or more;
+bf16 by 0.3 %.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from training import fp8
+from training.cli import main
+from training.config import DFLASH_PRESETS, PRESETS
+from training.drafters.eagle3.model import Eagle3Drafter
+from training.fp8 import fp8_linear, fp8_weight
+from training.layers import MLP
+from training.packing import collate
+
+FORWARD, GRADIENT = 0.05, 0.08  # fp8's expected 3.7 % and 5.8 %, with room (docstring)
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.double() - want).norm() / want.norm()).item()
+
+
+# Magnitudes (of x, of W, of the output's gradient) far from fp8's range: at 1e-7 an
+# unscaled e5m2 gradient is all zeros, at 1e3 an unscaled e4m3 x saturates at 448.
+@pytest.mark.parametrize("x_size, w_size, grad_size", [(1, 1, 1), (1e3, 0.02, 1e-7),
+                                                       (1e-3, 30, 1e4)])
+def test_an_fp8_matmul_and_its_gradients_are_float64s_within_fp8s_rounding(
+        x_size, w_size, grad_size):
+    g = torch.Generator().manual_seed(0)
+    # 90 tokens: the weight gradient's summed dimension is padded to 96
+    x = (torch.randn(2, 45, 64, generator=g) * x_size).requires_grad_()
+    w = (torch.randn(96, 64, generator=g) * w_size).requires_grad_()
+    grad = torch.randn(2, 45, 96, generator=g) * grad_size
+    y = fp8_linear(x, fp8_weight(w))
+    y.backward(grad)
+    x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+    want = x64 @ w64.T
+    want.backward(grad.double())
+    assert y.dtype == x.dtype and y.shape == want.shape
+    for got, ref, tolerance in ((y, want, FORWARD), (x.grad, x64.grad, GRADIENT),
+                                (w.grad, w64.grad, GRADIENT)):
+        assert 0.01 < relative_error(got, ref) < tolerance  # fp8's rounding, no more
+
+
+def float64_twin(mlp: MLP) -> MLP:
+    twin = MLP(PRESETS["tiny"]).double()
+    twin.load_state_dict(mlp.state_dict())
+    return twin
+
+
+def test_the_mlp_in_fp8_is_the_mlp_within_fp8s_rounding_over_an_unroll():
+    torch.manual_seed(0)
+    mlp = MLP(PRESETS["tiny"], fp8=True)
+    twin = float64_twin(mlp)
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(1, 50, 64, generator=g).requires_grad_() for _ in range(3)]
+    grads = [torch.randn(1, 50, 64, generator=g) for _ in xs]
+    # three TTT steps on the weights made once, as an unroll reads them
+    weights = mlp.unroll_weights()
+    outs = [mlp(x, weights) for x in xs]
+    torch.autograd.backward(outs, grads)
+    twin_weights = twin.unroll_weights()
+    xs64 = [x.detach().double().requires_grad_() for x in xs]
+    wants = [twin(x, twin_weights) for x in xs64]
+    torch.autograd.backward(wants, [g.double() for g in grads])
+    # Two fp8 matmuls in a row (and the gradients through three) compound their errors:
+    # ~6.5 % forward, ~9 % for the gradients, measured.
+    for out, want in zip(outs, wants):
+        assert 0.01 < relative_error(out, want) < 2 * FORWARD
+    for x, x64 in zip(xs, xs64):
+        assert relative_error(x.grad, x64.grad) < 2 * GRADIENT
+    # each weight's gradient reaches its parameter, gathered over the three steps
+    for (name, p), p64 in zip(mlp.named_parameters(), twin.parameters()):
+        assert p.grad is not None and p.grad.dtype == torch.float32, name
+        assert relative_error(p.grad, p64.grad) < 2 * GRADIENT, name
+
+
+def test_the_weights_are_cast_to_fp8_once_per_unroll(monkeypatch, make_sample):
+    casts = []
+    cast = fp8.weight_to_fp8
+    monkeypatch.setattr(fp8, "weight_to_fp8", lambda w: casts.append(w.shape) or cast(w))
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(PRESETS["tiny"], fp8=True)
+    batch = collate([[make_sample(40, seed=0)]], 40)
+    batch.aux_hidden, batch.final_hidden = batch.aux_hidden.float(), batch.final_hidden.float()
+    out = drafter(batch, ttt_steps=3)
+    out.loss.backward()
+    assert casts == [(2 * 192, 64), (64, 192)]  # gate and up stacked, then down
+    assert all(p.grad is not None for p in drafter.midlayer.mlp.parameters())
+
+
+def test_fp8_is_refused_below_ada_and_for_sizes_cublas_cannot_take():
+    tiny = PRESETS["tiny"]
+    assert fp8.refusal(None, tiny) is None  # the CPU: the tests
+    for card in ((8, 9), (9, 0), (10, 0), (12, 0)):  # L40S, H100/H200, B200, RTX 50xx
+        assert fp8.refusal(card, tiny) is None, card
+        assert fp8.refusal(card, DFLASH_PRESETS["qwen3-8b"]) is None, card
+    for card in ((7, 0), (8, 0), (8, 6), (8, 7)):  # V100, A100, A10/RTX 30xx, Orin
+        assert "8.9" in fp8.refusal(card, tiny), card
+    odd = PRESETS["tiny"].__class__(**{**tiny.to_dict(), "intermediate_size": 200})
+    assert "intermediate_size 200" in fp8.refusal(None, odd)
+
+
+def test_train_refuses_fp8_for_a_shape_it_cannot_run_naming_the_flag(tmp_path, cache,
+                                                                     capsys):
+    shape = {**PRESETS["tiny"].to_dict(), "intermediate_size": 200}
+    (tmp_path / "odd.json").write_text(json.dumps(shape))
+    code = main(["train", "--synthetic", "--fp8", "--model-config", str(tmp_path / "odd.json"),
+                 "--out", str(tmp_path / "run")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--fp8" in err and "intermediate_size 200" in err
+    assert not (tmp_path / "run").exists()
+
+
+def run_in_fp8(run_dir, monkeypatch, *args) -> tuple[list[dict], list]:
+    """A `train --synthetic --fp8` run's events, and the weights it cast to fp8."""
+    casts = []
+    cast = fp8.weight_to_fp8
+    monkeypatch.setattr(fp8, "weight_to_fp8", lambda w: casts.append(w.shape) or cast(w))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls gain nothing from more threads
+    try:
+        assert main(["train", "--synthetic", "--fp8", *args, "--save-every", "0",
+                     "--device", "cpu", "--out", str(run_dir)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    events = [json.loads(line)
+              for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert events[0]["event"] == "start" and events[0]["config"]["fp8"] is True
+    return events, casts
+
+
+def test_a_synthetic_eagle3_run_in_fp8_learns_and_says_so(tmp_path, cache, monkeypatch):
+    events, casts = run_in_fp8(tmp_path / "run", monkeypatch, "--steps", "12",
+                               "--max-seq-len", "128", "--lr", "1e-2")
+    losses = [e["loss"] for e in events if e["event"] == "step"]
+    assert len(losses) == 12 and len(casts) == 12 * 2  # each step's unroll: its 2 casts
+    assert sum(losses[-4:]) < 0.95 * sum(losses[:4]), losses
+
+
+def test_a_synthetic_dflash_run_in_fp8_runs_each_layers_mlp_in_fp8(tmp_path, cache,
+                                                                   monkeypatch):
+    events, casts = run_in_fp8(tmp_path / "run", monkeypatch, "--drafter", "dflash",
+                               "--steps", "2", "--max-seq-len", "256", "--max-anchors",
+                               "16", "--block-size", "4")
+    steps = [e for e in events if e["event"] == "step"]
+    assert len(steps) == 2 and all(e["loss"] > 0 for e in steps)
+    layers = DFLASH_PRESETS["tiny"].num_layers
+    assert len(casts) == 2 * layers * 2  # per step, each layer's gate-and-up and down
