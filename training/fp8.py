@@ -55,8 +55,10 @@ def scaled(t: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
 def transposed(t: Tensor, dtype: torch.dtype) -> Tensor:
     """[rows x cols] scaled values as fp8 [cols x rows padded to ALIGN], contiguous: the
     weight gradient's operand, which sums over the rows (tokens). Padded before the
-    cast, where padding is plain fp32."""
-    return F.pad(t.t(), (0, -t.shape[0] % ALIGN)).to(dtype)
+    cast, where padding is plain fp32; contiguous said outright, as a pad of nothing keeps
+    the transposed strides."""
+    return F.pad(t.t(), (0, -t.shape[0] % ALIGN)).to(dtype,
+                                                       memory_format=torch.contiguous_format)
 
 
 @cuda_compiled

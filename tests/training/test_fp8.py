@@ -17,8 +17,11 @@ import json
 import pytest
 import torch
 
-from training import fp8
+from torch._dynamo.utils import counters
+
+from training import fp8, layers
 from training.cli import main
+from training.compiled import compile_island
 from training.config import DFLASH_PRESETS, PRESETS
 from training.drafters.eagle3.model import Eagle3Drafter
 from training.fp8 import fp8_linear, fp8_weight
@@ -99,6 +102,78 @@ def test_the_weights_are_cast_to_fp8_once_per_unroll(monkeypatch, make_sample):
     out.loss.backward()
     assert casts == [(2 * 192, 64), (64, 192)]  # gate and up stacked, then down
     assert all(p.grad is not None for p in drafter.midlayer.mlp.parameters())
+
+
+@pytest.mark.parametrize("tokens", [48, 77])
+def test_every_matmul_takes_the_operands_as_cublas_wants_them(tokens, monkeypatch):
+    """What cuBLAS's fp8 matmuls refuse, which the CPU's take: A not row-major, B not
+    column-major, a summed or an output dimension that is not a multiple of 16, two e5m2
+    operands."""
+    seen = []
+    scaled_mm = torch._scaled_mm
+
+    def checked(a, b, **kwargs):
+        assert a.stride(1) == 1 and a.stride(0) == a.shape[1]  # row-major
+        assert b.stride(0) == 1 and b.stride(1) == b.shape[0]  # column-major
+        assert a.shape[1] % 16 == 0 and b.shape[1] % 16 == 0
+        assert fp8.E4M3 in (a.dtype, b.dtype)
+        assert kwargs["scale_a"].dtype == kwargs["scale_b"].dtype == torch.float32
+        seen.append((a.dtype, b.dtype))
+        return scaled_mm(a, b, **kwargs)
+    monkeypatch.setattr(torch, "_scaled_mm", checked)
+    mlp = MLP(PRESETS["tiny"], fp8=True)
+    x = torch.randn(1, tokens, 64, requires_grad=True)
+    mlp(x, mlp.unroll_weights()).sum().backward()
+    # each of the two projections: forward, then the input's and the weight's gradients
+    assert seen == [(fp8.E4M3, fp8.E4M3)] * 2 + [(fp8.E5M2, fp8.E4M3)] * 4
+
+
+@pytest.mark.slow
+def test_the_casts_compiled_are_the_eager_casts_one_graph_for_every_row_length():
+    """As cuda_compiled compiles them for CUDA, here for the CPU (inductor's C++): the
+    same fp8 bytes, the padding at rows that are not whole multiples of 16, no recompile."""
+    g = torch.Generator().manual_seed(0)
+    islands = [(fp8.to_fp8, lambda L: (torch.randn(L, 64, generator=g), fp8.E5M2)),
+               (layers.swiglu_to_fp8, lambda L: (torch.randn(L, 384, generator=g),)),
+               (layers.swiglu_to_fp8_t, lambda L: (torch.randn(L, 384, generator=g),))]
+    for island, inputs in islands:
+        compiled = compile_island(island.__wrapped__, island.varying)
+        graphs = []
+        for L in (48, 77):
+            args = inputs(L)
+            for got, want in zip(compiled(*args), island.__wrapped__(*args)):
+                assert got.shape == want.shape and got.stride() == want.stride()
+                assert torch.equal(got.float(), want.float())
+            graphs.append(counters["stats"]["unique_graphs"])
+        assert graphs[1] == graphs[0], island.__name__
+    weight = torch.randn(96, 64, generator=g)
+    compiled = compile_island(fp8.weight_to_fp8.__wrapped__, fp8.weight_to_fp8.varying)
+    for got, want in zip(compiled(weight), fp8.weight_to_fp8.__wrapped__(weight)):
+        assert got.stride() == want.stride() and torch.equal(got.float(), want.float())
+
+
+@pytest.mark.gpu
+def test_the_mlp_in_fp8_on_cuda_under_autocast_is_the_mlp_within_fp8s_rounding():
+    """cuBLAS's fp8 matmuls (their layouts and alignment) and the compiled casts, as a
+    step runs them: bf16 autocast, a row of tokens that is not a multiple of 16."""
+    torch.manual_seed(0)
+    mlp = MLP(PRESETS["tiny"], fp8=True).cuda()
+    twin = float64_twin(mlp.cpu()).cuda()
+    mlp.cuda()
+    x = torch.randn(2, 1000, 64, device="cuda")
+    grad = torch.randn(2, 1000, 64, device="cuda")
+    xb = x.to(torch.bfloat16).requires_grad_()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = mlp(xb, mlp.unroll_weights())
+    out.backward(grad.to(torch.bfloat16))
+    x64 = xb.detach().double().requires_grad_()
+    want = twin(x64, twin.unroll_weights())
+    want.backward(grad.double())
+    assert out.dtype == torch.bfloat16 and xb.grad.dtype == torch.bfloat16
+    assert 0.01 < relative_error(out, want) < 2 * FORWARD
+    assert relative_error(xb.grad, x64.grad) < 2 * GRADIENT
+    for (name, p), p64 in zip(mlp.named_parameters(), twin.parameters()):
+        assert relative_error(p.grad, p64.grad) < 2 * GRADIENT, name
 
 
 def test_fp8_is_refused_below_ada_and_for_sizes_cublas_cannot_take():
