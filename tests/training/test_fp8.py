@@ -193,7 +193,7 @@ def test_train_refuses_fp8_for_a_shape_it_cannot_run_naming_the_flag(tmp_path, c
     shape = {**PRESETS["tiny"].to_dict(), "intermediate_size": 200}
     (tmp_path / "odd.json").write_text(json.dumps(shape))
     code = main(["train", "--synthetic", "--fp8", "--model-config", str(tmp_path / "odd.json"),
-                 "--out", str(tmp_path / "run")])
+                 "--steps", "1", "--max-seq-len", "128", "--out", str(tmp_path / "run")])
     assert code == 2
     err = capsys.readouterr().err
     assert "--fp8" in err and "intermediate_size 200" in err
