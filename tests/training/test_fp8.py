@@ -24,6 +24,7 @@ from training.cli import main
 from training.compiled import compile_island
 from training.config import DFLASH_PRESETS, PRESETS
 from training.drafters.eagle3.model import Eagle3Drafter
+from training.drafters.measured import shape_from_start
 from training.fp8 import fp8_linear, fp8_weight
 from training.layers import MLP
 from training.packing import collate
@@ -235,3 +236,12 @@ def test_a_synthetic_dflash_run_in_fp8_runs_each_layers_mlp_in_fp8(tmp_path, cac
     assert len(steps) == 2 and all(e["loss"] > 0 for e in steps)
     layers = DFLASH_PRESETS["tiny"].num_layers
     assert len(casts) == 2 * layers * 2  # per step, each layer's gate-and-up and down
+
+
+def test_an_fp8_runs_peak_is_not_read_as_the_memory_models(tmp_path, cache, monkeypatch):
+    events, _ = run_in_fp8(tmp_path / "run", monkeypatch, "--steps", "1", "--max-seq-len",
+                           "128")
+    start = {**events[0], "config": {**events[0]["config"], "device": "cuda"}}
+    with pytest.raises(ValueError, match="fp8"):
+        shape_from_start(start)
+    shape_from_start({**start, "config": {**start["config"], "fp8": False}})  # as bf16: read
