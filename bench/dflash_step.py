@@ -111,7 +111,7 @@ def trackside_step(spec: dict, row: dict, device: torch.device):
     training = run.DFlashTraining(target_layers=tuple(layers), max_anchors=spec["max_anchors"],
                                   gamma=GAMMA, soft_kl=spec["soft_kl"])
     with torch.device(device):
-        drafter = DFlashDrafter(cfg)
+        drafter = DFlashDrafter(cfg, spec.get("fp8", False))
     drafter.load_verifier(*verifier_weights(spec, device))
     model = run.DFlashStep(drafter, training, layers, (0, 1)).to(device)
     params = [p for p in drafter.parameters() if p.requires_grad]
@@ -280,6 +280,7 @@ def run_child(spec: dict, timeout: float) -> dict:
 def label(spec: dict) -> str:
     loss_pass = "-eager" if spec.get("loss_pass") == "eager" else ""
     loss_pass += "-tokens-in-step" if spec.get("tokens_in_step") else ""
+    loss_pass += "-fp8" if spec.get("fp8") else ""
     return (f"{spec['trainer']}{loss_pass}-{spec['preset']}-{spec['max_seq_len']}-"
             f"{spec['max_anchors']}-{spec['loss_chunk']}")
 
@@ -287,6 +288,7 @@ def label(spec: dict) -> str:
 def describe(r: dict) -> str:
     loss_pass = " eager loss" if r.get("loss_pass") == "eager" else ""
     loss_pass += " tokens in step" if r.get("tokens_in_step") else ""
+    loss_pass += " fp8" if r.get("fp8") else ""
     head = (f"{r['trainer']:11s} {r['preset']} L {r['max_seq_len']} anchors "
             f"{r['max_anchors']} block {r['block_size']} soft KL {r['soft_kl']:g} chunk "
             f"{r['loss_chunk']}{loss_pass}" + (f" cap {r['cap_gib']:g} GiB" if r.get("cap_gib") else ""))
@@ -414,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also trackside with the eager loss pass (CUDA runs Triton's)")
     p.add_argument("--tokens-in-step", action="store_true",
                    help="also trackside making the verifier's tokens in each step")
+    p.add_argument("--fp8", action="store_true",
+                   help="trackside with the MLP's matmuls in fp8 (train --fp8)")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="profile two steps of each child: $OUT/profile-*.txt")
     p.add_argument("--smoke", action="store_true", help="CPU: tiny shapes, every mode")
@@ -452,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.new_shape:
         shape = {**TINY, "max_seq_len": 192, "max_anchors": 12} if args.smoke else NEW_SHAPE
         specs.append({**shape, **common, "trainer": "trackside"})
+    for spec in specs:
+        spec["fp8"] = args.fp8 and spec["trainer"] == "trackside"
     gpu = torch.cuda.is_available()
     results = []
     report = {"command": " ".join([Path(sys.executable).name, *sys.argv]),

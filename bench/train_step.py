@@ -59,22 +59,25 @@ from training.params import PARAMS  # noqa: E402
 # trackside takes its options as suffixes, in this order: +frozen (--freeze-lm-head, its
 # draft head kept at the verifier's as speculators keeps it: the same work as speculators,
 # no weight gradient for the head), then +ckpt (--checkpoint-ttt: every TTT step
-# recomputed in backward) or +ckptN (the first N steps). E.g. trackside+frozen+ckpt2.
-TRAINER = re.compile(r"speculators|trackside(?P<frozen>\+frozen)?(?:\+ckpt(?P<ckpt>[0-9]*))?")
+# recomputed in backward) or +ckptN (the first N steps), then +fp8 (--fp8: the MLP's
+# matmuls in fp8). E.g. trackside+frozen+ckpt2, trackside+frozen+fp8.
+TRAINER = re.compile(r"speculators|trackside(?P<frozen>\+frozen)?(?:\+ckpt(?P<ckpt>[0-9]*))?"
+                     r"(?P<fp8>\+fp8)?")
 
 
 def trainer_name(text: str) -> str:
     if not TRAINER.fullmatch(text):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: speculators, or trackside[+frozen][+ckpt[N]]")
+            f"{text!r}: speculators, or trackside[+frozen][+ckpt[N]][+fp8]")
     return text
 
 
-def trackside_options(name: str) -> tuple[int, bool]:
-    """(TTT steps recomputed, head frozen) of a trackside trainer name."""
+def trackside_options(name: str) -> tuple[int, bool, bool]:
+    """(TTT steps recomputed, head frozen, fp8) of a trackside trainer name."""
     m = TRAINER.fullmatch(name)
     ckpt = m["ckpt"]
-    return (0 if ckpt is None else int(ckpt) if ckpt else sys.maxsize), bool(m["frozen"])
+    return ((0 if ckpt is None else int(ckpt) if ckpt else sys.maxsize), bool(m["frozen"]),
+            bool(m["fp8"]))
 
 
 DEFAULT_CELLS = [f"llama3-8b:{L}:{K}" for L in (8192, 16384, 32768) for K in (3, 5, 7)]
@@ -187,9 +190,9 @@ def trackside_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: tor
     from training.drafters.eagle3.probe import Trainer
     from training.packing import PackedBatch
 
-    checkpoint_ttt, frozen = trackside_options(name)
+    checkpoint_ttt, frozen, fp8 = trackside_options(name)
     trainer = Trainer(cfg, device, ttt_decay=TTT_DECAY, checkpoint_ttt=checkpoint_ttt,
-                      freeze_lm_head=frozen)
+                      freeze_lm_head=frozen, fp8=fp8)
     batch = PackedBatch(inputs["input_ids"], inputs["position_ids"], inputs["doc_ids"],
                         inputs["loss_mask"], inputs["aux_hidden"], inputs["final_hidden"],
                         num_samples=len(inputs["lengths"]), num_truncated=0, pad_tokens=0)

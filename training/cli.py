@@ -94,6 +94,8 @@ def train_parser() -> argparse.ArgumentParser:
                    metavar="N", help="a step whose loss or gradient is not finite is skipped, "
                    "never applied; stop after N in a row (exit 4; default %(default)s)")
     p.add_argument("--export", type=Path, help="export the final drafter here")
+    p.add_argument("--fp8", action="store_true",
+                   help="the MLP's matmuls in fp8 with per-tensor scaling (H100/H200 and newer)")
     drafters.add_flags(p, "train")
     return p
 
@@ -198,8 +200,17 @@ def _train(args, device: str, argv: list[str]) -> int:
         device=device, resume=args.resume, resume_from=args.resume_from, replaced_run_s=replaced_run_s,
         loss_chunk=args.loss_chunk, sharding=args.sharding,
         gpu_mem_gib=args.gpu_mem_gib, save_every=args.save_every, seed=args.seed,
-        max_nonfinite=args.max_nonfinite,
+        max_nonfinite=args.max_nonfinite, fp8=args.fp8,
         export=None if spec.exports_after_run else args.export)
+    if cfg.fp8:
+        import torch
+
+        from training.fp8 import refusal
+
+        said = refusal(torch.cuda.get_device_capability() if device == "cuda" else None,
+                       cfg.drafter)
+        if said:
+            raise UsageError(f"--fp8: {said}")
     run_dir.mkdir(parents=True, exist_ok=True)
     if args.synthetic:
         # Every rank of a torchrun run gets here: each links under its own name and renames

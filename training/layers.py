@@ -10,6 +10,8 @@ from torch import Tensor, nn
 from training.compiled import cuda_compiled
 from training.config import DFlashConfig, DrafterConfig
 from training.flex import at_least_float32
+from training.fp8 import (E4M3, Fp8Weight, fp8_linear, fp8_weight, linear_backward, matmul,
+                          scaled, transposed)
 
 
 class RMSNorm(nn.Module):
@@ -51,28 +53,46 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
+def _as_read(weight: Tensor) -> Tensor:
+    """weight cast to autocast's dtype, where autocast is on."""
+    device = weight.device.type
+    if torch.is_autocast_enabled(device):
+        return weight.to(torch.get_autocast_dtype(device))
+    return weight
+
+
 class MLP(nn.Module):
-    def __init__(self, cfg: DrafterConfig | DFlashConfig):
+    """fp8: its three projections as fp8 matmuls (training/fp8.py), gate and up as one."""
+
+    def __init__(self, cfg: DrafterConfig | DFlashConfig, fp8: bool = False):
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.fp8 = fp8
 
-    def down_weight(self) -> Tensor:
-        """down_proj's weight as the matmuls read it, cast to autocast's dtype once for a
-        whole TTT unroll, as autocast does for the other projections. Given the fp32
-        weight, SwiGLUDown (a Function: autocast's cache does not reach its backward) would
-        cast it again in every step's backward and hand back an fp32 gradient per step to
-        add: a [hidden x intermediate] copy per TTT step, where one cast and one gradient
-        serve the unroll (docs/benchmarks.md, "down_proj cast once per unroll")."""
-        weight, device = self.down_proj.weight, self.down_proj.weight.device.type
-        if torch.is_autocast_enabled(device):
-            return weight.to(torch.get_autocast_dtype(device))
-        return weight
+    def unroll_weights(self) -> Tensor | tuple[Fp8Weight, Fp8Weight]:
+        """The weights as forward reads them, made once for a whole TTT unroll.
 
-    def forward(self, x: Tensor, down_weight: Tensor) -> Tensor:
-        """down_weight: down_weight(), made once per unroll."""
-        return SwiGLUDown.apply(self.gate_proj(x), self.up_proj(x), down_weight)
+        bf16: down_proj's weight cast to autocast's dtype, as autocast does for the other
+        projections. Given the fp32 weight, SwiGLUDown (a Function: autocast's cache does
+        not reach its backward) would cast it again in every step's backward and hand back
+        an fp32 gradient per step to add: a [hidden x intermediate] copy per TTT step,
+        where one cast and one gradient serve the unroll (docs/benchmarks.md, "down_proj
+        cast once per unroll").
+        fp8: gate and up stacked (one matmul of x, one cast of its gradient) and down, each
+        with its fp8 copies, for the same reason."""
+        if self.fp8:
+            gate_up = torch.cat([_as_read(self.gate_proj.weight), _as_read(self.up_proj.weight)])
+            return fp8_weight(gate_up), fp8_weight(_as_read(self.down_proj.weight))
+        return _as_read(self.down_proj.weight)
+
+    def forward(self, x: Tensor, weights: Tensor | tuple[Fp8Weight, Fp8Weight]) -> Tensor:
+        """weights: unroll_weights(), made once per unroll."""
+        if self.fp8:
+            gate_up, down = weights
+            return SwiGLUDownFp8.apply(fp8_linear(x, gate_up), down.weight, down)
+        return SwiGLUDown.apply(self.gate_proj(x), self.up_proj(x), weights)
 
 
 @cuda_compiled
@@ -82,6 +102,10 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
 
 @cuda_compiled
 def swiglu_backward(gate: Tensor, up: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
+    return swiglu_grads(gate, up, grad)
+
+
+def swiglu_grads(gate: Tensor, up: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
     g = gate.to(at_least_float32(gate.dtype))
     sig = torch.sigmoid(g)
     grad = grad.to(g.dtype)
@@ -111,3 +135,51 @@ class SwiGLUDown(torch.autograd.Function):
         del h  # not held beside the three [tokens x intermediate] gradients below
         grad_gate, grad_up = swiglu_backward(gate, up, grad @ weight)
         return grad_gate, grad_up, grad_weight
+
+
+@cuda_compiled
+def swiglu_to_fp8(gate_up: Tensor) -> tuple[Tensor, Tensor]:
+    """silu(gate) * up of [tokens x (gate ; up)] in e4m3, and its inverse scale."""
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    values, inverse = scaled(F.silu(gate) * up, E4M3)
+    return values.to(E4M3), inverse
+
+
+@cuda_compiled
+def swiglu_to_fp8_t(gate_up: Tensor) -> tuple[Tensor, Tensor]:
+    """swiglu_to_fp8's, transposed (fp8.transposed)."""
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    values, inverse = scaled(F.silu(gate) * up, E4M3)
+    return transposed(values, E4M3), inverse
+
+
+@cuda_compiled
+def swiglu_backward_stacked(gate_up: Tensor, grad: Tensor) -> Tensor:
+    """swiglu_backward's gradients of gate and up, written side by side as gate_up is."""
+    return torch.cat(swiglu_grads(*gate_up.chunk(2, dim=-1), grad), dim=-1)
+
+
+class SwiGLUDownFp8(torch.autograd.Function):
+    """SwiGLUDown as fp8 matmuls, of gate and up stacked [tokens x (gate ; up)] (one
+    tensor: the stacked matmul's output, and the gradient it takes back), for the
+    Fp8Weight `w` of down_proj; `weight` is w.weight, for the gradient's way back. As
+    SwiGLUDown, backward recomputes silu(gate) * up (in fp8, transposed, as the weight
+    gradient reads it) rather than keeping it through every TTT step."""
+
+    @staticmethod
+    def forward(ctx, gate_up: Tensor, weight: Tensor, w: Fp8Weight) -> Tensor:
+        ctx.save_for_backward(gate_up, w.data_t, w.inverse)
+        ctx.weight_dtype = weight.dtype
+        h, inverse = swiglu_to_fp8(gate_up.flatten(0, -2))
+        return matmul(h, inverse, w.data, w.inverse, gate_up.dtype).view(
+            *gate_up.shape[:-1], -1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        gate_up, w_t, w_inverse = ctx.saved_tensors
+        flat = gate_up.flatten(0, -2)
+        h_t, inverse = swiglu_to_fp8_t(flat)
+        grad_h, grad_w = linear_backward(grad.flatten(0, -2), h_t, inverse, w_t, w_inverse,
+                                         (gate_up.dtype, ctx.weight_dtype))
+        del h_t  # not held beside the [tokens x 2 intermediate] gradient below
+        return swiglu_backward_stacked(flat, grad_h).view_as(gate_up), grad_w, None

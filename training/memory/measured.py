@@ -37,13 +37,16 @@ def start_and_peak(run_dir: str | Path) -> tuple[dict, float]:
 
 def start_config(start: dict) -> dict:
     """The run's config from its start event (ValueError if it is not a table, or the run
-    did not train on a GPU)."""
+    did not train on a GPU in bf16)."""
     config = start.get("config") or {}
     if not isinstance(config, dict):  # a run dir may be anyone's: its events too
         raise ValueError("the start event's config is not a table")
     if config.get("device", "cuda") != "cuda":
         raise ValueError(f"the run trained on {config['device']}: its peak_mem_gib is the "
                          "process's resident set, not GPU memory")
+    if config.get("fp8"):  # its MLP keeps fp8 inputs and fp8 copies of its weights
+        raise ValueError("the run's MLP ran in fp8 (--fp8), which the memory model does not "
+                         "model")
     return config
 
 

@@ -18,7 +18,7 @@ def _from_flags(args, dataset, max_seq_len: int) -> dict:
 def _for_run(cfg):
     from training.drafters.dflash.step import DFlash
 
-    return DFlash(cfg.drafter, cfg.dflash)
+    return DFlash(cfg.drafter, cfg.dflash, cfg.fp8)
 
 
 def _fit(args) -> int:

@@ -55,18 +55,18 @@ class DFlashAttention(nn.Module):
 
 
 class DFlashLayer(nn.Module):
-    def __init__(self, cfg: DFlashConfig):
+    def __init__(self, cfg: DFlashConfig, fp8: bool = False):
         super().__init__()
         H, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.input_layernorm = RMSNorm(H, eps)
         self.self_attn = DFlashAttention(cfg)
         self.post_attention_layernorm = RMSNorm(H, eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, fp8)
 
     def forward(self, x: Tensor, context: Tensor, rotary: tuple[Tensor, Tensor],
                 layout: BlockLayout) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), context, rotary, layout)
-        return x + self.mlp(self.post_attention_layernorm(x), self.mlp.down_weight())
+        return x + self.mlp(self.post_attention_layernorm(x), self.mlp.unroll_weights())
 
 
 def position_weights(block_size: int, gamma: float) -> list[float]:
@@ -86,13 +86,14 @@ class BlockLosses:
 
 
 class DFlashDrafter(nn.Module):
-    def __init__(self, cfg: DFlashConfig):
+    def __init__(self, cfg: DFlashConfig, fp8: bool = False):
+        """fp8: the MLPs' matmuls in fp8 (training/fp8.py)."""
         super().__init__()
         self.cfg = cfg
         H = cfg.hidden_size
         self.fc = nn.Linear(cfg.num_target_layers * H, H, bias=False)
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DFlashLayer(cfg, fp8) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         # The verifier's, set by load_verifier; not persistent: a checkpoint holds the
         # drafter's own weights only.

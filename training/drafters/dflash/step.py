@@ -102,14 +102,14 @@ def step_fields(loss_pos: list[float], acc_pos: list[float], counts: list[float]
 
 
 class DFlash(Drafter):
-    def __init__(self, cfg: DFlashConfig, training: DFlashTraining):
-        self.cfg, self.training = cfg, training
+    def __init__(self, cfg: DFlashConfig, training: DFlashTraining, fp8: bool = False):
+        self.cfg, self.training, self.fp8 = cfg, training, fp8
 
     def build(self, dataset: Dataset, device: torch.device, share: tuple[int, int]
               ) -> tuple[DFlashDrafter, DFlashStep]:
         # Built and filled on the device, as the EAGLE-3 drafter is.
         with torch.device(device):
-            drafter = DFlashDrafter(self.cfg)
+            drafter = DFlashDrafter(self.cfg, self.fp8)
         verifier = dataset.verifier()
         drafter.load_verifier(verifier["embed_tokens"], verifier["lm_head"])
         step = DFlashStep(drafter, self.training, dataset.info["layers"], share).to(device)

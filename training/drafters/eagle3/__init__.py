@@ -18,7 +18,7 @@ def _for_run(cfg):
     from training.drafters.eagle3.step import Eagle3
 
     return Eagle3(cfg.drafter, cfg.ttt_steps, cfg.ttt_decay, cfg.checkpoint_ttt,
-                  cfg.freeze_lm_head, cfg.offload_saved)
+                  cfg.freeze_lm_head, cfg.offload_saved, cfg.fp8)
 
 
 def _fit(args) -> int:

@@ -65,18 +65,19 @@ class Attention(nn.Module):
 class DecoderLayer(nn.Module):
     """EAGLE-3's one layer: attention reads [norm(token embedding) ; norm(hidden)]."""
 
-    def __init__(self, cfg: DrafterConfig):
+    def __init__(self, cfg: DrafterConfig, fp8: bool = False):
         super().__init__()
         H, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.input_layernorm = RMSNorm(H, eps)
         self.hidden_norm = RMSNorm(H, eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(H, eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, fp8)
 
     def forward(self, embeds: Tensor, hidden: Tensor, rotary: tuple[Tensor, Tensor],
-                layout: DocLayout, earlier: list[tuple[Tensor, Tensor]], down_weight: Tensor
+                layout: DocLayout, earlier: list[tuple[Tensor, Tensor]], mlp_weights
                 ) -> tuple[Tensor, Tensor, Tensor]:
+        """mlp_weights: the MLP's unroll_weights()."""
         # In the hidden stream's dtype (bf16 under autocast), so q/k/v share one cast input.
         # The two norms run as one island (their modules hold the weights, under the
         # checkpoint's names); they share the config's eps.
@@ -84,7 +85,7 @@ class DecoderLayer(nn.Module):
                                self.hidden_norm.weight, self.hidden_norm.eps)
         attn, k, v = self.self_attn(x, rotary, layout, earlier)
         hidden = hidden + attn
-        return hidden + self.mlp(self.post_attention_layernorm(hidden), down_weight), k, v
+        return hidden + self.mlp(self.post_attention_layernorm(hidden), mlp_weights), k, v
 
 
 @dataclass
@@ -112,14 +113,15 @@ def _shift(x: Tensor, s: int, fill) -> Tensor:
 
 
 class Eagle3Drafter(nn.Module):
-    def __init__(self, cfg: DrafterConfig):
+    def __init__(self, cfg: DrafterConfig, fp8: bool = False):
+        """fp8: the MLP's matmuls in fp8 (training/fp8.py)."""
         super().__init__()
         self.cfg = cfg
         H = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
         self.embed_tokens.weight.requires_grad_(False)
         self.fc = nn.Linear(3 * H, H, bias=False)
-        self.midlayer = DecoderLayer(cfg)
+        self.midlayer = DecoderLayer(cfg, fp8)
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.arange(cfg.draft_vocab_size))
@@ -193,7 +195,7 @@ class Eagle3Drafter(nn.Module):
         targets = verifier_targets(batch.final_hidden.reshape(B * L, -1), self.target_head,
                                    loss_chunk)
 
-        down_weight = self.midlayer.mlp.down_weight()
+        mlp_weights = self.midlayer.mlp.unroll_weights()
 
         def ttt_step(tokens, hidden, rotary, *earlier_kv):
             # The earlier keys and values as arguments of their own, not a list: a
@@ -201,7 +203,7 @@ class Eagle3Drafter(nn.Module):
             # (training/offload.py), rather than holding the list.
             earlier = list(zip(earlier_kv[::2], earlier_kv[1::2]))
             return self.midlayer(self.embed_tokens(tokens), hidden, rotary, layout, earlier,
-                                 down_weight)
+                                 mlp_weights)
 
         # fp32 tables under autocast (the weights' dtype), fp64 for fp64 weights
         table_dtype = at_least_float32(self.fc.weight.dtype)

@@ -82,11 +82,11 @@ class Trainer:
 
     def __init__(self, cfg: DrafterConfig, device: torch.device,
                  ttt_decay: float = PARAMS["ttt_decay"].default, checkpoint_ttt: int = 0,
-                 freeze_lm_head: bool = False):
+                 freeze_lm_head: bool = False, fp8: bool = False):
         self.cfg, self.device, self.ttt_decay = cfg, device, ttt_decay
         self.checkpoint_ttt = checkpoint_ttt
         with torch.device(device):  # initialise in place: a 1B-parameter drafter is slow on CPU
-            self.drafter = Eagle3Drafter(cfg)
+            self.drafter = Eagle3Drafter(cfg, fp8)
             # a random verifier in the dtype extract.py writes, loaded as the loop loads one
             V, D, H = cfg.vocab_size, cfg.draft_vocab_size, cfg.hidden_size
             self.drafter.load_verifier(*(torch.randn(V, H, dtype=torch.bfloat16) * 0.02

@@ -71,10 +71,11 @@ def forward_backward(model: nn.Module, batch: PackedBatch, ttt_steps: int, ttt_d
 
 class Eagle3(Drafter):
     def __init__(self, cfg: DrafterConfig, ttt_steps: int, ttt_decay: float,
-                 checkpoint_ttt: int, freeze_lm_head: bool, offload_saved: bool = False):
+                 checkpoint_ttt: int, freeze_lm_head: bool, offload_saved: bool = False,
+                 fp8: bool = False):
         self.cfg, self.ttt_steps, self.ttt_decay = cfg, ttt_steps, ttt_decay
         self.checkpoint_ttt, self.freeze_lm_head = checkpoint_ttt, freeze_lm_head
-        self.offload_saved = offload_saved
+        self.offload_saved, self.fp8 = offload_saved, fp8
 
     def build(self, dataset: Dataset, device: torch.device, share: tuple[int, int]
               ) -> tuple[Eagle3Drafter, Unroll]:
@@ -82,7 +83,7 @@ class Eagle3(Drafter):
         # Built and filled on the device: initialising a 1B-parameter drafter on the CPU
         # and copying it over took most of a relaunch's start-up.
         with torch.device(device):
-            drafter = Eagle3Drafter(self.cfg)
+            drafter = Eagle3Drafter(self.cfg, self.fp8)
         # Handed over as read from disk: the drafter moves the embedding and only the
         # head's draft-vocabulary rows (a quarter of it for llama3-8b) to the device.
         verifier = dataset.verifier()

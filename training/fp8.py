@@ -1,0 +1,130 @@
+"""fp8 matmuls with dynamic tensorwise scaling (`train --fp8`): the drafters' MLP
+(training/layers.py) runs its projections on the fp8 tensor cores of Ada, Hopper and
+newer, whose fp8 rate is twice their bf16 rate.
+
+Each operand is cast to fp8 at one scale for the whole tensor, taken from its own largest
+magnitude at the time (no history to go stale when the weights or the loss move): that
+magnitude maps to fp8's largest value, so nothing overflows and fp8's exponent range
+covers the rest. Activations and weights are cast to e4m3 (more mantissa), gradients to
+e5m2 (more range). torch._scaled_mm multiplies the fp8 operands, accumulates in fp32 and
+scales back into the activations' dtype (bf16 under autocast, fp32 on the CPU, whose
+runs are the tests). cuBLAS takes A row-major and B column-major with the summed dimension
+a multiple of 16: every matmul here is A @ Bᵀ of two row-major [rows x summed] tensors,
+and the token dimension, summed only by the weight's gradient, is padded with zeros.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from training.compiled import cuda_compiled
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+MIN_CAPABILITY = (8, 9)  # the first tensor cores with fp8 (Ada); Hopper is 9.0
+ALIGN = 16  # what cuBLAS's fp8 matmuls want of the summed and the output dimensions
+# The smallest magnitude a tensor's scale is taken from: an all-zero tensor (a gradient
+# that is zero) would divide by zero, and fp8's largest over this stays a finite fp32.
+AMAX_FLOOR = 1e-30
+
+
+def refusal(capability: tuple[int, int] | None, shape) -> str | None:
+    """Why fp8 matmuls cannot run a drafter of `shape` (hidden_size, intermediate_size)
+    on a CUDA card of compute capability `capability` (None: the CPU), or None."""
+    if capability is not None and tuple(capability) < MIN_CAPABILITY:
+        return ("fp8 matmuls need a card of compute capability {}.{} or newer (H100, H200, "
+                "L40S, …); this one's is {}.{}".format(*MIN_CAPABILITY, *capability))
+    odd = [f"{name} {getattr(shape, name)}" for name in ("hidden_size", "intermediate_size")
+           if getattr(shape, name) % ALIGN]
+    if odd:
+        return f"fp8 matmuls need sizes that are multiples of {ALIGN}: {', '.join(odd)}"
+    return None
+
+
+def scaled(t: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """t in fp32 multiplied by its scale (its largest magnitude to dtype's largest
+    value) and clamped to dtype's range, and the scale's inverse: what _scaled_mm
+    multiplies the product by. The clamp keeps rounding at the top from overflowing."""
+    top = torch.finfo(dtype).max
+    scale = top / t.abs().amax().float().clamp(min=AMAX_FLOOR)
+    return (t.float() * scale).clamp(-top, top), scale.reciprocal()
+
+
+def transposed(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """[rows x cols] scaled values as fp8 [cols x rows padded to ALIGN], contiguous: the
+    weight gradient's operand, which sums over the rows (tokens). Padded before the
+    cast, where padding is plain fp32; contiguous said outright, as a pad of nothing keeps
+    the transposed strides."""
+    return F.pad(t.t(), (0, -t.shape[0] % ALIGN)).to(dtype,
+                                                       memory_format=torch.contiguous_format)
+
+
+@cuda_compiled
+def to_fp8(t: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """t [tokens x features] in fp8 as a matmul's A, as the weight gradient's (transposed),
+    and its inverse scale."""
+    values, inverse = scaled(t, dtype)
+    return values.to(dtype), transposed(values, dtype), inverse
+
+
+@cuda_compiled(varying=((),))
+def weight_to_fp8(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """weight [out x in] in e4m3, transposed [in x out] (the input gradient's B, contiguous),
+    and its inverse scale."""
+    values, inverse = scaled(weight, E4M3)
+    return values.to(E4M3), values.t().contiguous().to(E4M3), inverse
+
+
+def matmul(a: Tensor, a_inverse: Tensor, b: Tensor, b_inverse: Tensor,
+           dtype: torch.dtype) -> Tensor:
+    """a @ bᵀ in dtype, of fp8 a [M x K] and b [N x K], both row-major."""
+    return torch._scaled_mm(a, b.t(), scale_a=a_inverse, scale_b=b_inverse, out_dtype=dtype)
+
+
+class Fp8Weight(NamedTuple):
+    """A weight as the fp8 matmuls read it, made once for a whole TTT unroll
+    (fp8_weight): each step's casts of it would cost a pass over the weight each."""
+    weight: Tensor  # as autocast would read it: the gradient's way back to the parameter
+    data: Tensor  # e4m3 [out x in]
+    data_t: Tensor  # e4m3 [in x out], contiguous
+    inverse: Tensor  # of its scale
+
+
+def fp8_weight(weight: Tensor) -> Fp8Weight:
+    with torch.no_grad():  # the gradient reaches the weight through Fp8Weight.weight
+        return Fp8Weight(weight, *weight_to_fp8(weight))
+
+
+def linear_backward(grad: Tensor, x_t: Tensor, x_inverse: Tensor, w_t: Tensor,
+                    w_inverse: Tensor, dtypes: tuple[torch.dtype, torch.dtype]
+                    ) -> tuple[Tensor, Tensor]:
+    """The gradients of x @ Wᵀ for the output's grad [tokens x out]: x's (grad @ W) and
+    W's (gradᵀ @ x), in dtypes (x's, W's). x_t, x_inverse: x as to_fp8 made it; w_t,
+    w_inverse: Fp8Weight's data_t and inverse."""
+    g, g_t, g_inverse = to_fp8(grad, E5M2)
+    grad_x = matmul(g, g_inverse, w_t, w_inverse, dtypes[0])
+    return grad_x, matmul(g_t, g_inverse, x_t, x_inverse, dtypes[1])
+
+
+class Fp8Linear(torch.autograd.Function):
+    """x @ Wᵀ in fp8, for an Fp8Weight `w`; `weight` is w.weight, passed on its own so the
+    gradient reaches it (its values are not read, nor kept). Keeps x in fp8 for backward:
+    half the bytes of bf16."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, w: Fp8Weight) -> Tensor:
+        x8, x_t, x_inverse = to_fp8(x.flatten(0, -2), E4M3)
+        ctx.save_for_backward(x_t, x_inverse, w.data_t, w.inverse)
+        ctx.dtypes = x.dtype, weight.dtype
+        return matmul(x8, x_inverse, w.data, w.inverse, x.dtype).view(*x.shape[:-1], -1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        grad_x, grad_w = linear_backward(grad.flatten(0, -2), *ctx.saved_tensors, ctx.dtypes)
+        return grad_x.view(*grad.shape[:-1], -1), grad_w, None
+
+
+def fp8_linear(x: Tensor, w: Fp8Weight) -> Tensor:
+    return Fp8Linear.apply(x, w.weight, w)
