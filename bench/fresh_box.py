@@ -98,12 +98,12 @@ def main() -> int:
             for drafter in args.drafters:
                 report[drafter] = fresh_box(drafter, args.smoke, Path(work))
                 shutil.rmtree(PACKAGE_KEPT, ignore_errors=True)  # each drafter's box is fresh
+                text = json.dumps(report, indent=1)  # each drafter's as it ends: a call's limit may cut the next
+                print(text, flush=True)
+                if os.environ.get("OUT"):
+                    Path(os.environ["OUT"], "fresh-box.json").write_text(text)
     finally:
         shutil.rmtree(PACKAGE_KEPT, ignore_errors=True)
-    text = json.dumps(report, indent=1)
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], f"fresh-box-{'-'.join(args.drafters)}.json").write_text(text)
     return 0
 
 
