@@ -161,9 +161,11 @@ def _train(args, device: str, argv: list[str]) -> int:
     from training.resume import ResumeError
 
     if device == "cuda":
+        from training import compile_cache
         from training.compiled import import_compiler_meanwhile
 
         import_compiler_meanwhile()
+        compile_cache.load_meanwhile(runs_root())
     replaced_run_s = None
     if args.after_pids:  # before anything joins torchrun's processes, which takes the GPU
         print(f"train: waiting for the run this replaces (PIDs {', '.join(map(str, args.after_pids))}) "

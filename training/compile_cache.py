@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from training.compiled import after_compiler_imports
+
 FOLDER = "compiled"  # under the runs root, and in the package
 PACKAGE_FOLDER = Path(__file__).resolve().parent / FOLDER
 NEWEST = 8  # sets loaded from each folder, the newest first; older ones are removed by `keep`
@@ -133,6 +135,18 @@ def load(runs_root: Path, device: torch.device, places: tuple[Path, ...] = (PACK
             line += f"; failed to load: {', '.join(failed)}"
         said.append(line)
     return said
+
+
+def load_meanwhile(runs_root: Path) -> None:
+    """`load` for this process's card on a thread after the compiler's imports, joined
+    before the first compile (training/compiled.py); rank 0 says what was loaded."""
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+    def work() -> None:
+        for line in load(runs_root, device):
+            if os.environ.get("RANK", "0") == "0":
+                print(f"train: {line}", flush=True)
+    after_compiler_imports(work, "compiled-kept")
 
 
 def keep() -> str | None:

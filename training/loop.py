@@ -27,7 +27,6 @@ import torch
 import torch.distributed as dist
 
 from training import checkpoint, compile_cache, contract, drafters, durable
-from training.compiled import after_compiler_imports
 from training.config import DFlashConfig, DrafterConfig
 from training.contract import EXIT_NONFINITE, EXIT_OK, EXIT_OOM
 from training.data import Dataset, Loader
@@ -142,14 +141,6 @@ def train(cfg: TrainConfig) -> int:
         torch.cuda.set_per_process_memory_fraction(
             min(1.0, cfg.gpu_mem_gib * 2**30 / total), device)
     torch.manual_seed(cfg.seed)
-    if device.type == "cuda":  # CPU tensors run the islands eagerly: nothing is compiled
-        runs_root = Path(contract.local_runs_root()).expanduser()
-
-        def load_kept() -> None:
-            for line in compile_cache.load(runs_root, device):
-                if rank == 0:
-                    print(f"train: {line}", flush=True)
-        after_compiler_imports(load_kept, "compiled-kept")
 
     # Where a start-up's seconds went, in the start event: imports and the device (to
     # here), the data, the model, the resume; and the wait for the run it replaces.
@@ -287,7 +278,7 @@ def train(cfg: TrainConfig) -> int:
         # --- the steps ---
         stop, batches = StopRequest(), loader.iterate(position)
         streak = Streak(cfg.max_nonfinite)
-        kept = device.type != "cuda" or rank != 0  # what the first step compiled, for the next launch
+        keep_at = step + 1 if device.type == "cuda" and rank == 0 else None  # what it compiled, kept
         state_offload = OptimizerOffload(optimizer) if cfg.offload_saved else None
         while step < total_steps:
             started = time.perf_counter()
@@ -369,10 +360,8 @@ def train(cfg: TrainConfig) -> int:
                 del weights, optimizer_state, files
                 if mirror.failed:
                     mirror_said(mirror)
-            if not kept:
-                kept, said = True, compile_cache.keep()
-                if said:
-                    print(f"train: {said}", flush=True)
+            if step == keep_at and (said := compile_cache.keep()):
+                print(f"train: {said}", flush=True)
         # An export reads the checkpoint as soon as the loop ends: written here, then.
         save(release_first=status == contract.STOPPED and cfg.export is None)
     except torch.OutOfMemoryError as error:
