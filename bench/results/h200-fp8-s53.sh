@@ -27,5 +27,5 @@ for mode in bf16 fp8; do
   timeout 120 python3 bench/dflash_step.py --trainers trackside --tokens-in-step --steps 8 --warmup 2 --timeout 110 "${flag[@]}" 2>&1 | tee $OUT/dflash-$mode.log | tail -6
 done
 echo "dflash done at ${SECONDS} s"
-timeout $((545 - SECONDS)) python3 bench/fresh_box.py 2>&1 | tail -80
+timeout $((470 - SECONDS)) python3 bench/fresh_box.py 2>&1 | tail -80
 ls $OUT
