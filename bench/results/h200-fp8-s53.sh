@@ -5,8 +5,10 @@
 # same data; DFlash Qwen3-8B 8192 with and without it (trackside alone); then a fresh
 # box's first step (bench/fresh_box.py) with what time is left. Run from the tree's root.
 set -uo pipefail
+# .whl-tui: the tests' conftest imports the dashboard; a wheel both folders hold goes once
+tui=(); for w in ../.whl-tui/*.whl; do [ -e "../.whl/${w##*/}" ] || tui+=("$w"); done
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site ../.whl/*.whl ../.whl-tui/*.whl || exit 1  # .whl-tui: the tests' conftest imports the dashboard
+  --target /tmp/site ../.whl/*.whl "${tui[@]}" || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee $OUT/card.txt
 timeout 100 python3 -m pytest -m gpu -p no:cacheprovider -o addopts= -q -x tests/training/test_fp8.py 2>&1 | tail -4 | tee $OUT/fp8-gpu-tests.log
