@@ -7,7 +7,9 @@ runs root): what a box that never ran trackside has. The first launch of a draft
 its artifacts under its runs root; they are then copied into the package's
 `training/compiled/`, as `--ship` would carry them, and a second launch, its caches
 empty again, reads them from there. A third gets the first launch's Triton cache too, to
-say what trackside's own Triton kernels (not in torch's artifacts) cost to compile.
+say what trackside's own Triton kernels (not in torch's artifacts) cost to compile. The
+sets the tree ships are moved aside meanwhile, so the first launch is cold, and put back.
+With $OUT set, the kept sets go there as compiled.tgz, to be committed into the package.
 
     PYTHONPATH=$PWD python3 bench/fresh_box.py                    # both drafters, on the GPU
     .venv/bin/python bench/fresh_box.py --smoke --drafters eagle3  # the flow on the CPU, tiny
@@ -23,12 +25,14 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
 
+from training.compile_cache import PACKAGE_FOLDER, SUFFIX
+
 REPO = Path(__file__).resolve().parent.parent
-PACKAGE_KEPT = REPO / "training" / "compiled"
 
 CELLS = {  # (preset, the run's flags, random_data's flags)
     ("eagle3", False): ("llama3-8b", ["--max-seq-len", "8192", "--ttt-steps", "5"], ["--samples", "40", "--length", "2048"]),
@@ -74,10 +78,12 @@ def fresh_box(drafter: str, smoke: bool, work: Path) -> dict:
     out = {"cold": launch(work, f"{drafter}-cold", data, preset, flags, device)}
     kept = work / f"{drafter}-cold" / "runs" / "compiled"
     if kept.exists():
-        shutil.copytree(kept, PACKAGE_KEPT, dirs_exist_ok=True)
-        if os.environ.get("OUT"):  # to be committed into the package, where they ship with the code
-            shutil.copytree(kept, Path(os.environ["OUT"], "compiled"), dirs_exist_ok=True)
-    out["shipped"] = [f"{p.relative_to(PACKAGE_KEPT)}: {p.stat().st_size} bytes" for p in PACKAGE_KEPT.rglob("*.bin")]
+        shutil.copytree(kept, PACKAGE_FOLDER, dirs_exist_ok=True)
+        if os.environ.get("OUT"):  # one file: a target's name has characters a device copy refuses
+            with tarfile.open(Path(os.environ["OUT"], f"compiled-{drafter}.tgz"), "w:gz") as tar:
+                tar.add(kept, arcname="compiled")
+    out["shipped"] = [f"{p.relative_to(PACKAGE_FOLDER)}: {p.stat().st_size} bytes"
+                      for p in PACKAGE_FOLDER.rglob(f"*{SUFFIX}")]
     out["with_artifacts"] = launch(work, f"{drafter}-shipped", data, preset, flags, device)
     out["with_artifacts_and_triton_cache"] = launch(work, f"{drafter}-shipped-triton", data, preset, flags,
                                                     device, triton_cache=work / f"{drafter}-cold" / "triton")
@@ -89,21 +95,23 @@ def main() -> int:
     parser.add_argument("--drafters", nargs="+", choices=["eagle3", "dflash"], default=["eagle3", "dflash"])
     parser.add_argument("--smoke", action="store_true", help="on the CPU, the tiny preset")
     args = parser.parse_args()
-    if PACKAGE_KEPT.exists():
-        raise SystemExit(f"{PACKAGE_KEPT} exists: a fresh box has only what is shipped, so run this on a "
-                         "tree without it")
     report = {}
-    try:
-        with tempfile.TemporaryDirectory(prefix="fresh-box-") as work:
+    with tempfile.TemporaryDirectory(prefix="fresh-box-") as work:
+        shipped = Path(work, "shipped")
+        if PACKAGE_FOLDER.exists():
+            shutil.move(PACKAGE_FOLDER, shipped)
+        try:
             for drafter in args.drafters:
                 report[drafter] = fresh_box(drafter, args.smoke, Path(work))
-                shutil.rmtree(PACKAGE_KEPT, ignore_errors=True)  # each drafter's box is fresh
+                shutil.rmtree(PACKAGE_FOLDER, ignore_errors=True)  # each drafter's box is fresh
                 text = json.dumps(report, indent=1)  # each drafter's as it ends: a call's limit may cut the next
                 print(text, flush=True)
                 if os.environ.get("OUT"):
                     Path(os.environ["OUT"], "fresh-box.json").write_text(text)
-    finally:
-        shutil.rmtree(PACKAGE_KEPT, ignore_errors=True)
+        finally:
+            shutil.rmtree(PACKAGE_FOLDER, ignore_errors=True)
+            if shipped.exists():
+                shutil.move(shipped, PACKAGE_FOLDER)
     return 0
 
 

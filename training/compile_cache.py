@@ -21,6 +21,7 @@ were not there.
 from __future__ import annotations
 
 import hashlib
+import lzma
 import os
 import re
 import stat
@@ -33,6 +34,9 @@ from training.compiled import after_compiler_imports
 FOLDER = "compiled"  # under the runs root, and in the package
 PACKAGE_FOLDER = Path(__file__).resolve().parent / FOLDER
 NEWEST = 8  # sets loaded from each folder, the newest first; older ones are removed by `keep`
+# A set is xz-compressed: mostly generated source and PTX, it shrinks ~15× at preset 1, in
+# a third of a second, so the package can carry sets within the shipping cap.
+SUFFIX = ".xz"
 
 _keep_in: Path | None = None  # the runs root's folder for this target, set by `load`
 _loaded: frozenset = frozenset()  # every artifact `load` read, so a set already there is not written again
@@ -79,7 +83,7 @@ def _sets(dirfd: int) -> list[tuple[float, str, bytes | None]]:
     that is a link, not a file, or another user could write."""
     found = []
     for name in os.listdir(dirfd):
-        if not name.endswith(".bin") or name.startswith("."):
+        if not name.endswith(SUFFIX) or name.startswith("."):
             continue
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
@@ -122,8 +126,8 @@ def load(runs_root: Path, device: torch.device, places: tuple[Path, ...] = (PACK
                 refused.append(set_name)
                 continue
             try:
-                info = torch.compiler.load_cache_artifacts(data)
-            except Exception as exc:  # torch's errors for a stale or torn set vary
+                info = torch.compiler.load_cache_artifacts(lzma.decompress(data))
+            except Exception as exc:  # a torn file's LZMAError; torch's errors for a stale set vary
                 failed.append(f"{set_name} ({type(exc).__name__})")
                 continue
             _loaded |= _names(info)
@@ -168,7 +172,8 @@ def keep() -> str | None:
     dirfd = _open_folder(_keep_in)
     if dirfd is None:
         return f"{_keep_in}: compiled artifacts not kept: it or its folder is a link, or another user could write it"
-    name = hashlib.sha256(repr(sorted(_names(info))).encode()).hexdigest()[:16] + ".bin"
+    name = hashlib.sha256(repr(sorted(_names(info))).encode()).hexdigest()[:16] + SUFFIX
+    data = lzma.compress(data, preset=1)
     temporary = f".{name}.{os.getpid()}"
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,

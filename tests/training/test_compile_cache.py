@@ -25,14 +25,20 @@ from training import compile_cache
 said = [line for root in sys.argv[1:] for line in compile_cache.load(Path(root), torch.device("cpu"), places=())]
 cached = sum(len(files) for _, _, files in os.walk(os.environ["TORCHINDUCTOR_CACHE_DIR"]))
 # Matmuls alone: inductor calls them out, so a graph compiles in seconds, nothing built in C++.
-if os.environ["GRAPH"]:
-    f = (lambda x, w: x @ w) if os.environ["GRAPH"] == "plain" else (lambda x, w: (x @ w).t())
+graph = os.environ["GRAPH"]
+if graph.startswith("/"):  # the graph's code in a module of that folder
+    sys.path.insert(0, graph)
+    from graph_code import f
+elif graph:
+    f = (lambda x, w: x @ w) if graph == "plain" else (lambda x, w: (x @ w).t())
+if graph:
     x = torch.randn(48, 32, requires_grad=True)
     torch._dynamo.maybe_mark_dynamic(x, 0)
     torch.compile(f, fullgraph=True)(x, torch.randn(32, 16)).sum().backward()
 counts = dict(torch._dynamo.utils.counters["inductor"])
 print(json.dumps({"said": said, "cached_after_load": cached, "kept": compile_cache.keep(),
-                  "hits": counts.get("fxgraph_cache_hit", 0), "misses": counts.get("fxgraph_cache_miss", 0)}))
+                  "hits": counts.get("fxgraph_cache_hit", 0), "misses": counts.get("fxgraph_cache_miss", 0),
+                  "autograd_hits": torch._dynamo.utils.counters["aot_autograd"].get("autograd_cache_hit", 0)}))
 """
 
 
@@ -80,6 +86,19 @@ def test_another_graphs_set_is_kept_beside_and_a_cold_cache_finds_both(kept, tmp
     assert again["said"] == [f"{folder}: {first['misses'] + other['misses'] + 2} compiled artifacts loaded"]
     assert again["hits"] == first["misses"] and again["misses"] == 0 and again["cached_after_load"] > 0
     assert again["kept"] is None  # all it used was loaded: nothing written
+
+
+def test_a_set_kept_by_code_at_one_path_serves_the_same_code_at_another(tmp_path):
+    """A shipped set was kept where the code ran on the box that made it and is loaded where
+    the package is installed: no path may be in what finds it."""
+    for place in ("made", "installed"):
+        (tmp_path / place).mkdir()
+        (tmp_path / place / "graph_code.py").write_text("def f(x, w):\n    return (x @ w) @ w.t()\n")
+    root = tmp_path / "runs"
+    first = launch(tmp_path / "cold-1", root, graph=str(tmp_path / "made"))
+    assert first["kept"] and first["misses"] >= 2
+    again = launch(tmp_path / "cold-2", root, graph=str(tmp_path / "installed"))
+    assert again["autograd_hits"] == 1 and again["misses"] == 0 and again["kept"] is None
 
 
 TAMPERS = ("group-writable", "someone else's", "a link", "folder a link")
