@@ -47,3 +47,22 @@ def test_an_underfed_stretch_and_an_exit_are_found_each_at_its_moment(tmp_path, 
     assert abs(stamp(underfed[0]) - (starved + 60)) <= 6
     assert abs(stamp(cleared[0]) - fed) <= 6
     assert abs(stamp(failed[0]) - ended) <= 6  # when it exited, not when a listing saw it
+
+
+def test_a_quiet_stretch_says_so(tmp_path, capsys):
+    """Nothing recorded that would have alerted: stdout stays empty (only alerts go there),
+    and stderr says the recordings were read and held none, not a silent exit."""
+    root = tmp_path / "runs"
+    config = tmp_path / "config.toml"
+    config.write_text(f"[hosts.box]\nruns_root = {json.dumps(str(root))}\nrecord = false\n")
+    now = time.time()
+    gpu = [f"{now - 300:.2f},0,GPU-00000000-1111-2222-3333-444444444444"]
+    gpu += [f"{now - 300 + s:.2f},0,690,700.00,1000,143771,99" for s in range(0, 200)]
+    (root / "gpu").mkdir(parents=True, mode=0o700)
+    (root / "gpu" / f"{layout.day_of(now)}.gpu").write_text("".join(f"{line}\n" for line in gpu))
+    assert main(["watch", "--since", "20m", "--config", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert out == ""
+    (line,) = err.splitlines()
+    assert line.startswith("trackside watch: no alert would have fired since ") and line.endswith(" on box")
+    assert abs(stamp(line.split("since ")[1]) - (now - 1200)) <= 5

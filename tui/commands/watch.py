@@ -77,6 +77,10 @@ def main(argv: list[str]) -> int:
             print(f"trackside watch: {sanitize.line(line)}", file=sys.stderr)
         for when, word, alert in said:
             print(sanitize.line(alert_line(when, alert.severity if word == "raised" else word, alert)), flush=True)
+        if not said and len(lost) < len(entries):  # silence alone reads as a command that did nothing
+            began = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - args.since))
+            read = "the hosts read" if lost else ", ".join(sanitize.line(entry.name) for entry in entries)
+            print(f"trackside watch: no alert would have fired since {began} on {read}", file=sys.stderr)
         return EXIT_FAILURE if any(word == "raised" for _, word, _ in said) or (lost and len(lost) == len(entries)) else EXIT_OK
     hosts = [Watched(made[entry.name], entry.nvidia_smi) for entry in entries]
     book = alerts.AlertBook(rules=config.alert_rules)
