@@ -20,6 +20,11 @@ SAMPLE_S = 5.0  # a sample older than this at a moment is no reading then (the r
 COARSE_S = 90.0  # the same, where the recording kept only 1-minute means
 
 
+def fresh_s(recording, when: float) -> float:
+    """How old a card's latest sample may be at `when` and still be its reading then."""
+    return COARSE_S if recording.coarse_before is not None and when < recording.coarse_before else SAMPLE_S
+
+
 @dataclass
 class History:
     """What a run's host kept of it, read once. Times are seconds since the epoch."""
@@ -131,12 +136,11 @@ def _gpus_at(history: History, when: float, count: int) -> tuple[tuple[GpuAt, ..
     if recording is None:
         return (), "no GPU recording on this host"
     gap = history.gap_at(when)
-    coarse = recording.coarse_before
     cards = []
     for index in history.gpu_indices:
         times, samples = history.gpu_series(index)
         i = bisect.bisect_right(times, when)
-        fresh = COARSE_S if coarse is not None and when < coarse else SAMPLE_S
+        fresh = fresh_s(recording, when)
         recent = _since_break(times, samples, i, count, fresh)
         latest = recent[-1] if recent else None
         if latest is not None and (when - latest.time > fresh or gap is not None):

@@ -8,14 +8,13 @@ the recorder's gaps.
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 
-from backends.alerts import LOSS_WINDOW, HostFacts, Rules, RunFacts, format_duration, host_alerts, run_alerts, stall_limit, underfed_since
-from backends.gpu import GpuReading
+from backends.alerts import Rules, format_duration
+from backends.history.alert_times import RunPast, host_alert_times, run_alert_times
 from backends.history.frame import History
 from backends.runs import RunInfo, RunPhase
-from training.contract import END, FAILED, NONFINITE, OOM, START, STEP
+from training.contract import END, OOM, START
 
 
 @dataclass(frozen=True)
@@ -34,67 +33,34 @@ def moments_of(history: History, rules: Rules = Rules()) -> list[Moment]:
     return sorted(found, key=lambda m: m.time)
 
 
-def _info(history: History, phase: RunPhase, *, exit_status: int | None = None, end_status: str | None = None) -> RunInfo:
-    return RunInfo(history.run_id, history.session, history.host, phase, exit_status=exit_status, end_status=end_status)
-
-
 def _from_events(history: History, rules: Rules) -> list[Moment]:
-    """Each event replayed through the alert rules as a watcher would have seen it then."""
-    key = history.name
-    running = _info(history, RunPhase.RUNNING)
-    steps: deque[dict] = deque(maxlen=LOSS_WINDOW + 1)  # what the rules read
-    up: set[str] = set()  # alerts up, by key: each is said when it comes
+    """The trainer's starts and ends, and each alert the rules raise on its events
+    (alert_times.py), as a watcher would have seen them then."""
+    timed = [e for e in history.events if isinstance(e.get("time"), (int, float)) and not isinstance(e.get("time"), bool)]
     found: list[Moment] = []
-    nonfinite = oom = end = None
-
-    def alerts(now: float, info: RunInfo = running, answered: bool = True) -> None:
-        nonlocal up
-        raised = run_alerts(RunFacts(key, info, list(steps), oom, nonfinite), now, rules, answered=answered)
-        for alert in raised:
-            if alert.key not in up:
-                found.append(Moment(now, alert.cause, _own(alert.text, key)))
-        up = {alert.key for alert in raised}
-
-    for event in history.events:
-        kind, at = event.get("event"), event.get("time")
-        if not isinstance(at, (int, float)) or isinstance(at, bool):
-            continue
-        if kind == STEP:
-            limit = stall_limit(steps, rules)
-            if limit is not None and at - limit[0] > limit[1]:  # quiet past its limit before this step came
-                alerts(limit[0] + limit[1] + 1)
-            steps.append(event)
-            alerts(at)
-        elif kind == START:
-            steps.clear()
-            nonfinite = oom = end = None
-            resumed = (event.get("config") or {}).get("resumed_from_step") if isinstance(event.get("config"), dict) else None
-            found.append(Moment(at, "start", "trainer started" + (f", resuming after step {resumed}" if isinstance(resumed, int) and resumed > 0 else "")))
-        elif kind == NONFINITE:
-            nonfinite = event
-            alerts(at)
-        elif kind == OOM:
-            oom = event
-            alerts(at, _info(history, RunPhase.OOM), answered=False)
-        elif kind == END:
+    end = None
+    for event in timed:
+        if event.get("event") == START:
+            end = None
+            config = event.get("config") if isinstance(event.get("config"), dict) else {}
+            resumed = config.get("resumed_from_step")
+            found.append(Moment(event["time"], "start", "trainer started" + (f", resuming after step {resumed}" if isinstance(resumed, int) and resumed > 0 else "")))
+        elif event.get("event") == END:
             end = event
             status = event.get("status") if isinstance(event.get("status"), str) else "?"
-            found.append(Moment(at, "end", f"trainer ended: {status}"))
+            found.append(Moment(event["time"], "end", f"trainer ended: {status}"))
+    oom = any(e.get("event") == OOM for e in timed)
+    end_status = end.get("status") if end and isinstance(end.get("status"), str) else None
+    info = RunInfo(history.run_id, history.session, history.host, RunPhase.OOM if oom else RunPhase.EXITED,
+                   exit_status=history.exit_status, end_status=end_status)  # fmt: skip
+    if not history.ended:
+        info = RunInfo(history.run_id, history.session, history.host, RunPhase.RUNNING)
+    past = RunPast(history.name, info, sorted(timed, key=lambda e: e["time"]), history.end if history.ended else None)
+    found += [Moment(at, alert.cause, _own(alert.text, history.name))
+              for at, word, alert in run_alert_times(past, history.end, rules) if word == "raised"]  # fmt: skip
     if history.ended:
-        phase = RunPhase.OOM if oom is not None else RunPhase.EXITED
-        end_status = end.get("status") if end and isinstance(end.get("status"), str) else None
-        info = _info(history, phase, exit_status=history.exit_status, end_status=end_status)
-        before = {m.kind for m in found}
-        for alert in run_alerts(RunFacts(key, info, list(steps), oom, nonfinite), history.end, rules):
-            if alert.cause not in before and alert.cause in (OOM, FAILED, NONFINITE):  # the alerts named by an end
-                found.append(Moment(history.end, alert.cause, _own(alert.text, key)))
         code = history.exit_status
         found.append(Moment(history.end, "exit", "exited" + (f" with status {code}" if code is not None else "")))
-    elif history.events:
-        # Still running when read: a stall that holds now is said from when it began.
-        limit = stall_limit(steps, rules)
-        if limit is not None and history.end - limit[0] > limit[1]:
-            found.append(Moment(limit[0] + limit[1], "stall", f"stalled: no step since {_clock(limit[0])}"))
     return found
 
 
@@ -107,20 +73,9 @@ def _from_recording(history: History, rules: Rules) -> list[Moment]:
     spans = [(max(g.start, history.start), g.end) for g in recording.gaps if g.end >= history.start and g.start <= history.end]
     found = [Moment(start, "gap", f"recorder down for {format_duration(end - start)}: no GPU reading until {_clock(end)}")
              for start, end in spans]  # fmt: skip
-    up = False
-    since: dict[int, float | None] = {}
-    for sample in sorted(recording.gpus, key=lambda s: s.time):
-        if not history.start <= sample.time <= history.end:
-            continue
-        reading = GpuReading(sample.index, uuid=sample.uuid, power_w=sample.power_w, power_limit_w=sample.power_limit_w,
-                             mem_used_mib=sample.mem_used_mib, mem_total_mib=sample.mem_total_mib,
-                             util_pct=sample.util_pct)  # fmt: skip
-        since[sample.index] = underfed_since(reading, since.get(sample.index), sample.time)
-        facts = HostFacts(history.host, None, [(reading, since[sample.index])])
-        raised = host_alerts(facts, sample.time, rules)
-        if raised and not up:
-            found.append(Moment(sample.time, "underfed", raised[0].text))
-        up = bool(raised) or (up and any(s is not None for s in since.values()))  # said once until every card is fed again
+    found += [Moment(at, "underfed", alert.text)
+              for at, word, alert in host_alert_times(history.host, recording, history.start, history.end, rules)
+              if word == "raised"]  # fmt: skip
     return found
 
 

@@ -66,3 +66,30 @@ def test_a_quiet_stretch_says_so(tmp_path, capsys):
     (line,) = err.splitlines()
     assert line.startswith("trackside watch: no alert would have fired since ") and line.endswith(" on box")
     assert abs(stamp(line.split("since ")[1]) - (now - 1200)) <= 5
+
+
+def test_steps_skipped_while_nobody_watched_are_an_alert_raised_and_cleared(tmp_path, capsys, tmux_dir):  # noqa: F811
+    """A trainer's nonfinite event (a step not applied) raises "skipping" until a step is
+    applied again, the alert the dashboard raises (backends/alerts.py)."""
+    root = tmp_path / "runs"
+    config = tmp_path / "config.toml"
+    config.write_text(f"[hosts.box]\nruns_root = {json.dumps(str(root))}\nrecord = false\n")
+    assert main(["launch", "--config", str(config), "--json", "--", "sh", "-c", "sleep 2"]) == 0
+    run_id = json.loads(capsys.readouterr().out)["run_id"]
+    metrics = root / run_id / "metrics.jsonl"
+    events = [*({"event": "step", "step": n, "loss": 2.0} for n in range(1, 6)),
+              {"event": "nonfinite", "step": 6, "what": "grad_norm", "in_a_row": 1}, {"event": "step", "step": 6, "loss": 2.0}]
+    for event in events:  # as a trainer writes them: each stamped when it is written
+        time.sleep(0.2)
+        event["time"] = time.time()
+        with metrics.open("a") as f:
+            f.write(json.dumps(event) + "\n")
+    until((root / run_id / "exit_status").exists, 60, "the run's exit")
+
+    code = main(["watch", "--since", "20m", "--config", str(config)])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 1, lines
+    skipping = [line for line in lines if f"error    box/{run_id} skipping 1 steps in a row at step 6: its grad_norm" in line]
+    cleared = [line for line in lines if "cleared" in line and "skipping" in line]
+    assert len(skipping) == len(cleared) == 1 and len(lines) == 2, lines
+    assert abs(stamp(skipping[0]) - events[5]["time"]) <= 1 and abs(stamp(cleared[0]) - events[6]["time"]) <= 1

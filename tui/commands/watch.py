@@ -1,7 +1,7 @@
 """`trackside watch`: the dashboard's alerts as lines on stdout, and the config's
 [alerts] command run on each (backends.watch polls and decides). With `--since 8h`, the
 alerts that would have fired in the last 8 hours instead, each at its moment, computed from
-the hosts' GPU recordings, run dirs and pane recordings (backends/recorder/missed.py); no
+the hosts' GPU recordings, run dirs and pane recordings (backends/history/missed.py); no
 command is run for them.
 
 Exit status: 0, or with `--once` 1 when any alert is up, with `--since` 1 when any would
@@ -19,7 +19,7 @@ import time
 from backends import alerts, ranges, sanitize
 from backends.config import ConfigError, load_config
 from backends.hosts import Host, HostError
-from backends.recorder.missed import missed
+from backends.history.missed import missed
 from backends.watch import INTERVAL_S, Watched, alert_line, watch
 from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, OneLineParser, UsageError
 from tui.commands.flags import bounded

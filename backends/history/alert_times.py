@@ -1,0 +1,114 @@
+"""When each of the watcher's alerts (backends/alerts.py's rules) would have been raised
+and cleared over a past, replayed in time order: a run's from its metrics events, applied
+at each event and where its steps went quiet past the stall limit, and at its end; a
+host's under-fed GPUs from its recording, at each sample. The one replay behind `trackside
+replay`'s moments (moments.py) and `trackside watch --since` (backends/history/missed.py).
+
+Linear in the events and samples: the rules read a window of the latest steps, and a
+host's cards are weighed again only where one of them changes state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+
+from backends.alerts import LOSS_WINDOW, Alert, HostFacts, Rules, RunFacts, host_alerts, run_alerts, stall_limit, underfed_since
+from backends.gpu import GpuReading
+from backends.history.frame import fresh_s
+from backends.runs import RunInfo, RunPhase
+from training.contract import NONFINITE, OOM, START, STEP
+
+Said = tuple[float, str, Alert]  # (when, "raised" or "cleared", the alert)
+
+
+@dataclasses.dataclass
+class RunPast:
+    key: str  # "host/run": the alerts' subject
+    info: RunInfo  # as it stood when read: its phase, exit status and end status
+    events: list[dict]  # its metrics events that have a time, in time order
+    ended: float | None  # when its command ended; None: still running when read
+    answered: bool = False  # its end is no news: the operator relaunched it
+
+
+class _Up:
+    """The alerts up, by key: each evaluation says which came and which went."""
+
+    def __init__(self) -> None:
+        self.alerts: dict[str, Alert] = {}
+        self.said: list[Said] = []
+
+    def now(self, at: float, alerts: list[Alert]) -> None:
+        found = {alert.key: alert for alert in alerts}
+        self.said += [(at, "cleared", alert) for key, alert in self.alerts.items() if key not in found]
+        self.said += [(at, "raised", alert) for key, alert in found.items() if key not in self.alerts]
+        self.alerts = found
+
+
+def run_alert_times(run: RunPast, until: float, rules: Rules = Rules()) -> list[Said]:
+    """The run's alerts as a watcher polling it would have raised and cleared them, each at
+    the moment its cause came (a stall a second past its limit), up to `until`."""
+    running = dataclasses.replace(run.info, state=RunPhase.RUNNING, exit_status=None, end_status=None)
+    steps: deque[dict] = deque(maxlen=LOSS_WINDOW + 1)  # what the rules read
+    up = _Up()
+    nonfinite = oom = None
+
+    def evaluate(at: float, info: RunInfo = running, answered: bool = True) -> None:
+        up.now(at, run_alerts(RunFacts(run.key, info, list(steps), oom, nonfinite), at, rules, answered=answered))
+
+    def stalled_by(at: float) -> None:
+        limit = stall_limit(steps, rules)
+        if limit is not None and at - limit[0] > limit[1] + 1:
+            evaluate(limit[0] + limit[1] + 1)
+
+    for event in run.events:
+        kind, at = event.get("event"), event["time"]
+        if kind == STEP:
+            stalled_by(at)  # quiet past its limit before this step came
+            steps.append(event)
+            evaluate(at)
+        elif kind == START:  # a new process: what the last one left is not this one's
+            steps.clear()
+            nonfinite = oom = None
+        elif kind == NONFINITE:
+            nonfinite = event
+            evaluate(at)
+        elif kind == OOM:
+            oom = event
+            evaluate(at, dataclasses.replace(running, state=RunPhase.OOM), answered=False)
+    if run.ended is None:
+        stalled_by(until)
+    else:
+        stalled_by(run.ended)
+        evaluate(run.ended, run.info, answered=run.answered)
+    return up.said
+
+
+def host_alert_times(host: str, recording, start: float, end: float, rules: Rules = Rules()) -> list[Said]:
+    """The host's under-fed alert over its recording's samples from `start` to `end`: each
+    card's latest sample is its reading while it is fresh (frame.fresh_s); past that, or
+    across one of the recorder's gaps, the card has none."""
+    cards: dict[int, tuple[GpuReading, float | None, float]] = {}  # index: reading, under-fed since, sampled at
+    up = _Up()
+    starved_from: float | None = None  # the earliest card's under-fed start, while one is
+    last = None
+    for sample in sorted((s for s in recording.gpus if start <= s.time <= end), key=lambda s: s.time):
+        t, stale = sample.time, fresh_s(recording, sample.time)
+        if last is not None and t - last > stale:  # nothing sampled meanwhile: no card's reading stands
+            cards.clear()
+            starved_from = None
+        reading = GpuReading(sample.index, None, sample.uuid, sample.power_w, sample.power_limit_w,
+                             sample.mem_used_mib, sample.mem_total_mib, sample.util_pct)  # fmt: skip
+        was = cards[sample.index][1] if sample.index in cards else None
+        since = underfed_since(reading, was, t)
+        cards[sample.index] = (reading, since, t)
+        if was != since or (last is not None and int(t) != int(last)):
+            # a card changed state, or a second passed: drop stale cards and weigh them again
+            for index in [i for i, (_, _, at) in cards.items() if t - at > stale]:
+                del cards[index]
+            starved_from = min((s for _, s, _ in cards.values() if s is not None), default=None)
+        last = t
+        starving = starved_from is not None and t - starved_from >= rules.underfed_s
+        if starving != bool(up.alerts):
+            up.now(t, host_alerts(HostFacts(host, None, [(r, s) for r, s, _ in cards.values()]), t, rules))
+    return up.said
