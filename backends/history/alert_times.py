@@ -57,6 +57,8 @@ def run_alert_times(run: RunPast, until: float, rules: Rules = Rules()) -> list[
         up.now(at, run_alerts(RunFacts(run.key, info, list(steps), oom, nonfinite), at, rules, answered=answered))
 
     def stalled_by(at: float) -> None:
+        if not steps or at - steps[-1]["time"] <= rules.stall_floor_s + 1:
+            return  # sooner than any stall limit: the rules' medians need not be taken
         limit = stall_limit(steps, rules)
         if limit is not None and at - limit[0] > limit[1] + 1:
             evaluate(limit[0] + limit[1] + 1)
