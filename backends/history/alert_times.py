@@ -16,6 +16,8 @@ from collections import deque
 from backends.alerts import LOSS_WINDOW, Alert, HostFacts, Rules, RunFacts, host_alerts, run_alerts, stall_limit, underfed_since
 from backends.gpu import GpuReading
 from backends.history.frame import fresh_s
+from backends.recorder.layout import TICK_S
+from backends.recorder.read import GAP_TICKS
 from backends.runs import RunInfo, RunPhase
 from training.contract import NONFINITE, OOM, START, STEP
 
@@ -28,7 +30,7 @@ class RunPast:
     info: RunInfo  # as it stood when read: its phase, exit status and end status
     events: list[dict]  # its metrics events that have a time, in time order
     ended: float | None  # when its command ended; None: still running when read
-    answered: bool = False  # its end is no news: the operator relaunched it
+    answered_at: float | None = None  # when a relaunch of it started: from then its end is no news
 
 
 class _Up:
@@ -52,9 +54,14 @@ def run_alert_times(run: RunPast, until: float, rules: Rules = Rules()) -> list[
     steps: deque[dict] = deque(maxlen=LOSS_WINDOW + 1)  # what the rules read
     up = _Up()
     nonfinite = oom = None
+    # An end known to the second (a file's mtime) may come before its last events.
+    ended = None if run.ended is None else max(run.ended, run.events[-1]["time"] if run.events else run.ended)
 
-    def evaluate(at: float, info: RunInfo = running, answered: bool = True) -> None:
-        up.now(at, run_alerts(RunFacts(run.key, info, list(steps), oom, nonfinite), at, rules, answered=answered))
+    def evaluate(at: float, info: RunInfo | None = None, answered: bool = True) -> None:
+        if info is None and oom is not None:  # its OOM stands until the process ends, whatever it does meanwhile
+            info, answered = dataclasses.replace(running, state=RunPhase.OOM), False
+        facts = RunFacts(run.key, info or running, list(steps), oom, nonfinite)
+        up.now(at, run_alerts(facts, at, rules, answered=answered))
 
     def stalled_by(at: float) -> None:
         if not steps or at - steps[-1]["time"] <= rules.stall_floor_s + 1:
@@ -77,40 +84,54 @@ def run_alert_times(run: RunPast, until: float, rules: Rules = Rules()) -> list[
             evaluate(at)
         elif kind == OOM:
             oom = event
-            evaluate(at, dataclasses.replace(running, state=RunPhase.OOM), answered=False)
-    if run.ended is None:
+            evaluate(at)
+    if ended is None:
         stalled_by(until)
-    else:
-        stalled_by(run.ended)
-        evaluate(run.ended, run.info, answered=run.answered)
+        return up.said
+    stalled_by(ended)
+    info = dataclasses.replace(run.info, state=RunPhase.OOM) if oom is not None else run.info
+    relaunched = run.answered_at is not None and run.answered_at <= until
+    evaluate(ended, info, answered=relaunched and run.answered_at <= ended)
+    if relaunched and run.answered_at > ended:  # relaunched later: the watcher then let its end go
+        evaluate(run.answered_at, info, answered=True)
     return up.said
 
 
 def host_alert_times(host: str, recording, start: float, end: float, rules: Rules = Rules()) -> list[Said]:
-    """The host's under-fed alert over its recording's samples from `start` to `end`: each
-    card's latest sample is its reading while it is fresh (frame.fresh_s); past that, or
-    across one of the recorder's gaps, the card has none."""
+    """The host's under-fed alert over its recording's samples from `start` to `end`. Each
+    card's latest sample is its reading until the recorder's gap window passes without
+    another (a card gone from the listing); across a gap of the recorder no card has one,
+    and what was up is cleared where the gap began."""
     cards: dict[int, tuple[GpuReading, float | None, float]] = {}  # index: reading, under-fed since, sampled at
     up = _Up()
     starved_from: float | None = None  # the earliest card's under-fed start, while one is
+    gaps = iter(sorted((g for g in recording.gaps if g.end >= start and g.start <= end), key=lambda g: g.start))
+    gap = next(gaps, None)
     last = None
     for sample in sorted((s for s in recording.gpus if start <= s.time <= end), key=lambda s: s.time):
-        t, stale = sample.time, fresh_s(recording, sample.time)
-        if last is not None and t - last > stale:  # nothing sampled meanwhile: no card's reading stands
-            cards.clear()
-            starved_from = None
+        t = sample.time
+        while gap is not None and gap.end <= t:  # the recorder was down before this sample
+            if last is None or gap.end > last:
+                if up.alerts:
+                    up.now(max(gap.start, last or start), [])
+                cards.clear()
+                starved_from = None
+            gap = next(gaps, None)
         reading = GpuReading(sample.index, None, sample.uuid, sample.power_w, sample.power_limit_w,
                              sample.mem_used_mib, sample.mem_total_mib, sample.util_pct)  # fmt: skip
         was = cards[sample.index][1] if sample.index in cards else None
         since = underfed_since(reading, was, t)
         cards[sample.index] = (reading, since, t)
         if was != since or (last is not None and int(t) != int(last)):
-            # a card changed state, or a second passed: drop stale cards and weigh them again
-            for index in [i for i, (_, _, at) in cards.items() if t - at > stale]:
+            # a card changed state, or a second passed: drop cards gone quiet and weigh them again
+            quiet = max(GAP_TICKS * TICK_S, fresh_s(recording, t))
+            for index in [i for i, (_, _, at) in cards.items() if t - at > quiet]:
                 del cards[index]
             starved_from = min((s for _, s, _ in cards.values() if s is not None), default=None)
         last = t
         starving = starved_from is not None and t - starved_from >= rules.underfed_s
         if starving != bool(up.alerts):
             up.now(t, host_alerts(HostFacts(host, None, [(r, s) for r, s, _ in cards.values()]), t, rules))
+    if up.alerts and gap is not None and gap.start <= end and (last is None or gap.end > last):
+        up.now(max(gap.start, last or start), [])  # the recording ends in a gap: nothing stands after it
     return up.said

@@ -11,6 +11,9 @@ metrics.jsonl), a session it did not launch from its listing now and its pane's 
 
 from __future__ import annotations
 
+import calendar
+import time
+
 from backends import alerts, runs, runsroot, tmux
 from backends.history.alert_times import RunPast, Said, host_alert_times, run_alert_times
 from backends.hosts import Host
@@ -25,7 +28,17 @@ from backends.runs.rundir import read_file
 _EXITED_AT = 'above_ok "$1"; files_ok "$1/exit_status"; stat -c %Y -- "$1/exit_status" 2>/dev/null'
 
 
-async def _trackside_run(host: Host, info: RunInfo, key: str, answered: bool) -> RunPast:
+_ISO = "%Y-%m-%dT%H:%M:%SZ"  # a manifest's times
+
+
+def _epoch(stamp: str | None) -> float | None:
+    try:
+        return float(calendar.timegm(time.strptime(stamp, _ISO))) if isinstance(stamp, str) else None
+    except ValueError:
+        return None
+
+
+async def _trackside_run(host: Host, info: RunInfo, key: str, answered_at: float | None) -> RunPast:
     ended = None
     if info.state is not RunPhase.RUNNING:
         result = await runsroot.run(host, _EXITED_AT, [info.run_dir])
@@ -40,7 +53,7 @@ async def _trackside_run(host: Host, info: RunInfo, key: str, answered: bool) ->
                    key=lambda e: e["time"])  # fmt: skip
     if info.state is not RunPhase.RUNNING and ended is None:
         ended = timed[-1]["time"] if timed else None  # its last word, where no status was written
-    return RunPast(key, info, timed, ended, answered)
+    return RunPast(key, info, timed, ended, answered_at)
 
 
 def _foreign_run(info: RunInfo, key: str, panes: list[tmux.Pane], root: str, socket: str | None, rec: Recording) -> RunPast:
@@ -78,12 +91,15 @@ async def missed(host: Host, since: float, now: float, rules: alerts.Rules = ale
     root = await host.expanded_runs_root()
     infos = await runs.list_runs(host)
     panes = await tmux.list_panes(host)
-    parents = {info.parent for info in infos if info.parent}
+    relaunched: dict[str, float] = {}  # a run's id: when its first relaunch started
+    for child in infos:
+        if child.parent and (started := _epoch(child.started)) is not None:
+            relaunched[child.parent] = min(started, relaunched.get(child.parent, started))
     said = host_alert_times(host.name, rec, since, now, rules)
     for info in infos:
         key = f"{host.name}/{info.run_id or info.session}"
         if info.run_id and info.run_dir:
-            past = await _trackside_run(host, info, key, answered=info.run_id in parents)
+            past = await _trackside_run(host, info, key, relaunched.get(info.run_id))
         elif info.run_id is None:
             past = _foreign_run(info, key, panes, root, host.tmux_socket, rec)
         else:

@@ -14,7 +14,7 @@ from backends.alerts import Rules, format_duration
 from backends.history.alert_times import RunPast, host_alert_times, run_alert_times
 from backends.history.frame import History
 from backends.runs import RunInfo, RunPhase
-from training.contract import END, OOM, START
+from training.contract import END, START
 
 
 @dataclass(frozen=True)
@@ -49,13 +49,11 @@ def _from_events(history: History, rules: Rules) -> list[Moment]:
             end = event
             status = event.get("status") if isinstance(event.get("status"), str) else "?"
             found.append(Moment(event["time"], "end", f"trainer ended: {status}"))
-    oom = any(e.get("event") == OOM for e in timed)
     end_status = end.get("status") if end and isinstance(end.get("status"), str) else None
-    info = RunInfo(history.run_id, history.session, history.host, RunPhase.OOM if oom else RunPhase.EXITED,
+    info = RunInfo(history.run_id, history.session, history.host, RunPhase.EXITED if history.ended else RunPhase.RUNNING,
                    exit_status=history.exit_status, end_status=end_status)  # fmt: skip
-    if not history.ended:
-        info = RunInfo(history.run_id, history.session, history.host, RunPhase.RUNNING)
-    past = RunPast(history.name, info, sorted(timed, key=lambda e: e["time"]), history.end if history.ended else None)
+    relaunched = min((at for _, at in history.relaunches), default=None)
+    past = RunPast(history.name, info, sorted(timed, key=lambda e: e["time"]), history.end if history.ended else None, relaunched)
     found += [Moment(at, alert.cause, _own(alert.text, history.name))
               for at, word, alert in run_alert_times(past, history.end, rules) if word == "raised"]  # fmt: skip
     if history.ended:

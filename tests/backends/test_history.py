@@ -129,6 +129,17 @@ def test_the_moments_of_a_run_with_an_oom_skips_a_stall_a_stop_and_a_relaunch():
     assert texts["relaunch"] == "relaunched as 20261206-0120-cd34"
 
 
+def test_an_oom_of_a_first_process_is_not_said_again_at_the_end_of_a_second_that_completed():
+    """`train A || train B`: A ran out of memory, B (a smaller shape) completed, exit 0."""
+    events = lines(
+        {"event": "start", "time": T0, "config": {}}, step(1, T0 + 10),
+        {"event": "oom", "time": T0 + 20, "max_seq_len": 16384}, {"event": "end", "time": T0 + 21, "status": "oom"},
+        {"event": "start", "time": T0 + 30, "config": {}}, step(1, T0 + 40), {"event": "end", "time": T0 + 50, "status": "completed"},
+    )
+    kinds = [(m.time - T0, m.kind) for m in moments_of(history(events, exit_status=0))]
+    assert kinds == [(0, "start"), (20, "oom"), (21, "end"), (30, "start"), (50, "end"), (50, "exit")]
+
+
 def test_underfed_gpus_and_the_recorders_gaps_are_moments():
     events = lines({"event": "start", "time": T0, "config": {}}, step(1, T0 + 200))
     gpus = tuple(GpuSample(T0 + t, 0, "GPU-a", 100.0, 700.0, 1000.0, 80000.0, 100.0) for t in range(0, 100))
