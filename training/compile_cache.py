@@ -13,10 +13,12 @@ loaded. The package's own `compiled/` folder is read the same way: sets kept the
 with the code when it is shipped to a host (backends/ship), so a box's first launch
 finds them.
 
-The artifacts are pickles and generated code, so loading one runs what it holds: a set is
-loaded only where it and its folders belong to this user (or root), nobody else can
-write to them, and none is a link. A set that fails to load is skipped: the islands compile as if it
-were not there.
+The artifacts are pickles and generated code, so loading one runs what it holds: a set in
+the runs root is loaded only where it and its folders belong to this user (or root),
+nobody else can write to them, and none is a link. The package's own sets are trusted as
+the code beside them is (whoever can write them can write that code; a checkout made under
+umask 002 leaves both group-writable), links still refused. A set that fails to load is
+skipped: the islands compile as if it were not there.
 """
 from __future__ import annotations
 
@@ -60,15 +62,19 @@ def _owned(st: os.stat_result) -> bool:
     return st.st_uid in (os.geteuid(), 0) and not st.st_mode & 0o022
 
 
-def _open_folder(path: Path) -> int | None:
+def _as_code(st: os.stat_result) -> bool:
+    return True
+
+
+def _open_folder(path: Path, ok=_owned) -> int | None:
     """An fd of `path`, reached without following a link at its last two parts, where both
-    are folders that pass `_owned`; else None."""
+    are folders that pass `ok`; else None."""
     fds = []
     try:
         for part in (path.parent, path.name):
             fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                                dir_fd=fds[-1] if fds else None))
-            if not _owned(os.fstat(fds[-1])):
+            if not ok(os.fstat(fds[-1])):
                 return None
         return fds.pop()
     except OSError:
@@ -78,9 +84,9 @@ def _open_folder(path: Path) -> int | None:
             os.close(fd)
 
 
-def _sets(dirfd: int) -> list[tuple[float, str, bytes | None]]:
+def _sets(dirfd: int, ok=_owned) -> list[tuple[float, str, bytes | None]]:
     """(modified, name, bytes) of each set in the folder, newest first; bytes None for one
-    that is a link, not a file, or another user could write."""
+    that is a link, not a file, or fails `ok`."""
     found = []
     for name in os.listdir(dirfd):
         if not name.endswith(SUFFIX) or name.startswith("."):
@@ -92,8 +98,7 @@ def _sets(dirfd: int) -> list[tuple[float, str, bytes | None]]:
             continue
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
-            ok = stat.S_ISREG(st.st_mode) and _owned(st)
-            found.append((st.st_mtime, name, f.read() if ok else None))
+            found.append((st.st_mtime, name, f.read() if stat.S_ISREG(st.st_mode) and ok(st) else None))
     return sorted(found, key=lambda s: s[:2], reverse=True)
 
 
@@ -109,15 +114,15 @@ def load(runs_root: Path, device: torch.device, places: tuple[Path, ...] = (PACK
     name = target(device)
     _keep_in = runs_root / FOLDER / name
     said = []
-    for folder in (*(place / name for place in places), _keep_in):
+    for folder, ok in (*((place / name, _as_code) for place in places), (_keep_in, _owned)):
         if not os.path.lexists(folder):
             continue
-        dirfd = _open_folder(folder)
+        dirfd = _open_folder(folder, ok)
         if dirfd is None:
             said.append(f"{folder}: nothing loaded: it or its folder is a link, or another user could write it")
             continue
         try:
-            sets = _sets(dirfd)
+            sets = _sets(dirfd, ok)
         finally:
             os.close(dirfd)
         loaded, refused, failed = 0, [], []
@@ -129,6 +134,9 @@ def load(runs_root: Path, device: torch.device, places: tuple[Path, ...] = (PACK
                 info = torch.compiler.load_cache_artifacts(lzma.decompress(data))
             except Exception as exc:  # a torn file's LZMAError; torch's errors for a stale set vary
                 failed.append(f"{set_name} ({type(exc).__name__})")
+                continue
+            if info is None:  # torch logs what it could not unpickle and goes on
+                failed.append(f"{set_name} (not torch's artifacts)")
                 continue
             _loaded |= _names(info)
             loaded += len(_names(info))

@@ -4,6 +4,7 @@ is never loaded. Real torch.compile on the CPU, each process with its own induct
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import shutil
 import subprocess
@@ -22,7 +23,8 @@ from pathlib import Path
 import torch
 from training import compile_cache
 
-said = [line for root in sys.argv[1:] for line in compile_cache.load(Path(root), torch.device("cpu"), places=())]
+places = tuple(Path(p) for p in os.environ.get("PLACES", "").split(":") if p)  # stand-ins for the package's folder
+said = [line for root in sys.argv[1:] for line in compile_cache.load(Path(root), torch.device("cpu"), places=places)]
 cached = sum(len(files) for _, _, files in os.walk(os.environ["TORCHINDUCTOR_CACHE_DIR"]))
 # Matmuls alone: inductor calls them out, so a graph compiles in seconds, nothing built in C++.
 graph = os.environ["GRAPH"]
@@ -42,10 +44,10 @@ print(json.dumps({"said": said, "cached_after_load": cached, "kept": compile_cac
 """
 
 
-def launch(inductor_cache: Path, *runs_roots: Path, graph: str = "plain") -> dict:
+def launch(inductor_cache: Path, *runs_roots: Path, graph: str = "plain", places: tuple[Path, ...] = ()) -> dict:
     """graph: "plain" or "transposed" (another graph), or "": load only, compile nothing."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache), "PYTHONPATH": str(REPO),
-           "GRAPH": graph}
+           "GRAPH": graph, "PLACES": ":".join(map(str, places))}
     done = subprocess.run([sys.executable, "-c", LAUNCH, *map(str, runs_roots)], env=env, capture_output=True,
                           text=True, timeout=600, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -163,3 +165,24 @@ def test_the_trainer_keeps_its_islands_and_a_cold_launch_loads_them(tmp_path, ca
     second = train("second")
     assert len(second) == 1 and second[0].startswith(f"train: {folder}: ")
     assert int(second[0].split(": ")[-1].split()[0]) > 0 and second[0].endswith("compiled artifacts loaded")
+
+
+def test_the_packages_sets_are_trusted_as_its_code_and_one_that_is_no_set_fails_to_load(kept, tmp_path):
+    """A checkout made under umask 002 leaves the package's files group-writable, its code
+    and its sets alike: the sets load (a runs root's would be refused). A file that is no
+    set of torch's artifacts is said to have failed, not counted as loaded."""
+    source, first = kept
+    path = kept_file(source)
+    package = tmp_path / "package"
+    (package / path.parent.name).mkdir(parents=True)
+    (package / path.parent.name / path.name).write_bytes(path.read_bytes())
+    (package / path.parent.name / path.name).chmod(0o664)
+    (package / path.parent.name).chmod(0o775)
+    junk = tmp_path / "runs" / "compiled" / path.parent.name
+    junk.mkdir(parents=True, mode=0o700)
+    (junk / "0000000000000000.xz").write_bytes(lzma.compress(b"not a pickle of torch's"))
+    (junk / "0000000000000000.xz").chmod(0o600)
+    again = launch(tmp_path / "cold", tmp_path / "runs", places=(package,))
+    assert again["said"] == [f"{package / path.parent.name}: {first['misses'] + 1} compiled artifacts loaded",
+                             f"{junk}: 0 compiled artifacts loaded; failed to load: 0000000000000000.xz (not torch's artifacts)"]
+    assert again["hits"] == first["misses"] and again["misses"] == 0
