@@ -83,9 +83,10 @@ def within(said: list[Said], since: float, now: float) -> list[Said]:
     return out + [(since, "raised", a) for _, _, a in up.values()]
 
 
-async def missed(host: Host, since: float, now: float, rules: alerts.Rules = alerts.Rules()) -> list[Said]:
+async def missed(host: Host, since: float, now: float, rules: alerts.Rules = alerts.Rules()) -> tuple[list[Said], bool]:
     """Each alert that would have been raised or cleared on `host` from `since` to `now`,
-    from its recording, its run dirs and its listing now."""
+    from its recording, its run dirs and its listing now; and whether its recording held any
+    GPU sample then (without one, no under-fed GPU could be found)."""
     # The recorder keeps CAP_BYTES at most in all: a reading allowed as many is never cut.
     rec = await read_recording(host, since, now, max_bytes=layout.CAP_BYTES)
     root = await host.expanded_runs_root()
@@ -106,4 +107,4 @@ async def missed(host: Host, since: float, now: float, rules: alerts.Rules = ale
             continue
         if past.ended is None or past.ended >= since:  # a run over before the span is no watcher's
             said += within(run_alert_times(past, now, rules), since, now)
-    return sorted(said, key=lambda s: s[0])
+    return sorted(said, key=lambda s: s[0]), bool(rec.gpus)

@@ -49,12 +49,14 @@ def test_an_underfed_stretch_and_an_exit_are_found_each_at_its_moment(tmp_path, 
     assert abs(stamp(failed[0]) - ended) <= 6  # when it exited, not when a listing saw it
 
 
-def test_a_quiet_stretch_says_so(tmp_path, capsys):
+def test_a_quiet_stretch_says_so_and_a_host_without_a_recording_is_not_called_quiet(tmp_path, capsys):
     """Nothing recorded that would have alerted: stdout stays empty (only alerts go there),
-    and stderr says the recordings were read and held none, not a silent exit."""
+    and stderr says the recordings were read and held none, not a silent exit; a host whose
+    GPUs were not recorded is named, its GPUs unchecked."""
     root = tmp_path / "runs"
     config = tmp_path / "config.toml"
-    config.write_text(f"[hosts.box]\nruns_root = {json.dumps(str(root))}\nrecord = false\n")
+    config.write_text(f"[hosts.box]\nruns_root = {json.dumps(str(root))}\nrecord = false\n"
+                      f"[hosts.bare]\nruns_root = {json.dumps(str(tmp_path / 'bare'))}\nrecord = false\n")
     now = time.time()
     gpu = [f"{now - 300:.2f},0,GPU-00000000-1111-2222-3333-444444444444"]
     gpu += [f"{now - 300 + s:.2f},0,690,700.00,1000,143771,99" for s in range(0, 200)]
@@ -63,9 +65,10 @@ def test_a_quiet_stretch_says_so(tmp_path, capsys):
     assert main(["watch", "--since", "20m", "--config", str(config)]) == 0
     out, err = capsys.readouterr()
     assert out == ""
-    (line,) = err.splitlines()
-    assert line.startswith("trackside watch: no alert would have fired since ") and line.endswith(" on box")
-    assert abs(stamp(line.split("since ")[1]) - (now - 1200)) <= 5
+    unrecorded, quiet = err.splitlines()
+    assert unrecorded == "trackside watch: bare: no GPU recording over the span: its under-fed GPUs not checked"
+    assert quiet.startswith("trackside watch: no alert would have fired since ") and quiet.endswith(" on box, bare")
+    assert abs(stamp(quiet.split("since ")[1]) - (now - 1200)) <= 5
 
 
 def test_steps_skipped_while_nobody_watched_are_an_alert_raised_and_cleared(tmp_path, capsys, tmux_dir):  # noqa: F811

@@ -35,20 +35,21 @@ def duration(text: str) -> float:
     return bounded(ranges.WATCH_SINCE)(str(float(m[1]) * _UNITS[m[2]]))
 
 
-async def _missed(hosts: list[Host], seconds: float, rules: alerts.Rules) -> tuple[list[tuple[float, str, alerts.Alert]], list[str]]:
-    """Every host's missed alerts in time order, and a line for each host that could not be read."""
-    now = time.time()
-    found = await asyncio.gather(*(missed(host, now - seconds, now, rules) for host in hosts), return_exceptions=True)
+async def _missed(hosts: list[Host], since: float, rules: alerts.Rules) -> tuple[list[tuple[float, str, alerts.Alert]], list[str], list[str]]:
+    """Every host's missed alerts in time order, a line for each host that could not be
+    read, and the hosts whose GPUs were not recorded over the span."""
+    found = await asyncio.gather(*(missed(host, since, time.time(), rules) for host in hosts), return_exceptions=True)
     await asyncio.gather(*(host.close() for host in hosts))
-    lines, lost = [], []
-    for result in found:
+    lines, lost, unrecorded = [], [], []
+    for host, result in zip(hosts, found):
         if isinstance(result, HostError):
             lost.append(str(result))
         elif isinstance(result, BaseException):
             raise result
         else:
-            lines += result
-    return sorted(lines, key=lambda said: said[0]), lost
+            lines += result[0]
+            unrecorded += [] if result[1] else [host.name]
+    return sorted(lines, key=lambda said: said[0]), lost, unrecorded
 
 
 def main(argv: list[str]) -> int:
@@ -72,13 +73,14 @@ def main(argv: list[str]) -> int:
         return EXIT_USAGE
     made = config.make_hosts()
     if args.since is not None:
-        said, lost = asyncio.run(_missed([made[entry.name] for entry in entries], args.since, config.alert_rules))
-        for line in lost:
+        since = time.time() - args.since
+        said, lost, unrecorded = asyncio.run(_missed([made[entry.name] for entry in entries], since, config.alert_rules))
+        for line in [*lost, *(f"{name}: no GPU recording over the span: its under-fed GPUs not checked" for name in unrecorded)]:
             print(f"trackside watch: {sanitize.line(line)}", file=sys.stderr)
         for when, word, alert in said:
             print(sanitize.line(alert_line(when, alert.severity if word == "raised" else word, alert)), flush=True)
         if not said and len(lost) < len(entries):  # silence alone reads as a command that did nothing
-            began = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - args.since))
+            began = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
             read = "the hosts read" if lost else ", ".join(sanitize.line(entry.name) for entry in entries)
             print(f"trackside watch: no alert would have fired since {began} on {read}", file=sys.stderr)
         return EXIT_FAILURE if any(word == "raised" for _, word, _ in said) or (lost and len(lost) == len(entries)) else EXIT_OK
