@@ -59,7 +59,14 @@ async def _trackside_run(host: Host, info: RunInfo, key: str, answered_at: float
 def _foreign_run(info: RunInfo, key: str, panes: list[tmux.Pane], root: str, socket: str | None, rec: Recording) -> RunPast:
     """A session trackside did not launch: ended when its pane's log last grew."""
     logs = {recording.recording_of(root, socket, p).log.removeprefix(f"{root}/") for p in panes if p.session == info.session}
-    grew = [e.time for e in rec.logs if e.path in logs]
+    # The index says each log's size again at each new day file and restart: the end is
+    # where a size last differed from the one before it in the span, not its last mention
+    # (one that never grew in the span ended before it, or is not known to have ended).
+    grew, size = [], {}
+    for entry in sorted((e for e in rec.logs if e.path in logs), key=lambda e: e.time):
+        if entry.path in size and size[entry.path] != entry.size:
+            grew.append(entry.time)
+        size[entry.path] = entry.size
     ended = None if info.state is RunPhase.RUNNING else max(grew, default=None)
     return RunPast(key, info, [], ended)
 

@@ -71,3 +71,23 @@ def test_a_failure_is_news_until_a_relaunch_answers_it_and_none_when_the_relaunc
     assert said(run_alert_times(run(steps(10), ended=100, exit_status=1, relaunched=99), T0 + 4000)) == []
     # a relaunch after the span read is not known yet
     assert said(run_alert_times(run(steps(10), ended=100, exit_status=1, relaunched=3000), T0 + 2000)) == [(100, "raised", "failed")]
+
+
+def test_a_foreign_sessions_end_is_where_its_log_last_grew_not_where_the_index_said_it_again():
+    """The recorder says every log's size again at each new day file and restart: a session
+    dead since before the span is not taken to have ended at midnight inside it."""
+    from backends.history.missed import _foreign_run
+    from backends.logs.recording import recording_of
+    from backends.recorder.read import LogSize
+    from backends.tmux import Pane
+
+    pane = Pane("trainer", 4242, True, 1, pane_id="%3", created=1_799_000_000)
+    log = recording_of("/runs", None, pane).log.removeprefix("/runs/")
+    info = RunInfo(None, "trainer", "box", RunPhase.EXITED, exit_status=1)
+
+    def ended(*sizes: tuple[float, int]) -> float | None:
+        rec = Recording(gpus=(), procs=(), panes=(), logs=tuple(LogSize(T0 + t, log, n) for t, n in sizes), gaps=(), coarse_before=None)
+        return _foreign_run(info, "box/trainer", [pane], "/runs", None, rec).ended
+
+    assert ended((0, 500), (7200, 500)) is None  # said again at midnight, never grew in the span
+    assert ended((0, 500), (60, 900), (120, 1400), (7200, 1400)) == T0 + 120
