@@ -47,9 +47,14 @@ class _Up:
         self.alerts = found
 
 
-def run_alert_times(run: RunPast, until: float, rules: Rules = Rules()) -> list[Said]:
+def run_alert_times(run: RunPast, until: float, rules: Rules = Rules(), since: float | None = None) -> list[Said]:
     """The run's alerts as a watcher polling it would have raised and cleared them, each at
-    the moment its cause came (a stall a second past its limit), up to `until`."""
+    the moment its cause came (a stall a second past its limit), up to `until`. With
+    `since`, what a watcher started then would have said: the alerts up then, raised then
+    in their words then (a stall's length), and what came after; nothing for a run over
+    before it."""
+    if since is not None and run.ended is not None and max(run.ended, run.events[-1]["time"] if run.events else 0) < since:
+        return []
     running = dataclasses.replace(run.info, state=RunPhase.RUNNING, exit_status=None, end_status=None)
     steps: deque[dict] = deque(maxlen=LOSS_WINDOW + 1)  # what the rules read
     up = _Up()
@@ -63,6 +68,10 @@ def run_alert_times(run: RunPast, until: float, rules: Rules = Rules()) -> list[
         facts = RunFacts(run.key, info or running, list(steps), oom, nonfinite)
         up.now(at, run_alerts(facts, at, rules, answered=answered))
 
+    def started_watching() -> None:
+        evaluate(since)
+        up.said = [(since, "raised", alert) for alert in up.alerts.values()]
+
     def stalled_by(at: float) -> None:
         if not steps or at - steps[-1]["time"] <= rules.stall_floor_s + 1:
             return  # sooner than any stall limit: the rules' medians need not be taken
@@ -70,8 +79,12 @@ def run_alert_times(run: RunPast, until: float, rules: Rules = Rules()) -> list[
         if limit is not None and at - limit[0] > limit[1] + 1:
             evaluate(limit[0] + limit[1] + 1)
 
+    watching = since is None
     for event in run.events:
         kind, at = event.get("event"), event["time"]
+        if not watching and at > since:
+            started_watching()
+            watching = True
         if kind == STEP:
             stalled_by(at)  # quiet past its limit before this step came
             steps.append(event)
@@ -85,16 +98,23 @@ def run_alert_times(run: RunPast, until: float, rules: Rules = Rules()) -> list[
         elif kind == OOM:
             oom = event
             evaluate(at)
+    if not watching:
+        started_watching()
     if ended is None:
         stalled_by(until)
-        return up.said
+        return _from(up.said, since, until)
     stalled_by(ended)
     info = dataclasses.replace(run.info, state=RunPhase.OOM) if oom is not None else run.info
     relaunched = run.answered_at is not None and run.answered_at <= until
     evaluate(ended, info, answered=relaunched and run.answered_at <= ended)
     if relaunched and run.answered_at > ended:  # relaunched later: the watcher then let its end go
         evaluate(run.answered_at, info, answered=True)
-    return up.said
+    return _from(up.said, since, until)
+
+
+def _from(said: list[Said], since: float | None, until: float) -> list[Said]:
+    """What was said from `since` to `until`: a stall found after a later step may be dated before."""
+    return said if since is None else [s for s in said if since <= s[0] <= until]
 
 
 def host_alert_times(host: str, recording, start: float, end: float, rules: Rules = Rules()) -> list[Said]:

@@ -71,25 +71,6 @@ def _foreign_run(info: RunInfo, key: str, panes: list[tmux.Pane], root: str, soc
     return RunPast(key, info, [], ended)
 
 
-def within(said: list[Said], since: float, now: float) -> list[Said]:
-    """What a watcher started at `since` would have said until `now`: an alert up when it
-    started, raised then; one raised and cleared before, nothing."""
-    up: dict[str, Said] = {}
-    out: list[Said] = []
-    for at, word, alert in sorted(said, key=lambda s: s[0]):
-        if at > now:
-            break
-        if at >= since:
-            out += [(since, "raised", a) for _, _, a in up.values()]
-            up.clear()
-            out.append((at, word, alert))
-        elif word == "raised":
-            up[alert.key] = (at, word, alert)
-        else:
-            up.pop(alert.key, None)
-    return out + [(since, "raised", a) for _, _, a in up.values()]
-
-
 async def missed(host: Host, since: float, now: float, rules: alerts.Rules = alerts.Rules()) -> tuple[list[Said], bool]:
     """Each alert that would have been raised or cleared on `host` from `since` to `now`,
     from its recording, its run dirs and its listing now; and whether its recording held any
@@ -112,6 +93,5 @@ async def missed(host: Host, since: float, now: float, rules: alerts.Rules = ale
             past = _foreign_run(info, key, panes, root, host.tmux_socket, rec)
         else:
             continue
-        if past.ended is None or past.ended >= since:  # a run over before the span is no watcher's
-            said += within(run_alert_times(past, now, rules), since, now)
+        said += run_alert_times(past, now, rules, since)
     return sorted(said, key=lambda s: s[0]), bool(rec.gpus)

@@ -91,3 +91,14 @@ def test_a_foreign_sessions_end_is_where_its_log_last_grew_not_where_the_index_s
 
     assert ended((0, 500), (7200, 500)) is None  # said again at midnight, never grew in the span
     assert ended((0, 500), (60, 900), (120, 1400), (7200, 1400)) == T0 + 120
+
+
+def test_a_watcher_started_later_says_what_is_up_then_in_its_words_then_and_nothing_of_a_run_over_before():
+    stalled = run(steps(10))  # silent since step 10, still running
+    assert [(round(at - T0), word, alert.text) for at, word, alert in run_alert_times(stalled, T0 + 7210, since=T0 + 7210)] == [
+        (7210, "raised", "box/r1 stalled: no step for 2h00m")]
+    # one that cleared before the watcher started is not said; one that came after is
+    events = [*steps(10), *({"event": "step", "step": k, "time": 990 + k, "loss": 2.0} for k in range(11, 211))]
+    assert said(run_alert_times(run(events), T0 + 2000)) == [(311, "raised", "stall"), (1001, "cleared", "stall"), (1501, "raised", "stall")]
+    assert said(run_alert_times(run(events), T0 + 2000, since=T0 + 1100)) == [(1501, "raised", "stall")]
+    assert run_alert_times(run(steps(10), ended=100, exit_status=1), T0 + 9000, since=T0 + 200) == []
