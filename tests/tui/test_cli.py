@@ -41,13 +41,15 @@ def test_ctrl_c_while_the_demo_run_stops_says_what_is_left_without_a_traceback(t
     import sys
     import time
 
+    # The run's sleep ignores what a killed session sends it: named, to be ended after.
+    sleep = f"sleep 600.{os.getpid()}"
     script = (
         "import asyncio, sys\n"
         "from backends import runs\n"
         "from backends.hosts import LocalHost\n"
         "from tui.commands.dashboard import end_demo_run\n"
         f"host = LocalHost(runs_root={str(tmp_path)!r})\n"
-        "info = asyncio.run(runs.launch(host, ['bash', '-c', \"trap '' TERM; sleep 600\"]))\n"
+        f"info = asyncio.run(runs.launch(host, ['bash', '-c', \"trap '' TERM; {sleep}\"]))\n"
         "sys.exit(end_demo_run(host, info, keep=False))\n"
     )
     # SIGINT as a terminal's shell gives it: a test before this one in the same worker may
@@ -66,6 +68,7 @@ def test_ctrl_c_while_the_demo_run_stops_says_what_is_left_without_a_traceback(t
         if "(tmux session " in said:
             session = said.split("(tmux session ", 1)[1].split(")")[0]
             subprocess.run(["tmux", "kill-session", "-t", f"={session}"], capture_output=True)
+        subprocess.run(["pkill", "-KILL", "-x", "-f", sleep], capture_output=True)
     assert demo.returncode == 130, (out, err)
     assert "Traceback" not in err and "interrupted: the demo run may still be running" in err, err
 
