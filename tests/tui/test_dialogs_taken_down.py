@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 from rich.text import Text
+from textual import events
+from textual.geometry import Size
 
 from backends.history.moments import Moment
 from scripts.sample import RUN_KEY, feed, make_app, on_run
@@ -64,6 +66,21 @@ async def test_a_run_screen_closed_as_it_opens_leaves_no_error():
         assert isinstance(app.screen, FleetScreen) and app.is_running and app.return_code is None, app.screen_stack
         app.open_run(RUN_KEY)  # and the test ends, taking the app down, in the same breath:
         # an error raised in the app while it closes is raised here, as the block ends
+
+
+async def test_a_run_screen_resized_as_it_closes_leaves_no_error():
+    """A resize fits the GPUs' band after the next refresh; Escape in the same breath took
+    the screen's widgets down first, and the fitting ended the app (NoMatches; CI's pilot
+    monkey at 160×48, seed 1912560711)."""
+    app = make_app()
+    async with app.run_test(size=(120, 36)) as pilot:
+        await on_run(pilot)
+        screen = app.screen
+        screen.post_message(events.Resize(Size(100, 30), Size(100, 30)))
+        app.pop_screen()
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, FleetScreen) and app.is_running and app.return_code is None, app.screen_stack
+        screen._fit_top()  # and once more, long after: nothing left to fit, nothing raised
 
 
 async def test_the_title_line_follows_the_screen():

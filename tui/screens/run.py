@@ -274,6 +274,8 @@ class RunScreen(TakenDown, LifeToggle, Guarded, Screen):
         sight. What the band cannot show, it scrolls."""
         if lines is not None:
             self.gpu_lines = lines
+        if self.taken_down():  # called after the refresh that followed a resize, and Escape took the widgets down first
+            return
         wanted = max(self.top_lines, min(self.gpu_lines, self.size.height // 2))
         fixed = sum(w.outer_size.height for w in (self.query_one(TitleBar), self.query_one(AlertBar), self.query_one(Footer)) if w.display)
         least = sum(w.styles.min_height.cells or 0 for w in (self.query_one(LossChart), self.query_one(LogPane)))
