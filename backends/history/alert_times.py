@@ -33,6 +33,12 @@ class RunPast:
     answered_at: float | None = None  # when a relaunch of it started: from then its end is no news
 
 
+def timed(events) -> list[dict]:
+    """The events the replay reads: those with a time (a number), in time order."""
+    return sorted((e for e in events if isinstance(e.get("time"), (int, float)) and not isinstance(e.get("time"), bool)),
+                  key=lambda e: e["time"])  # fmt: skip
+
+
 class _Up:
     """The alerts up, by key: each evaluation says which came and which went."""
 
@@ -53,14 +59,14 @@ def run_alert_times(run: RunPast, until: float, rules: Rules = Rules(), since: f
     `since`, what a watcher started then would have said: the alerts up then, raised then
     in their words then (a stall's length), and what came after; nothing for a run over
     before it."""
-    if since is not None and run.ended is not None and max(run.ended, run.events[-1]["time"] if run.events else 0) < since:
+    # An end known to the second (a file's mtime) may come before its last events.
+    ended = None if run.ended is None else max(run.ended, run.events[-1]["time"] if run.events else run.ended)
+    if since is not None and ended is not None and ended < since:
         return []
     running = dataclasses.replace(run.info, state=RunPhase.RUNNING, exit_status=None, end_status=None)
     steps: deque[dict] = deque(maxlen=LOSS_WINDOW + 1)  # what the rules read
     up = _Up()
     nonfinite = oom = None
-    # An end known to the second (a file's mtime) may come before its last events.
-    ended = None if run.ended is None else max(run.ended, run.events[-1]["time"] if run.events else run.ended)
 
     def evaluate(at: float, info: RunInfo | None = None, answered: bool = True) -> None:
         if info is None and oom is not None:  # its OOM stands until the process ends, whatever it does meanwhile

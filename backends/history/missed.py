@@ -11,31 +11,18 @@ metrics.jsonl), a session it did not launch from its listing now and its pane's 
 
 from __future__ import annotations
 
-import calendar
-import time
-
 from backends import alerts, runs, runsroot, tmux
-from backends.history.alert_times import RunPast, Said, host_alert_times, run_alert_times
+from backends.history.alert_times import RunPast, Said, host_alert_times, run_alert_times, timed
 from backends.hosts import Host
 from backends.logs import logparse, recording
 from backends.recorder import layout
 from backends.recorder.read import Recording, read_recording
 from backends.runs import RunInfo, RunPhase
-from backends.runs.rundir import read_file
+from backends.runs.rundir import epoch, read_file
 
 # When the run's command ended: its exit_status file's last change (the launcher's shell
 # writes it as the command ends; the manifest's `ended` is when a listing first saw it).
 _EXITED_AT = 'above_ok "$1"; files_ok "$1/exit_status"; stat -c %Y -- "$1/exit_status" 2>/dev/null'
-
-
-_ISO = "%Y-%m-%dT%H:%M:%SZ"  # a manifest's times
-
-
-def _epoch(stamp: str | None) -> float | None:
-    try:
-        return float(calendar.timegm(time.strptime(stamp, _ISO))) if isinstance(stamp, str) else None
-    except ValueError:
-        return None
 
 
 async def _trackside_run(host: Host, info: RunInfo, key: str, answered_at: float | None) -> RunPast:
@@ -49,11 +36,10 @@ async def _trackside_run(host: Host, info: RunInfo, key: str, answered_at: float
         events = [e for e in map(logparse.parse_metrics_line, (text or "").splitlines()) if e is not None]
     except runs.RunError:
         pass
-    timed = sorted((e for e in events if isinstance(e.get("time"), (int, float)) and not isinstance(e.get("time"), bool)),
-                   key=lambda e: e["time"])  # fmt: skip
+    events = timed(events)
     if info.state is not RunPhase.RUNNING and ended is None:
-        ended = timed[-1]["time"] if timed else None  # its last word, where no status was written
-    return RunPast(key, info, timed, ended, answered_at)
+        ended = events[-1]["time"] if events else None  # its last word, where no status was written
+    return RunPast(key, info, events, ended, answered_at)
 
 
 def _foreign_run(info: RunInfo, key: str, panes: list[tmux.Pane], root: str, socket: str | None, rec: Recording) -> RunPast:
@@ -82,7 +68,7 @@ async def missed(host: Host, since: float, now: float, rules: alerts.Rules = ale
     panes = await tmux.list_panes(host)
     relaunched: dict[str, float] = {}  # a run's id: when its first relaunch started
     for child in infos:
-        if child.parent and (started := _epoch(child.started)) is not None:
+        if child.parent and (started := epoch(child.started)) is not None:
             relaunched[child.parent] = min(started, relaunched.get(child.parent, started))
     said = host_alert_times(host.name, rec, since, now, rules)
     for info in infos:

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from backends.alerts import Rules, format_duration
-from backends.history.alert_times import RunPast, host_alert_times, run_alert_times
+from backends.history.alert_times import RunPast, host_alert_times, run_alert_times, timed
 from backends.history.frame import History
 from backends.runs import RunInfo, RunPhase
 from training.contract import END, START
@@ -36,10 +36,10 @@ def moments_of(history: History, rules: Rules = Rules()) -> list[Moment]:
 def _from_events(history: History, rules: Rules) -> list[Moment]:
     """The trainer's starts and ends, and each alert the rules raise on its events
     (alert_times.py), as a watcher would have seen them then."""
-    timed = [e for e in history.events if isinstance(e.get("time"), (int, float)) and not isinstance(e.get("time"), bool)]
+    events = timed(history.events)
     found: list[Moment] = []
     end = None
-    for event in timed:
+    for event in events:
         if event.get("event") == START:
             end = None
             config = event.get("config") if isinstance(event.get("config"), dict) else {}
@@ -53,7 +53,7 @@ def _from_events(history: History, rules: Rules) -> list[Moment]:
     info = RunInfo(history.run_id, history.session, history.host, RunPhase.EXITED if history.ended else RunPhase.RUNNING,
                    exit_status=history.exit_status, end_status=end_status)  # fmt: skip
     relaunched = min((at for _, at in history.relaunches), default=None)
-    past = RunPast(history.name, info, sorted(timed, key=lambda e: e["time"]), history.end if history.ended else None, relaunched)
+    past = RunPast(history.name, info, events, history.end if history.ended else None, relaunched)
     found += [Moment(at, alert.cause, _own(alert.text, history.name))
               for at, word, alert in run_alert_times(past, history.end, rules) if word == "raised"]  # fmt: skip
     if history.ended:
