@@ -9,7 +9,7 @@ its artifacts under its runs root; they are then copied into the package's
 empty again, reads them from there. A third gets the first launch's Triton cache too, to
 say what trackside's own Triton kernels (not in torch's artifacts) cost to compile. The
 sets the tree ships are moved aside meanwhile, so the first launch is cold, and put back.
-With $OUT set, the kept sets go there as compiled.tgz, to be committed into the package.
+With $OUT set, the kept sets go there as compiled-DRAFTER.tgz, to be committed into the package.
 
     PYTHONPATH=$PWD python3 bench/fresh_box.py                    # both drafters, on the GPU
     .venv/bin/python bench/fresh_box.py --smoke --drafters eagle3  # the flow on the CPU, tiny

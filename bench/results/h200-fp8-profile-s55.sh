@@ -6,10 +6,7 @@
 # box, whose compiled set comes back tarred (compiled-dflash.tgz) to ship in the package.
 # Everything comes back as one tarball (the device returns few files). From the tree's root.
 set -uo pipefail
-tui=(); for w in ../.whl-tui/*.whl; do [ -e "../.whl/${w##*/}" ] || tui+=("$w"); done
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site ../.whl/*.whl "${tui[@]}" || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+source bench/device_wheels.sh || exit 1
 mkdir -p /tmp/o && nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee /tmp/o/card.txt
 OUT=/tmp/o timeout 200 python3 bench/train_step.py --cells llama3-8b:8192:5 --repeats 1 \
   --trainers trackside+frozen+fp8 trackside+frozen --profile 40 --timeout 120 2>&1 | tee /tmp/o/eagle3.log | tail -8
