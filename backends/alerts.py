@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from backends import sanitize
 from backends.gpu import GpuReading
+from backends.hosts.local import reaped
 from backends.runs import RunInfo, RunPhase
 from backends.runs.status import RunStatus, signal_name, status_of
 from training.contract import EVENT_FIELDS, OOM
@@ -321,7 +322,7 @@ async def run_command(argv: Sequence[str], alert: Alert, raised: float, timeout_
         if not finished:  # timed out, or its watcher is quitting: nothing it started outlives it
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
+            await reaped(process)
     if process.returncode:
         said = [line for line in stderr.decode(errors="replace").splitlines() if line.strip()]
         return f"alert command {shown} exited {process.returncode}" + (f": {said[-1].strip()}" if said else "")

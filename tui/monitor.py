@@ -182,12 +182,12 @@ class HostMonitor:
             started = time.monotonic()
             self._list_now.clear()
             try:
-                listed = await asyncio.wait_for(runs.list_runs(self.host, self._recordings, self._gpu_pids), POLL_TIMEOUT_S)
+                async with asyncio.timeout(POLL_TIMEOUT_S):
+                    listed = await runs.list_runs(self.host, self._recordings, self._gpu_pids)
                 self.app.post_message(RunsListed(self.host.name, listed, self.clock()))
                 if self._latest is not None and self._latest.streamed:
-                    self._processes = await asyncio.wait_for(
-                        gpu.read_processes(self.host, self._latest.gpus, self.smi), POLL_TIMEOUT_S
-                    )
+                    async with asyncio.timeout(POLL_TIMEOUT_S):
+                        self._processes = await gpu.read_processes(self.host, self._latest.gpus, self.smi)
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # a host's trouble is state, never a crash
@@ -243,9 +243,8 @@ class HostMonitor:
             elif runs_here:
                 began = time.monotonic()
                 try:
-                    recording = await asyncio.wait_for(
-                        read_recording(self.host, ledger.read_from(runs_here), cursor=cursor), POLL_TIMEOUT_S
-                    )
+                    async with asyncio.timeout(POLL_TIMEOUT_S):
+                        recording = await read_recording(self.host, ledger.read_from(runs_here), cursor=cursor)
                     ledger.add(recording, runs_here)
                     wait = max(wait, READ_SHARE * (time.monotonic() - began))
                 except asyncio.CancelledError:
@@ -345,7 +344,8 @@ class HostMonitor:
         while True:
             started = time.monotonic()
             try:
-                text = await asyncio.wait_for(tmux.capture_pane(self.host, session, lines), POLL_TIMEOUT_S)
+                async with asyncio.timeout(POLL_TIMEOUT_S):
+                    text = await tmux.capture_pane(self.host, session, lines)
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -87,11 +87,7 @@ def _pidfd(proc: asyncio.subprocess.Process) -> int | None:
 
 
 async def _killed(proc: asyncio.subprocess.Process, pidfd: int | None) -> None:
-    """Kill proc if it still runs and reap it, even through further cancellations (a
-    worker cancelled again while it cleans up, as the app quits): a process left unreaped
-    when the event loop closes is reported as an error, its pipes collected without a loop.
-    A SIGKILLed process is reaped within milliseconds; a cancellation that arrived
-    meanwhile is raised afterwards.
+    """Kill proc if it still runs, and reap it (`reaped`).
 
     The signal is never sent through proc.kill(): Popen.send_signal polls first, and that
     poll reaps a process that has just ended ahead of asyncio's child watcher, which then
@@ -108,6 +104,26 @@ async def _killed(proc: asyncio.subprocess.Process, pidfd: int | None) -> None:
     finally:
         if pidfd is not None:
             os.close(pidfd)
+    await reaped(proc)
+
+
+async def reaped(proc: asyncio.subprocess.Process) -> None:
+    """Close this side of a signalled process's pipes and wait for its end, even through
+    further cancellations (a worker cancelled again while it cleans up, as the app quits):
+    a process left unreaped when the event loop closes is reported as an error, its pipes
+    collected without a loop. A SIGKILLed process is reaped within milliseconds; a
+    cancellation that arrived meanwhile is raised afterwards.
+
+    The pipes are closed first: Python 3.11's proc.wait() also waits for every other holder
+    of them to let go, so a command's own child still running (a shell's `sleep`, past a
+    timeout; one in a session of its own, which a group's kill misses) or blocked writing
+    to a pipe nobody reads any more held the caller for as long as it lived: a monitor's
+    stop, and the dashboard's exit with it, forever. Such a child is left to end on its
+    own (one still writing, at once: its pipe is broken)."""
+    # The pipes' transports, not the process's: closing that polls, and reaps as above.
+    for fd in (0, 1, 2):
+        if (pipe := proc._transport.get_pipe_transport(fd)) is not None:
+            pipe.close()
     cancelled = None
     while True:
         try:

@@ -7,8 +7,10 @@ import asyncio
 import dataclasses
 import json
 import shlex
+import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from backends.config import ConfigError, load_config
 from backends.gpu import GpuProcess, GpuReading
 from backends.kill import GpuDelta, KillReport
 from backends.runs import RunInfo, RunPhase
+from training.handover import alive
 
 NOW = 1_790_000_000.0
 STARTED = "2026-09-21T14:13:20Z"  # NOW, as a manifest writes it
@@ -194,11 +197,16 @@ async def test_a_command_that_fails_or_hangs_is_one_line(tmp_path):
     assert hung == "alert command sh -c 'sleep 30 & sleep 30' did not finish within 0.5s: killed"
 
 
-def gone(pid: int) -> bool:
+async def test_a_hung_command_whose_child_left_its_group_holding_stderr_is_one_line_at_its_timeout():
+    # A daemon the command started (setsid) outlives the group's kill, and holds its stderr.
+    holder = f"sleep 120.{uuid.uuid4().int % 10**9:09d}"
+    argv = ["sh", "-c", f"setsid {holder} & sleep 60"]
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
-    except OSError:
-        return True
+        async with asyncio.timeout(60):
+            hung = await alerts.run_command(argv, alerts.Alert("lost:h", "h lost"), NOW, timeout_s=0.5)
+        assert hung == f"alert command {shlex.join(argv)} did not finish within 0.5s: killed"
+    finally:
+        subprocess.run(["pkill", "-f", holder])
 
 
 async def test_a_command_whose_watcher_stops_is_killed_with_its_children(tmp_path):
@@ -214,10 +222,10 @@ async def test_a_command_whose_watcher_stops_is_killed_with_its_children(tmp_pat
     assert time.monotonic() - started < 5  # not left to sleep its 30 s out
     child = int(pid_file.read_text())
     for _ in range(50):
-        if gone(child):
+        if not alive(child):
             break
         await asyncio.sleep(0.05)
-    assert gone(child)
+    assert not alive(child)
 
 
 def write(tmp_path, text: str) -> str:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 
 import pytest
 
 from backends.hosts import HostError, LocalHost
+from training.handover import alive
 
 
 async def test_run_returns_status_and_output():
@@ -46,6 +48,39 @@ async def test_a_command_does_not_outlive_its_call(tmp_path, how):
         await call
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid_file.read_text()), 0)
+
+
+# A command's own child that outlives it keeps its pipes open: a shell's command past a
+# timeout, or what a container prefix (`pct exec`) started. The call ends with its command,
+# not with that child (Python 3.11's proc.wait() waited for every holder of the pipes).
+HOLDS_THE_PIPE_S = 120
+
+
+async def test_a_timeout_returns_while_the_commands_child_still_holds_its_output(tmp_path):
+    pid_file = tmp_path / "pid"
+    try:
+        async with asyncio.timeout(HOLDS_THE_PIPE_S / 2):
+            with pytest.raises(HostError, match="timed out"):
+                await LocalHost().run(["sh", "-c", f"sleep {HOLDS_THE_PIPE_S} & echo $! > {pid_file}; wait; echo late"],
+                                      timeout=0.5)  # fmt: skip
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)  # the test's own, left to end on its own by the call
+
+
+async def test_a_stream_closed_while_the_commands_child_writes_on_returns_and_that_child_ends(tmp_path):
+    pid_file = tmp_path / "pid"
+    # head is the shell's child: it writes on into a pipe nobody reads once the stream is closed
+    argv = ["sh", "-c", f'yes | head -c 100000000 & echo $! > {pid_file}; wait; echo late']
+    async with asyncio.timeout(HOLDS_THE_PIPE_S / 2):
+        async with contextlib.aclosing(LocalHost().chunks(argv)) as chunks:
+            await anext(chunks)
+            while not pid_file.exists() or not pid_file.read_text().endswith("\n"):
+                await asyncio.sleep(0.02)
+    head = int(pid_file.read_text())
+    async with asyncio.timeout(HOLDS_THE_PIPE_S / 2):  # its pipe is broken: it ends at its next write
+        while alive(head):
+            await asyncio.sleep(0.05)
 
 
 async def test_lines_yields_lines_and_a_last_partial_one():

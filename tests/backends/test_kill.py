@@ -16,6 +16,7 @@ from backends import kill, procs, runs, tmux
 from backends.gpu import GpuProcess
 from backends.kill import KillError
 from tests.backends.test_runs import PY, eventually, host, tmux_dir, written  # noqa: F401 (fixtures)
+from training.handover import alive
 
 FAKE_SMI = str(Path(__file__).resolve().parent.parent / "fake_nvidia_smi.py")
 
@@ -49,14 +50,6 @@ signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 print("ready", os.getpid(), flush=True)
 time.sleep(600)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 async def ready_pids(info) -> list[int]:

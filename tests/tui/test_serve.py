@@ -23,6 +23,7 @@ import pytest
 
 from scripts.browser import Browser, find_chromium, terminal_text
 from scripts.local_box import end_tmux_server
+from training import handover
 from tui.commands import serve
 from tui.app import TracksideApp, Watched
 from tui.keys import READ_ONLY_HIDDEN
@@ -253,17 +254,9 @@ async def test_the_dashboard_in_a_browser(served):
         server.proc.kill()
         server.proc.wait()
         deadline = time.monotonic() + 15
-        while any(map(running, dashboards)) and time.monotonic() < deadline:
+        while any(map(handover.alive, dashboards)) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        assert not any(map(running, dashboards)), "a dashboard outlived its server"
-
-
-def running(pid: int) -> bool:
-    """Alive, not a zombie (whoever adopted it may not reap it at once)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
+        assert not any(map(handover.alive, dashboards)), "a dashboard outlived its server"
 
 
 @pytest.mark.timeout(120)

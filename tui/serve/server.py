@@ -216,7 +216,8 @@ class Server:
     async def stop_viewer(self, viewer: Viewer) -> None:
         """Ask the dashboard to quit; kill it if it has not within STOP_S."""
         try:
-            await asyncio.wait_for(asyncio.shield(viewer.stop()), STOP_S)
+            async with asyncio.timeout(STOP_S):
+                await asyncio.shield(viewer.stop())
             return
         except (TimeoutError, OSError):  # slow to quit, or its stdin already gone with it
             pass
@@ -232,7 +233,8 @@ class Server:
         for ws in list(self.viewers):
             await ws.close(code=1001, message=b"trackside serve stopped")
         try:
-            await asyncio.wait_for(self.idle.wait(), STOP_S + 2)
+            async with asyncio.timeout(STOP_S + 2):
+                await self.idle.wait()
         except TimeoutError:
             pass
 
