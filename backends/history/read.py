@@ -10,7 +10,6 @@ file, or a link, is refused, never read through.
 
 from __future__ import annotations
 
-import calendar
 import re
 import time
 
@@ -23,7 +22,7 @@ from backends.logs.console import ConsoleSummary
 from backends.logs.logparse import parse_metrics_line
 from backends.recorder.read import read_recording
 from backends.runs.listing import manifests
-from backends.runs.manifest import TIME
+from backends.runs.rundir import epoch
 from backends.runs.stops import JOURNAL, SIGNALS
 from training.contract import END, STEP
 
@@ -51,11 +50,6 @@ async def read_history(host: Host, target: str) -> History:
     history.record(await read_recording(host, history.start - MARGIN_S))
     with_sizes(history)
     return history
-
-
-def epoch(text) -> float | None:
-    """A manifest's time (`2026-11-29T09:30:00Z`) in seconds since the epoch; None for anything else."""
-    return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ"))) if isinstance(text, str) and TIME.fullmatch(text) else None
 
 
 def parse_events(text: str) -> tuple[list[dict], int]:

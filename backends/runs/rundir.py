@@ -19,7 +19,7 @@ import time
 
 from backends import runsroot
 from backends.hosts import Host, HostError
-from backends.runs.manifest import ManifestError, parse_manifest
+from backends.runs.manifest import TIME, ManifestError, parse_manifest
 from training.contract import RUN_ID, RUN_ID_EXAMPLE, WRITING_MARKER
 
 # Write stdin to file "$3" of directory "$2" under runs root "$1", atomically: into a new
@@ -63,12 +63,10 @@ def now() -> str:
     return time.strftime(STAMP, time.gmtime())
 
 
-def epoch(stamp: str) -> float | None:
-    """A manifest's time in seconds since the epoch; None for text that is none."""
-    try:
-        return float(calendar.timegm(time.strptime(stamp, STAMP)))
-    except (TypeError, ValueError):
-        return None
+def epoch(stamp) -> float | None:
+    """A manifest's time in seconds since the epoch; None for anything else (strptime alone
+    takes `2026-1-2T3:4:5Z` too)."""
+    return float(calendar.timegm(time.strptime(stamp, STAMP))) if isinstance(stamp, str) and TIME.fullmatch(stamp) else None
 
 
 def check_run_id(run_id: str) -> str:

@@ -6,7 +6,7 @@ shown: the widget only draws."""
 from __future__ import annotations
 
 from backends.history.life import last_sample, read_on
-from backends.history.read import epoch
+from backends.runs.rundir import epoch
 from backends.hosts import HostError
 from backends.logs.series import number
 from backends.recorder.read import read_recording
