@@ -278,6 +278,7 @@ def test_at_outside_the_runs_life_is_a_usage_error_naming_it_and_replay_starts_n
         code = main(["replay", past.run.run_id, "--config", str(past.config), "--at", at])
         err = capsys.readouterr().err
         assert code == 2 and said in err and "Traceback" not in err, err
+        assert err.startswith(f"trackside replay: reading {past.run.run_id} on "), err  # said before the read
     code = main(["replay", "20990101-0000-0000", "--config", str(past.config)])
     assert code == 1 and "no run 20990101-0000-0000" in capsys.readouterr().err
     # read-only: the host's recording is read, never appended to (a recording brought back from a GPU box)

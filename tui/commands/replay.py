@@ -19,7 +19,7 @@ from backends.config import ConfigError, load_config
 from backends.history import History, moments_of, parse_when
 from backends.history.read import read_history
 from backends.hosts import HostError
-from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, RUN_ID_EXAMPLE, UsageError
+from training.contract import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, RUN_ID_EXAMPLE, STEP, UsageError
 from tui.commands.shared import Parser
 
 AT_HELP = """TIME, the moment shown first (default: the run's end, or now while it runs):
@@ -58,6 +58,9 @@ async def read(args) -> tuple[History, object]:
     config = load_config(args.config)
     host = (config.host(args.host) if args.host else config.hosts[0]).make_host()
     host.on_reach = None  # replay only reads: it starts no recorder (a recording brought back is not appended to)
+    # A long run's past over SSH takes seconds to read, and its moments seconds to find:
+    # said, so that a screen with nothing on it yet is not taken for a hang.
+    print(sanitize.block(f"trackside replay: reading {args.run} on {host.name}…"), file=sys.stderr, flush=True)
     try:
         return await read_history(host, args.run), config.alert_rules
     finally:
@@ -77,6 +80,8 @@ def main(argv: list[str]) -> int:
         return code
     from tui.replay import ReplayApp  # textual only once there is something to show
 
+    steps = sum(event.get("event") == STEP for event in history.events)
+    print(f"trackside replay: finding the moments that mattered in {steps:,} steps…", file=sys.stderr, flush=True)
     app = ReplayApp(history, moments_of(history, rules), when)
     app.run()
     if app.return_code:
