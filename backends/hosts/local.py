@@ -114,15 +114,21 @@ async def reaped(proc: asyncio.subprocess.Process) -> None:
     collected without a loop. A SIGKILLed process is reaped within milliseconds; a
     cancellation that arrived meanwhile is raised afterwards.
 
-    The pipes are closed first: Python 3.11's proc.wait() also waits for every other holder
-    of them to let go, so a command's own child still running (a shell's `sleep`, past a
-    timeout; one in a session of its own, which a group's kill misses) or blocked writing
-    to a pipe nobody reads any more held the caller for as long as it lived: a monitor's
-    stop, and the dashboard's exit with it, forever. Such a child is left to end on its
-    own (one still writing, at once: its pipe is broken)."""
-    # The pipes' transports, not the process's: closing that polls, and reaps as above.
+    The pipes are closed first: asyncio's proc.wait() (Python 3.11 to 3.13 at least), when
+    the process still runs as it is called, waits for every other holder of them to let
+    go too, so a command's own child still running (a shell's `sleep`, past a timeout; one
+    in a session of its own, which a group's kill misses) or blocked writing to a pipe
+    nobody reads any more held the caller for as long as it lived: a monitor's stop, and
+    the dashboard's exit with it, forever. Such a child is left to end on its own (one
+    still writing, at once: its pipe is broken)."""
+    # The pipes' transports (asyncio's Process names none but through its private
+    # `_transport`), not the process's: closing that polls, and reaps as above.
     for fd in (0, 1, 2):
-        if (pipe := proc._transport.get_pipe_transport(fd)) is not None:
+        if (pipe := proc._transport.get_pipe_transport(fd)) is None:
+            continue
+        if fd == 0 and pipe.get_write_buffer_size():
+            pipe.abort()  # input still unread: close() would wait for the child to read it
+        else:
             pipe.close()
     cancelled = None
     while True:

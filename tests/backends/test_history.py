@@ -13,7 +13,6 @@ from backends.history import History, Tape, WhenError, frame_at, moments_of, par
 from backends.history.read import parse_events, parse_stops
 from backends.recorder import read as reader
 from backends.recorder.read import Gap, GpuSample
-from backends.runs.rundir import epoch
 from backends.history.tape import MAX_TAIL_BYTES
 from backends.sanitize import LINE_CAP
 
@@ -148,12 +147,6 @@ def test_underfed_gpus_and_the_recorders_gaps_are_moments():
     kinds = [(m.time - T0, m.kind) for m in moments_of(h)]
     assert (60, "underfed") in kinds and (120, "gap") in kinds
     assert (0, "gap") in kinds and min(kinds)[0] == 0  # the recorder not yet sampling: from the run's start, never before it
-
-
-def test_a_manifests_time_is_read_in_its_one_form_only():
-    assert epoch("2027-01-15T08:00:00Z") == T0
-    # what strptime alone would take, and what a hostile manifest holds instead of a string
-    assert [epoch(t) for t in ("2027-1-15T8:0:0Z", " 2027-01-15T08:00:00Z", "2027-01-15T08:00:00", None, 1e9, ["x"])] == [None] * 6
 
 
 def test_stops_from_a_journal_and_nothing_from_garbage():

@@ -52,7 +52,7 @@ async def test_a_command_does_not_outlive_its_call(tmp_path, how):
 
 # A command's own child that outlives it keeps its pipes open: a shell's command past a
 # timeout, or what a container prefix (`pct exec`) started. The call ends with its command,
-# not with that child (Python 3.11's proc.wait() waited for every holder of the pipes).
+# not with that child (backends/hosts/local.py, `reaped`).
 HOLDS_THE_PIPE_S = 120
 
 
@@ -66,6 +66,18 @@ async def test_a_timeout_returns_while_the_commands_child_still_holds_its_output
     finally:
         with contextlib.suppress(OSError, ValueError):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)  # the test's own, left to end on its own by the call
+
+
+async def test_a_timeout_returns_while_the_commands_child_holds_input_it_never_reads(tmp_path):
+    pid_file = tmp_path / "pid"
+    inner = f'echo $$ > {pid_file}; exec sleep {HOLDS_THE_PIPE_S}'  # reads none of its stdin
+    try:
+        async with asyncio.timeout(HOLDS_THE_PIPE_S / 2):
+            with pytest.raises(HostError, match="timed out"):  # more input than a pipe holds
+                await LocalHost().run(["sh", "-c", 'sh -c "$1"; echo late', "sh", inner], input="x" * 300_000, timeout=0.5)
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
 async def test_a_stream_closed_while_the_commands_child_writes_on_returns_and_that_child_ends(tmp_path):

@@ -22,6 +22,7 @@ from backends import runs, tmux
 from backends.hosts import LocalHost
 from backends.relaunch import Relaunch, relaunch
 from backends.runs import RunPhase
+from backends.runs.rundir import epoch
 from scripts.local_box import end_tmux_server
 from tests.waiting import HANG_S, niced, trainer_started
 from training.contract import WRITING_MARKER
@@ -80,6 +81,12 @@ def argv_echo(out: Path) -> list[str]:
 
 
 HOSTILE = ["8192; touch {pwned}", "$(touch {pwned})", "`touch {pwned}`", "a\nb", "it's", '"q"', "--out", "*", ""]
+
+
+def test_a_manifests_time_is_read_in_its_one_form_only():
+    assert epoch("2027-01-15T08:00:00Z") == 1_800_000_000
+    # what strptime alone would take, and what a hostile manifest holds instead of a string
+    assert [epoch(t) for t in ("2027-1-15T8:0:0Z", " 2027-01-15T08:00:00Z", "2027-01-15T08:00:00", None, 1e9, ["x"])] == [None] * 6
 
 
 async def test_argv_arrives_literally_and_nothing_is_executed(host, tmp_path):

@@ -4,10 +4,9 @@ the dashboard's quit for good. A CI run hung so until its 300 s timeout
 (tests/tui/test_dflash_relaunch.py, the app's exit waiting in `on_unmount` for one worker).
 
 Two ways there, each tried here: a command whose own child still held its output kept the
-stopped call waiting for that child (Python 3.11's proc.wait(), backends/hosts/local.py);
-and Python 3.11's `asyncio.wait_for` returns the result of an awaitable that finished as
-the caller was cancelled, losing the stop, so the lister polled on (the app's exit cancels
-it again, the only reason that one ended)."""
+stopped call waiting for that child (backends/hosts/local.py, `reaped`); and a bound that
+lost the stop as the awaited call returned (backends/hosts/local.py, `LocalHost.run`), so
+the lister polled on."""
 
 from __future__ import annotations
 
@@ -16,6 +15,8 @@ import asyncio
 import subprocess
 import uuid
 from pathlib import Path
+
+from textual.worker import Worker
 
 from backends import runs, tmux
 from backends.hosts import LocalHost
@@ -26,40 +27,42 @@ from tui.app import TracksideApp, Watched
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _stopped_inside(monkeypatch, module, name: str, app: TracksideApp, host_name: str) -> list[asyncio.Task]:
+def _stopped_inside(monkeypatch, module, name: str, app: TracksideApp, host_name: str) -> list[Worker]:
     """Make `module.name`'s next call stop the host's monitor as its result is ready; the
-    task that made the call (the worker's) is in the list returned once it has."""
-    real, caller = getattr(module, name), []
+    monitor's workers then running are in the list returned once it has."""
+    real, running = getattr(module, name), []
 
     async def then_stop(*args, **kwargs):
         result = await real(*args, **kwargs)
-        if not caller:
-            caller.append(asyncio.current_task())
+        if not running:
+            running.extend(w for w in app.workers if w.group == "monitor" and w.is_running)
             app.monitors[host_name].stop()
         return result
 
     monkeypatch.setattr(module, name, then_stop)
-    return caller
+    return running
 
 
 async def test_a_monitor_stopped_as_its_listing_returns_ends_its_lister(local_host, monkeypatch):
     app = TracksideApp([Watched(local_host)], poll_interval=0.2)
-    caller = _stopped_inside(monkeypatch, runs, "list_runs", app, local_host.name)
+    running = _stopped_inside(monkeypatch, runs, "list_runs", app, local_host.name)
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: caller, timeout=30, what="a listing")
-        await wait_for(pilot, lambda: caller[0].done(), timeout=10, what="the lister to end")
+        await wait_for(pilot, lambda: running, timeout=30, what="a listing")
+        await wait_for(pilot, lambda: all(w.is_finished for w in running), timeout=10,
+                       what=f"the monitor's workers to end: {[w.name for w in running if not w.is_finished]}")  # fmt: skip
 
 
 async def test_a_monitor_stopped_as_a_pane_capture_returns_ends_its_pane_watcher(local_host, monkeypatch, tmp_path):
     await tmux.new_session(local_host, "theirs", ["sleep", "600"], recording.recorder(str(tmp_path / "console.log")))
     app = TracksideApp([Watched(local_host)], poll_interval=0.2)
-    caller = _stopped_inside(monkeypatch, tmux, "capture_pane", app, local_host.name)
+    running = _stopped_inside(monkeypatch, tmux, "capture_pane", app, local_host.name)
     async with app.run_test() as pilot:
         key = f"{local_host.name}/theirs"
         await wait_for(pilot, lambda: key in app.runs, timeout=30, what="the foreign session listed")
         app.open_run(key)  # followed while on screen: its pane is captured
-        await wait_for(pilot, lambda: caller, timeout=30, what="a pane capture")
-        await wait_for(pilot, lambda: caller[0].done(), timeout=10, what="the pane watcher to end")
+        await wait_for(pilot, lambda: running, timeout=30, what="a pane capture")
+        await wait_for(pilot, lambda: all(w.is_finished for w in running), timeout=10,
+                       what=f"the monitor's workers to end: {[w.name for w in running if not w.is_finished]}")  # fmt: skip
 
 
 async def test_the_dashboard_quits_while_its_hosts_commands_leave_a_child_holding_their_output(tmp_path, tmux_socket):
@@ -82,11 +85,11 @@ async def test_the_dashboard_quits_while_its_hosts_commands_leave_a_child_holdin
 
 
 def test_nothing_bounds_an_await_with_asyncio_wait_for():
-    """The class, not the three places: `asyncio.timeout` keeps the cancellation."""
+    """The class, not the places: `asyncio.timeout` keeps the stop (why: LocalHost.run)."""
     found = []
     for folder in ("tui", "backends", "training"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.Attribute) and node.attr == "wait_for" and getattr(node.value, "id", None) == "asyncio":
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert not found, f"asyncio.wait_for loses a cancellation on Python 3.11; use asyncio.timeout: {found}"
+    assert not found, f"use asyncio.timeout, not asyncio.wait_for (backends/hosts/local.py, LocalHost.run): {found}"
