@@ -48,8 +48,7 @@ async def test_a_monitor_stopped_as_its_listing_returns_ends_its_lister(local_ho
     running = _stopped_inside(monkeypatch, runs, "list_runs", app, local_host.name)
     async with app.run_test() as pilot:
         await wait_for(pilot, lambda: running, timeout=30, what="a listing")
-        await wait_for(pilot, lambda: all(w.is_finished for w in running), timeout=10,
-                       what=f"the monitor's workers to end: {[w.name for w in running if not w.is_finished]}")  # fmt: skip
+        await wait_for(pilot, lambda: all(w.is_finished for w in running), timeout=10, what="the stopped monitor's workers to end")
 
 
 async def test_a_monitor_stopped_as_a_pane_capture_returns_ends_its_pane_watcher(local_host, monkeypatch, tmp_path):
@@ -61,8 +60,7 @@ async def test_a_monitor_stopped_as_a_pane_capture_returns_ends_its_pane_watcher
         await wait_for(pilot, lambda: key in app.runs, timeout=30, what="the foreign session listed")
         app.open_run(key)  # followed while on screen: its pane is captured
         await wait_for(pilot, lambda: running, timeout=30, what="a pane capture")
-        await wait_for(pilot, lambda: all(w.is_finished for w in running), timeout=10,
-                       what=f"the monitor's workers to end: {[w.name for w in running if not w.is_finished]}")  # fmt: skip
+        await wait_for(pilot, lambda: all(w.is_finished for w in running), timeout=10, what="the stopped monitor's workers to end")
 
 
 async def test_the_dashboard_quits_while_its_hosts_commands_leave_a_child_holding_their_output(tmp_path, tmux_socket):
