@@ -30,7 +30,8 @@ from backends.recorder.start import session_of
 from backends.relaunch import Relaunch, relaunch
 from scripts.local_box import end_tmux_server
 from tests.tui.conftest import screen_text, wait_for
-from tests.waiting import HANG_S, niced
+from tests.tui.test_newcomer import TRACKSIDE, tmux
+from tests.waiting import HANG_S, niced, until
 from tui.app import TracksideApp, Watched
 from tui.cli import main
 from tui.messages import RunsListed
@@ -287,3 +288,15 @@ def test_at_outside_the_runs_life_is_a_usage_error_naming_it_and_replay_starts_n
     subprocess.run(["tmux", "new-session", "-d", "-s", "bystander", "sleep", "600"], check=True)
     assert main(["replay", past.run.run_id, "--config", str(past.config), "--at", "-99h"]) == 2
     assert not list(Path(past.root, "panes").glob("*/bystander-*")), "replay recorded a pane"
+
+
+async def test_replay_in_a_terminal_says_what_it_reads_before_its_screen_opens(past, tmux_socket):
+    steps = sum(e["event"] == "step" for e in (await history_of(past, past.run.run_id)).events)
+    command = f"{TRACKSIDE} replay {past.run.run_id} --config {past.config}; echo replay exited $?; exec sleep 600"
+    tmux(tmux_socket, "-f", "/dev/null", "new-session", "-d", "-s", "replay", "-x", "100", "-y", "30", command)
+    screen = lambda: tmux(tmux_socket, "capture-pane", "-p", "-t", "=replay:")  # noqa: E731
+    until(lambda: "read-only" in screen(), HANG_S, "the replay's screen")
+    tmux(tmux_socket, "send-keys", "-t", "=replay:", "q")
+    said = until(lambda: "replay exited 0" in (text := screen()) and text, 30, "the replay's exit")
+    assert f"trackside replay: reading {past.run.run_id} on box…" in said, said
+    assert f"trackside replay: finding the moments that mattered in {steps:,} steps…" in said, said
