@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from backends import alerts, runs, runsroot, tmux
 from backends.history.alert_times import RunPast, Said, host_alert_times, run_alert_times, timed
+from backends.history.read import parse_events
 from backends.hosts import Host
-from backends.logs import logparse, recording
+from backends.logs import recording
 from backends.recorder import layout
 from backends.recorder.read import Recording, read_recording
 from backends.runs import RunInfo, RunPhase
@@ -32,8 +33,7 @@ async def _trackside_run(host: Host, info: RunInfo, key: str, answered_at: float
         ended = float(result.stdout) if result.ok and result.stdout.strip().isdigit() else None
     events = []
     try:
-        text = await read_file(host, f"{info.run_dir}/metrics.jsonl")
-        events = [e for e in map(logparse.parse_metrics_line, (text or "").splitlines()) if e is not None]
+        events, _ = parse_events(await read_file(host, f"{info.run_dir}/metrics.jsonl") or "")
     except runs.RunError:
         pass
     events = timed(events)
