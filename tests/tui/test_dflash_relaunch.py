@@ -20,6 +20,7 @@ DFLASH = [*TRAIN, "--drafter", "dflash", "--steps", "3", "--max-seq-len", "128",
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # two trainer starts, each bounded by HANG_S: a slow start fails on its own message
 async def test_a_real_dflash_run_charted_edited_in_max_anchors_and_relaunched(local_host):
     parent = await launch_and_wait_ended(local_host, DFLASH)
     app = TracksideApp([Watched(local_host)], poll_interval=0.2)

@@ -573,6 +573,7 @@ async def test_the_palettes_screenshot_says_where_it_went_or_why_not(tmp_path, m
         assert any("cannot save" in m and "No such file or directory" in m for m in said), said
 
 
+@pytest.mark.timeout(600)  # two trainer starts, each bounded by HANG_S: a slow start fails on its own message
 async def test_R_relaunches_once_the_gpu_is_free_while_the_checkpoint_is_still_being_written(local_host):
     """The trainer hands its checkpoint to a writer and exits: R's relaunch (which reads no
     checkpoint) starts then, not after the write; the kill's report follows with both
@@ -648,6 +649,7 @@ def plan_shown(dialog) -> str:
     return "" if body is None else str(body.content)  # "" until the dialog is composed
 
 
+@pytest.mark.timeout(600)  # two trainer starts, each bounded by HANG_S: a slow start fails on its own message
 async def test_R_with_c_relaunches_the_edited_run_from_its_checkpoint_at_80x24(local_host):
     """R's dialog on the real trainer at 80×24 offers to continue from the checkpoint; c
     turns it on (and off again, and on): the relaunch, with the edit, resumes at the step
@@ -683,6 +685,7 @@ async def test_R_with_c_relaunches_the_edited_run_from_its_checkpoint_at_80x24(l
     assert "replaced_run" in start["startup_s"]
 
 
+@pytest.mark.timeout(600)  # two trainer starts, each bounded by HANG_S: a slow start fails on its own message
 async def test_R_starts_the_new_trainer_while_the_old_one_stops_at_80x24(local_host):
     """R afresh on the real trainer: the new trainer's process starts as the SIGTERM goes
     out and waits while the stopped run's trainer is still there (held here with SIGSTOP,

@@ -21,6 +21,7 @@ PARAMS = {"max_seq_len": 256, "ttt_steps": 2, "steps": 100000, "save_every": 100
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # two trainer starts, each bounded by HANG_S: a slow start fails on its own message
 async def test_launch_kill_edit_relaunch(local_host):
     from backends import params as run_params
 
