@@ -6,21 +6,24 @@
 #   eagle3 (~250 s): each matmul and cast of the fp8 MLP alone beside bf16 at both
 #     drafters' sizes (bench/fp8_matmul.py); then the fp8 EAGLE-3 step first and alone on
 #     the card, then bf16, each profiled over 40 steps;
+#   matmul (~60 s): only the first half of eagle3, for a call with little device time;
 #   dflash (~280 s): DFlash's step the same, then its fresh box, whose compiled set comes
 #     back tarred (compiled-dflash.tgz) to ship in the package.
 # Each part's files come back as one tarball (the device returns few files). From the
-# tree's root: bash bench/results/h200-fp8-profile-s55.sh eagle3|dflash
+# tree's root: bash bench/results/h200-fp8-profile-s55.sh eagle3|matmul|dflash
 set -uo pipefail
-part=${1:?eagle3 or dflash}
+part=${1:?eagle3, matmul or dflash}
 source bench/device_wheels.sh || exit 1
 mkdir -p /tmp/o && nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee /tmp/o/card.txt
-if [ "$part" = eagle3 ]; then
+if [ "$part" != dflash ]; then
   for cell in "eagle3 llama3-8b" "dflash qwen3-8b"; do set -- $cell
     mkdir -p /tmp/o/fp8-$1 && OUT=/tmp/o/fp8-$1 timeout 90 python3 bench/fp8_matmul.py --drafter $1 --preset $2 2>&1 | tee /tmp/o/fp8-$1/fp8_matmul.log
   done
+fi
+if [ "$part" = eagle3 ]; then
   OUT=/tmp/o timeout 200 python3 bench/train_step.py --cells llama3-8b:8192:5 --repeats 1 \
     --trainers trackside+frozen+fp8 trackside+frozen --profile 40 --timeout 120 2>&1 | tee /tmp/o/eagle3.log | tail -8
-else
+elif [ "$part" = dflash ]; then
   for mode in fp8 bf16; do
     flag=(); [ $mode = fp8 ] && flag=(--fp8)
     OUT=/tmp/o timeout 100 python3 bench/dflash_step.py --trainers trackside --steps 8 --warmup 2 --timeout 90 \
