@@ -1,7 +1,7 @@
 """The MLP's matmuls of one TTT step in bf16 and in fp8, one at a time, and fp8's casts.
 
-`train --fp8` took 14.7 ms off an EAGLE-3 step on an H100 and added 25 ms on an H200 with
-the same code and torch (docs/benchmarks.md, "The EAGLE-3 training step against
+`train --fp8` sped the EAGLE-3 step up on an H100 and slowed it down on an H200, with the
+same code and torch (docs/benchmarks.md, "The EAGLE-3 training step against
 speculators"). This says which part differs: each matmul the MLP runs in a step (forward,
 the input's gradient, the weight's gradient; gate and up stacked, then down), as bf16
 `a @ bᵀ`, as training/fp8.py's `_scaled_mm` (fp32 accumulation) and with cuBLAS's fast
