@@ -33,10 +33,14 @@ MOVES_FOCUS = {"tab", "shift+tab", "left", "right"}
 # The command palette: the monkey waits for it to open, then types into it anything but
 # Enter (which would run whatever command is highlighted: Quit among them).
 OPENS_PALETTE = {App.COMMAND_PALETTE_BINDING}
+# What the tmux monkey reads the open palette by: its search icon (textual.command.SearchIcon),
+# there while it is open. Its placeholder, "Search for commands…", goes at the first key
+# typed: read by that, a palette with "q" typed looked closed, and the next Enter ran Quit.
+PALETTE_OPEN = "🔎"
 # Words only a dialog or the palette shows: the tmux monkey, reading the pane, knows by
 # them that one is up (the kill plan, the relaunch question, the palette, the edit form,
 # the help and alerts lists, the overlay picker, a kill's report).
-DIALOG_MARKERS = ("Stop run", "Relaunch while", "Search for commands", "relaunch applies these", "Keep (r relaunches)",
+DIALOG_MARKERS = ("Stop run", "Relaunch while", PALETTE_OPEN, "relaunch applies these", "Keep (r relaunches)",
                   "Esc or ? closes", "Esc or ! closes", "Draw which run's loss")  # fmt: skip
 # What a key types, for the keys Textual names by word.
 CHARACTERS = {"slash": "/", "question_mark": "?", "space": " "}

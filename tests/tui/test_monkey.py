@@ -215,7 +215,7 @@ def test_random_keys_in_a_tmux_pane_never_stop_trackside_demo(tmp_path, tmux_soc
             if "Stop run" in shown or "Relaunch while" in shown:
                 key = rng.choice(["n", "escape"])
                 tally.dialogs_answered_no += 1
-            elif "Search for commands" in shown:
+            elif monkey.PALETTE_OPEN in shown:
                 key = monkey.in_palette(rng, keys)
             else:
                 key = rng.choice(keys)
@@ -243,7 +243,7 @@ def test_random_keys_in_a_tmux_pane_never_stop_trackside_demo(tmp_path, tmux_soc
                     time.sleep(0.1)
             elif key in monkey.OPENS_PALETTE:
                 deadline = time.monotonic() + 1
-                while time.monotonic() < deadline and "Search for commands" not in screen():
+                while time.monotonic() < deadline and monkey.PALETTE_OPEN not in screen():
                     time.sleep(0.05)
                 palette_due = 3
             else:
