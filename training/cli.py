@@ -95,7 +95,7 @@ def train_parser() -> argparse.ArgumentParser:
                    "never applied; stop after N in a row (exit 4; default %(default)s)")
     p.add_argument("--export", type=Path, help="export the final drafter here")
     p.add_argument("--fp8", action="store_true",
-                   help="the MLP's matmuls in fp8 with per-tensor scaling (H100/H200 and newer)")
+                   help="the layers' projections in fp8 with per-tensor scaling (H100/H200 and newer)")
     drafters.add_flags(p, "train")
     return p
 

@@ -1,6 +1,6 @@
-"""fp8 matmuls with dynamic tensorwise scaling (`train --fp8`): the drafters' MLP
-(training/layers.py) runs its projections on the fp8 tensor cores of Ada, Hopper and
-newer, whose fp8 rate is twice their bf16 rate.
+"""fp8 matmuls with dynamic tensorwise scaling (`train --fp8`): the drafters' layers run
+their attention's and MLP's projections (training/layers.py, training/drafters/*/model.py)
+on the fp8 tensor cores of Ada, Hopper and newer, whose fp8 rate is twice their bf16 rate.
 
 Each operand is cast to fp8 at one scale for the whole tensor, taken from its own largest
 magnitude at the time (no history to go stale when the weights or the loss move): that
@@ -36,8 +36,10 @@ def refusal(capability: tuple[int, int] | None, shape) -> str | None:
     if capability is not None and tuple(capability) < MIN_CAPABILITY:
         return ("fp8 matmuls need a card of compute capability {}.{} or newer (H100, H200, "
                 "L40S, …); this one's is {}.{}".format(*MIN_CAPABILITY, *capability))
-    odd = [f"{name} {getattr(shape, name)}" for name in ("hidden_size", "intermediate_size")
-           if getattr(shape, name) % ALIGN]
+    widths = {"hidden_size": shape.hidden_size, "intermediate_size": shape.intermediate_size,
+              "num_heads × head_dim": shape.num_heads * shape.head_dim,
+              "num_kv_heads × head_dim": shape.num_kv_heads * shape.head_dim}
+    odd = [f"{name} {width}" for name, width in widths.items() if width % ALIGN]
     if odd:
         return f"fp8 matmuls need sizes that are multiples of {ALIGN}: {', '.join(odd)}"
     return None

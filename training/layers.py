@@ -61,6 +61,14 @@ def _as_read(weight: Tensor) -> Tensor:
     return weight
 
 
+def fp8_weights(*linears: nn.Linear) -> Fp8Weight:
+    """The linears' weights as the fp8 matmuls read them, stacked when there are several
+    of one input (one matmul of it, one cast of its gradient); made once per unroll, as
+    each step's casts would cost a pass over the weights each."""
+    weights = [_as_read(linear.weight) for linear in linears]
+    return fp8_weight(torch.cat(weights) if len(weights) > 1 else weights[0])
+
+
 class MLP(nn.Module):
     """fp8: its three projections as fp8 matmuls (training/fp8.py), gate and up as one."""
 
@@ -83,8 +91,7 @@ class MLP(nn.Module):
         fp8: gate and up stacked (one matmul of x, one cast of its gradient) and down, each
         with its fp8 copies, for the same reason."""
         if self.fp8:
-            gate_up = torch.cat([_as_read(self.gate_proj.weight), _as_read(self.up_proj.weight)])
-            return fp8_weight(gate_up), fp8_weight(_as_read(self.down_proj.weight))
+            return fp8_weights(self.gate_proj, self.up_proj), fp8_weights(self.down_proj)
         return _as_read(self.down_proj.weight)
 
     def forward(self, x: Tensor, weights: Tensor | tuple[Fp8Weight, Fp8Weight]) -> Tensor:

@@ -68,7 +68,7 @@ class TrainConfig:
     freeze_lm_head: bool = False  # the draft head stays the verifier's (model.freeze_lm_head)
     # what backward keeps, and AdamW's state between steps, wait in pinned host memory
     offload_saved: bool = False
-    fp8: bool = False  # the MLP's matmuls in fp8 (training/fp8.py)
+    fp8: bool = False  # the layers' projections in fp8 (training/fp8.py)
     gpu_mem_gib: float | None = None
     save_every: int = 0  # 0: only at the end and when stopped
     max_nonfinite: int = contract.MAX_NONFINITE  # skipped steps in a row that end the run

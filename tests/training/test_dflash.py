@@ -235,8 +235,7 @@ def test_the_loss_holds_a_few_chunks_of_logits_never_all_positions(peak_allocate
 
 
 def spied_drafter(monkeypatch):
-    """The tiny drafter (float64, a random verifier's embedding and head), two packed rows
-    of three samples, and the list that records each target block_loss is handed."""
+    """tiny_drafter_and_rows, and the list that records each target block_loss is handed."""
     import training.drafters.dflash.model as model_module
 
     seen = []
@@ -245,6 +244,12 @@ def spied_drafter(monkeypatch):
         seen.append(target)
         return block_loss(hidden, head, target, *args)
     monkeypatch.setattr(model_module, "block_loss", spy)
+    return *tiny_drafter_and_rows(), seen
+
+
+def tiny_drafter_and_rows():
+    """The tiny drafter (float64, a random verifier's embedding and head) and two packed
+    rows of three samples."""
     cfg = DFLASH_PRESETS["tiny"]
     torch.manual_seed(0)
     drafter = DFlashDrafter(cfg).double()
@@ -252,7 +257,7 @@ def spied_drafter(monkeypatch):
     V, H = cfg.vocab_size, cfg.hidden_size
     drafter.load_verifier(torch.randn(V, H, generator=g, dtype=torch.float64),
                           torch.randn(V, H, generator=g, dtype=torch.float64))
-    return drafter, packed_rows([[40, 50], [90]], 96, hidden=H, vocab=V - 1), seen
+    return drafter, packed_rows([[40, 50], [90]], 96, hidden=H, vocab=V - 1)
 
 
 def scored_positions(batch, block_size: int, max_anchors: int, seed: int):

@@ -44,8 +44,8 @@ def start_config(start: dict) -> dict:
     if config.get("device", "cuda") != "cuda":
         raise ValueError(f"the run trained on {config['device']}: its peak_mem_gib is the "
                          "process's resident set, not GPU memory")
-    if config.get("fp8"):  # its MLP keeps fp8 inputs and fp8 copies of its weights
-        raise ValueError("the run's MLP ran in fp8 (--fp8), which the memory model does not "
+    if config.get("fp8"):  # its layers keep fp8 inputs and fp8 copies of their weights
+        raise ValueError("the run's layers ran in fp8 (--fp8), which the memory model does not "
                          "model")
     return config
 

@@ -23,14 +23,16 @@ from training.config import DFlashConfig
 from training.drafters.dflash.anchors import sample_anchors
 from training.drafters.dflash.loss import block_loss, verifier_tokens
 from training.drafters.dflash.mask import BlockLayout, block_attention
-from training.layers import MLP, RMSNorm, rope, rotary_tables
+from training.fp8 import fp8_linear
+from training.layers import MLP, RMSNorm, fp8_weights, rope, rotary_tables
 from training.packing import PackedBatch
 
 
 class DFlashAttention(nn.Module):
-    def __init__(self, cfg: DFlashConfig):
+    def __init__(self, cfg: DFlashConfig, fp8: bool = False):
+        """fp8: its projections as fp8 matmuls (training/fp8.py)."""
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.fp8 = cfg, fp8
         H, d = cfg.hidden_size, cfg.head_dim
         self.q_proj = nn.Linear(H, cfg.num_heads * d, bias=False)
         self.k_proj = nn.Linear(H, cfg.num_kv_heads * d, bias=False)
@@ -46,12 +48,18 @@ class DFlashAttention(nn.Module):
         B, Q, _ = x.shape
         d = self.cfg.head_dim
         q_rotary = tuple(t[:, -Q:] for t in rotary)
-        q = rope(self.q_norm(self.q_proj(x).view(B, Q, -1, d)), *q_rotary)
+        q = rope(self.q_norm(self._project(self.q_proj, x).view(B, Q, -1, d)), *q_rotary)
         both = torch.cat([context.to(x.dtype), x], dim=1)
-        k = rope(self.k_norm(self.k_proj(both).view(B, both.shape[1], -1, d)), *rotary)
-        v = self.v_proj(both).view(B, both.shape[1], -1, d)
+        k = rope(self.k_norm(self._project(self.k_proj, both).view(B, both.shape[1], -1, d)),
+                 *rotary)
+        v = self._project(self.v_proj, both).view(B, both.shape[1], -1, d)
         out = block_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), layout)
-        return self.o_proj(out.transpose(1, 2).reshape(B, Q, -1))
+        return self._project(self.o_proj, out.transpose(1, 2).reshape(B, Q, -1))
+
+    def _project(self, linear: nn.Linear, x: Tensor) -> Tensor:
+        """x through linear, an fp8 matmul where fp8 is on (the weight cast here: a layer
+        runs once a step)."""
+        return fp8_linear(x, fp8_weights(linear)) if self.fp8 else linear(x)
 
 
 class DFlashLayer(nn.Module):
@@ -59,7 +67,7 @@ class DFlashLayer(nn.Module):
         super().__init__()
         H, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.input_layernorm = RMSNorm(H, eps)
-        self.self_attn = DFlashAttention(cfg)
+        self.self_attn = DFlashAttention(cfg, fp8)
         self.post_attention_layernorm = RMSNorm(H, eps)
         self.mlp = MLP(cfg, fp8)
 
@@ -87,7 +95,7 @@ class BlockLosses:
 
 class DFlashDrafter(nn.Module):
     def __init__(self, cfg: DFlashConfig, fp8: bool = False):
-        """fp8: the MLPs' matmuls in fp8 (training/fp8.py)."""
+        """fp8: the layers' matmuls in fp8 (training/fp8.py)."""
         super().__init__()
         self.cfg = cfg
         H = cfg.hidden_size

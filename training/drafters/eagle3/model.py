@@ -16,7 +16,8 @@ from training.config import DrafterConfig
 from training.drafters.eagle3.attention import DocLayout, ttt_attention
 from training.drafters.eagle3.loss import soft_cross_entropy, verifier_targets
 from training.flex import at_least_float32
-from training.layers import MLP, RMSNorm, normalise, rope, rotary_tables
+from training.fp8 import Fp8Weight, fp8_linear
+from training.layers import MLP, RMSNorm, fp8_weights, normalise, rope, rotary_tables
 from training.packing import PackedBatch
 from training.params import PARAMS
 
@@ -33,20 +34,29 @@ def side_by_side_norms(a: Tensor, b: Tensor, weight_a: Tensor, weight_b: Tensor,
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: DrafterConfig):
+    def __init__(self, cfg: DrafterConfig, fp8: bool = False):
+        """fp8: its projections as fp8 matmuls (training/fp8.py), q, k and v as one."""
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.fp8 = cfg, fp8
         H2, d = 2 * cfg.hidden_size, cfg.head_dim
         self.q_proj = nn.Linear(H2, cfg.num_heads * d, bias=False)
         self.k_proj = nn.Linear(H2, cfg.num_kv_heads * d, bias=False)
         self.v_proj = nn.Linear(H2, cfg.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=False)
 
+    def unroll_weights(self) -> tuple[Fp8Weight, Fp8Weight] | None:
+        """fp8: q, k and v stacked, and o, made once for a whole TTT unroll (as
+        MLP.unroll_weights). None in bf16, where autocast's cache casts each weight once."""
+        if self.fp8:
+            return fp8_weights(self.q_proj, self.k_proj, self.v_proj), fp8_weights(self.o_proj)
+        return None
+
     def forward(self, x: Tensor, rotary: tuple[Tensor, Tensor], layout: DocLayout,
-                earlier: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
+                earlier: list[tuple[Tensor, Tensor]],
+                weights: tuple[Fp8Weight, Fp8Weight] | None) -> tuple[Tensor, Tensor, Tensor]:
         """rotary: the step's rotary_tables. earlier: the keys and values of the TTT steps
-        before this one (step 0's first). Returns the output and this step's keys and
-        values."""
+        before this one (step 0's first). weights: unroll_weights(). Returns the output
+        and this step's keys and values."""
         B, L, _ = x.shape
         d = self.cfg.head_dim
         # [B, heads, L, D] views of token-major [B, L, heads, D] tensors: flex_attention
@@ -54,12 +64,20 @@ class Attention(nn.Module):
         # merge back into o_proj's input, and q's gradient into q_proj's, without a copy
         # (head-major layout copied each of them per TTT step: docs/benchmarks.md,
         # "The loss's chunk pass in Triton, three copies gone").
-        q = rope(self.q_proj(x).view(B, L, -1, d), *rotary).transpose(1, 2)
-        k = rope(self.k_proj(x).view(B, L, -1, d), *rotary).transpose(1, 2)
-        v = self.v_proj(x).view(B, L, -1, d).transpose(1, 2)
+        if weights is None:  # each projection made as it is read: at 131,072 tokens q's is GiBs
+            q = rope(self.q_proj(x).view(B, L, -1, d), *rotary)
+            k = rope(self.k_proj(x).view(B, L, -1, d), *rotary)
+            v = self.v_proj(x).view(B, L, -1, d)
+        else:
+            q, k, v = (t.view(B, L, -1, d) for t in fp8_linear(x, weights[0]).split(
+                [p.out_features for p in (self.q_proj, self.k_proj, self.v_proj)], dim=-1))
+            # v is kept by later TTT steps and by attention's backward: as a view it would
+            # keep q's and k's columns of the stacked output alive with it
+            q, k, v = rope(q, *rotary), rope(k, *rotary), v.contiguous()
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         out = ttt_attention(q, [ek for ek, _ in earlier] + [k], [ev for _, ev in earlier] + [v],
-                            layout)
-        return self.o_proj(out.transpose(1, 2).reshape(B, L, -1)), k, v
+                            layout).transpose(1, 2).reshape(B, L, -1)
+        return (self.o_proj(out) if weights is None else fp8_linear(out, weights[1])), k, v
 
 
 class DecoderLayer(nn.Module):
@@ -70,20 +88,25 @@ class DecoderLayer(nn.Module):
         H, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.input_layernorm = RMSNorm(H, eps)
         self.hidden_norm = RMSNorm(H, eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, fp8)
         self.post_attention_layernorm = RMSNorm(H, eps)
         self.mlp = MLP(cfg, fp8)
 
+    def unroll_weights(self) -> tuple:
+        """The attention's and the MLP's unroll_weights(), made once per unroll."""
+        return self.self_attn.unroll_weights(), self.mlp.unroll_weights()
+
     def forward(self, embeds: Tensor, hidden: Tensor, rotary: tuple[Tensor, Tensor],
-                layout: DocLayout, earlier: list[tuple[Tensor, Tensor]], mlp_weights
+                layout: DocLayout, earlier: list[tuple[Tensor, Tensor]], weights: tuple
                 ) -> tuple[Tensor, Tensor, Tensor]:
-        """mlp_weights: the MLP's unroll_weights()."""
+        """weights: unroll_weights()."""
         # In the hidden stream's dtype (bf16 under autocast), so q/k/v share one cast input.
         # The two norms run as one island (their modules hold the weights, under the
         # checkpoint's names); they share the config's eps.
         x = side_by_side_norms(embeds.to(hidden.dtype), hidden, self.input_layernorm.weight,
                                self.hidden_norm.weight, self.hidden_norm.eps)
-        attn, k, v = self.self_attn(x, rotary, layout, earlier)
+        attn_weights, mlp_weights = weights
+        attn, k, v = self.self_attn(x, rotary, layout, earlier, attn_weights)
         hidden = hidden + attn
         return hidden + self.mlp(self.post_attention_layernorm(hidden), mlp_weights), k, v
 
@@ -114,7 +137,7 @@ def _shift(x: Tensor, s: int, fill) -> Tensor:
 
 class Eagle3Drafter(nn.Module):
     def __init__(self, cfg: DrafterConfig, fp8: bool = False):
-        """fp8: the MLP's matmuls in fp8 (training/fp8.py)."""
+        """fp8: the layer's matmuls in fp8 (training/fp8.py)."""
         super().__init__()
         self.cfg = cfg
         H = cfg.hidden_size
@@ -195,7 +218,7 @@ class Eagle3Drafter(nn.Module):
         targets = verifier_targets(batch.final_hidden.reshape(B * L, -1), self.target_head,
                                    loss_chunk)
 
-        mlp_weights = self.midlayer.mlp.unroll_weights()
+        weights = self.midlayer.unroll_weights()
 
         def ttt_step(tokens, hidden, rotary, *earlier_kv):
             # The earlier keys and values as arguments of their own, not a list: a
@@ -203,7 +226,7 @@ class Eagle3Drafter(nn.Module):
             # (training/offload.py), rather than holding the list.
             earlier = list(zip(earlier_kv[::2], earlier_kv[1::2]))
             return self.midlayer(self.embed_tokens(tokens), hidden, rotary, layout, earlier,
-                                 mlp_weights)
+                                 weights)
 
         # fp32 tables under autocast (the weights' dtype), fp64 for fp64 weights
         table_dtype = at_least_float32(self.fc.weight.dtype)
