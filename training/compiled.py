@@ -74,7 +74,12 @@ def compile_island(fn, varying: Sequence[Sequence[int]] = ()):
     argument i whose size changes from row to row (negative counts from the end); for an
     argument past its end, every dim but the last (the [..., features] layout of most
     islands)."""
-    compiled = torch.compile(fn, fullgraph=True)
+    # dynamic=False: no size is made symbolic but those marked here. By default Dynamo makes
+    # any size that differs from the last call's symbolic at the recompile (automatic
+    # dynamic shapes): the fp8 casts, called for weights and activations of several
+    # widths, then reduced whole tensors of symbolic size, tens of times slower than the
+    # same reduction of constant size (docs/benchmarks.md, "The fp8 casts' sizes").
+    compiled = torch.compile(fn, fullgraph=True, dynamic=False)
 
     def call(*args, **kwargs):
         for i, arg in enumerate(args):

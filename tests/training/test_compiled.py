@@ -59,6 +59,18 @@ def test_compiled_island_equals_eager_at_two_lengths(name):
     assert graphs[1] == graphs[0], "the second row length compiled the island again"
 
 
+def test_an_island_keeps_every_size_but_the_varying_ones_a_constant():
+    """A new width compiles a graph of its own (a constant size), where Dynamo's automatic
+    dynamic shapes would serve every width after the second from one graph in which the
+    width is a symbol; a new row length compiles nothing."""
+    island = compile_island(lambda t: t.abs().amax(), ((0,),))
+    graphs = []
+    for rows, width in ((48, 64), (77, 64), (48, 96), (77, 96), (48, 128), (100, 128)):
+        island(torch.randn(rows, width))
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert [g - graphs[0] for g in graphs] == [0, 0, 1, 1, 2, 2]
+
+
 @pytest.mark.slow
 def test_compiled_input_norms_keep_the_modelled_bytes_and_copy_no_gradient():
     """The embedding's and the hidden state's norms as one island, in bf16 as on the GPU:
