@@ -69,17 +69,17 @@ def compiler_imported() -> None:
         thread.join()
 
 
-def compile_island(fn, varying: Sequence[Sequence[int]] = ()):
+def compile_island(fn, varying: Sequence[Sequence[int]] = (), dynamic: bool | None = None):
     """fn compiled with only its varying dims symbolic. varying[i]: the dims of positional
     argument i whose size changes from row to row (negative counts from the end); for an
     argument past its end, every dim but the last (the [..., features] layout of most
-    islands)."""
-    # dynamic=False: no size is made symbolic but those marked here. By default Dynamo makes
-    # any size that differs from the last call's symbolic at the recompile (automatic
-    # dynamic shapes): the fp8 casts, called for weights and activations of several
-    # widths, then reduced whole tensors of symbolic size, tens of times slower than the
-    # same reduction of constant size (docs/benchmarks.md, "The fp8 casts' sizes").
-    compiled = torch.compile(fn, fullgraph=True, dynamic=False)
+    islands). dynamic=False: no other size is ever made symbolic. By default (None) Dynamo
+    makes any size that differs from the last call's symbolic at the recompile (automatic
+    dynamic shapes): an island called at several model sizes then serves all but the first
+    from one graph in which they are symbols, and its whole-tensor reductions of symbolic
+    size ran tens of times slower (the fp8 casts: docs/benchmarks.md, "The fp8 casts'
+    sizes")."""
+    compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic)
 
     def call(*args, **kwargs):
         for i, arg in enumerate(args):
@@ -91,10 +91,10 @@ def compile_island(fn, varying: Sequence[Sequence[int]] = ()):
     return call
 
 
-def cuda_compiled(fn=None, *, varying: Sequence[Sequence[int]] = ()):
+def cuda_compiled(fn=None, *, varying: Sequence[Sequence[int]] = (), dynamic: bool | None = None):
     """fn, compiled by compile_island (on first use) for CUDA tensors, eager for others."""
     if fn is None:
-        return functools.partial(cuda_compiled, varying=varying)
+        return functools.partial(cuda_compiled, varying=varying, dynamic=dynamic)
     compiled = None
 
     @functools.wraps(fn)
@@ -104,7 +104,7 @@ def cuda_compiled(fn=None, *, varying: Sequence[Sequence[int]] = ()):
             return fn(*args, **kwargs)
         if compiled is None:
             compiler_imported()
-            compiled = compile_island(fn, varying)
+            compiled = compile_island(fn, varying, dynamic)
         return compiled(*args, **kwargs)
-    call.varying = varying
+    call.varying, call.dynamic = varying, dynamic
     return call

@@ -63,7 +63,9 @@ def transposed(t: Tensor, dtype: torch.dtype) -> Tensor:
                                                        memory_format=torch.contiguous_format)
 
 
-@cuda_compiled
+# The casts are called at many widths (each projection's input, output gradient and
+# weight): dynamic=False keeps every size but the rows a constant (compile_island).
+@cuda_compiled(dynamic=False)
 def to_fp8(t: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
     """t [tokens x features] in fp8 as a matmul's A, as the weight gradient's (transposed),
     and its inverse scale."""
@@ -71,7 +73,7 @@ def to_fp8(t: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
     return values.to(dtype), transposed(values, dtype), inverse
 
 
-@cuda_compiled(varying=((),))
+@cuda_compiled(varying=((),), dynamic=False)
 def weight_to_fp8(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """weight [out x in] in e4m3, transposed [in x out] (the input gradient's B, contiguous),
     and its inverse scale."""

@@ -7,7 +7,7 @@ import torch
 
 from torch._dynamo.utils import counters
 
-from training import layers
+from training import fp8, layers
 from training.drafters.eagle3 import loss, model
 from training.compiled import compile_island
 from training.config import PRESETS
@@ -59,11 +59,12 @@ def test_compiled_island_equals_eager_at_two_lengths(name):
     assert graphs[1] == graphs[0], "the second row length compiled the island again"
 
 
-def test_an_island_keeps_every_size_but_the_varying_ones_a_constant():
+def test_an_island_compiled_not_dynamic_keeps_every_size_but_the_varying_ones_a_constant():
     """A new width compiles a graph of its own (a constant size), where Dynamo's automatic
     dynamic shapes would serve every width after the second from one graph in which the
-    width is a symbol; a new row length compiles nothing."""
-    island = compile_island(lambda t: t.abs().amax(), ((0,),))
+    width is a symbol; a new row length compiles nothing. The fp8 casts are so compiled."""
+    assert fp8.to_fp8.dynamic is fp8.weight_to_fp8.dynamic is False
+    island = compile_island(lambda t: t.abs().amax(), ((0,),), dynamic=False)
     graphs = []
     for rows, width in ((48, 64), (77, 64), (48, 96), (77, 96), (48, 128), (100, 128)):
         island(torch.randn(rows, width))
