@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens-in-step", action="store_true",
                    help="also trackside making the verifier's tokens in each step")
     p.add_argument("--fp8", action="store_true",
-                   help="trackside with the MLP's matmuls in fp8 (train --fp8)")
+                   help="trackside with the layers' projections in fp8 (train --fp8)")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="profile two steps of each child: $OUT/profile-*.txt")
     p.add_argument("--smoke", action="store_true", help="CPU: tiny shapes, every mode")

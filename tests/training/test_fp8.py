@@ -189,6 +189,30 @@ def test_eagle3_in_fp8_on_cuda_under_autocast_is_its_float64_twin(drafter, make_
     assert_within_fp8s_rounding(out.loss.cpu(), want.loss.detach(), in_fp8.cpu(), drafter)
 
 
+@pytest.mark.gpu
+def test_dflash_in_fp8_on_cuda_under_autocast_is_its_float64_twin(monkeypatch):
+    """Each layer's projections as fp8 matmuls on cuBLAS, under bf16 autocast as DFlash's
+    step runs them, against the float64 drafter on the CPU: both draw their anchors on the
+    CPU, from one seed."""
+    from training.drafters.dflash import model as dflash_model
+    drafter, batch = tiny_drafter_and_rows()
+    in_fp8 = fp8_twin(drafter, lambda fp8: DFlashDrafter(drafter.cfg, fp8)).cuda()
+    draw = dflash_model.sample_anchors
+
+    def drawn_on_the_cpu(loss_mask, doc_ids, *args):
+        torch.manual_seed(5)
+        return tuple(t.to(doc_ids.device) for t in draw(loss_mask.cpu(), doc_ids.cpu(), *args))
+    monkeypatch.setattr(dflash_model, "sample_anchors", drawn_on_the_cpu)
+    want = drafter(batch, batch.aux_hidden, 12, gamma=2.0)
+    want.total.backward()
+    batch.aux_hidden, batch.final_hidden = batch.aux_hidden.float(), batch.final_hidden.float()
+    batch = batch.to("cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = in_fp8(batch, batch.aux_hidden, 12, gamma=2.0)
+    out.total.backward()
+    assert_within_fp8s_rounding(out.total.cpu(), want.total.detach(), in_fp8.cpu(), drafter)
+
+
 def test_dflash_in_fp8_is_its_float64_twin_within_fp8s_rounding(cublas_checked):
     drafter, batch = tiny_drafter_and_rows()
     cfg = drafter.cfg
