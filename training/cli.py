@@ -94,7 +94,7 @@ def train_parser() -> argparse.ArgumentParser:
                    metavar="N", help="a step whose loss or gradient is not finite is skipped, "
                    "never applied; stop after N in a row (exit 4; default %(default)s)")
     p.add_argument("--export", type=Path, help="export the final drafter here")
-    p.add_argument("--fp8", action="store_true",
+    add_param_flag(p, "fp8",
                    help="the layers' projections in fp8 with per-tensor scaling (H100/H200 and newer)")
     drafters.add_flags(p, "train")
     return p

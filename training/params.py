@@ -146,6 +146,9 @@ PARAMS: dict[str, Param] = {
         # conflicts refuses more)
         Param("checkpoint_ttt", int, 0, MAX_TTT_STEPS, bare=MAX_TTT_STEPS, meaning="TTT steps recomputed", drafter="eagle3"),
         Param("freeze_lm_head", bool, drafter="eagle3"),
+        # the layers' projections in fp8 (training/fp8.py): a relaunch on a card older than
+        # Ada is refused by the trainer, naming the flag
+        Param("fp8", bool),
         # DFlash's (trackside train --drafter dflash); the block and the anchors must also
         # fit a row of max_seq_len (anchor_room), which the trainer checks once it knows
         # both (backends/params.py's conflicts tells an edit the same). The default anchors

@@ -48,8 +48,11 @@ class Basis:
         return Cost(*_schedule(self, params), *_memory(self, params, gpu_mem_gib))
 
 
-def no_memory_model(basis: Basis) -> str:
-    """Why the edit has no predicted peak, in words of ours (the start event is anyone's)."""
+def no_memory_model(basis: Basis, params: dict) -> str:
+    """Why the edit (params, the run's with the changes) has no predicted peak, in words of
+    ours (the start event is anyone's)."""
+    if params.get("fp8"):
+        return "the memory model does not describe fp8 runs (--fp8)"
     if not basis.start:
         return "no start event yet: predicted once the run has started"
     config = basis.start.get("config")
@@ -95,7 +98,7 @@ def _memory(basis: Basis, params: dict, gpu_mem_gib: float | None
             ) -> tuple[float | None, int | None, int | None, int | None]:
     """Predicted peak (GiB reserved), then for EAGLE-3 the largest max_seq_len and fewest
     TTT steps recomputed that fit, for DFlash the largest max_anchors."""
-    if not basis.start:
+    if not basis.start or params.get("fp8"):
         return None, None, None, None
     try:
         cfg, shape = shape_from_start(basis.start)

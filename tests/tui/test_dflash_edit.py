@@ -155,3 +155,15 @@ async def test_a_run_with_no_drafter_shape_to_model_predicts_no_memory():
     async with FormApp(form).run_test(size=(120, 50)) as pilot:
         shown = await predicted_in(form, pilot, max_anchors="2048")
         assert "steps per epoch  1500 → ≈1500" in shown and "peak memory      —" in shown
+
+
+async def test_an_edit_to_fp8_has_no_predicted_peak_and_says_why():
+    """The memory model describes bf16 runs: an edit that turns --fp8 on shows no number
+    rather than bf16's, and turned off again it predicts."""
+    form = a_form(dflash_events(20, model=DFLASH_PRESETS["qwen3-8b"].to_dict()))
+    async with FormApp(form).run_test(size=(120, 50)) as pilot:
+        in_fp8 = await predicted_in(form, pilot, fp8="true")
+        assert "peak memory      —  (the memory model does not describe fp8 runs (--fp8))" in in_fp8
+        assert "GiB" not in in_fp8
+        in_bf16 = await predicted_in(form, pilot, fp8="false")
+        assert re.search(r"peak memory      ≈\d+\.\d GiB of 140 GiB per GPU\n", in_bf16)

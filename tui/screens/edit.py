@@ -17,10 +17,10 @@ from tui.state import HostState, RunState, format_duration, format_number
 from tui.screens.dialog import Dialog
 
 FIELDS = ["max_seq_len", "ttt_steps", "lr", "steps", "batch_rows", "epochs", "ttt_decay", "loss_chunk",
-          "checkpoint_ttt", "freeze_lm_head"]
+          "checkpoint_ttt", "freeze_lm_head", "fp8"]
 # A DFlash run's: its trainer refuses EAGLE-3's TTT flags.
 DFLASH_FIELDS = ["max_seq_len", "block_size", "max_anchors", "dflash_gamma", "soft_kl", "lr", "steps",
-                 "batch_rows", "epochs", "loss_chunk"]
+                 "batch_rows", "epochs", "loss_chunk", "fp8"]
 # The cost is predicted once typing pauses this long, in a worker thread: keys never wait
 # for it, and a burst of them asks for one prediction.
 PREDICT_AFTER_S = 0.15
@@ -197,7 +197,7 @@ def cost_text(basis: Basis, changes: dict, gpu_total: float | None) -> Text:
     text.append(f"{format_duration(now.epoch_s)} → ≈{format_duration(new.epoch_s)}\n")
     text.append("peak memory      ")
     if new.peak_gib is None:
-        text.append(f"—  ({no_memory_model(basis)})\n", style="dim")
+        text.append(f"—  ({no_memory_model(basis, params)})\n", style="dim")
         return text
     # A DFlash run's params always hold its block size (its start event's), an EAGLE-3 run's never.
     depth = f"block_size {params['block_size']}" if "block_size" in params else f"ttt_steps {params.get('ttt_steps')}"
