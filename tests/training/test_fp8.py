@@ -173,6 +173,20 @@ def test_eagle3_in_fp8_is_its_float64_twin_within_fp8s_rounding(drafter, make_sa
     assert_within_fp8s_rounding(out.loss, want.loss.detach(), in_fp8, drafter)
 
 
+def test_eagle3_in_fp8_recomputed_in_backward_takes_the_same_gradients(make_sample):
+    """--checkpoint-ttt with --fp8: the recomputed steps cast and multiply as their first
+    forward did, so every gradient is the one without recomputation, bit for bit."""
+    batch = collate([[make_sample(77, seed=2)]], 77)
+    batch.aux_hidden, batch.final_hidden = batch.aux_hidden.float(), batch.final_hidden.float()
+    grads = []
+    for checkpoint in (0, 2):
+        torch.manual_seed(0)
+        drafter = Eagle3Drafter(PRESETS["tiny"], fp8=True)
+        drafter(batch, ttt_steps=3, checkpoint=checkpoint).loss.backward()
+        grads.append([p.grad for p in drafter.parameters() if p.requires_grad])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
 @pytest.mark.gpu
 def test_eagle3_in_fp8_on_cuda_under_autocast_is_its_float64_twin(drafter, make_sample):
     """cuBLAS's fp8 matmuls, the compiled casts and rotary embedding of q and k as views of
