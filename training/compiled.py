@@ -77,8 +77,8 @@ def compile_island(fn, varying: Sequence[Sequence[int]] = (), dynamic: bool | No
     makes any size that differs from the last call's symbolic at the recompile (automatic
     dynamic shapes): an island called at several model sizes then serves all but the first
     from one graph in which they are symbols, and its whole-tensor reductions of symbolic
-    size ran tens of times slower (the fp8 casts: docs/benchmarks.md, "The fp8 casts'
-    sizes")."""
+    size ran tens of times slower (the fp8 casts: docs/benchmarks.md, "Issue 45's targets",
+    its paragraph "The fp8 casts' sizes")."""
     compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic)
 
     def call(*args, **kwargs):
