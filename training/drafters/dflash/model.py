@@ -30,7 +30,7 @@ from training.packing import PackedBatch
 
 class DFlashAttention(nn.Module):
     def __init__(self, cfg: DFlashConfig, fp8: bool = False):
-        """fp8: its projections as fp8 matmuls (training/fp8.py)."""
+        """fp8: its projections as fp8 matmuls (training/fp8.py), k and v as one."""
         super().__init__()
         self.cfg, self.fp8 = cfg, fp8
         H, d = cfg.hidden_size, cfg.head_dim
@@ -50,9 +50,14 @@ class DFlashAttention(nn.Module):
         q_rotary = tuple(t[:, -Q:] for t in rotary)
         q = rope(self.q_norm(self._project(self.q_proj, x).view(B, Q, -1, d)), *q_rotary)
         both = torch.cat([context.to(x.dtype), x], dim=1)
-        k = rope(self.k_norm(self._project(self.k_proj, both).view(B, both.shape[1], -1, d)),
-                 *rotary)
-        v = self._project(self.v_proj, both).view(B, both.shape[1], -1, d)
+        L = both.shape[1]
+        if self.fp8:  # k and v as one matmul of their input: one cast of it, one of its gradient
+            k, v = fp8_linear(both, fp8_weights(self.k_proj, self.v_proj)).chunk(2, dim=-1)
+            # v as a view would keep k's columns alive as long as attention keeps v
+            k, v = rope(self.k_norm(k.view(B, L, -1, d)), *rotary), v.contiguous().view(B, L, -1, d)
+        else:  # each made as it is read: not both outputs at once
+            k = rope(self.k_norm(self.k_proj(both).view(B, L, -1, d)), *rotary)
+            v = self.v_proj(both).view(B, L, -1, d)
         out = block_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), layout)
         return self._project(self.o_proj, out.transpose(1, 2).reshape(B, Q, -1))
 
