@@ -63,8 +63,9 @@ def _as_read(weight: Tensor) -> Tensor:
 
 def fp8_weights(*linears: nn.Linear) -> Fp8Weight:
     """The linears' weights as the fp8 matmuls read them, stacked when there are several
-    of one input (one matmul of it, one cast of its gradient); made once per unroll, as
-    each step's casts would cost a pass over the weights each."""
+    of one input (one matmul of it, one cast of its gradient). Made once per forward of
+    their layer, and EAGLE-3's once per TTT unroll: each step's casts would cost a pass
+    over the weights each."""
     weights = [_as_read(linear.weight) for linear in linears]
     return fp8_weight(torch.cat(weights) if len(weights) > 1 else weights[0])
 
