@@ -70,14 +70,15 @@ def run(tokens: int, hidden: int, inter: int, device: torch.device, reps: int) -
     x, grad = rand(tokens, hidden), rand(tokens, hidden)
     gate_up, weight = rand(tokens, 2 * inter), rand(2 * inter, hidden, dtype=torch.float32)
     # to_fp8 reads bf16 and writes fp8 twice (as A, and transposed); swiglu's casts read
-    # gate and up and write fp8 of half their size; weight_to_fp8 reads fp32.
+    # gate and up and write fp8 of half their size; weights_to_fp8 reads fp32.
     casts = {  # name: (call, bytes read and written)
         "to_fp8 [tokens x hidden] e4m3": (lambda: fp8.to_fp8(x, fp8.E4M3), x.numel() * 4),
         "to_fp8 [tokens x hidden] e5m2 (down's grad)": (lambda: fp8.to_fp8(grad, fp8.E5M2),
                                                         grad.numel() * 4),
         "to_fp8 [tokens x 2 inter] e5m2 (gate_up's grad)": (
             lambda: fp8.to_fp8(gate_up, fp8.E5M2), gate_up.numel() * 4),
-        "weight_to_fp8 [2 inter x hidden]": (lambda: fp8.weight_to_fp8(weight), weight.numel() * (4 + 2)),
+        "weights_to_fp8 [2 inter x hidden]": (lambda: fp8.weights_to_fp8([(weight,)]),
+                                              weight.numel() * (4 + 2)),
         "swiglu_to_fp8 [tokens x 2 inter]": (lambda: layers.swiglu_to_fp8(gate_up),
                                              gate_up.numel() * 2 + gate_up.numel() // 2),
         "swiglu_to_fp8_t [tokens x 2 inter]": (lambda: layers.swiglu_to_fp8_t(gate_up),

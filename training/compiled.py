@@ -18,6 +18,7 @@ import threading
 from collections.abc import Sequence
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 # One island serves several graphs: a norm of [B, L, H] activations and of [P, H] gathered
 # positions, in bf16 and fp32, with and without gradient. fullgraph=True turns Dynamo's
@@ -92,7 +93,8 @@ def compile_island(fn, varying: Sequence[Sequence[int]] = (), dynamic: bool | No
 
 
 def cuda_compiled(fn=None, *, varying: Sequence[Sequence[int]] = (), dynamic: bool | None = None):
-    """fn, compiled by compile_island (on first use) for CUDA tensors, eager for others."""
+    """fn, compiled by compile_island (on first use) for CUDA tensors, eager for others: the
+    device is the first argument's, or its first tensor's where it is a list of them."""
     if fn is None:
         return functools.partial(cuda_compiled, varying=varying, dynamic=dynamic)
     compiled = None
@@ -100,7 +102,8 @@ def cuda_compiled(fn=None, *, varying: Sequence[Sequence[int]] = (), dynamic: bo
     @functools.wraps(fn)
     def call(*args, **kwargs):
         nonlocal compiled
-        if not args[0].is_cuda:
+        first = args[0] if isinstance(args[0], torch.Tensor) else tree_leaves(args[0])[0]
+        if not first.is_cuda:
             return fn(*args, **kwargs)
         if compiled is None:
             compiler_imported()

@@ -45,12 +45,15 @@ def refusal(capability: tuple[int, int] | None, shape) -> str | None:
     return None
 
 
-def scaled(t: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """t in fp32 multiplied by its scale (its largest magnitude to dtype's largest
-    value) and clamped to dtype's range, and the scale's inverse: what _scaled_mm
-    multiplies the product by. The clamp keeps rounding at the top from overflowing."""
+def scaled(t: Tensor, dtype: torch.dtype, largest: Tensor | None = None
+           ) -> tuple[Tensor, Tensor]:
+    """t in fp32 multiplied by its scale (the largest magnitude to dtype's largest value:
+    t's own, or `largest` where t is one of several tensors cast at one scale) and clamped
+    to dtype's range, and the scale's inverse: what _scaled_mm multiplies the product by.
+    The clamp keeps rounding at the top from overflowing."""
     top = torch.finfo(dtype).max
-    scale = top / t.abs().amax().float().clamp(min=AMAX_FLOOR)
+    largest = t.abs().amax() if largest is None else largest
+    scale = top / largest.float().clamp(min=AMAX_FLOOR)
     return (t.float() * scale).clamp(-top, top), scale.reciprocal()
 
 
@@ -73,32 +76,47 @@ def to_fp8(t: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
     return values.to(dtype), transposed(values, dtype), inverse
 
 
-@cuda_compiled(varying=((),), dynamic=False)
-def weight_to_fp8(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """weight [out x in] in e4m3, transposed [in x out] (the input gradient's B, contiguous),
-    and its inverse scale."""
-    values, inverse = scaled(weight, E4M3)
-    return values.to(E4M3), values.t().contiguous().to(E4M3), inverse
+@cuda_compiled(dynamic=False)
+def weights_to_fp8(groups: list[tuple[Tensor, ...]]) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Each group of weights [out_i x in], stacked along out, in e4m3 at one scale for the
+    group; transposed [in x out] (the input gradient's B, contiguous); and its inverse
+    scale. One call for every group: each call of a compiled function costs the CPU a
+    guard check and a launch of its own, and a step's casts would otherwise keep the GPU
+    waiting on them."""
+    made = []
+    for group in groups:
+        largest = torch.stack([w.abs().amax() for w in group]).amax()
+        parts = [scaled(w, E4M3, largest) for w in group]  # each with the group's inverse
+        values, inverse = torch.cat([v for v, _ in parts]), parts[0][1]
+        made.append((values.to(E4M3), values.t().contiguous().to(E4M3), inverse))
+    return made
+
+
+class Fp8Weight(NamedTuple):
+    """Weights as the fp8 matmuls read them, stacked along their outputs where they share
+    an input (one matmul of it, one cast of its gradient): made once for a whole TTT unroll
+    or a whole step (fp8_weights), as each matmul's own casts would cost a pass over the
+    weights each."""
+    parts: tuple[Tensor, ...]  # the parameters: the gradient is split among them
+    data: Tensor  # e4m3 [out x in]
+    data_t: Tensor  # e4m3 [in x out], contiguous
+    inverse: Tensor  # of its scale
+
+
+def fp8_weights(users: list[list[tuple[Tensor, ...]]]) -> list[tuple[Fp8Weight, ...]]:
+    """For each user (a module's list of groups of parameters, a group's several stacked),
+    its Fp8Weights, every user's made in one call (weights_to_fp8). The parameters are
+    read as they are (fp32 under autocast too): one rounding, to e4m3, and the gradient
+    comes back in their dtype."""
+    with torch.no_grad():  # the gradient reaches the parameters through Fp8Weight.parts
+        made = iter(weights_to_fp8([group for groups in users for group in groups]))
+    return [tuple(Fp8Weight(group, *next(made)) for group in groups) for groups in users]
 
 
 def matmul(a: Tensor, a_inverse: Tensor, b: Tensor, b_inverse: Tensor,
            dtype: torch.dtype) -> Tensor:
     """a @ bᵀ in dtype, of fp8 a [M x K] and b [N x K], both row-major."""
     return torch._scaled_mm(a, b.t(), scale_a=a_inverse, scale_b=b_inverse, out_dtype=dtype)
-
-
-class Fp8Weight(NamedTuple):
-    """A weight as the fp8 matmuls read it, made once for a whole TTT unroll
-    (fp8_weight): each step's casts of it would cost a pass over the weight each."""
-    weight: Tensor  # as autocast would read it: the gradient's way back to the parameter
-    data: Tensor  # e4m3 [out x in]
-    data_t: Tensor  # e4m3 [in x out], contiguous
-    inverse: Tensor  # of its scale
-
-
-def fp8_weight(weight: Tensor) -> Fp8Weight:
-    with torch.no_grad():  # the gradient reaches the weight through Fp8Weight.weight
-        return Fp8Weight(weight, *weight_to_fp8(weight))
 
 
 def linear_backward(grad: Tensor, x_t: Tensor, x_inverse: Tensor, w_t: Tensor,
@@ -113,22 +131,22 @@ def linear_backward(grad: Tensor, x_t: Tensor, x_inverse: Tensor, w_t: Tensor,
 
 
 class Fp8Linear(torch.autograd.Function):
-    """x @ Wᵀ in fp8, for an Fp8Weight `w`; `weight` is w.weight, passed on its own so the
-    gradient reaches it (its values are not read, nor kept). Keeps x in fp8 for backward:
-    half the bytes of bf16."""
+    """x @ Wᵀ in fp8, for an Fp8Weight `w`; `parts` are w.parts, passed on their own so the
+    gradient reaches them (their values are not read, nor kept). Keeps x in fp8 for
+    backward: half the bytes of bf16."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, w: Fp8Weight) -> Tensor:
+    def forward(ctx, x: Tensor, w: Fp8Weight, *parts: Tensor) -> Tensor:
         x8, x_t, x_inverse = to_fp8(x.flatten(0, -2), E4M3)
         ctx.save_for_backward(x_t, x_inverse, w.data_t, w.inverse)
-        ctx.dtypes = x.dtype, weight.dtype
+        ctx.dtypes, ctx.sizes = (x.dtype, parts[0].dtype), [p.shape[0] for p in parts]
         return matmul(x8, x_inverse, w.data, w.inverse, x.dtype).view(*x.shape[:-1], -1)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         grad_x, grad_w = linear_backward(grad.flatten(0, -2), *ctx.saved_tensors, ctx.dtypes)
-        return grad_x.view(*grad.shape[:-1], -1), grad_w, None
+        return grad_x.view(*grad.shape[:-1], -1), None, *grad_w.split(ctx.sizes)
 
 
 def fp8_linear(x: Tensor, w: Fp8Weight) -> Tensor:
-    return Fp8Linear.apply(x, w.weight, w)
+    return Fp8Linear.apply(x, w, *w.parts)

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from training.compiled import cuda_compiled
 from training.config import DFlashConfig, DrafterConfig
 from training.flex import at_least_float32
-from training.fp8 import (E4M3, Fp8Weight, fp8_linear, fp8_weight, linear_backward, matmul,
+from training.fp8 import (E4M3, Fp8Weight, fp8_linear, fp8_weights, linear_backward, matmul,
                           scaled, transposed)
 
 
@@ -61,15 +61,6 @@ def _as_read(weight: Tensor) -> Tensor:
     return weight
 
 
-def fp8_weights(*linears: nn.Linear) -> Fp8Weight:
-    """The linears' weights as the fp8 matmuls read them, stacked when there are several
-    of one input (one matmul of it, one cast of its gradient). Made once per forward of
-    their layer, and EAGLE-3's once per TTT unroll: each step's casts would cost a pass
-    over the weights each."""
-    weights = [_as_read(linear.weight) for linear in linears]
-    return fp8_weight(torch.cat(weights) if len(weights) > 1 else weights[0])
-
-
 class MLP(nn.Module):
     """fp8: its three projections as fp8 matmuls (training/fp8.py), gate and up as one."""
 
@@ -80,7 +71,12 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.fp8 = fp8
 
-    def unroll_weights(self) -> Tensor | tuple[Fp8Weight, Fp8Weight]:
+    def fp8_groups(self) -> list[tuple[Tensor, ...]]:
+        """Its weights as fp8_weights takes them: gate and up stacked (one matmul of x, one
+        cast of its gradient), and down."""
+        return [(self.gate_proj.weight, self.up_proj.weight), (self.down_proj.weight,)]
+
+    def unroll_weights(self) -> Tensor | tuple[Fp8Weight, ...]:
         """The weights as forward reads them, made once for a whole TTT unroll.
 
         bf16: down_proj's weight cast to autocast's dtype, as autocast does for the other
@@ -89,17 +85,17 @@ class MLP(nn.Module):
         an fp32 gradient per step to add: a [hidden x intermediate] copy per TTT step,
         where one cast and one gradient serve the unroll (docs/benchmarks.md, "down_proj
         cast once per unroll").
-        fp8: gate and up stacked (one matmul of x, one cast of its gradient) and down, each
-        with its fp8 copies, for the same reason."""
+        fp8: fp8_groups() with their fp8 copies, for the same reason."""
         if self.fp8:
-            return fp8_weights(self.gate_proj, self.up_proj), fp8_weights(self.down_proj)
+            return fp8_weights([self.fp8_groups()])[0]
         return _as_read(self.down_proj.weight)
 
-    def forward(self, x: Tensor, weights: Tensor | tuple[Fp8Weight, Fp8Weight]) -> Tensor:
-        """weights: unroll_weights(), made once per unroll."""
+    def forward(self, x: Tensor, weights: Tensor | tuple[Fp8Weight, ...]) -> Tensor:
+        """weights: unroll_weights(), made once per unroll (or fp8_groups()' Fp8Weights,
+        made with other modules' in one call)."""
         if self.fp8:
             gate_up, down = weights
-            return SwiGLUDownFp8.apply(fp8_linear(x, gate_up), down.weight, down)
+            return SwiGLUDownFp8.apply(fp8_linear(x, gate_up), down, *down.parts)
         return SwiGLUDown.apply(self.gate_proj(x), self.up_proj(x), weights)
 
 
@@ -170,24 +166,24 @@ def swiglu_backward_stacked(gate_up: Tensor, grad: Tensor) -> Tensor:
 class SwiGLUDownFp8(torch.autograd.Function):
     """SwiGLUDown as fp8 matmuls, of gate and up stacked [tokens x (gate ; up)] (one
     tensor: the stacked matmul's output, and the gradient it takes back), for the
-    Fp8Weight `w` of down_proj; `weight` is w.weight, for the gradient's way back. As
+    Fp8Weight `w` of down_proj; `parts` are w.parts, for the gradient's way back. As
     SwiGLUDown, backward recomputes silu(gate) * up (in fp8, transposed, as the weight
     gradient reads it) rather than keeping it through every TTT step."""
 
     @staticmethod
-    def forward(ctx, gate_up: Tensor, weight: Tensor, w: Fp8Weight) -> Tensor:
+    def forward(ctx, gate_up: Tensor, w: Fp8Weight, *parts: Tensor) -> Tensor:
         ctx.save_for_backward(gate_up, w.data_t, w.inverse)
-        ctx.weight_dtype = weight.dtype
+        ctx.weight_dtype = parts[0].dtype
         h, inverse = swiglu_to_fp8(gate_up.flatten(0, -2))
         return matmul(h, inverse, w.data, w.inverse, gate_up.dtype).view(
             *gate_up.shape[:-1], -1)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         gate_up, w_t, w_inverse = ctx.saved_tensors
         flat = gate_up.flatten(0, -2)
         h_t, inverse = swiglu_to_fp8_t(flat)
         grad_h, grad_w = linear_backward(grad.flatten(0, -2), h_t, inverse, w_t, w_inverse,
                                          (gate_up.dtype, ctx.weight_dtype))
         del h_t  # not held beside the [tokens x 2 intermediate] gradient below
-        return swiglu_backward_stacked(flat, grad_h).view_as(gate_up), grad_w, None
+        return swiglu_backward_stacked(flat, grad_h).view_as(gate_up), None, grad_w

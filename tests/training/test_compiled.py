@@ -63,7 +63,7 @@ def test_an_island_compiled_not_dynamic_keeps_every_size_but_the_varying_ones_a_
     """A new width compiles a graph of its own (a constant size), where Dynamo's automatic
     dynamic shapes would serve every width after the second from one graph in which the
     width is a symbol; a new row length compiles nothing. The fp8 casts are so compiled."""
-    assert fp8.to_fp8.dynamic is fp8.weight_to_fp8.dynamic is False
+    assert fp8.to_fp8.dynamic is fp8.weights_to_fp8.dynamic is False
     island = compile_island(lambda t: t.abs().amax(), ((0,),), dynamic=False)
     graphs = []
     for rows, width in ((48, 64), (77, 64), (48, 96), (77, 96), (48, 128), (100, 128)):

@@ -27,7 +27,7 @@ from training.config import DFLASH_PRESETS, PRESETS
 from training.drafters.dflash.model import DFlashDrafter
 from training.drafters.eagle3.model import Eagle3Drafter
 from training.drafters.measured import shape_from_start
-from training.fp8 import fp8_linear, fp8_weight
+from training.fp8 import fp8_linear, fp8_weights
 from training.layers import MLP
 from training.packing import collate
 from tests.training.test_dflash import tiny_drafter_and_rows
@@ -50,7 +50,8 @@ def test_an_fp8_matmul_and_its_gradients_are_float64s_within_fp8s_rounding(
     x = (torch.randn(2, 45, 64, generator=g) * x_size).requires_grad_()
     w = (torch.randn(96, 64, generator=g) * w_size).requires_grad_()
     grad = torch.randn(2, 45, 96, generator=g) * grad_size
-    y = fp8_linear(x, fp8_weight(w))
+    (w8,), = fp8_weights([[(w,)]])
+    y = fp8_linear(x, w8)
     y.backward(grad)
     x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
     want = x64 @ w64.T
@@ -94,18 +95,29 @@ def test_the_mlp_in_fp8_is_the_mlp_within_fp8s_rounding_over_an_unroll():
         assert relative_error(p.grad, p64.grad) < 2 * GRADIENT, name
 
 
-def test_the_weights_are_cast_to_fp8_once_per_unroll(monkeypatch, make_sample):
+def recorded_casts(monkeypatch) -> list[list[tuple[int, int]]]:
+    """Each call of fp8.weights_to_fp8 from here on: the shapes of the weights it stacked."""
     casts = []
-    cast = fp8.weight_to_fp8
-    monkeypatch.setattr(fp8, "weight_to_fp8", lambda w: casts.append(w.shape) or cast(w))
+    cast = fp8.weights_to_fp8
+
+    def recorded(groups):
+        casts.append([(sum(w.shape[0] for w in group), group[0].shape[1]) for group in groups])
+        return cast(groups)
+    monkeypatch.setattr(fp8, "weights_to_fp8", recorded)
+    return casts
+
+
+def test_the_weights_are_cast_to_fp8_once_per_unroll(monkeypatch, make_sample):
+    casts = recorded_casts(monkeypatch)
     torch.manual_seed(0)
     drafter = Eagle3Drafter(PRESETS["tiny"], fp8=True)
     batch = collate([[make_sample(40, seed=0)]], 40)
     batch.aux_hidden, batch.final_hidden = batch.aux_hidden.float(), batch.final_hidden.float()
     out = drafter(batch, ttt_steps=3)
     out.loss.backward()
-    # q, k and v stacked [64 + 2 x 32 outputs x 2 x 64 inputs], o, gate and up stacked, down
-    assert casts == [(128, 128), (64, 64), (2 * 192, 64), (64, 192)]
+    # one call: q, k and v stacked [64 + 2 x 32 outputs x 2 x 64 inputs], o, gate and up
+    # stacked, down
+    assert casts == [[(128, 128), (64, 64), (2 * 192, 64), (64, 192)]]
     assert all(p.grad is not None for p in drafter.midlayer.parameters())
 
 
@@ -260,10 +272,12 @@ def test_the_casts_compiled_are_the_eager_casts_one_graph_for_every_row_length()
                 assert torch.equal(got.float(), want.float())
             graphs.append(counters["stats"]["unique_graphs"])
         assert graphs[1] == graphs[0], island.__name__
-    weight = torch.randn(96, 64, generator=g)
-    compiled = compile_island(fp8.weight_to_fp8.__wrapped__, fp8.weight_to_fp8.varying)
-    for got, want in zip(compiled(weight), fp8.weight_to_fp8.__wrapped__(weight)):
-        assert got.stride() == want.stride() and torch.equal(got.float(), want.float())
+    groups = [(torch.randn(96, 64, generator=g), torch.randn(32, 64, generator=g) * 9),
+              (torch.randn(64, 96, generator=g),)]
+    compiled = compile_island(fp8.weights_to_fp8.__wrapped__, dynamic=False)
+    for made, eager in zip(compiled(groups), fp8.weights_to_fp8.__wrapped__(groups)):
+        for got, want in zip(made, eager):
+            assert got.stride() == want.stride() and torch.equal(got.float(), want.float())
     stacked = layers.swiglu_backward_stacked
     compiled = compile_island(stacked.__wrapped__, stacked.varying)
     gate_up, grad = torch.randn(77, 384, generator=g), torch.randn(77, 192, generator=g)
@@ -322,10 +336,8 @@ def test_train_refuses_fp8_for_a_shape_it_cannot_run_naming_the_flag(tmp_path, c
 
 
 def run_in_fp8(run_dir, monkeypatch, *args) -> tuple[list[dict], list]:
-    """A `train --synthetic --fp8` run's events, and the weights it cast to fp8."""
-    casts = []
-    cast = fp8.weight_to_fp8
-    monkeypatch.setattr(fp8, "weight_to_fp8", lambda w: casts.append(w.shape) or cast(w))
+    """A `train --synthetic --fp8` run's events, and its calls that cast weights to fp8."""
+    casts = recorded_casts(monkeypatch)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls gain nothing from more threads
     try:
@@ -343,7 +355,8 @@ def test_a_synthetic_eagle3_run_in_fp8_learns_and_says_so(tmp_path, cache, monke
     events, casts = run_in_fp8(tmp_path / "run", monkeypatch, "--steps", "12",
                                "--max-seq-len", "128", "--lr", "1e-2")
     losses = [e["loss"] for e in events if e["event"] == "step"]
-    assert len(losses) == 12 and len(casts) == 12 * 4  # each step's unroll: its 4 casts
+    assert len(losses) == 12  # each step's unroll: one call for its 4 stacks of weights
+    assert len(casts) == 12 and all(len(groups) == 4 for groups in casts)
     assert sum(losses[-4:]) < 0.95 * sum(losses[:4]), losses
 
 
@@ -355,7 +368,8 @@ def test_a_synthetic_dflash_run_in_fp8_runs_each_layers_mlp_in_fp8(tmp_path, cac
     steps = [e for e in events if e["event"] == "step"]
     assert len(steps) == 2 and all(e["loss"] > 0 for e in steps)
     layers = DFLASH_PRESETS["tiny"].num_layers
-    assert len(casts) == 2 * layers * 5  # per step, each layer's q, k-and-v, o, gate-and-up, down
+    # one call per step, of each layer's q, k-and-v, o, gate-and-up, down
+    assert len(casts) == 2 and all(len(groups) == layers * 5 for groups in casts)
 
 
 def test_an_fp8_runs_peak_is_not_read_as_the_memory_models(tmp_path, cache, monkeypatch):

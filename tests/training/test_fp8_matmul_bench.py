@@ -17,7 +17,7 @@ def test_smoke_times_every_cast_and_writes_its_report(tmp_path):
     report = json.loads((tmp_path / "fp8_matmul.json").read_text())
     names = [row["name"] for row in report["rows"]]
     assert len(names) == 6 and len(set(names)) == 6
-    assert all(name.split()[0] in ("to_fp8", "weight_to_fp8", "swiglu_to_fp8",
+    assert all(name.split()[0] in ("to_fp8", "weights_to_fp8", "swiglu_to_fp8",
                                    "swiglu_to_fp8_t") for name in names)
     for row in report["rows"]:
         assert row["ms"] > 0 and row["gbps"] > 0

@@ -23,16 +23,15 @@ from training.config import DFlashConfig
 from training.drafters.dflash.anchors import sample_anchors
 from training.drafters.dflash.loss import block_loss, verifier_tokens
 from training.drafters.dflash.mask import BlockLayout, block_attention
-from training.fp8 import fp8_linear
-from training.layers import MLP, RMSNorm, fp8_weights, rope, rotary_tables
+from training.fp8 import Fp8Weight, fp8_linear, fp8_weights
+from training.layers import MLP, RMSNorm, rope, rotary_tables
 from training.packing import PackedBatch
 
 
 class DFlashAttention(nn.Module):
-    def __init__(self, cfg: DFlashConfig, fp8: bool = False):
-        """fp8: its projections as fp8 matmuls (training/fp8.py), k and v as one."""
+    def __init__(self, cfg: DFlashConfig):
         super().__init__()
-        self.cfg, self.fp8 = cfg, fp8
+        self.cfg = cfg
         H, d = cfg.hidden_size, cfg.head_dim
         self.q_proj = nn.Linear(H, cfg.num_heads * d, bias=False)
         self.k_proj = nn.Linear(H, cfg.num_kv_heads * d, bias=False)
@@ -41,30 +40,38 @@ class DFlashAttention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
+    def fp8_groups(self) -> list[tuple[Tensor, ...]]:
+        """Its weights as fp8_weights takes them: q; k and v stacked (one matmul of their
+        input: one cast of it, one of its gradient); o."""
+        return [(self.q_proj.weight,), (self.k_proj.weight, self.v_proj.weight),
+                (self.o_proj.weight,)]
+
     def forward(self, x: Tensor, context: Tensor, rotary: tuple[Tensor, Tensor],
-                layout: BlockLayout) -> Tensor:
+                layout: BlockLayout, weights: tuple[Fp8Weight, ...] | None) -> Tensor:
         """x [B, Q, H] the blocks' stream, context [B, L, H]; rotary: the tables of the
-        keys' positions (context's, then the blocks'), whose last Q are the queries'."""
+        keys' positions (context's, then the blocks'), whose last Q are the queries'.
+        weights: fp8_groups()' Fp8Weights, or None in bf16."""
         B, Q, _ = x.shape
         d = self.cfg.head_dim
+        q_w, kv_w, o_w = weights or (None, None, None)
         q_rotary = tuple(t[:, -Q:] for t in rotary)
-        q = rope(self.q_norm(self._project(self.q_proj, x).view(B, Q, -1, d)), *q_rotary)
+        q = rope(self.q_norm(_project(self.q_proj, x, q_w).view(B, Q, -1, d)), *q_rotary)
         both = torch.cat([context.to(x.dtype), x], dim=1)
         L = both.shape[1]
-        if self.fp8:  # k and v as one matmul of their input: one cast of it, one of its gradient
-            k, v = fp8_linear(both, fp8_weights(self.k_proj, self.v_proj)).chunk(2, dim=-1)
-            # v as a view would keep k's columns alive as long as attention keeps v
-            k, v = rope(self.k_norm(k.view(B, L, -1, d)), *rotary), v.contiguous().view(B, L, -1, d)
-        else:  # each made as it is read: not both outputs at once
+        if kv_w is None:  # each made as it is read: not both outputs at once
             k = rope(self.k_norm(self.k_proj(both).view(B, L, -1, d)), *rotary)
             v = self.v_proj(both).view(B, L, -1, d)
+        else:
+            k, v = fp8_linear(both, kv_w).chunk(2, dim=-1)
+            # v as a view would keep k's columns alive as long as attention keeps v
+            k, v = rope(self.k_norm(k.view(B, L, -1, d)), *rotary), v.contiguous().view(B, L, -1, d)
         out = block_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), layout)
-        return self._project(self.o_proj, out.transpose(1, 2).reshape(B, Q, -1))
+        return _project(self.o_proj, out.transpose(1, 2).reshape(B, Q, -1), o_w)
 
-    def _project(self, linear: nn.Linear, x: Tensor) -> Tensor:
-        """x through linear, an fp8 matmul where fp8 is on (the weight cast here: a layer
-        runs once a step)."""
-        return fp8_linear(x, fp8_weights(linear)) if self.fp8 else linear(x)
+
+def _project(linear: nn.Linear, x: Tensor, w: Fp8Weight | None) -> Tensor:
+    """x through linear, or through its Fp8Weight w as an fp8 matmul."""
+    return linear(x) if w is None else fp8_linear(x, w)
 
 
 class DFlashLayer(nn.Module):
@@ -72,14 +79,17 @@ class DFlashLayer(nn.Module):
         super().__init__()
         H, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.input_layernorm = RMSNorm(H, eps)
-        self.self_attn = DFlashAttention(cfg, fp8)
+        self.self_attn = DFlashAttention(cfg)
         self.post_attention_layernorm = RMSNorm(H, eps)
         self.mlp = MLP(cfg, fp8)
 
     def forward(self, x: Tensor, context: Tensor, rotary: tuple[Tensor, Tensor],
-                layout: BlockLayout) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), context, rotary, layout)
-        return x + self.mlp(self.post_attention_layernorm(x), self.mlp.unroll_weights())
+                layout: BlockLayout, weights: tuple | None) -> Tensor:
+        """weights: the attention's and the MLP's Fp8Weights (DFlashDrafter.fp8_weights), or
+        None in bf16."""
+        attn_weights, mlp_weights = weights or (None, self.mlp.unroll_weights())
+        x = x + self.self_attn(self.input_layernorm(x), context, rotary, layout, attn_weights)
+        return x + self.mlp(self.post_attention_layernorm(x), mlp_weights)
 
 
 def position_weights(block_size: int, gamma: float) -> list[float]:
@@ -102,7 +112,7 @@ class DFlashDrafter(nn.Module):
     def __init__(self, cfg: DFlashConfig, fp8: bool = False):
         """fp8: the layers' matmuls in fp8 (training/fp8.py)."""
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.fp8 = cfg, fp8
         H = cfg.hidden_size
         self.fc = nn.Linear(cfg.num_target_layers * H, H, bias=False)
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
@@ -127,6 +137,15 @@ class DFlashDrafter(nn.Module):
         device = self.fc.weight.device
         self.embed_tokens = embed_tokens.to(device)
         self.lm_head = lm_head.to(device)
+
+    def fp8_weights(self) -> list[tuple | None]:
+        """Each layer's weights as its fp8 matmuls read them (its attention's, its MLP's),
+        every layer's in one call a step; None for each in bf16."""
+        if not self.fp8:
+            return [None] * len(self.layers)
+        made = fp8_weights([m.fp8_groups() for layer in self.layers
+                            for m in (layer.self_attn, layer.mlp)])
+        return list(zip(made[::2], made[1::2]))
 
     def forward(self, batch: PackedBatch, context_hidden: Tensor, max_anchors: int,
                 gamma: float, soft_kl: float = 0.0, loss_chunk: int = 2048,
@@ -182,8 +201,8 @@ class DFlashDrafter(nn.Module):
                                cfg.head_dim, cfg.rope_theta,
                                at_least_float32(self.fc.weight.dtype))
         layout = BlockLayout(doc, anchors, bs)
-        for layer in self.layers:
-            x = layer(x, context, rotary, layout)
+        for layer, fp8 in zip(self.layers, self.fp8_weights()):
+            x = layer(x, context, rotary, layout, fp8)
 
         total, losses, agree = block_loss(
             self.norm(x.flatten(0, 1).index_select(0, draft_rows)), self.lm_head, target,

@@ -16,8 +16,8 @@ from training.config import DrafterConfig
 from training.drafters.eagle3.attention import DocLayout, ttt_attention
 from training.drafters.eagle3.loss import soft_cross_entropy, verifier_targets
 from training.flex import at_least_float32
-from training.fp8 import Fp8Weight, fp8_linear
-from training.layers import MLP, RMSNorm, fp8_weights, normalise, rope, rotary_tables
+from training.fp8 import Fp8Weight, fp8_linear, fp8_weights
+from training.layers import MLP, RMSNorm, normalise, rope, rotary_tables
 from training.packing import PackedBatch
 from training.params import PARAMS
 
@@ -44,18 +44,17 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(H2, cfg.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=False)
 
-    def unroll_weights(self) -> tuple[Fp8Weight, Fp8Weight] | None:
-        """fp8: q, k and v stacked, and o, made once for a whole TTT unroll (as
-        MLP.unroll_weights). None in bf16, where autocast's cache casts each weight once."""
-        if self.fp8:
-            return fp8_weights(self.q_proj, self.k_proj, self.v_proj), fp8_weights(self.o_proj)
-        return None
+    def fp8_groups(self) -> list[tuple[Tensor, ...]]:
+        """Its weights as fp8_weights takes them: q, k and v stacked (one matmul of x), and
+        o."""
+        return [(self.q_proj.weight, self.k_proj.weight, self.v_proj.weight), (self.o_proj.weight,)]
 
     def forward(self, x: Tensor, rotary: tuple[Tensor, Tensor], layout: DocLayout,
                 earlier: list[tuple[Tensor, Tensor]],
-                weights: tuple[Fp8Weight, Fp8Weight] | None) -> tuple[Tensor, Tensor, Tensor]:
+                weights: tuple[Fp8Weight, ...] | None) -> tuple[Tensor, Tensor, Tensor]:
         """rotary: the step's rotary_tables. earlier: the keys and values of the TTT steps
-        before this one (step 0's first). weights: unroll_weights(). Returns the output
+        before this one (step 0's first). weights: fp8_groups()' Fp8Weights, made once per
+        unroll; None in bf16, where autocast's cache casts each weight once. Returns the output
         and this step's keys and values."""
         B, L, _ = x.shape
         d = self.cfg.head_dim
@@ -93,8 +92,11 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg, fp8)
 
     def unroll_weights(self) -> tuple:
-        """The attention's and the MLP's unroll_weights(), made once per unroll."""
-        return self.self_attn.unroll_weights(), self.mlp.unroll_weights()
+        """The attention's and the MLP's weights as they read them, made once per unroll:
+        in fp8, every projection's in one call."""
+        if self.self_attn.fp8:
+            return tuple(fp8_weights([self.self_attn.fp8_groups(), self.mlp.fp8_groups()]))
+        return None, self.mlp.unroll_weights()
 
     def forward(self, embeds: Tensor, hidden: Tensor, rotary: tuple[Tensor, Tensor],
                 layout: DocLayout, earlier: list[tuple[Tensor, Tensor]], weights: tuple
