@@ -77,6 +77,22 @@ def to_fp8(t: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
 
 
 @cuda_compiled(dynamic=False)
+def rows_to_fp8(t: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """t [rows x features] in fp8 as a matmul's A alone (no weight gradient reads it
+    transposed: a frozen head's), and its inverse scale."""
+    values, inverse = scaled(t, dtype)
+    return values.to(dtype), inverse
+
+
+@cuda_compiled(varying=((),), dynamic=False)
+def frozen_to_fp8(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """A frozen weight [out x in] as only its input's gradient reads it: transposed
+    [in x out] in e4m3, contiguous, and its inverse scale."""
+    values, inverse = scaled(weight, E4M3)
+    return values.t().contiguous().to(E4M3), inverse
+
+
+@cuda_compiled(dynamic=False)
 def weights_to_fp8(groups: list[tuple[Tensor, ...]]) -> list[tuple[Tensor, Tensor, Tensor]]:
     """Each group of weights [out_i x in], stacked along out, in e4m3 at one scale for the
     group; transposed [in x out] (the input gradient's B, contiguous); and its inverse

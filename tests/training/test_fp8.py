@@ -249,9 +249,27 @@ def test_dflash_in_fp8_is_its_float64_twin_within_fp8s_rounding(cublas_checked):
     torch.manual_seed(5)  # the same anchors
     out = in_fp8(batch, batch.aux_hidden.float(), 12, gamma=2.0)
     out.total.backward()
-    # each layer's q, k and v, o, gate and up, down: each forward and two gradients
-    assert len(cublas_checked) == cfg.num_layers * 5 * 3
+    # each layer's q, k and v, o, gate and up, down: each forward and two gradients; the
+    # loss's one chunk: the gradient through the verifier's head
+    assert len(cublas_checked) == cfg.num_layers * 5 * 3 + 1
+    # after the layers' forward matmuls, before backward: the loss's
+    assert cublas_checked[cfg.num_layers * 5] == (fp8.E5M2, fp8.E4M3)
     assert_within_fp8s_rounding(out.total, want.total.detach(), in_fp8, drafter)
+
+
+def test_dflash_casts_its_frozen_head_once_for_each_head_it_is_given():
+    cfg = DFLASH_PRESETS["tiny"]
+    drafter = DFlashDrafter(cfg, fp8=True)
+    heads = [torch.randn(cfg.vocab_size, cfg.hidden_size) for _ in range(2)]
+    drafter.load_verifier(torch.zeros_like(heads[0]), heads[0])
+    first = drafter.head_fp8()
+    assert drafter.head_fp8() is first  # the next step's: the same, not cast again
+    want = fp8.frozen_to_fp8(heads[0])
+    assert all(torch.equal(a.float(), b.float()) for a, b in zip(first, want))
+    drafter.load_verifier(torch.zeros_like(heads[1]), heads[1])
+    again = drafter.head_fp8()
+    assert torch.equal(again[0].float(), fp8.frozen_to_fp8(heads[1])[0].float())
+    assert not torch.equal(again[0].float(), first[0].float())
 
 
 @pytest.mark.slow
@@ -260,6 +278,7 @@ def test_the_casts_compiled_are_the_eager_casts_one_graph_for_every_row_length()
     same fp8 bytes, the padding at rows that are not whole multiples of 16, no recompile."""
     g = torch.Generator().manual_seed(0)
     islands = [(fp8.to_fp8, lambda L: (torch.randn(L, 64, generator=g), fp8.E5M2)),
+               (fp8.rows_to_fp8, lambda L: (torch.randn(L, 96, generator=g), fp8.E5M2)),
                (layers.swiglu_to_fp8, lambda L: (torch.randn(L, 384, generator=g),)),
                (layers.swiglu_to_fp8_t, lambda L: (torch.randn(L, 384, generator=g),))]
     for island, inputs in islands:
@@ -275,7 +294,10 @@ def test_the_casts_compiled_are_the_eager_casts_one_graph_for_every_row_length()
     groups = [(torch.randn(96, 64, generator=g), torch.randn(32, 64, generator=g) * 9),
               (torch.randn(64, 96, generator=g),)]
     compiled = compile_island(fp8.weights_to_fp8.__wrapped__, dynamic=False)
-    for made, eager in zip(compiled(groups), fp8.weights_to_fp8.__wrapped__(groups)):
+    head = groups[0][0]
+    frozen = compile_island(fp8.frozen_to_fp8.__wrapped__, fp8.frozen_to_fp8.varying, False)
+    for made, eager in [*zip(compiled(groups), fp8.weights_to_fp8.__wrapped__(groups)),
+                        (frozen(head), fp8.frozen_to_fp8.__wrapped__(head))]:
         for got, want in zip(made, eager):
             assert got.stride() == want.stride() and torch.equal(got.float(), want.float())
     stacked = layers.swiglu_backward_stacked

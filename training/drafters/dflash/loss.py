@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from training.flex import at_least_float32
+from training.fp8 import E5M2, matmul, rows_to_fp8
 
 
 def _row_dot(a: Tensor, b: Tensor) -> Tensor:
@@ -78,7 +79,7 @@ def verifier_tokens(final_hidden: Tensor, rows: Tensor, head: Tensor, dtype: tor
 
 class _BlockLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, head, target, weights, soft_kl, chunk, grad_enabled):
+    def forward(ctx, hidden, head, target, weights, soft_kl, chunk, grad_enabled, head_fp8):
         f = at_least_float32(hidden.dtype)
         w = head.to(hidden.dtype)
         want_grad = grad_enabled and ctx.needs_input_grad[0]
@@ -94,8 +95,11 @@ class _BlockLoss(torch.autograd.Function):
             losses[c], mine, theirs, grad_z = chunk_pass(hidden[c] @ w.T, theirs, weights[c],
                                                          soft_kl, want_grad)
             agree[c] = mine == theirs
-            if want_grad:
+            if want_grad and head_fp8 is None:
                 torch.mm(grad_z, w, out=grad_hidden[c])
+            elif want_grad:  # an input gradient in fp8, as --fp8 makes every other
+                g, g_inverse = rows_to_fp8(grad_z, E5M2)
+                grad_hidden[c] = matmul(g, g_inverse, *head_fp8, hidden.dtype)
             del grad_z  # before the next chunk's logits are made
         ctx.save_for_backward(grad_hidden)
         ctx.mark_non_differentiable(losses, agree)
@@ -106,11 +110,12 @@ class _BlockLoss(torch.autograd.Function):
         (grad_hidden,) = ctx.saved_tensors
         if grad_hidden is not None:
             grad_hidden = grad_hidden * grad_total.to(grad_hidden.dtype)
-        return grad_hidden, None, None, None, None, None, None
+        return grad_hidden, None, None, None, None, None, None, None
 
 
 def block_loss(hidden: Tensor, head: Tensor, target: Tensor, weights: Tensor,
-               soft_kl: float = 0.0, chunk: int = 2048) -> tuple[Tensor, Tensor, Tensor]:
+               soft_kl: float = 0.0, chunk: int = 2048,
+               head_fp8: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """hidden [P, H] (the drafter's, after its final norm) through head [V, H], scored
     against the verifier at the same positions: its final hidden states target [P, H]
     (through the same head), or, without the soft KL, its tokens target [P] (long; what
@@ -118,7 +123,9 @@ def block_loss(hidden: Tensor, head: Tensor, target: Tensor, weights: Tensor,
 
     Returns Σ_p weights[p] · loss_p (differentiable in hidden), the losses [P] (float32,
     float64 for float64 inputs; not differentiable) and agree [P] (the drafter's argmax
-    is the verifier's). Never holds more than a few chunk × V matrices.
+    is the verifier's). Never holds more than a few chunk × V matrices. head_fp8: the
+    head as fp8.frozen_to_fp8 makes it (`train --fp8`): the gradient for hidden is then an
+    fp8 matmul; the logits stay in hidden's dtype.
     """
     if chunk <= 0:
         raise ValueError(f"loss chunk must be positive, got {chunk}")
@@ -130,4 +137,4 @@ def block_loss(hidden: Tensor, head: Tensor, target: Tensor, weights: Tensor,
         raise ValueError("the soft KL needs the verifier's hidden states, not its tokens")
     with torch.autocast(hidden.device.type, enabled=False):
         return _BlockLoss.apply(hidden, head, target, weights, float(soft_kl), chunk,
-                                torch.is_grad_enabled())
+                                torch.is_grad_enabled(), head_fp8)
