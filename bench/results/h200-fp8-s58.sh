@@ -4,9 +4,10 @@
 #   eagle3 (~330 s): fp8's GPU tests (the MLP; both drafters, every projection in fp8),
 #     then EAGLE-3 llama3-8b 8192 x TTT 5 (head frozen): --fp8, bf16 and speculators 0.9.0
 #     in one call, each profiled;
-#   dflash (~500 s): DFlash Qwen3-8B 8192, the verifier's tokens made in the step
-#     (speculators' work): trackside --fp8 first, then speculators (its cold first step
-#     took 239 s on an H100), each profiled;
+#   dflash (~520 s): fp8's GPU tests (session 58: every weight cast in one call, the loss's
+#     gradient through DFlash's head in fp8), then DFlash Qwen3-8B 8192, the verifier's
+#     tokens made in the step (speculators' work): trackside --fp8 first, then speculators
+#     (its cold first step took 239 s on an H100), each profiled;
 #   freshbox (~300 s): DFlash's fresh box, its compiled set back as compiled-dflash.tgz,
 #     to commit under training/compiled/<target>/ and name in package-data.
 # One tarball back per part. From the tree's root: bash bench/results/h200-fp8-s58.sh PART
@@ -25,7 +26,9 @@ dflash)
   # trackside --fp8 (as extracted, then with the tokens made in the step) and speculators in
   # one run of the bench, trackside first. DFlash's bf16 step is left out for the call's
   # time (session 57's cold fp8 child alone ran past 100 s for its two passes).
-  OUT=/tmp/o timeout 575 python3 bench/dflash_step.py --trainers trackside speculators --tokens-in-step \
+  timeout 100 python3 -m pytest -m gpu -p no:cacheprovider -o addopts= -q tests/training/test_fp8.py \
+    2>&1 | tail -15 | tee /tmp/o/fp8-gpu-tests.log
+  OUT=/tmp/o timeout 470 python3 bench/dflash_step.py --trainers trackside speculators --tokens-in-step \
     --fp8 --steps 8 --warmup 2 --timeout 420 --profile 40 2>&1 | tee /tmp/o/dflash.log | tail -6 ;;
 freshbox)
   OUT=/tmp/o timeout 300 python3 bench/fresh_box.py --drafters dflash 2>&1 | tail -30 ;;
