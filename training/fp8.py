@@ -14,6 +14,7 @@ and the token dimension, summed only by the weight's gradient, is padded with ze
 """
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -92,6 +93,20 @@ def frozen_to_fp8(weight: Tensor) -> tuple[Tensor, Tensor]:
     return values.t().contiguous().to(E4M3), inverse
 
 
+class FrozenFp8:
+    """frozen_to_fp8 of a frozen weight (a verifier's head), made once for each weight
+    tensor it is given: a cast each step would cost a pass over the weight."""
+
+    def __init__(self):
+        self._made_from, self._made = (lambda: None), None
+
+    def __call__(self, weight: Tensor) -> tuple[Tensor, Tensor]:
+        if self._made_from() is not weight:
+            self._made = frozen_to_fp8(weight)
+            self._made_from = weakref.ref(weight)
+        return self._made
+
+
 @cuda_compiled(dynamic=False)
 def weights_to_fp8(groups: list[tuple[Tensor, ...]]) -> list[tuple[Tensor, Tensor, Tensor]]:
     """Each group of weights [out_i x in], stacked along out, in e4m3 at one scale for the
@@ -144,6 +159,14 @@ def linear_backward(grad: Tensor, x_t: Tensor, x_inverse: Tensor, w_t: Tensor,
     g, g_t, g_inverse = to_fp8(grad, E5M2)
     grad_x = matmul(g, g_inverse, w_t, w_inverse, dtypes[0])
     return grad_x, matmul(g_t, g_inverse, x_t, x_inverse, dtypes[1])
+
+
+def frozen_input_grad(grad: Tensor, frozen: tuple[Tensor, Tensor], dtype: torch.dtype
+                      ) -> Tensor:
+    """grad [rows x out] @ W in dtype, as an fp8 matmul (grad in e5m2), for a frozen W as
+    frozen_to_fp8 made it: the input's gradient, all a frozen weight takes."""
+    g, g_inverse = rows_to_fp8(grad, E5M2)
+    return matmul(g, g_inverse, *frozen, dtype)
 
 
 class Fp8Linear(torch.autograd.Function):

@@ -169,19 +169,25 @@ def assert_within_fp8s_rounding(loss, want, model, model64):
             assert relative_error(p.grad, p64.grad) < 2 * GRADIENT, name
 
 
+@pytest.mark.parametrize("frozen_head", [False, True])
 def test_eagle3_in_fp8_is_its_float64_twin_within_fp8s_rounding(drafter, make_sample,
-                                                                cublas_checked):
-    """Every projection of the layer in fp8, over a TTT unroll: the losses and every
-    weight's gradient, each matmul's operands as cuBLAS takes them."""
+                                                                cublas_checked, frozen_head):
+    """Every projection of the layer in fp8, over a TTT unroll (and a frozen head's
+    gradient): the losses and every weight's gradient, each matmul's operands as cuBLAS
+    takes them."""
     in_fp8 = fp8_twin(drafter, lambda fp8: Eagle3Drafter(drafter.cfg, fp8))
+    if frozen_head:
+        drafter.freeze_lm_head()
+        in_fp8.freeze_lm_head()
     batch = collate([[make_sample(77, seed=2)]], 77)
     want = drafter(batch, ttt_steps=3)
     want.loss.backward()
     batch.aux_hidden, batch.final_hidden = batch.aux_hidden.float(), batch.final_hidden.float()
     out = in_fp8(batch, ttt_steps=3)
     out.loss.backward()
-    # 3 steps x (q, k and v; o; gate and up; down), each forward and two gradients
-    assert len(cublas_checked) == 3 * 4 * 3
+    # 3 steps x (q, k and v; o; gate and up; down), each forward and two gradients, and
+    # a frozen head's gradient, each step's one chunk
+    assert len(cublas_checked) == 3 * 4 * 3 + 3 * frozen_head
     assert_within_fp8s_rounding(out.loss, want.loss.detach(), in_fp8, drafter)
 
 
@@ -200,11 +206,17 @@ def test_eagle3_in_fp8_recomputed_in_backward_takes_the_same_gradients(make_samp
 
 
 @pytest.mark.gpu
-def test_eagle3_in_fp8_on_cuda_under_autocast_is_its_float64_twin(drafter, make_sample):
+@pytest.mark.parametrize("frozen_head", [False, True])
+def test_eagle3_in_fp8_on_cuda_under_autocast_is_its_float64_twin(drafter, make_sample,
+                                                                  frozen_head):
     """cuBLAS's fp8 matmuls, the compiled casts and rotary embedding of q and k as views of
     the stacked projection, flex_attention reading v, as a step runs them (bf16 autocast,
-    the Triton loss), a row of tokens that is not a multiple of 16."""
+    the Triton loss, a frozen head's gradient), a row of tokens that is not a multiple of
+    16."""
     in_fp8 = fp8_twin(drafter, lambda fp8: Eagle3Drafter(drafter.cfg, fp8)).cuda()
+    if frozen_head:
+        drafter.freeze_lm_head()
+        in_fp8.freeze_lm_head()
     batch = collate([[make_sample(999, seed=2)]], 999)
     want = drafter(batch, ttt_steps=3)
     want.loss.backward()
@@ -257,17 +269,14 @@ def test_dflash_in_fp8_is_its_float64_twin_within_fp8s_rounding(cublas_checked):
     assert_within_fp8s_rounding(out.total, want.total.detach(), in_fp8, drafter)
 
 
-def test_dflash_casts_its_frozen_head_once_for_each_head_it_is_given():
-    cfg = DFLASH_PRESETS["tiny"]
-    drafter = DFlashDrafter(cfg, fp8=True)
-    heads = [torch.randn(cfg.vocab_size, cfg.hidden_size) for _ in range(2)]
-    drafter.load_verifier(torch.zeros_like(heads[0]), heads[0])
-    first = drafter.head_fp8()
-    assert drafter.head_fp8() is first  # the next step's: the same, not cast again
-    want = fp8.frozen_to_fp8(heads[0])
-    assert all(torch.equal(a.float(), b.float()) for a, b in zip(first, want))
-    drafter.load_verifier(torch.zeros_like(heads[1]), heads[1])
-    again = drafter.head_fp8()
+def test_a_frozen_head_is_cast_once_for_each_head_tensor_it_is_given():
+    heads = [torch.randn(96, 64) for _ in range(2)]
+    cast = fp8.FrozenFp8()
+    first = cast(heads[0])
+    assert cast(heads[0]) is first  # the next step's: the same, not cast again
+    assert all(torch.equal(a.float(), b.float())
+               for a, b in zip(first, fp8.frozen_to_fp8(heads[0])))
+    again = cast(heads[1])  # a new head (load_verifier): cast anew
     assert torch.equal(again[0].float(), fp8.frozen_to_fp8(heads[1])[0].float())
     assert not torch.equal(again[0].float(), first[0].float())
 

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from training.flex import at_least_float32
-from training.fp8 import E5M2, matmul, rows_to_fp8
+from training.fp8 import frozen_input_grad
 
 
 def _row_dot(a: Tensor, b: Tensor) -> Tensor:
@@ -98,8 +98,7 @@ class _BlockLoss(torch.autograd.Function):
             if want_grad and head_fp8 is None:
                 torch.mm(grad_z, w, out=grad_hidden[c])
             elif want_grad:  # an input gradient in fp8, as --fp8 makes every other
-                g, g_inverse = rows_to_fp8(grad_z, E5M2)
-                grad_hidden[c] = matmul(g, g_inverse, *head_fp8, hidden.dtype)
+                grad_hidden[c] = frozen_input_grad(grad_z, head_fp8, hidden.dtype)
             del grad_z  # before the next chunk's logits are made
         ctx.save_for_backward(grad_hidden)
         ctx.mark_non_differentiable(losses, agree)

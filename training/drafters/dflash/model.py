@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +23,7 @@ from training.config import DFlashConfig
 from training.drafters.dflash.anchors import sample_anchors
 from training.drafters.dflash.loss import block_loss, verifier_tokens
 from training.drafters.dflash.mask import BlockLayout, block_attention
-from training.fp8 import Fp8Weight, fp8_linear, fp8_weights, frozen_to_fp8
+from training.fp8 import Fp8Weight, FrozenFp8, fp8_linear, fp8_weights
 from training.layers import MLP, RMSNorm, rope, rotary_tables
 from training.packing import PackedBatch
 
@@ -123,7 +122,7 @@ class DFlashDrafter(nn.Module):
         # drafter's own weights only.
         self.register_buffer("embed_tokens", torch.zeros(cfg.vocab_size, H), persistent=False)
         self.register_buffer("lm_head", torch.zeros(cfg.vocab_size, H), persistent=False)
-        self._head_fp8 = (lambda: None), None  # (the head it was made from, head_fp8())
+        self.head_fp8 = FrozenFp8()  # the head as the loss's fp8 gradient reads it
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=0.02)
@@ -139,16 +138,6 @@ class DFlashDrafter(nn.Module):
         device = self.fc.weight.device
         self.embed_tokens = embed_tokens.to(device)
         self.lm_head = lm_head.to(device)
-
-    def head_fp8(self) -> tuple[Tensor, Tensor]:
-        """The verifier's head as the loss's fp8 gradient matmul reads it
-        (fp8.frozen_to_fp8), made once for each head the drafter is given: the head is
-        frozen, and a cast each step would cost a pass over the vocabulary's weights."""
-        made_from, made = self._head_fp8
-        if made_from() is not self.lm_head:
-            made = frozen_to_fp8(self.lm_head)
-            self._head_fp8 = weakref.ref(self.lm_head), made
-        return made
 
     def fp8_weights(self) -> list[tuple | None]:
         """Each layer's weights as its fp8 matmuls read them (its attention's, its MLP's),
@@ -218,7 +207,7 @@ class DFlashDrafter(nn.Module):
 
         total, losses, agree = block_loss(
             self.norm(x.flatten(0, 1).index_select(0, draft_rows)), self.lm_head, target,
-            weights, soft_kl, loss_chunk, self.head_fp8() if self.fp8 else None)
+            weights, soft_kl, loss_chunk, self.head_fp8(self.lm_head) if self.fp8 else None)
         return BlockLosses(total, losses, agree, offset, counts)
 
 

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from training.compiled import cuda_compiled
+from training.fp8 import frozen_input_grad
 
 
 def _loss_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -96,7 +97,7 @@ class _HeadSoftCrossEntropy(torch.autograd.Function):
     backward scales."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, probs, target_rows, chunk, grad_enabled):
+    def forward(ctx, hidden, weight, probs, target_rows, chunk, grad_enabled, weight_fp8):
         w = weight.to(hidden.dtype)
         want_hidden = grad_enabled and ctx.needs_input_grad[0]
         want_weight = grad_enabled and ctx.needs_input_grad[1]
@@ -115,8 +116,10 @@ class _HeadSoftCrossEntropy(torch.autograd.Function):
                 hidden[c] @ w.T, probs, target_rows[c], want_hidden or want_weight)
             if grad_logits is None:
                 continue
-            if want_hidden:
+            if want_hidden and weight_fp8 is None:
                 torch.mm(grad_logits, w, out=grad_hidden[c])
+            elif want_hidden:  # an input gradient in fp8, as --fp8 makes every other
+                grad_hidden[c] = frozen_input_grad(grad_logits, weight_fp8, hidden.dtype)
             if want_weight:
                 _accumulate_product(grad_weight, grad_logits.T, hidden[c], first=s == 0)
         ctx.save_for_backward(grad_hidden, grad_weight)
@@ -131,11 +134,12 @@ class _HeadSoftCrossEntropy(torch.autograd.Function):
             grad_hidden = grad_hidden * grad_total.to(grad_hidden.dtype)
         if grad_weight is not None:
             grad_weight = (grad_weight * grad_total).to(ctx.weight_dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def soft_cross_entropy(hidden: Tensor, weight: Tensor, targets: Targets, target_rows: Tensor,
-                       chunk: int = 2048) -> tuple[Tensor, Tensor, Tensor]:
+                       chunk: int = 2048, weight_fp8: tuple[Tensor, Tensor] | None = None
+                       ) -> tuple[Tensor, Tensor, Tensor]:
     """Soft cross-entropy between the drafter's and the verifier's distributions.
 
     hidden [P, H] and weight [V, H] give the drafter's logits; position p is scored
@@ -145,12 +149,17 @@ def soft_cross_entropy(hidden: Tensor, weight: Tensor, targets: Targets, target_
     the per-position losses [P] (float32, or float64 for float64 inputs; not
     differentiable) and agree [P] bool (the two argmaxes coincide). Never holds more
     than a few chunk x V matrices besides the targets and the gradients it returns.
+    weight_fp8: a frozen weight as fp8.frozen_to_fp8 makes it (`train --fp8`): the gradient
+    for hidden is then an fp8 matmul; the logits stay in hidden's dtype.
     """
     if chunk <= 0:
         raise ValueError(f"loss chunk must be positive, got {chunk}")
     if targets.probs.requires_grad:
         raise ValueError("the target side of soft_cross_entropy takes no gradient")
+    if weight_fp8 is not None and weight.requires_grad:
+        raise ValueError("an fp8 copy of the head is for a frozen head: this one trains")
     with torch.autocast(hidden.device.type, enabled=False):
         total, losses, logits_argmax = _HeadSoftCrossEntropy.apply(
-            hidden, weight, targets.probs, target_rows, chunk, torch.is_grad_enabled())
+            hidden, weight, targets.probs, target_rows, chunk, torch.is_grad_enabled(),
+            weight_fp8)
     return total, losses, logits_argmax == targets.argmax[target_rows]

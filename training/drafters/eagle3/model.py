@@ -16,7 +16,7 @@ from training.config import DrafterConfig
 from training.drafters.eagle3.attention import DocLayout, ttt_attention
 from training.drafters.eagle3.loss import soft_cross_entropy, verifier_targets
 from training.flex import at_least_float32
-from training.fp8 import Fp8Weight, fp8_linear, fp8_weights
+from training.fp8 import Fp8Weight, FrozenFp8, fp8_linear, fp8_weights
 from training.layers import MLP, RMSNorm, normalise, rope, rotary_tables
 from training.packing import PackedBatch
 from training.params import PARAMS
@@ -139,9 +139,10 @@ def _shift(x: Tensor, s: int, fill) -> Tensor:
 
 class Eagle3Drafter(nn.Module):
     def __init__(self, cfg: DrafterConfig, fp8: bool = False):
-        """fp8: the layer's matmuls in fp8 (training/fp8.py)."""
+        """fp8: the layer's matmuls in fp8 (training/fp8.py), and a frozen head's gradient."""
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.fp8 = cfg, fp8
+        self.head_fp8 = FrozenFp8()  # a frozen head as the loss's fp8 gradient reads it
         H = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
         self.embed_tokens.weight.requires_grad_(False)
@@ -221,6 +222,9 @@ class Eagle3Drafter(nn.Module):
                                    loss_chunk)
 
         weights = self.midlayer.unroll_weights()
+        head = self.lm_head.weight
+        # a frozen head in fp8 for its input's gradient, the one matmul it takes in backward
+        head_fp8 = self.head_fp8(head) if self.fp8 and not head.requires_grad else None
 
         def ttt_step(tokens, hidden, rotary, *earlier_kv):
             # The earlier keys and values as arguments of their own, not a list: a
@@ -257,8 +261,8 @@ class Eagle3Drafter(nn.Module):
             # "The loss's chunk pass in Triton, three copies gone").
             flat = rows * L + cols
             total, losses, agree = soft_cross_entropy(
-                self.norm(hidden.flatten(0, 1).index_select(0, flat)), self.lm_head.weight,
-                targets, flat + s, loss_chunk)
+                self.norm(hidden.flatten(0, 1).index_select(0, flat)), head, targets,
+                flat + s, loss_chunk, head_fp8)
             results.append(StepLoss(total, losses, agree, index))
         return results
 
