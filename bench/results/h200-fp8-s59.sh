@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Issue 45 items 2-4 on the H200, written in session 58 (whose one machine was an H100, its
+# device time spent on DFlash: h200-fp8-s58.sh dflash) for the next: three parts, one
+# call each (a machine taken back loses one).
+#   eagle3 (~530 s): fp8's GPU tests (every weight cast in one call; a frozen head's
+#     gradient in fp8: neither has run on a GPU in full yet), then EAGLE-3 llama3-8b
+#     8192 x TTT 5 (head frozen): --fp8, bf16 and speculators 0.9.0 in one call, each
+#     profiled;
+#   dflash (~500 s): DFlash Qwen3-8B 8192, the verifier's tokens made in the step
+#     (speculators' work): trackside --fp8 first, then speculators (its cold first step
+#     took 307 s on an H100 in session 58), each profiled;
+#   freshbox (~300 s): DFlash's fresh box, its compiled set back as compiled-dflash.tgz,
+#     to commit under training/compiled/<target>/ and name in package-data.
+# Each part writes into $OUT as it goes: a call cut at its limit still brings back what ran.
+# From the tree's root: bash bench/results/h200-fp8-s59.sh PART
+set -uo pipefail
+part=${1:?eagle3, dflash or freshbox}
+source bench/device_wheels.sh || exit 1
+nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee $OUT/card.txt
+case $part in
+eagle3)
+  timeout 180 python3 -m pytest -m gpu -p no:cacheprovider -o addopts= -v tests/training/test_fp8.py \
+    > $OUT/fp8-gpu-tests.log 2>&1; tail -8 $OUT/fp8-gpu-tests.log
+  timeout 380 python3 bench/train_step.py --cells llama3-8b:8192:5 --repeats 1 \
+    --trainers trackside+frozen+fp8 trackside+frozen speculators --profile 40 --timeout 200 \
+    2>&1 | tee $OUT/eagle3.log | tail -12 ;;
+dflash)
+  timeout 570 python3 bench/dflash_step.py --trainers trackside speculators --tokens-in-step \
+    --fp8 --steps 8 --warmup 2 --timeout 400 --profile 40 2>&1 | tee $OUT/dflash.log | tail -6 ;;
+freshbox)
+  timeout 300 python3 bench/fresh_box.py --drafters dflash 2>&1 | tail -30 ;;
+esac
+echo "done at ${SECONDS} s"
+ls -la $OUT
