@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from training.drafters.dflash import memory as dflash_memory
 from training.drafters.eagle3 import memory
 from training.drafters.measured import shape_from_start
+from training.memory.measured import unmodelled_fp8
 from training.params import count_recomputed
 from tui.state import RunState
 
@@ -51,8 +52,8 @@ class Basis:
 def no_memory_model(basis: Basis, params: dict) -> str:
     """Why the edit (params, the run's with the changes) has no predicted peak, in words of
     ours (the start event is anyone's)."""
-    if params.get("fp8"):
-        return "the memory model does not describe fp8 runs (--fp8)"
+    if unmodelled_fp8(params):
+        return unmodelled_fp8(params)
     if not basis.start:
         return "no start event yet: predicted once the run has started"
     config = basis.start.get("config")
@@ -98,7 +99,7 @@ def _memory(basis: Basis, params: dict, gpu_mem_gib: float | None
             ) -> tuple[float | None, int | None, int | None, int | None]:
     """Predicted peak (GiB reserved), then for EAGLE-3 the largest max_seq_len and fewest
     TTT steps recomputed that fit, for DFlash the largest max_anchors."""
-    if not basis.start or params.get("fp8"):
+    if not basis.start or unmodelled_fp8(params):
         return None, None, None, None
     try:
         cfg, shape = shape_from_start(basis.start)

@@ -35,6 +35,13 @@ def start_and_peak(run_dir: str | Path) -> tuple[dict, float]:
     return start, max(peaks)
 
 
+def unmodelled_fp8(settings: dict) -> str | None:
+    """Why a run of these settings (a start event's config, or an edit's params: both name
+    it `fp8`) has no memory model, or None: an fp8 run's layers keep fp8 inputs and fp8
+    copies of their weights, which the model's terms do not describe."""
+    return "the memory model does not describe fp8 runs (--fp8)" if settings.get("fp8") else None
+
+
 def start_config(start: dict) -> dict:
     """The run's config from its start event (ValueError if it is not a table, or the run
     did not train on a GPU in bf16)."""
@@ -44,9 +51,8 @@ def start_config(start: dict) -> dict:
     if config.get("device", "cuda") != "cuda":
         raise ValueError(f"the run trained on {config['device']}: its peak_mem_gib is the "
                          "process's resident set, not GPU memory")
-    if config.get("fp8"):  # its layers keep fp8 inputs and fp8 copies of their weights
-        raise ValueError("the run's layers ran in fp8 (--fp8), which the memory model does not "
-                         "model")
+    if unmodelled_fp8(config):
+        raise ValueError(unmodelled_fp8(config))
     return config
 
 
