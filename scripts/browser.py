@@ -131,7 +131,8 @@ class Browser:
         id_ = next(self.ids)
         future = self.pending[id_] = asyncio.get_running_loop().create_future()
         await self.ws.send_json({"id": id_, "method": method, "params": params})
-        answer = await asyncio.wait_for(future, 30)
+        async with asyncio.timeout(30):
+            answer = await future
         if "error" in answer:
             raise RuntimeError(f"{method}: {answer['error']}")
         return answer.get("result", {})

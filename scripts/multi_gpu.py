@@ -165,8 +165,9 @@ async def train(host, plan: Plan, run: TrainRun, timeout: float) -> TrainRun:
                     if p.gpu_index is not None and p.used_mib:
                         run.driver_peak_mib[p.gpu_index] = max(p.used_mib, run.driver_peak_mib.get(p.gpu_index, 0))
                 try:
-                    await asyncio.wait_for(proc.wait(), SAMPLE_S)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(SAMPLE_S):
+                        await proc.wait()
+                except TimeoutError:
                     pass
         finally:
             if proc.returncode is None:  # over time: the whole tree (torchrun's workers setsid)
@@ -261,7 +262,8 @@ async def start_bystander(plan: Plan) -> subprocess.Popen:
         env["CUDA_VISIBLE_DEVICES"] = str(plan.bystander_gpu)
         code = BYSTANDER_GPU.format(mib=BYSTANDER_MIB)
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
-    line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 120)
+    async with asyncio.timeout(120):
+        line = await asyncio.to_thread(proc.stdout.readline)
     if line.strip() != "ready":
         proc.kill()
         raise RuntimeError(f"the bystander did not start: {line!r}")

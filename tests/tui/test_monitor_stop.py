@@ -85,7 +85,7 @@ async def test_the_dashboard_quits_while_its_hosts_commands_leave_a_child_holdin
 def test_nothing_bounds_an_await_with_asyncio_wait_for():
     """The class, not the places: `asyncio.timeout` keeps the stop (why: LocalHost.run)."""
     found = []
-    for folder in ("tui", "backends", "training"):
+    for folder in ("tui", "backends", "training", "scripts", "bench"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.Attribute) and node.attr == "wait_for" and getattr(node.value, "id", None) == "asyncio":
