@@ -1,21 +1,15 @@
 """bench/operator_loop.py's flow on the CPU (`--smoke`), so the H200's call finds it whole:
 R afresh, the CLI's kill and `relaunch --resume`, R with c, each run at the step it should."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.bench_runs import run_bench
 
 
 @pytest.mark.slow
 def test_the_operator_loop_resumes_each_relaunch_where_its_parent_stopped(tmp_path):
-    done = subprocess.run([sys.executable, "bench/operator_loop.py", "--drafter", "eagle3", "--smoke"], cwd=REPO,
-                          env={**os.environ, "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_bench("operator_loop.py", "--drafter", "eagle3", "--smoke", out=tmp_path, timeout=600)
     result = json.loads((tmp_path / "operator_loop_eagle3.json").read_text())
     r, resumed, rc = result["R"], result["resumed"], result["R_resume"]
     # R: started as the SIGTERM went out, it waited for the stopping run.

@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench_runs import run_bench
+
 HAS_SPECULATORS = importlib.util.find_spec("speculators") is not None
 
 
 def bench(tmp_path: Path, *args: str) -> dict:
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "dflash_step.py"), "--smoke",
-                           *args], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OUT=str(out)))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_bench("dflash_step.py", "--smoke", *args, out=out, timeout=300)
     return json.loads((out / "dflash_step.json").read_text())
 
 

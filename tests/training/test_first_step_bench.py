@@ -1,24 +1,18 @@
 import json
-import os
 import pstats
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.bench_runs import run_bench
 
 
 @pytest.mark.slow
 def test_launches_at_each_length_report_their_first_step_and_keep_the_profile(tmp_path):
-    env = {**os.environ, "OUT": str(tmp_path),
-           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # no kernels yet: cold
-    done = subprocess.run([sys.executable, "bench/first_step.py", "--preset", "tiny",
-                           "--lengths", "256", "384", "--device", "cpu", "--samples", "8",
-                           "--profile", "384"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    run_bench("first_step.py", "--preset", "tiny", "--lengths", "256", "384", "--device", "cpu",
+              "--samples", "8", "--profile", "384", out=tmp_path, timeout=300,
+              env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})  # no kernels yet: cold
     rows = json.loads((tmp_path / "first_step.json").read_text())
     assert [(r["max_seq_len"], r["cache"], r["exit"]) for r in rows] == [
         (256, "cold", 0), (384, "new length", 0)]

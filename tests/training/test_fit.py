@@ -16,6 +16,7 @@ from training.drafters.eagle3 import fit as eagle3_fit
 from training.drafters.eagle3 import probe
 from training.drafters.eagle3 import memory
 from training.drafters.eagle3.memory import GiB, Calibration, StepShape
+from tests.bench_runs import run_bench
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -328,10 +329,7 @@ def test_random_batch_shapes():
 
 @pytest.mark.slow
 def test_bench_smoke_writes_its_report(tmp_path):
-    env = {**os.environ, "OUT": str(tmp_path)}
-    done = subprocess.run([sys.executable, "bench/memory_probe.py", "--smoke"], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr
+    run_bench("memory_probe.py", "--smoke", out=tmp_path, timeout=240)
     text = (tmp_path / "memory.md").read_text()
     assert "| tiny |" in text and "largest fitting" in text
     results = json.loads((tmp_path / "memory.json").read_text())

@@ -1,18 +1,11 @@
 """bench/islands.py on the CPU: every island runs, eagerly, at the tiny preset's shapes."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.bench_runs import run_bench
 
 
 def test_smoke_times_every_island_and_writes_its_report(tmp_path):
-    done = subprocess.run([sys.executable, "bench/islands.py", "--smoke"], cwd=REPO,
-                          env={**os.environ, "OUT": str(tmp_path)}, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    run_bench("islands.py", "--smoke", out=tmp_path, timeout=120)
     report = json.loads((tmp_path / "islands.json").read_text())
     names = [row["island"] for row in report["rows"]]
     assert len(names) == 9 and len(set(names)) == 9

@@ -9,6 +9,7 @@ import pytest
 from bench.train_step import (idle_gaps, kernel_kind, kernel_summary, model_flops,
                               sample_lengths)
 from training.config import DrafterConfig
+from tests.bench_runs import run_bench
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,11 +78,8 @@ def test_idle_gaps_lists_the_longest_first_with_their_neighbours_and_cpu_ops():
 
 @pytest.mark.slow
 def test_smoke_runs_both_trackside_modes_and_writes_its_report(tmp_path):
-    done = subprocess.run([sys.executable, "bench/train_step.py", "--smoke", "--trainers",
-                           "trackside", "trackside+ckpt"], cwd=REPO,
-                          env={**os.environ, "OUT": str(tmp_path)}, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    run_bench("train_step.py", "--smoke", "--trainers", "trackside", "trackside+ckpt",
+              out=tmp_path, timeout=300)
     report = json.loads((tmp_path / "train_step.json").read_text())
     results = {r["trainer"]: r for r in report["results"]}
     assert set(results) == {"trackside", "trackside+ckpt"}
