@@ -39,6 +39,7 @@ NEWEST = 8  # sets loaded from each folder, the newest first; older ones are rem
 # A set is xz-compressed: mostly generated source and PTX, it shrinks ~15× at preset 1, in
 # a third of a second, so the package can carry sets within the shipping cap.
 SUFFIX = ".xz"
+LEGACY_SUFFIX = ".bin"  # the sets' suffix before they were compressed; `keep` removes them
 
 _keep_in: Path | None = None  # the runs root's folder for this target, set by `load`
 _loaded: frozenset = frozenset()  # every artifact `load` read, so a set already there is not written again
@@ -164,8 +165,8 @@ def load_meanwhile(runs_root: Path) -> None:
 def keep() -> str | None:
     """Write what this process compiled or found cached, as one set in the runs root's
     folder for the next launch (written whole, then renamed into place), and remove the
-    sets past the newest NEWEST; a line saying so, or None where nothing is new (or `load`
-    was not called)."""
+    sets past the newest NEWEST and any left in the format before; a line saying so, or
+    None where nothing is new (or `load` was not called)."""
     global _loaded
     if _keep_in is None:
         return None
@@ -191,6 +192,9 @@ def keep() -> str | None:
         os.replace(temporary, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
         for _, old, _ in _sets(dirfd)[NEWEST:]:
             os.unlink(old, dir_fd=dirfd)
+        for old in os.listdir(dirfd):  # sets in the format before xz: never loaded now
+            if old.endswith(LEGACY_SUFFIX) and not old.startswith("."):
+                os.unlink(old, dir_fd=dirfd)
     except OSError as exc:
         try:
             os.unlink(temporary, dir_fd=dirfd)

@@ -103,6 +103,23 @@ def test_a_set_kept_by_code_at_one_path_serves_the_same_code_at_another(tmp_path
     assert again["autograd_hits"] == 1 and again["misses"] == 0 and again["kept"] is None
 
 
+def test_a_launch_that_keeps_a_set_removes_those_of_the_format_before(tmp_path):
+    """Sets kept uncompressed (.bin) by earlier versions are never loaded: the next set
+    kept removes them, a link among them as a link (what it points to stays)."""
+    import torch
+    from training.compile_cache import target
+    folder = tmp_path / "runs" / "compiled" / target(torch.device("cpu"))
+    folder.mkdir(parents=True, mode=0o700)
+    (tmp_path / "runs" / "compiled").chmod(0o700)
+    (folder / "0123456789abcdef.bin").write_bytes(b"old set")
+    elsewhere = tmp_path / "elsewhere.bin"
+    elsewhere.write_bytes(b"not ours")
+    (folder / "fedcba9876543210.bin").symlink_to(elsewhere)
+    first = launch(tmp_path / "cold", tmp_path / "runs")
+    assert first["kept"] and [p.suffix for p in folder.iterdir()] == [".xz"]
+    assert elsewhere.read_bytes() == b"not ours"
+
+
 TAMPERS = ("group-writable", "someone else's", "a link", "folder a link")
 
 
