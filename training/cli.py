@@ -95,7 +95,8 @@ def train_parser() -> argparse.ArgumentParser:
                    "never applied; stop after N in a row (exit 4; default %(default)s)")
     p.add_argument("--export", type=Path, help="export the final drafter here")
     add_param_flag(p, "fp8",
-                   help="the layers' projections in fp8 with per-tensor scaling (H100/H200 and newer)")
+                   help="the layers' projections, and the gradient through a frozen head, in fp8 with "
+                        "per-tensor scaling (H100/H200 and newer)")
     drafters.add_flags(p, "train")
     return p
 

@@ -94,16 +94,24 @@ def frozen_to_fp8(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class FrozenFp8:
-    """frozen_to_fp8 of a frozen weight (a verifier's head), made once for each weight
-    tensor it is given: a cast each step would cost a pass over the weight."""
+    """frozen_to_fp8 of a frozen weight (a verifier's head), made once for each weight it
+    is given, and again if that weight's values or place change (a device move swaps a
+    parameter's data, a checkpoint's load copies into it): a cast each step would cost a
+    pass over the weight."""
 
     def __init__(self):
-        self._made_from, self._made = (lambda: None), None
+        self._made_from, self._key, self._made = (lambda: None), None, None
 
-    def __call__(self, weight: Tensor) -> tuple[Tensor, Tensor]:
-        if self._made_from() is not weight:
+    def __call__(self, weight: Tensor) -> tuple[Tensor, Tensor] | None:
+        """None where cuBLAS cannot take the weight's out dimension (the matmul's summed
+        one: a vocabulary) as fp8: the gradient then stays in the activations' dtype."""
+        if weight.shape[0] % ALIGN:
+            return None
+        key = weight.data_ptr(), weight.device, weight.dtype, weight._version
+        if self._made_from() is not weight or self._key != key:
+            self._made = None  # not held beside the new copy
             self._made = frozen_to_fp8(weight)
-            self._made_from = weakref.ref(weight)
+            self._made_from, self._key = weakref.ref(weight), key
         return self._made
 
 

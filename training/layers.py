@@ -10,8 +10,8 @@ from torch import Tensor, nn
 from training.compiled import cuda_compiled
 from training.config import DFlashConfig, DrafterConfig
 from training.flex import at_least_float32
-from training.fp8 import (E4M3, Fp8Weight, fp8_linear, fp8_weights, linear_backward, matmul,
-                          scaled, transposed)
+from training.fp8 import (E4M3, Fp8Weight, fp8_linear, linear_backward, matmul, scaled,
+                          transposed)
 
 
 class RMSNorm(nn.Module):
@@ -76,23 +76,19 @@ class MLP(nn.Module):
         cast of its gradient), and down."""
         return [(self.gate_proj.weight, self.up_proj.weight), (self.down_proj.weight,)]
 
-    def unroll_weights(self) -> Tensor | tuple[Fp8Weight, ...]:
-        """The weights as forward reads them, made once for a whole TTT unroll.
-
-        bf16: down_proj's weight cast to autocast's dtype, as autocast does for the other
-        projections. Given the fp32 weight, SwiGLUDown (a Function: autocast's cache does
-        not reach its backward) would cast it again in every step's backward and hand back
-        an fp32 gradient per step to add: a [hidden x intermediate] copy per TTT step,
-        where one cast and one gradient serve the unroll (docs/benchmarks.md, "down_proj
-        cast once per unroll").
-        fp8: fp8_groups() with their fp8 copies, for the same reason."""
-        if self.fp8:
-            return fp8_weights([self.fp8_groups()])[0]
+    def unroll_weights(self) -> Tensor:
+        """bf16: down_proj's weight as forward reads it, made once for a whole TTT unroll:
+        cast to autocast's dtype, as autocast does for the other projections. Given the
+        fp32 weight, SwiGLUDown (a Function: autocast's cache does not reach its backward)
+        would cast it again in every step's backward and hand back an fp32 gradient per
+        step to add: a [hidden x intermediate] copy per TTT step, where one cast and one
+        gradient serve the unroll (docs/benchmarks.md, "down_proj cast once per unroll").
+        fp8 reads fp8_groups() through fp8_weights instead, made by the drafter with its
+        other projections' in one call."""
         return _as_read(self.down_proj.weight)
 
     def forward(self, x: Tensor, weights: Tensor | tuple[Fp8Weight, ...]) -> Tensor:
-        """weights: unroll_weights(), made once per unroll (or fp8_groups()' Fp8Weights,
-        made with other modules' in one call)."""
+        """weights: unroll_weights() in bf16; in fp8, fp8_groups()' Fp8Weights."""
         if self.fp8:
             gate_up, down = weights
             return SwiGLUDownFp8.apply(fp8_linear(x, gate_up), down, *down.parts)

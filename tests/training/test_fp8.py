@@ -62,6 +62,24 @@ def test_an_fp8_matmul_and_its_gradients_are_float64s_within_fp8s_rounding(
         assert 0.01 < relative_error(got, ref) < tolerance  # fp8's rounding, no more
 
 
+def test_weights_stacked_at_one_scale_are_float64s_within_fp8s_rounding():
+    """Stacked parts of magnitudes far apart (k and v, gate and up) share the group's one
+    scale: the matmul and each part's gradient against float64."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 45, 64, generator=g).requires_grad_()
+    parts = [(torch.randn(32, 64, generator=g) * s).requires_grad_() for s in (0.02, 30.0)]
+    grad = torch.randn(2, 45, 64, generator=g)
+    (w8,), = fp8_weights([[tuple(parts)]])
+    y = fp8_linear(x, w8)
+    y.backward(grad)
+    x64, *parts64 = (t.detach().double().requires_grad_() for t in (x, *parts))
+    want = x64 @ torch.cat(parts64).T
+    want.backward(grad.double())
+    assert relative_error(y, want) < FORWARD and relative_error(x.grad, x64.grad) < GRADIENT
+    for p, p64 in zip(parts, parts64):
+        assert p.grad.dtype == torch.float32 and relative_error(p.grad, p64.grad) < GRADIENT
+
+
 def float64_twin(mlp: MLP) -> MLP:
     twin = MLP(PRESETS["tiny"]).double()
     twin.load_state_dict(mlp.state_dict())
@@ -76,7 +94,7 @@ def test_the_mlp_in_fp8_is_the_mlp_within_fp8s_rounding_over_an_unroll():
     xs = [torch.randn(1, 50, 64, generator=g).requires_grad_() for _ in range(3)]
     grads = [torch.randn(1, 50, 64, generator=g) for _ in xs]
     # three TTT steps on the weights made once, as an unroll reads them
-    weights = mlp.unroll_weights()
+    (weights,) = fp8_weights([mlp.fp8_groups()])
     outs = [mlp(x, weights) for x in xs]
     torch.autograd.backward(outs, grads)
     twin_weights = twin.unroll_weights()
@@ -145,7 +163,8 @@ def cublas_checked(monkeypatch) -> list:
 def test_every_matmul_takes_the_operands_as_cublas_wants_them(tokens, cublas_checked):
     mlp = MLP(PRESETS["tiny"], fp8=True)
     x = torch.randn(1, tokens, 64, requires_grad=True)
-    mlp(x, mlp.unroll_weights()).sum().backward()
+    (weights,) = fp8_weights([mlp.fp8_groups()])
+    mlp(x, weights).sum().backward()
     # each of the two projections: forward, then the input's and the weight's gradients
     assert cublas_checked == [(fp8.E4M3, fp8.E4M3)] * 2 + [(fp8.E5M2, fp8.E4M3)] * 4
 
@@ -269,16 +288,23 @@ def test_dflash_in_fp8_is_its_float64_twin_within_fp8s_rounding(cublas_checked):
     assert_within_fp8s_rounding(out.total, want.total.detach(), in_fp8, drafter)
 
 
-def test_a_frozen_head_is_cast_once_for_each_head_tensor_it_is_given():
-    heads = [torch.randn(96, 64) for _ in range(2)]
+def test_a_frozen_head_is_cast_once_and_again_when_it_changes():
+    def same(made, weight) -> bool:
+        return all(torch.equal(a.float(), b.float())
+                   for a, b in zip(made, fp8.frozen_to_fp8(weight)))
+    head = torch.nn.Parameter(torch.randn(96, 64), requires_grad=False)
     cast = fp8.FrozenFp8()
-    first = cast(heads[0])
-    assert cast(heads[0]) is first  # the next step's: the same, not cast again
-    assert all(torch.equal(a.float(), b.float())
-               for a, b in zip(first, fp8.frozen_to_fp8(heads[0])))
-    again = cast(heads[1])  # a new head (load_verifier): cast anew
-    assert torch.equal(again[0].float(), fp8.frozen_to_fp8(heads[1])[0].float())
-    assert not torch.equal(again[0].float(), first[0].float())
+    first = cast(head)
+    assert cast(head) is first and same(first, head)  # the next step's: not cast again
+    with torch.no_grad():
+        head.mul_(10)  # as a checkpoint's load copies into it
+    assert same(cast(head), head) and not same(first, head)
+    head.data = head.data.double()  # as Module.to() swaps a parameter's data
+    assert cast(head)[0].shape == (64, 96) and same(cast(head), head)
+    other = torch.randn(96, 64)  # a new head (load_verifier)
+    assert same(cast(other), other)
+    # a vocabulary cuBLAS cannot sum over in fp8: the gradient stays in bf16
+    assert cast(torch.randn(100, 64)) is None
 
 
 @pytest.mark.slow
@@ -327,7 +353,8 @@ def test_the_mlp_in_fp8_on_cuda_under_autocast_is_the_mlp_within_fp8s_rounding()
     grad = torch.randn(2, 999, 64, device="cuda")
     xb = x.to(torch.bfloat16).requires_grad_()
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        out = mlp(xb, mlp.unroll_weights())
+        (weights,) = fp8_weights([mlp.fp8_groups()])
+        out = mlp(xb, weights)
     out.backward(grad.to(torch.bfloat16))
     x64 = xb.detach().double().requires_grad_()
     want = twin(x64, twin.unroll_weights())
@@ -399,8 +426,8 @@ def test_a_synthetic_dflash_run_in_fp8_runs_each_layers_mlp_in_fp8(tmp_path, cac
     steps = [e for e in events if e["event"] == "step"]
     assert len(steps) == 2 and all(e["loss"] > 0 for e in steps)
     layers = DFLASH_PRESETS["tiny"].num_layers
-    # one call per step, of each layer's q, k-and-v, o, gate-and-up, down
-    assert len(casts) == 2 and all(len(groups) == layers * 5 for groups in casts)
+    # one call per layer and step, of its q, k-and-v, o, gate-and-up, down
+    assert len(casts) == 2 * layers and all(len(groups) == 5 for groups in casts)
 
 
 def test_an_fp8_runs_peak_is_not_read_as_the_memory_models(tmp_path, cache, monkeypatch):

@@ -102,12 +102,14 @@ def test_fsdp_trains_as_ddp_over_two_ranks_and_resumes_at_one_under_the_other(ca
                                tmp_path / resumed / "checkpoints" / "step-3")
 
 
-def test_dflash_layers_shard_and_train_as_unsharded(cache, tmp_path):
-    # One process: FSDP's groups over a mesh of one, each draft layer its own.
+@pytest.mark.parametrize("fp8", [False, True])
+def test_dflash_layers_shard_and_train_as_unsharded(cache, tmp_path, fp8):
+    # One process: FSDP's groups over a mesh of one, each draft layer its own (in fp8 too,
+    # whose casts must read a layer's weights where FSDP has gathered them).
     for sharding in ("ddp", "fsdp"):
         assert main(["train", "--synthetic", "--drafter", "dflash", "--steps", "2",
                      "--max-seq-len", "128", "--save-every", "0", "--sharding", sharding,
-                     "--out", str(tmp_path / sharding)]) == 0
+                     *(["--fp8"] if fp8 else []), "--out", str(tmp_path / sharding)]) == 0
     assert losses(tmp_path / "fsdp") == pytest.approx(losses(tmp_path / "ddp"), rel=1e-5)
     assert_same_checkpoint(tmp_path / "ddp" / "checkpoints" / "step-2",
                            tmp_path / "fsdp" / "checkpoints" / "step-2")

@@ -84,10 +84,12 @@ class DFlashLayer(nn.Module):
         self.mlp = MLP(cfg, fp8)
 
     def forward(self, x: Tensor, context: Tensor, rotary: tuple[Tensor, Tensor],
-                layout: BlockLayout, weights: tuple | None) -> Tensor:
-        """weights: the attention's and the MLP's Fp8Weights (DFlashDrafter.fp8_weights), or
-        None in bf16."""
-        attn_weights, mlp_weights = weights or (None, self.mlp.unroll_weights())
+                layout: BlockLayout) -> Tensor:
+        # fp8: the layer's weights cast in one call, here, where FSDP has gathered them
+        # (each layer is a group of its own: training/drafters/dflash/step.py)
+        attn_weights, mlp_weights = (
+            fp8_weights([self.self_attn.fp8_groups(), self.mlp.fp8_groups()]) if self.mlp.fp8
+            else (None, self.mlp.unroll_weights()))
         x = x + self.self_attn(self.input_layernorm(x), context, rotary, layout, attn_weights)
         return x + self.mlp(self.post_attention_layernorm(x), mlp_weights)
 
@@ -110,7 +112,8 @@ class BlockLosses:
 
 class DFlashDrafter(nn.Module):
     def __init__(self, cfg: DFlashConfig, fp8: bool = False):
-        """fp8: the layers' matmuls in fp8 (training/fp8.py)."""
+        """fp8: the layers' matmuls in fp8 (training/fp8.py), and the loss's gradient
+        through the verifier's head."""
         super().__init__()
         self.cfg, self.fp8 = cfg, fp8
         H = cfg.hidden_size
@@ -138,15 +141,6 @@ class DFlashDrafter(nn.Module):
         device = self.fc.weight.device
         self.embed_tokens = embed_tokens.to(device)
         self.lm_head = lm_head.to(device)
-
-    def fp8_weights(self) -> list[tuple | None]:
-        """Each layer's weights as its fp8 matmuls read them (its attention's, its MLP's),
-        every layer's in one call a step; None for each in bf16."""
-        if not self.fp8:
-            return [None] * len(self.layers)
-        made = fp8_weights([m.fp8_groups() for layer in self.layers
-                            for m in (layer.self_attn, layer.mlp)])
-        return list(zip(made[::2], made[1::2]))
 
     def forward(self, batch: PackedBatch, context_hidden: Tensor, max_anchors: int,
                 gamma: float, soft_kl: float = 0.0, loss_chunk: int = 2048,
@@ -202,8 +196,8 @@ class DFlashDrafter(nn.Module):
                                cfg.head_dim, cfg.rope_theta,
                                at_least_float32(self.fc.weight.dtype))
         layout = BlockLayout(doc, anchors, bs)
-        for layer, fp8 in zip(self.layers, self.fp8_weights()):
-            x = layer(x, context, rotary, layout, fp8)
+        for layer in self.layers:
+            x = layer(x, context, rotary, layout)
 
         total, losses, agree = block_loss(
             self.norm(x.flatten(0, 1).index_select(0, draft_rows)), self.lm_head, target,

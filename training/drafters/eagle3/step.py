@@ -94,9 +94,9 @@ class Eagle3(Drafter):
         return drafter, Unroll(drafter)
 
     # own_groups: none. Its one layer is the root group's: it runs once per TTT step and
-    # model.py reads its down_proj weight before its forward (once per unroll), where a
-    # group of its own would not yet be gathered; and one layer is most of the drafter,
-    # gathered whole either way.
+    # model.py reads its weights before its forward, once per unroll (down_proj's in bf16,
+    # every projection's in fp8), where a group of its own would not yet be gathered; and
+    # one layer is most of the drafter, gathered whole either way.
 
     def forward_backward(self, step: nn.Module, batch: PackedBatch, loss_chunk: int,
                          world: int) -> tuple[list[StepLoss], list[float]]:
