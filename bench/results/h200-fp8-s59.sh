@@ -22,7 +22,7 @@ eagle3)
   timeout 180 python3 -m pytest -m gpu -p no:cacheprovider -o addopts= -v tests/training/test_fp8.py \
     > $OUT/fp8-gpu-tests.log 2>&1; tail -8 $OUT/fp8-gpu-tests.log
   timeout 380 python3 bench/train_step.py --cells llama3-8b:8192:5 --repeats 1 \
-    --trainers trackside+frozen+fp8 trackside+frozen speculators --profile 40 --timeout 200 \
+    --trainers trackside+frozen+fp8 trackside+frozen speculators --profile 40 --timeout 240 \
     2>&1 | tee $OUT/eagle3.log | tail -12 ;;
 dflash)
   # speculators' child took 395 s of its 400 in session 58 (set-up 77 s, first step 307)
