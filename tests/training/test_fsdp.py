@@ -115,6 +115,15 @@ def test_dflash_layers_shard_and_train_as_unsharded(cache, tmp_path, fp8):
                            tmp_path / "fsdp" / "checkpoints" / "step-2")
 
 
+def test_eagle3_in_fp8_shards_and_trains_as_unsharded(cache, tmp_path):
+    # One process, a mesh of one: the layer's fp8 casts (once per unroll, before its
+    # forward) and a frozen head's read the root group's gathered weights.
+    for sharding in ("ddp", "fsdp"):
+        assert main(RUN + ["--fp8", "--freeze-lm-head", "--save-every", "0", "--sharding",
+                           sharding, "--out", str(tmp_path / sharding)]) == 0
+    assert losses(tmp_path / "fsdp") == pytest.approx(losses(tmp_path / "ddp"), rel=1e-5)
+
+
 def test_a_checkpoint_from_before_fsdp_reads_by_parameter_name():
     # Its optimizer state was keyed by the order the trained parameters were handed over.
     torch.manual_seed(0)
