@@ -52,6 +52,7 @@ from bench.random_data import prompt_len  # noqa: E402
 from bench.train_step import (profile_steps, sample_lengths,  # noqa: E402
                               speculators_loss_implementation)
 from training.config import DFLASH_PRESETS, DFLASH_TRAINING_PRESETS  # noqa: E402
+from training.memory.measured import unmodelled_fp8  # noqa: E402
 from training.params import PARAMS  # noqa: E402
 
 GAMMA = PARAMS["dflash_gamma"].default  # both trainers at the trainer's default
@@ -207,7 +208,7 @@ def child(spec: dict) -> dict:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     result = {**spec, "tokens": spec["max_seq_len"],
               "positions": spec["max_anchors"] * spec["block_size"]}
-    if trainer == "trackside":
+    if trainer == "trackside" and not unmodelled_fp8(spec):
         result["predicted_gib"] = predicted_gib(spec, "bf16" if device.type == "cuda" else "fp32")
     if spec.get("cap_gib") and device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory

@@ -39,6 +39,12 @@ def test_compare_mode_steps_each_trainer_and_a_new_shape(tmp_path):
     assert results[0]["loss_last"] == pytest.approx(results[1]["loss_last"], rel=1e-5)
 
 
+def test_an_fp8_child_has_no_predicted_peak(tmp_path):
+    """The memory model describes bf16 runs: an fp8 child's peak is not set beside one."""
+    (r,) = bench(tmp_path, "--fp8", "--trainers", "trackside")["results"]
+    assert r["fp8"] and r["tokens_per_s"] > 0 and "predicted_gib" not in r
+
+
 def test_story_mode_runs_chunked_and_unchunked_with_the_prediction(tmp_path):
     # on the CPU, unchunked once: its loss pass is the eager one (a GPU adds the eager
     # pass unchunked, the story's whole softmaxes, beside the Triton one)
