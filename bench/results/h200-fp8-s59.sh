@@ -26,7 +26,7 @@ eagle3)
     2>&1 | tee $OUT/eagle3.log | tail -12 ;;
 dflash)
   # speculators' child took 395 s of its 400 in session 58 (set-up 77 s, first step 307)
-  timeout 580 python3 bench/dflash_step.py --trainers trackside speculators --tokens-in-step \
+  timeout 570 python3 bench/dflash_step.py --trainers trackside speculators --tokens-in-step \
     --fp8 --steps 8 --warmup 2 --timeout 450 --profile 40 2>&1 | tee $OUT/dflash.log | tail -6 ;;
 freshbox)
   timeout 300 python3 bench/fresh_box.py --drafters dflash 2>&1 | tail -30 ;;
