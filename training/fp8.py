@@ -169,12 +169,16 @@ def linear_backward(grad: Tensor, x_t: Tensor, x_inverse: Tensor, w_t: Tensor,
     return grad_x, matmul(g_t, g_inverse, x_t, x_inverse, dtypes[1])
 
 
-def frozen_input_grad(grad: Tensor, frozen: tuple[Tensor, Tensor], dtype: torch.dtype
-                      ) -> Tensor:
-    """grad [rows x out] @ W in dtype, as an fp8 matmul (grad in e5m2), for a frozen W as
-    frozen_to_fp8 made it: the input's gradient, all a frozen weight takes."""
+def input_grad(grad: Tensor, weight: Tensor, frozen: tuple[Tensor, Tensor] | None,
+               out: Tensor) -> None:
+    """out = grad [rows x out] @ weight, the input's gradient: an fp8 matmul (grad in
+    e5m2) where `frozen` is given (a frozen weight as FrozenFp8 made it), else in weight's
+    dtype."""
+    if frozen is None:
+        torch.mm(grad, weight, out=out)
+        return
     g, g_inverse = rows_to_fp8(grad, E5M2)
-    return matmul(g, g_inverse, *frozen, dtype)
+    out.copy_(matmul(g, g_inverse, *frozen, out.dtype))
 
 
 class Fp8Linear(torch.autograd.Function):

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from training.flex import at_least_float32
-from training.fp8 import frozen_input_grad
+from training.fp8 import input_grad
 
 
 def _row_dot(a: Tensor, b: Tensor) -> Tensor:
@@ -95,10 +95,8 @@ class _BlockLoss(torch.autograd.Function):
             losses[c], mine, theirs, grad_z = chunk_pass(hidden[c] @ w.T, theirs, weights[c],
                                                          soft_kl, want_grad)
             agree[c] = mine == theirs
-            if want_grad and head_fp8 is None:
-                torch.mm(grad_z, w, out=grad_hidden[c])
-            elif want_grad:  # an input gradient in fp8, as --fp8 makes every other
-                grad_hidden[c] = frozen_input_grad(grad_z, head_fp8, hidden.dtype)
+            if want_grad:
+                input_grad(grad_z, w, head_fp8, grad_hidden[c])
             del grad_z  # before the next chunk's logits are made
         ctx.save_for_backward(grad_hidden)
         ctx.mark_non_differentiable(losses, agree)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from training.compiled import cuda_compiled
-from training.fp8 import frozen_input_grad
+from training.fp8 import input_grad
 
 
 def _loss_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -116,10 +116,8 @@ class _HeadSoftCrossEntropy(torch.autograd.Function):
                 hidden[c] @ w.T, probs, target_rows[c], want_hidden or want_weight)
             if grad_logits is None:
                 continue
-            if want_hidden and weight_fp8 is None:
-                torch.mm(grad_logits, w, out=grad_hidden[c])
-            elif want_hidden:  # an input gradient in fp8, as --fp8 makes every other
-                grad_hidden[c] = frozen_input_grad(grad_logits, weight_fp8, hidden.dtype)
+            if want_hidden:
+                input_grad(grad_logits, w, weight_fp8, grad_hidden[c])
             if want_weight:
                 _accumulate_product(grad_weight, grad_logits.T, hidden[c], first=s == 0)
         ctx.save_for_backward(grad_hidden, grad_weight)
