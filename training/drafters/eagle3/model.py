@@ -34,10 +34,9 @@ def side_by_side_norms(a: Tensor, b: Tensor, weight_a: Tensor, weight_b: Tensor,
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: DrafterConfig, fp8: bool = False):
-        """fp8: its projections as fp8 matmuls (training/fp8.py), q, k and v as one."""
+    def __init__(self, cfg: DrafterConfig):
         super().__init__()
-        self.cfg, self.fp8 = cfg, fp8
+        self.cfg = cfg
         H2, d = 2 * cfg.hidden_size, cfg.head_dim
         self.q_proj = nn.Linear(H2, cfg.num_heads * d, bias=False)
         self.k_proj = nn.Linear(H2, cfg.num_kv_heads * d, bias=False)
@@ -87,14 +86,14 @@ class DecoderLayer(nn.Module):
         H, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.input_layernorm = RMSNorm(H, eps)
         self.hidden_norm = RMSNorm(H, eps)
-        self.self_attn = Attention(cfg, fp8)
+        self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(H, eps)
         self.mlp = MLP(cfg, fp8)
 
     def unroll_weights(self) -> tuple:
         """The attention's and the MLP's weights as they read them, made once per unroll:
         in fp8, every projection's in one call."""
-        if self.self_attn.fp8:
+        if self.mlp.fp8:
             return tuple(fp8_weights([self.self_attn.fp8_groups(), self.mlp.fp8_groups()]))
         return None, self.mlp.unroll_weights()
 
