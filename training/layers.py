@@ -46,11 +46,24 @@ def rotary_tables(positions: Tensor, head_dim: int, theta: float,
     return angles.cos(), angles.sin()
 
 
-@cuda_compiled(varying=((-3,), (-3,), (-3,)))
-def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotary embedding of x [B, L, heads, D] by rotary_tables (half-split layout)."""
     x1, x2 = x.to(cos.dtype).chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+@cuda_compiled(varying=((-3,), (-3,), (-3,)))
+def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    return rotate(x, cos, sin)
+
+
+@cuda_compiled(varying=((-3,), (), (), (-3,), (-3,)))
+def norm_rope(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor) -> Tensor:
+    """rope of the per-head RMS norm of x [B, L, heads, D] (a Qwen3 layer's q and k), in
+    one island: as two, each would cost the CPU a call of its own forward and backward, on
+    a step whose GPU waits on the CPU queueing its kernels. Keeps what the two would:
+    x and 1/rms."""
+    return rotate(normalise(x, weight, eps), cos, sin)
 
 
 def _as_read(weight: Tensor) -> Tensor:

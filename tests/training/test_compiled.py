@@ -27,6 +27,9 @@ def cases(L: int, g: torch.Generator) -> dict:
                                (r(1, L, 24, grad=False), r(1, L, 24), r(24), r(24), 1e-5)),
         "rope": (layers.rope, (r(1, L, 4, 16), *layers.rotary_tables(torch.arange(L)[None], 16,
                                                                  10000.0, torch.float64))),
+        "norm_rope": (layers.norm_rope, (r(1, L, 4, 16), r(16), 1e-6,
+                                         *layers.rotary_tables(torch.arange(L)[None], 16,
+                                                               10000.0, torch.float64))),
         "swiglu": (layers.swiglu, (r(1, L, 40), r(1, L, 40))),
         "swiglu_backward": (layers.swiglu_backward, tuple(r(1, L, 40, grad=False) for _ in range(3))),
         "target_chunk": (loss._target_chunk, (r(L, 30, grad=False),)),
@@ -34,8 +37,8 @@ def cases(L: int, g: torch.Generator) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["rms_norm", "side_by_side_norms", "rope", "swiglu",
-                                  "swiglu_backward", "target_chunk"])
+@pytest.mark.parametrize("name", ["rms_norm", "side_by_side_norms", "rope", "norm_rope",
+                                  "swiglu", "swiglu_backward", "target_chunk"])
 def test_compiled_island_equals_eager_at_two_lengths(name):
     g = torch.Generator().manual_seed(0)
     fn = cases(L_FIRST, g)[name][0]

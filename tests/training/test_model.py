@@ -289,7 +289,8 @@ def test_compiled_islands_serve_a_new_row_length_without_recompiling_on_cuda():
 
     from training.drafters.eagle3.loss import _target_chunk
     from training.drafters.eagle3.model import side_by_side_norms
-    from training.layers import rms_norm, rope, rotary_tables, swiglu, swiglu_backward
+    from training.layers import (norm_rope, rms_norm, rope, rotary_tables, swiglu,
+                                 swiglu_backward)
     g = torch.Generator(device="cuda").manual_seed(0)
     H, I, Hq, D, V = 64, 96, 4, 16, 100
 
@@ -304,6 +305,8 @@ def test_compiled_islands_serve_a_new_row_length_without_recompiling_on_cuda():
                                        rand(H, dtype=torch.float32),
                                        rand(H, dtype=torch.float32), 1e-6)),
                  (rope, (rand(1, L, Hq, D).requires_grad_(), cos, sin)),
+                 (norm_rope, (rand(1, L, Hq, D).requires_grad_(), rand(D, dtype=torch.float32),
+                              1e-6, cos, sin)),
                  (swiglu, (rand(1, L, I), rand(1, L, I))),
                  (swiglu_backward, (rand(1, L, I), rand(1, L, I), rand(1, L, I))),
                  (_target_chunk, (rand(L // 4, V),))]

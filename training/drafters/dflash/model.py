@@ -24,7 +24,7 @@ from training.drafters.dflash.anchors import sample_anchors
 from training.drafters.dflash.loss import block_loss, verifier_tokens
 from training.drafters.dflash.mask import BlockLayout, block_attention
 from training.fp8 import Fp8Weight, FrozenFp8, fp8_linear, fp8_weights
-from training.layers import MLP, RMSNorm, rope, rotary_tables
+from training.layers import MLP, RMSNorm, norm_rope, rotary_tables
 from training.packing import PackedBatch
 
 
@@ -55,16 +55,19 @@ class DFlashAttention(nn.Module):
         d = self.cfg.head_dim
         q_w, kv_w, o_w = weights or (None, None, None)
         q_rotary = tuple(t[:, -Q:] for t in rotary)
-        q = rope(self.q_norm(_project(self.q_proj, x, q_w).view(B, Q, -1, d)), *q_rotary)
+        q = norm_rope(_project(self.q_proj, x, q_w).view(B, Q, -1, d), self.q_norm.weight,
+                      self.q_norm.eps, *q_rotary)
         both = torch.cat([context.to(x.dtype), x], dim=1)
         L = both.shape[1]
         if kv_w is None:  # each made as it is read: not both outputs at once
-            k = rope(self.k_norm(self.k_proj(both).view(B, L, -1, d)), *rotary)
+            k = norm_rope(self.k_proj(both).view(B, L, -1, d), self.k_norm.weight,
+                          self.k_norm.eps, *rotary)
             v = self.v_proj(both).view(B, L, -1, d)
         else:
             k, v = fp8_linear(both, kv_w).chunk(2, dim=-1)
             # v as a view would keep k's columns alive as long as attention keeps v
-            k, v = rope(self.k_norm(k.view(B, L, -1, d)), *rotary), v.contiguous().view(B, L, -1, d)
+            k = norm_rope(k.view(B, L, -1, d), self.k_norm.weight, self.k_norm.eps, *rotary)
+            v = v.contiguous().view(B, L, -1, d)
         out = block_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), layout)
         return _project(self.o_proj, out.transpose(1, 2).reshape(B, Q, -1), o_w)
 
