@@ -127,66 +127,55 @@ def trackside_step(spec: dict, row: dict, device: torch.device):
             row["final_hidden"].flatten(0, 1), torch.arange(L, device=device), drafter.lm_head,
             dtype, spec["loss_chunk"]).view(1, L)
 
-    def step() -> float:
+    def step(mark=lambda name: None) -> float:
         per_offset, counts = run.forward_backward(model, batch, cfg, training,
                                                   spec["loss_chunk"])
+        mark("backward")
         optimizer_step(optimizer, params, 1.0)
+        mark("optimizer")
         total = torch.stack([o.losses.sum() for o in per_offset]).sum()
         return float(total) / max(sum(counts), 1)
+    step.marked = {f"layer {i}": layer for i, layer in enumerate(drafter.layers)}
+    step.marked["forward"] = model
     return step
 
 
-def speculators_step(spec: dict, row: dict, device: torch.device):
-    from speculators.config import SpeculatorsConfig, VerifierConfig
-    from speculators.losses import resolve_loss_config
-    from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
-    from transformers import Qwen3Config
+def timeline(step, steps: int) -> list[dict]:
+    """Where the CPU and the GPU are at points of a step (after each module of step.marked
+    has run forward, after backward, after the optimizer), in ms from its start, medians
+    over `steps`: a step starts with the GPU idle (the one before ended reading its loss),
+    so the GPU's lag behind the CPU at a point is the work queued ahead of it there. A lag
+    near zero says the GPU waits on the CPU queueing its kernels; a growing one, that the
+    CPU is ahead. On the CPU, its times alone (gpu_ms None)."""
+    gpu = torch.cuda.is_available()
+    marks: list[tuple[str, float, torch.cuda.Event | None]] = []
 
-    cfg = drafter_config(spec)
-    implementation = speculators_loss_implementation(device)
-    layer = Qwen3Config(
-        hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-        intermediate_size=cfg.intermediate_size, vocab_size=cfg.vocab_size,
-        num_hidden_layers=cfg.num_layers, rms_norm_eps=cfg.rms_norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        max_position_embeddings=max(40960, 2 * spec["max_seq_len"]))
-    if device.type != "cuda":
-        layer._attn_implementation = "eager"  # flex_attention has no CPU backward
-    config = DFlashSpeculatorConfig(
-        transformer_layer_config=layer, draft_vocab_size=cfg.vocab_size,
-        block_size=cfg.block_size, aux_hidden_state_layer_ids=list(range(cfg.num_target_layers)),
-        mask_token_id=cfg.mask_token_id,
-        speculators_config=SpeculatorsConfig(
-            algorithm="dflash", default_proposal_method="greedy",
-            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=cfg.block_size - 1)],
-            verifier=VerifierConfig(name_or_path=None, architectures=[])))
-    torch.manual_seed(0)
-    model = DFlashDraftModel(config)
-    embed, head = verifier_weights(spec, torch.device("cpu"))
-    with torch.no_grad():  # NaN until a verifier is loaded; frozen, as its trainer keeps them
-        model.embed_tokens.weight.copy_(embed)
-        model.lm_head.weight.copy_(head)
-        model.verifier_lm_head.weight.copy_(head)
-    model.to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    kwargs = dict(hidden_states=row["aux_hidden"], input_ids=row["input_ids"],
-                  loss_mask=row["loss_mask"], verifier_last_hidden_states=row["final_hidden"],
-                  document_ids=row["doc_ids"], position_ids=row["position_ids"],
-                  loss_config=resolve_loss_config("ce", implementation), gamma=GAMMA,
-                  max_anchors=spec["max_anchors"],
-                  per_position_loss_weight="fixed-exp-decay")
-
-    def step() -> float:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            _, loss, _ = model(**kwargs)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        return float(loss.detach())
-    return step
+    def mark(name: str) -> None:
+        event = torch.cuda.Event(enable_timing=True) if gpu else None
+        if event is not None:
+            event.record()
+        marks.append((name, time.perf_counter(), event))
+    hooks = [module.register_forward_hook(lambda *_, name=name: mark(name))
+             for name, module in step.marked.items()]
+    seen: dict[str, list[tuple[float, float | None]]] = {}
+    try:
+        for _ in range(steps):
+            marks.clear()
+            mark("start")
+            step(mark)
+            mark("end")
+            if gpu:
+                torch.cuda.synchronize()
+            _, t0, e0 = marks[0]
+            for name, t, event in marks[1:]:
+                seen.setdefault(name, []).append(
+                    ((t - t0) * 1e3, e0.elapsed_time(event) if gpu else None))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [{"at": name, "cpu_ms": round(statistics.median(c for c, _ in times), 2),
+             "gpu_ms": round(statistics.median(g for _, g in times), 2) if gpu else None}
+            for name, times in seen.items()]
 
 
 def predicted_gib(spec: dict, precision: str) -> float:
@@ -236,6 +225,8 @@ def child(spec: dict) -> dict:
             t0 = time.perf_counter()
             losses.append(step())  # float(): waits for the step
             times.append(time.perf_counter() - t0)
+        if spec.get("timeline") and trainer == "trackside":
+            result["timeline"] = timeline(step, spec["steps"])
         if spec.get("profile"):
             profile_steps(step, spec["profile"])
     except torch.OutOfMemoryError as e:
@@ -305,7 +296,10 @@ def describe(r: dict) -> str:
     return (f"{head}: {r['tokens_per_s']:,.0f} tokens/s (median step {r['step_s'] * 1e3:.0f} "
             f"ms), first step {r['first_step_s']:.1f} s (set-up {r['setup_s']:.1f} s)"
             f"{peak}{predicted}, loss "
-            f"{r['loss_first']:.3f} -> {r['loss_last']:.3f}")
+            f"{r['loss_first']:.3f} -> {r['loss_last']:.3f}"
+            + "".join(f"\n  {m['at']:>10s}: CPU {m['cpu_ms']:7.2f} ms" + (
+                f", GPU {m['gpu_ms']:7.2f} ms (lag {m['gpu_ms'] - m['cpu_ms']:+.2f})"
+                if m["gpu_ms"] is not None else "") for m in r.get("timeline", ())))
 
 
 def export_check(export: Path, data: Path) -> dict:
@@ -421,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="trackside with the layers' projections in fp8 (train --fp8)")
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="profile two steps of each child: $OUT/profile-*.txt")
+    p.add_argument("--timeline", action="store_true",
+                   help="trackside's children also report where the CPU and the GPU are "
+                        "at points of a step (each layer's forward, backward, optimizer)")
     p.add_argument("--smoke", action="store_true", help="CPU: tiny shapes, every mode")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -439,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         base = {**TINY, "soft_kl": base["soft_kl"]}
     common = {"steps": args.steps, "warmup": args.warmup, "cap_gib": args.gpu_mem_gib,
-              "profile": args.profile}
+              "profile": args.profile, "timeline": args.timeline}
     specs = [{**base, **common, "trainer": t} for t in args.trainers]
     if args.eager_loss and not args.story:
         specs.insert(1, {**base, **common, "trainer": "trackside", "loss_pass": "eager"})

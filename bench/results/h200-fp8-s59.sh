@@ -8,7 +8,8 @@
 #     profiled;
 #   dflash (~520 s): DFlash Qwen3-8B 8192, the verifier's tokens made in the step
 #     (speculators' work): trackside --fp8 first, then speculators (its cold first step
-#     took 307 s on an H100 in session 58), each profiled;
+#     took 307 s on an H100 in session 58), each profiled, trackside's with where the CPU
+#     and the GPU are at each layer (--timeline);
 #   freshbox (~300 s): DFlash's fresh box, its compiled set back as compiled-dflash.tgz,
 #     to commit under training/compiled/<target>/ and name in package-data.
 # Each part writes into $OUT as it goes: a call cut at its limit still brings back what ran.
@@ -27,7 +28,8 @@ eagle3)
 dflash)
   # speculators' child took 395 s of its 400 in session 58 (set-up 77 s, first step 307)
   timeout 570 python3 bench/dflash_step.py --trainers trackside speculators --tokens-in-step \
-    --fp8 --steps 8 --warmup 2 --timeout 450 --profile 40 2>&1 | tee $OUT/dflash.log | tail -6 ;;
+    --fp8 --steps 8 --warmup 2 --timeout 450 --profile 40 --timeline 2>&1 | tee $OUT/dflash.log \
+    | tail -40 ;;
 freshbox)
   timeout 300 python3 bench/fresh_box.py --drafters dflash 2>&1 | tail -30 ;;
 esac

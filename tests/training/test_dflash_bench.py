@@ -39,10 +39,18 @@ def test_compare_mode_steps_each_trainer_and_a_new_shape(tmp_path):
     assert results[0]["loss_last"] == pytest.approx(results[1]["loss_last"], rel=1e-5)
 
 
-def test_an_fp8_child_has_no_predicted_peak(tmp_path):
-    """The memory model describes bf16 runs: an fp8 child's peak is not set beside one."""
-    (r,) = bench(tmp_path, "--fp8", "--trainers", "trackside")["results"]
+def test_an_fp8_child_has_no_predicted_peak_and_tells_its_timeline(tmp_path):
+    """The memory model describes bf16 runs: an fp8 child's peak is not set beside one.
+    --timeline: each layer's forward, the whole forward, backward and the optimizer, in
+    the order a step reaches them (on the CPU, its times alone)."""
+    (r,) = bench(tmp_path, "--fp8", "--timeline", "--trainers", "trackside")["results"]
     assert r["fp8"] and r["tokens_per_s"] > 0 and "predicted_gib" not in r
+    layers = [f"layer {i}" for i in range(2)]  # the tiny preset's two
+    assert [m["at"] for m in r["timeline"]] == [*layers, "forward", "backward", "optimizer",
+                                               "end"]
+    times = [m["cpu_ms"] for m in r["timeline"]]
+    assert times == sorted(times) and times[0] > 0
+    assert all(m["gpu_ms"] is None for m in r["timeline"])
 
 
 def test_story_mode_runs_chunked_and_unchunked_with_the_prediction(tmp_path):
