@@ -153,9 +153,11 @@ def fp8_weights(users: list[list[tuple[Tensor, ...]]]) -> list[tuple[Fp8Weight, 
 
 
 def matmul(a: Tensor, a_inverse: Tensor, b: Tensor, b_inverse: Tensor,
-           dtype: torch.dtype) -> Tensor:
-    """a @ bᵀ in dtype, of fp8 a [M x K] and b [N x K], both row-major."""
-    return torch._scaled_mm(a, b.t(), scale_a=a_inverse, scale_b=b_inverse, out_dtype=dtype)
+           dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
+    """a @ bᵀ in dtype, of fp8 a [M x K] and b [N x K], both row-major; written into `out`
+    (contiguous [M x N]) where given."""
+    return torch._scaled_mm(a, b.t(), scale_a=a_inverse, scale_b=b_inverse, out_dtype=dtype,
+                            out=out)
 
 
 def linear_backward(grad: Tensor, x_t: Tensor, x_inverse: Tensor, w_t: Tensor,
@@ -178,7 +180,7 @@ def input_grad(grad: Tensor, weight: Tensor, frozen: tuple[Tensor, Tensor] | Non
         torch.mm(grad, weight, out=out)
         return
     g, g_inverse = rows_to_fp8(grad, E5M2)
-    out.copy_(matmul(g, g_inverse, *frozen, out.dtype))
+    matmul(g, g_inverse, *frozen, out.dtype, out=out)
 
 
 class Fp8Linear(torch.autograd.Function):
