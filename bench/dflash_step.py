@@ -101,6 +101,7 @@ def trackside_step(spec: dict, row: dict, device: torch.device):
     from training.drafters.dflash.loss import verifier_tokens
     from training.drafters.dflash.model import DFlashDrafter
     from training.drafters.dflash import step as run
+    from training.nonfinite import Verdict
     from training.optimizer import make_optimizer, optimizer_step
     from training.packing import PackedBatch
 
@@ -114,27 +115,31 @@ def trackside_step(spec: dict, row: dict, device: torch.device):
     with torch.device(device):
         drafter = DFlashDrafter(cfg, spec.get("fp8", False))
     drafter.load_verifier(*verifier_weights(spec, device))
-    model = run.DFlashStep(drafter, training, layers, (0, 1)).to(device)
+    model = run.DFlashStep(drafter, training, layers).to(device)
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, LR, device)
     batch = PackedBatch(row["input_ids"], row["position_ids"], row["doc_ids"], row["loss_mask"],
                         row["aux_hidden"], row["final_hidden"], num_samples=row["num_samples"],
                         num_truncated=0, pad_tokens=0)
+    host = batch.to("cpu")  # as the trainer's loader makes it: the step's plan is drawn there
     if not spec.get("tokens_in_step"):  # the verifier's argmax, as `trackside extract` keeps it
         L = spec["max_seq_len"]
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         batch.verifier_ids = verifier_tokens(
-            row["final_hidden"].flatten(0, 1), torch.arange(L, device=device), drafter.lm_head,
+            row["final_hidden"].flatten(0, 1),
+            torch.unique(torch.arange(L, device=device), return_inverse=True), drafter.lm_head,
             dtype, spec["loss_chunk"]).view(1, L)
 
     def step(mark=lambda name: None) -> float:
+        """As the trainer steps (training/loop.py): the loss is read with the verdict on
+        the step's gradient, before the optimizer is queued, and nothing after it."""
         per_offset, counts = run.forward_backward(model, batch, cfg, training,
-                                                  spec["loss_chunk"])
+                                                  spec["loss_chunk"], host=host)
         mark("backward")
-        optimizer_step(optimizer, params, 1.0)
+        verdict = Verdict(per_offset, device, 1)
+        optimizer_step(optimizer, params, 1.0, apply=verdict)
         mark("optimizer")
-        total = torch.stack([o.losses.sum() for o in per_offset]).sum()
-        return float(total) / max(sum(counts), 1)
+        return sum(verdict.sums[:len(per_offset)]) / max(sum(counts), 1)
     step.marked = {f"layer {i}": layer for i, layer in enumerate(drafter.layers)}
     step.marked["forward"] = model
     return step
@@ -143,10 +148,10 @@ def trackside_step(spec: dict, row: dict, device: torch.device):
 def timeline(step, steps: int) -> list[dict]:
     """Where the CPU and the GPU are at points of a step (after each module of step.marked
     has run forward, after backward, after the optimizer), in ms from its start, medians
-    over `steps`: a step starts with the GPU idle (the one before ended reading its loss),
-    so the GPU's lag behind the CPU at a point is the work queued ahead of it there. A lag
-    near zero says the GPU waits on the CPU queueing its kernels; a growing one, that the
-    CPU is ahead. On the CPU, its times alone (gpu_ms None)."""
+    over `steps`: each step here starts with the GPU idle (waited for), so the GPU's lag
+    behind the CPU at a point is the work queued ahead of it there. A lag near zero says
+    the GPU waits on the CPU queueing its kernels; a growing one, that the CPU is ahead.
+    On the CPU, its times alone (gpu_ms None)."""
     gpu = torch.cuda.is_available()
     marks: list[tuple[str, float, torch.cuda.Event | None]] = []
 
@@ -160,6 +165,8 @@ def timeline(step, steps: int) -> list[dict]:
     seen: dict[str, list[tuple[float, float | None]]] = {}
     try:
         for _ in range(steps):
+            if gpu:
+                torch.cuda.synchronize()
             marks.clear()
             mark("start")
             step(mark)
@@ -176,6 +183,62 @@ def timeline(step, steps: int) -> list[dict]:
     return [{"at": name, "cpu_ms": round(statistics.median(c for c, _ in times), 2),
              "gpu_ms": round(statistics.median(g for _, g in times), 2) if gpu else None}
             for name, times in seen.items()]
+
+
+def speculators_step(spec: dict, row: dict, device: torch.device):
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.losses import resolve_loss_config
+    from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import Qwen3Config
+
+    cfg = drafter_config(spec)
+    implementation = speculators_loss_implementation(device)
+    layer = Qwen3Config(
+        hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        intermediate_size=cfg.intermediate_size, vocab_size=cfg.vocab_size,
+        num_hidden_layers=cfg.num_layers, rms_norm_eps=cfg.rms_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        max_position_embeddings=max(40960, 2 * spec["max_seq_len"]))
+    if device.type != "cuda":
+        layer._attn_implementation = "eager"  # flex_attention has no CPU backward
+    config = DFlashSpeculatorConfig(
+        transformer_layer_config=layer, draft_vocab_size=cfg.vocab_size,
+        block_size=cfg.block_size, aux_hidden_state_layer_ids=list(range(cfg.num_target_layers)),
+        mask_token_id=cfg.mask_token_id,
+        speculators_config=SpeculatorsConfig(
+            algorithm="dflash", default_proposal_method="greedy",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=cfg.block_size - 1)],
+            verifier=VerifierConfig(name_or_path=None, architectures=[])))
+    torch.manual_seed(0)
+    model = DFlashDraftModel(config)
+    embed, head = verifier_weights(spec, torch.device("cpu"))
+    with torch.no_grad():  # NaN until a verifier is loaded; frozen, as its trainer keeps them
+        model.embed_tokens.weight.copy_(embed)
+        model.lm_head.weight.copy_(head)
+        model.verifier_lm_head.weight.copy_(head)
+    model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    kwargs = dict(hidden_states=row["aux_hidden"], input_ids=row["input_ids"],
+                  loss_mask=row["loss_mask"], verifier_last_hidden_states=row["final_hidden"],
+                  document_ids=row["doc_ids"], position_ids=row["position_ids"],
+                  loss_config=resolve_loss_config("ce", implementation), gamma=GAMMA,
+                  max_anchors=spec["max_anchors"],
+                  per_position_loss_weight="fixed-exp-decay")
+
+    def step() -> float:
+        """Its loss read where trackside's step reads its own: after backward, before the
+        optimizer (whose GPU time then overlaps the next step's queueing, for both)."""
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            _, loss, _ = model(**kwargs)
+        optimizer.zero_grad()
+        loss.backward()
+        value = float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        return value
+    return step
 
 
 def predicted_gib(spec: dict, precision: str) -> float:
@@ -223,10 +286,10 @@ def child(spec: dict) -> dict:
         times, losses = [], []
         for _ in range(spec["steps"]):
             t0 = time.perf_counter()
-            losses.append(step())  # float(): waits for the step
+            losses.append(step())  # reads the step's loss (each trainer where its own does)
             times.append(time.perf_counter() - t0)
         if spec.get("timeline") and trainer == "trackside":
-            result["timeline"] = timeline(step, spec["steps"])
+            result["marks"] = timeline(step, spec["steps"])
         if spec.get("profile"):
             profile_steps(step, spec["profile"])
     except torch.OutOfMemoryError as e:
@@ -299,7 +362,7 @@ def describe(r: dict) -> str:
             f"{r['loss_first']:.3f} -> {r['loss_last']:.3f}"
             + "".join(f"\n  {m['at']:>10s}: CPU {m['cpu_ms']:7.2f} ms" + (
                 f", GPU {m['gpu_ms']:7.2f} ms (lag {m['gpu_ms'] - m['cpu_ms']:+.2f})"
-                if m["gpu_ms"] is not None else "") for m in r.get("timeline", ())))
+                if m["gpu_ms"] is not None else "") for m in r.get("marks", ())))
 
 
 def export_check(export: Path, data: Path) -> dict:

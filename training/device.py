@@ -1,5 +1,6 @@
 """This process's device as a step uses it: the CUDA allocator's settings, the precision a
-step runs at (bf16 autocast on CUDA, fp32 on the CPU) and the peak memory it reports."""
+step runs at (bf16 autocast on CUDA, fp32 on the CPU), how a step's host tensors reach it,
+and the peak memory it reports."""
 from __future__ import annotations
 
 import os
@@ -42,3 +43,12 @@ def peak_mem_gib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def onto(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """t on device. A host tensor goes through pinned memory: its copy is queued behind
+    the device's work, where a copy from pageable memory would first wait for that work
+    to finish."""
+    if t.device == device:
+        return t
+    return (t.pin_memory() if device.type == "cuda" else t).to(device, non_blocking=True)

@@ -282,15 +282,15 @@ def train(cfg: TrainConfig) -> int:
         state_offload = OptimizerOffload(optimizer) if cfg.offload_saved else None
         while step < total_steps:
             started = time.perf_counter()
-            batch, epoch, next_position = next(batches)
-            batch = batch.to(device, non_blocking=True)
+            host, epoch, next_position = next(batches)
+            batch = host.to(device, non_blocking=True)
             # Positions are scored in units: TTT steps (EAGLE-3), block offsets (DFlash).
-            scored, counts = drafting.forward_backward(unroll, batch, cfg.loss_chunk, world)
-            verdict = Verdict([s.losses for s in scored], device, world)
+            scored, counts = drafting.forward_backward(unroll, batch, cfg.loss_chunk, world,
+                                                       host)
+            verdict = Verdict(scored, device, world)
             if state_offload is not None:
                 state_offload.to_device()
-            grad_norm = optimizer_step(optimizer, trainable.values(), cfg.grad_clip,
-                                       apply=verdict)
+            optimizer_step(optimizer, trainable.values(), cfg.grad_clip, apply=verdict)
             if state_offload is not None:
                 state_offload.to_host()
             if verdict.what is not None:  # nothing applied; the batch is spent
@@ -318,24 +318,21 @@ def train(cfg: TrainConfig) -> int:
             # Each rank's peak in its own slot: the same all-reduce gathers them all.
             peaks = [0.0] * world
             peaks[rank] = peak_mem_gib(device)
-            # Every unit's loss and agreement sums in one read from the device, not 2K
-            unit_sums = torch.stack([s.losses.sum().double() for s in scored]
-                                    + [s.agree.sum().double() for s in scored]).tolist()
+            # Host values, summed over the ranks (on one, no read from the device); every
+            # unit's loss and agreement sums came with the verdict's read
             sums = all_reduce(
-                unit_sums
-                + [tokens, batch.num_samples, batch.pad_tokens, float(stop.requested)]
-                + peaks,
+                [tokens, batch.num_samples, batch.pad_tokens, float(stop.requested)] + peaks,
                 device, world)
             peaks, stop_requested = sums[-world:], sums[-world - 1]
             K = len(scored)
-            unit_loss = [sums[k] / max(counts[k], 1) for k in range(K)]
-            unit_acc = [sums[K + k] / max(counts[k], 1) for k in range(K)]
+            unit_loss = [verdict.sums[k] / max(counts[k], 1) for k in range(K)]
+            unit_acc = [verdict.sums[K + k] / max(counts[k], 1) for k in range(K)]
             fields = drafting.step_fields(unit_loss, unit_acc, counts)
-            tokens, samples, pad = sums[2 * K:2 * K + 3]
+            tokens, samples, pad = sums[:3]
             rows = cfg.batch_rows * world
             elapsed = time.perf_counter() - started
             record = dict(
-                step=step, epoch=epoch, **fields, lr=lr, grad_norm=grad_norm.item(),
+                step=step, epoch=epoch, **fields, lr=lr, grad_norm=verdict.grad_norm,
                 tokens=int(tokens), tokens_per_s=tokens / elapsed,
                 samples_per_row=samples / rows, pad_frac=pad / (rows * cfg.max_seq_len),
                 peak_mem_gib=peaks[0])

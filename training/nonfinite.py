@@ -16,27 +16,39 @@ import torch
 from torch import Tensor
 
 from training.distributed import all_reduce
+from training.drafters.drafter import Scored
 
 LOSS, GRAD_NORM = "loss", "grad_norm"  # the `nonfinite` event's `what`
 
 
 class Verdict:
     """optimizer_step's `apply` for one step: whether to apply it, given its gradient norm.
-    `what` then names what was not finite (the loss first), or None."""
+    `what` then names what was not finite (the loss first), or None.
 
-    def __init__(self, losses: Sequence[Tensor], device: torch.device, world: int):
-        self.losses, self.device, self.world = losses, device, world
+    The check is the step's one read from the device, and it reads with it what the step's
+    event reports: each unit's loss and agreement sums (`sums`, summed over the ranks: the
+    units' losses, then their agreements) and the gradient norm (`grad_norm`). Nothing is
+    then read after the optimizer is queued, so the CPU goes on to queue the next step
+    while the GPU runs it."""
+
+    def __init__(self, scored: Sequence[Scored], device: torch.device, world: int):
+        self.scored, self.device, self.world = scored, device, world
         self.what: str | None = None
+        self.sums: list[float] = []
+        self.grad_norm = float("nan")
 
     def __call__(self, grad_norm: Tensor) -> bool:
-        loss = torch.stack([t.sum() for t in self.losses]).sum() if self.losses else None
+        sums = ([s.losses.sum() for s in self.scored]
+                + [s.agree.sum().double() for s in self.scored])
+        loss = torch.stack(sums[:len(self.scored)]).sum() if self.scored else None
         checks = [grad_norm] if loss is None else [loss, grad_norm]
-        bad = torch.stack([~torch.isfinite(t.float()) for t in checks]).double()
+        bad = [(~torch.isfinite(t.float())).double() for t in checks]
+        read = torch.stack([t.double() for t in (*bad, *sums, grad_norm)]).tolist()
         # Summed over the ranks: every rank skips the same steps (a loss is per rank; the
-        # norm is the whole drafter's already), in the one read this check costs.
-        flags = all_reduce(bad.tolist(), self.device, self.world)
-        if loss is None:
-            flags = [0.0, *flags]
+        # norm is the whole drafter's already, and stays out of the sum).
+        summed = all_reduce(read[:-1], self.device, self.world)
+        flags = summed[:len(bad)] if loss is not None else [0.0, *summed[:1]]
+        self.sums, self.grad_norm = summed[len(bad):], read[-1]
         self.what = LOSS if flags[0] else GRAD_NORM if flags[1] else None
         return self.what is None
 

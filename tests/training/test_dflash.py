@@ -23,7 +23,7 @@ from training.data import Dataset
 from training.drafters.dflash.anchors import sample_anchors, valid_anchors
 from training.drafters.dflash.loss import block_loss, verifier_tokens
 from training.drafters.dflash.mask import BlockLayout, block_attention
-from training.drafters.dflash.model import DFlashDrafter
+from training.drafters.dflash.model import DFlashDrafter, plan_blocks
 from training.drafters.dflash.step import DFlashTraining, step_fields
 from training.loop import EXIT_OOM, TrainConfig, record_oom
 from training.metrics import MetricsWriter
@@ -205,7 +205,8 @@ def test_the_verifier_tokens_score_as_its_hidden_states_do_without_the_kl():
     head = torch.randn(V, H, generator=g, dtype=torch.float64)
     hidden = torch.randn(P, H, generator=g, dtype=torch.float64, requires_grad=True)
     weights = torch.rand(P, generator=g, dtype=torch.float64)
-    tokens = verifier_tokens(final, rows, head, torch.float64, chunk=7)
+    tokens = verifier_tokens(final, torch.unique(rows, return_inverse=True), head,
+                             torch.float64, chunk=7)
     assert torch.equal(tokens, (final[rows] @ head.T).argmax(-1))
     by_tokens = block_loss(hidden, head, tokens, weights, 0.0, 16)
     by_states = block_loss(hidden, head, final[rows], weights, 0.0, 16)
@@ -309,6 +310,53 @@ def test_the_drafter_takes_the_extracted_verifier_tokens_without_the_kl(monkeypa
     expect = scored_positions(batch, drafter.cfg.block_size, 12, seed=5)
     assert out.offset.tolist() == [k for _, _, k in expect]
     assert seen[2].tolist() == [int(batch.verifier_ids[b, a + k - 1]) for b, a, k in expect]
+
+
+def test_a_plan_made_on_the_host_drafts_and_scores_what_the_drafter_draws_itself():
+    """The training step draws the anchors on the host copy of the batch (plan_blocks) and
+    hands them over: the same seed gives the same positions, targets and losses as a pass
+    that draws its own."""
+    drafter, batch = tiny_drafter_and_rows()
+    torch.manual_seed(5)
+    own = drafter(batch, batch.aux_hidden, 12, gamma=2.0, loss_chunk=16)
+    torch.manual_seed(5)
+    plan = plan_blocks(batch, drafter.cfg.block_size, 12)
+    assert plan.counts == own.counts and sum(plan.counts) == plan.offset.shape[0]
+    distinct, where = plan.distinct_verifier_rows
+    assert torch.equal(distinct[where], plan.verifier_rows)
+    planned = drafter(batch, batch.aux_hidden, 12, gamma=2.0, loss_chunk=16,
+                      plan=plan.onto(torch.device("cpu")))
+    assert torch.equal(planned.offset, own.offset)
+    assert torch.equal(planned.losses, own.losses) and torch.equal(planned.agree, own.agree)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True])
+def test_a_dflash_step_queues_its_forward_and_backward_without_reading_the_device(fp8):
+    """Given its batch's host copy, a step's forward and backward are queued with no read
+    from the device (a read waits for all the GPU was given: the step before's
+    optimizer), here where it also makes the verifier's tokens; its anchors are the host's
+    draw."""
+    from training.drafters.dflash.step import DFlashStep, forward_backward
+    tiny, host = tiny_drafter_and_rows()
+    cfg = tiny.cfg
+    drafter = DFlashDrafter(cfg, fp8).cuda()
+    drafter.load_verifier(tiny.embed_tokens.float(), tiny.lm_head.float())
+    training = DFlashTraining(target_layers=(0, 1, 2), max_anchors=12, gamma=2.0, soft_kl=0.0)
+    step = DFlashStep(drafter, training, [0, 1, 2])
+    host.aux_hidden, host.final_hidden = host.aux_hidden.float(), host.final_hidden.float()
+    batch = host.to("cuda")
+    forward_backward(step, batch, cfg, training, 16, host=host)  # compiles: reads allowed
+    torch.cuda.synchronize()
+    torch.manual_seed(5)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        per_offset, counts = forward_backward(step, batch, cfg, training, 16, host=host)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.manual_seed(5)
+    assert counts == [float(n) for n in plan_blocks(host, cfg.block_size, 12).counts]
+    assert all(o.losses.isfinite().all() for o in per_offset)
 
 
 def test_tau_is_the_expected_accepted_length():
@@ -537,7 +585,8 @@ def test_the_triton_chunk_pass_matches_the_reference_on_cuda(dtype, soft_kl, V):
     weights = torch.rand(P, generator=g, device="cuda")
     # without the KL the drafter passes the verifier's tokens (the kernel's other mode)
     target = target_hidden if soft_kl else verifier_tokens(
-        target_hidden, torch.arange(P, device="cuda"), head, dtype)
+        target_hidden, torch.unique(torch.arange(P, device="cuda"), return_inverse=True),
+        head, dtype)
     total, losses, agree = block_loss(hidden, head, target, weights, soft_kl, chunk)
     (grad,) = torch.autograd.grad(total, hidden)
     z = (hidden.detach() @ head.T).double()

@@ -46,11 +46,11 @@ def test_an_fp8_child_has_no_predicted_peak_and_tells_its_timeline(tmp_path):
     (r,) = bench(tmp_path, "--fp8", "--timeline", "--trainers", "trackside")["results"]
     assert r["fp8"] and r["tokens_per_s"] > 0 and "predicted_gib" not in r
     layers = [f"layer {i}" for i in range(2)]  # the tiny preset's two
-    assert [m["at"] for m in r["timeline"]] == [*layers, "forward", "backward", "optimizer",
+    assert [m["at"] for m in r["marks"]] == [*layers, "forward", "backward", "optimizer",
                                                "end"]
-    times = [m["cpu_ms"] for m in r["timeline"]]
+    times = [m["cpu_ms"] for m in r["marks"]]
     assert times == sorted(times) and times[0] > 0
-    assert all(m["gpu_ms"] is None for m in r["timeline"])
+    assert all(m["gpu_ms"] is None for m in r["marks"])
 
 
 def test_story_mode_runs_chunked_and_unchunked_with_the_prediction(tmp_path):

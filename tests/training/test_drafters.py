@@ -49,7 +49,7 @@ def test_a_step_of_either_drafter_through_the_interface(name):
     batches = Loader(dataset, 256, 1, seed=0).iterate(Position())
     batch = next(batches)[0]
     batches.close()
-    scored, counts = drafting.forward_backward(step, batch, 2048, 1)
+    scored, counts = drafting.forward_backward(step, batch, 2048, 1, batch)
     assert len(scored) == len(counts) == units
     assert counts == [float(s.losses.shape[0]) for s in scored] and all(counts)
     trained = [p for p in drafter.parameters() if p.requires_grad]

@@ -47,9 +47,11 @@ class Drafter(ABC):
 
     @abstractmethod
     def forward_backward(self, step: nn.Module, batch: PackedBatch, loss_chunk: int,
-                         world: int) -> tuple[list[Scored], list[float]]:
+                         world: int, host: PackedBatch) -> tuple[list[Scored], list[float]]:
         """Backward through the step's loss over the global batch. Returns each unit's
-        scored positions on this rank and their count over all ranks."""
+        scored positions on this rank and their count over all ranks. host: the batch as
+        the loader made it, on the host (batch itself on a CPU run), where what the step
+        must know before queuing its kernels can be read without waiting on the device."""
 
     @abstractmethod
     def step_fields(self, losses: list[float], accuracies: list[float], counts: list[float]

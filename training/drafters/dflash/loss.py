@@ -60,16 +60,18 @@ def _chunk_pass(hidden: Tensor):
 
 
 @torch.no_grad()
-def verifier_tokens(final_hidden: Tensor, rows: Tensor, head: Tensor, dtype: torch.dtype,
-                    chunk: int = 2048) -> Tensor:
-    """The verifier's token (its argmax) at rows of final_hidden [N, H], each distinct row
-    computed once: blocks overlap, so the rows the loss scores repeat (at the story's
-    shape three times over). The logits are made in dtype, as block_loss makes them."""
+def verifier_tokens(final_hidden: Tensor, rows: tuple[Tensor, Tensor], head: Tensor,
+                    dtype: torch.dtype, chunk: int = 2048) -> Tensor:
+    """The verifier's token (its argmax) at rows of final_hidden [N, H], given as
+    torch.unique(rows, return_inverse=True) gives them (the distinct rows, and where each
+    row is among them): each distinct row is computed once, as blocks overlap and the rows
+    the loss scores repeat (at the story's shape three times over). The logits are made in
+    dtype, as block_loss makes them."""
     if chunk <= 0:
         raise ValueError(f"loss chunk must be positive, got {chunk}")
-    distinct, where = torch.unique(rows, return_inverse=True)
+    distinct, where = rows
     w = head.to(dtype)
-    tokens = torch.empty(distinct.shape[0], dtype=torch.long, device=rows.device)
+    tokens = torch.empty(distinct.shape[0], dtype=torch.long, device=final_hidden.device)
     with torch.autocast(final_hidden.device.type, enabled=False):
         for s in range(0, distinct.shape[0], chunk):
             states = final_hidden.index_select(0, distinct[s:s + chunk]).to(dtype)

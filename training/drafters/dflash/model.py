@@ -14,12 +14,14 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from training.flex import at_least_float32
 from training.config import DFlashConfig
+from training.device import onto
 from training.drafters.dflash.anchors import sample_anchors
 from training.drafters.dflash.loss import block_loss, verifier_tokens
 from training.drafters.dflash.mask import BlockLayout, block_attention
@@ -147,33 +149,24 @@ class DFlashDrafter(nn.Module):
 
     def forward(self, batch: PackedBatch, context_hidden: Tensor, max_anchors: int,
                 gamma: float, soft_kl: float = 0.0, loss_chunk: int = 2048,
-                share: tuple[int, int] = (0, 1)) -> BlockLosses:
+                share: tuple[int, int] = (0, 1), plan: BlockPlan | None = None
+                ) -> BlockLosses:
         """Draw anchors, draft every block in one pass, score it.
 
         context_hidden [B, L, num_target_layers · H]: the verifier layers this drafter
         reads, concatenated (a selection of the data's aux_hidden). share: (rank, world
         size) of the process whose slice of the global batch this is (sample_anchors).
+        plan: plan_blocks of the batch, made where it was made (the training step makes it
+        on the host); None: made here, of max_anchors and share.
         """
         cfg, bs = self.cfg, self.cfg.block_size
         ids, doc = batch.input_ids, batch.doc_ids
         B, L = ids.shape
-        anchors, used = sample_anchors(batch.loss_mask, doc, bs, max_anchors, share)
+        plan = plan or plan_blocks(batch, bs, max_anchors, share)
+        anchors, offset, draft_rows, verifier_rows = (plan.anchors, plan.offset,
+                                                      plan.draft_rows, plan.verifier_rows)
         offsets = torch.arange(bs, device=ids.device)
         at = anchors[..., None] + offsets  # [B, A, bs] row positions of the blocks' tokens
-
-        # Offset k of a used block is scored where its token bears loss; the verifier's
-        # token there is its argmax at the position before (valid anchors keep the whole
-        # block inside the sample). All of it follows from the anchors, so it is read
-        # back here, before the layers are queued: read after them, it would stop the
-        # GPU mid-step while the CPU queues the loss.
-        last = at.clamp(max=L - 1)
-        scored = used[..., None] & batch.loss_mask.gather(1, last.flatten(1)).view_as(at)
-        scored[..., 0] = False
-        where = scored.nonzero()  # [P, 3] (row, slot, offset)
-        rows, offset = where[:, 0], where[:, 2]
-        counts = torch.bincount(offset, minlength=bs)[1:].tolist()
-        draft_rows = (rows * anchors.shape[1] + where[:, 1]) * bs + offset
-        verifier_rows = rows * L + at[scored] - 1
         weights = _position_weights(bs, gamma, ids.device)[offset - 1]
         final_hidden = batch.final_hidden.flatten(0, 1)
         if soft_kl:
@@ -183,8 +176,8 @@ class DFlashDrafter(nn.Module):
         else:
             dtype = (torch.get_autocast_dtype(ids.device.type)
                      if torch.is_autocast_enabled(ids.device.type) else self.fc.weight.dtype)
-            target = verifier_tokens(final_hidden, verifier_rows, self.lm_head, dtype,
-                                     loss_chunk)
+            target = verifier_tokens(final_hidden, plan.distinct_verifier_rows,
+                                     self.lm_head, dtype, loss_chunk)
 
         tokens = torch.full_like(at, cfg.mask_token_id)
         tokens[..., 0] = ids.gather(1, anchors)
@@ -205,7 +198,46 @@ class DFlashDrafter(nn.Module):
         total, losses, agree = block_loss(
             self.norm(x.flatten(0, 1).index_select(0, draft_rows)), self.lm_head, target,
             weights, soft_kl, loss_chunk, self.head_fp8(self.lm_head) if self.fp8 else None)
-        return BlockLosses(total, losses, agree, offset, counts)
+        return BlockLosses(total, losses, agree, offset, plan.counts)
+
+
+class BlockPlan(NamedTuple):
+    """Where a batch's blocks go and which of their positions are scored: all of a step
+    that follows from the anchors, whose sizes (the scored positions) the CPU must know
+    to queue the step. Made on the device, reading them back would wait for the GPU to
+    finish all it was given (the step before's optimizer): the training step makes it on
+    the host, from the batch as the loader made it, then hands it over (`onto`)."""
+    anchors: Tensor  # [B, A] long: each slot's anchor (an unused slot's is 0)
+    offset: Tensor  # [P] long: each scored position's offset in its block, 1..bs - 1
+    draft_rows: Tensor  # [P]: its row among the blocks' tokens, [B · A · bs]
+    verifier_rows: Tensor  # [P]: the row of the verifier's state before it, [B · L]
+    distinct_verifier_rows: tuple[Tensor, Tensor]  # torch.unique's of verifier_rows
+    counts: list[int]  # positions scored at each offset 1..bs - 1
+
+    def onto(self, device: torch.device) -> BlockPlan:
+        return BlockPlan(*(onto(t, device) for t in self[:4]),
+                         tuple(onto(t, device) for t in self.distinct_verifier_rows),
+                         self.counts)
+
+
+def plan_blocks(batch: PackedBatch, block_size: int, max_anchors: int,
+                share: tuple[int, int] = (0, 1)) -> BlockPlan:
+    """Draw the batch's anchors (sample_anchors, on the batch's device) and place its
+    scored positions. Offset k of a used block is scored where its token bears loss; the
+    verifier's token there is its argmax at the position before (valid anchors keep the
+    whole block inside the sample)."""
+    B, L = batch.doc_ids.shape
+    anchors, used = sample_anchors(batch.loss_mask, batch.doc_ids, block_size, max_anchors,
+                                   share)
+    at = anchors[..., None] + torch.arange(block_size, device=anchors.device)
+    scored = used[..., None] & batch.loss_mask.gather(1, at.clamp(max=L - 1).flatten(1)
+                                                      ).view_as(at)
+    scored[..., 0] = False
+    rows, slot, offset = scored.nonzero().unbind(1)
+    counts = torch.bincount(offset, minlength=block_size)[1:].tolist()
+    verifier_rows = rows * L + at[scored] - 1
+    return BlockPlan(anchors, offset, (rows * anchors.shape[1] + slot) * block_size + offset,
+                     verifier_rows, torch.unique(verifier_rows, return_inverse=True), counts)
 
 
 @functools.cache

@@ -14,7 +14,8 @@ from training.config import DFLASH_PRESETS, DFLASH_TRAINING_PRESETS, DFlashConfi
 from training.contract import UsageError
 from training.data import Dataset
 from training.device import autocast
-from training.drafters.dflash.model import DFlashDrafter, position_weights
+from training.drafters.dflash.model import (BlockPlan, DFlashDrafter, plan_blocks,
+                                            position_weights)
 from training.distributed import all_reduce
 from training.drafters.drafter import Drafter, base_shape
 from training.packing import PackedBatch
@@ -37,28 +38,27 @@ class OffsetLoss:
 
 
 class DFlashStep(nn.Module):
-    """The drafter's pass on a batch as a forward(), so DDP sees the call it syncs; it
-    picks the context layers out of the data's captured ones."""
+    """The drafter's pass on a batch and its plan as a forward(), so DDP sees the call it
+    syncs; it picks the context layers out of the data's captured ones."""
 
     def __init__(self, drafter: DFlashDrafter, training: DFlashTraining,
-                 data_layers: list[int], share: tuple[int, int]):
+                 data_layers: list[int]):
         super().__init__()
         self.drafter = drafter
         self.training = training
-        self.share = share  # (rank, world size)
         self.data_layers = len(data_layers)
         columns = [data_layers.index(layer) for layer in training.target_layers]
         self.whole = columns == list(range(len(data_layers)))  # no copy to make
         self.register_buffer("columns", torch.tensor(columns), persistent=False)
 
-    def forward(self, batch: PackedBatch, loss_chunk: int):
+    def forward(self, batch: PackedBatch, loss_chunk: int, plan: BlockPlan):
         aux = batch.aux_hidden
         B, L, _ = aux.shape
         if not self.whole:
             aux = aux.view(B, L, self.data_layers, -1)[:, :, self.columns].flatten(2)
         t = self.training
         return self.drafter(batch, aux, t.max_anchors, t.gamma, t.soft_kl, loss_chunk,
-                            self.share)
+                            plan=plan)
 
 
 def _weighted_count(counts: list[float], cfg: DFlashConfig, training: DFlashTraining
@@ -68,14 +68,17 @@ def _weighted_count(counts: list[float], cfg: DFlashConfig, training: DFlashTrai
 
 
 def forward_backward(model: nn.Module, batch: PackedBatch, cfg: DFlashConfig,
-                     training: DFlashTraining, loss_chunk: int, world: int = 1
+                     training: DFlashTraining, loss_chunk: int, world: int = 1,
+                     host: PackedBatch | None = None, share: tuple[int, int] = (0, 1)
                      ) -> tuple[list[OffsetLoss], list[float]]:
     """Backward through the weighted mean loss over the global batch's scored positions.
     Returns, per block offset 1..block_size - 1, its positions' losses and their count
-    over all ranks."""
+    over all ranks. host: the batch as the loader made it, on the host (None: batch),
+    where the step's anchors are drawn (plan_blocks) for this process's `share`."""
     device = batch.input_ids.device
+    plan = plan_blocks(host or batch, cfg.block_size, training.max_anchors, share).onto(device)
     with autocast(device):
-        out = model(batch, loss_chunk)
+        out = model(batch, loss_chunk, plan)
     local = out.counts
     counts = all_reduce([float(n) for n in local], device, world)
     norm = _weighted_count(counts, cfg, training)
@@ -104,6 +107,7 @@ def step_fields(loss_pos: list[float], acc_pos: list[float], counts: list[float]
 class DFlash(Drafter):
     def __init__(self, cfg: DFlashConfig, training: DFlashTraining, fp8: bool = False):
         self.cfg, self.training, self.fp8 = cfg, training, fp8
+        self.share = (0, 1)  # this process's (rank, world size), set by build
 
     def build(self, dataset: Dataset, device: torch.device, share: tuple[int, int]
               ) -> tuple[DFlashDrafter, DFlashStep]:
@@ -112,7 +116,8 @@ class DFlash(Drafter):
             drafter = DFlashDrafter(self.cfg, self.fp8)
         verifier = dataset.verifier()
         drafter.load_verifier(verifier["embed_tokens"], verifier["lm_head"])
-        step = DFlashStep(drafter, self.training, dataset.info["layers"], share).to(device)
+        self.share = share
+        step = DFlashStep(drafter, self.training, dataset.info["layers"]).to(device)
         return drafter, step
 
     def own_groups(self, drafter: DFlashDrafter) -> nn.ModuleList:
@@ -120,8 +125,9 @@ class DFlash(Drafter):
         return drafter.layers
 
     def forward_backward(self, step: nn.Module, batch: PackedBatch, loss_chunk: int,
-                         world: int) -> tuple[list[OffsetLoss], list[float]]:
-        return forward_backward(step, batch, self.cfg, self.training, loss_chunk, world)
+                         world: int, host: PackedBatch) -> tuple[list[OffsetLoss], list[float]]:
+        return forward_backward(step, batch, self.cfg, self.training, loss_chunk, world, host,
+                                self.share)
 
     def step_fields(self, losses: list[float], accuracies: list[float], counts: list[float]
                     ) -> dict:

@@ -99,7 +99,7 @@ class Eagle3(Drafter):
     # one layer is most of the drafter, gathered whole either way.
 
     def forward_backward(self, step: nn.Module, batch: PackedBatch, loss_chunk: int,
-                         world: int) -> tuple[list[StepLoss], list[float]]:
+                         world: int, host: PackedBatch) -> tuple[list[StepLoss], list[float]]:
         return forward_backward(step, batch, self.ttt_steps, self.ttt_decay, loss_chunk,
                                 world, self.checkpoint_ttt, self.offload_saved)
 
