@@ -188,6 +188,7 @@ def matmul_ceiling_tflops(n: int = 8192, reps: int = 50) -> float:
 def trackside_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: torch.device,
                    name: str):
     from training.drafters.eagle3.probe import Trainer
+    from training.nonfinite import Verdict
     from training.packing import PackedBatch
 
     checkpoint_ttt, frozen, fp8 = trackside_options(name)
@@ -197,10 +198,15 @@ def trackside_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: tor
                         inputs["loss_mask"], inputs["aux_hidden"], inputs["final_hidden"],
                         num_samples=len(inputs["lengths"]), num_truncated=0, pad_tokens=0)
 
+    host = batch.to("cpu")  # as the trainer's loader makes it: its positions are found there
+
     def step() -> float:
-        per_step = trainer.forward_backward(batch, ttt_steps, 2048)
-        trainer.optimizer_step()
-        return float(per_step[0].losses.detach().mean())
+        """As the trainer steps (training/loop.py): the loss is read with the verdict on
+        the step's gradient, before the optimizer is queued, and nothing after it."""
+        per_step = trainer.forward_backward(batch, ttt_steps, 2048, host)
+        verdict = Verdict(per_step, device, 1)
+        trainer.optimizer_step(apply=verdict)
+        return verdict.sums[0] / max(per_step[0].losses.shape[0], 1)
     return step
 
 
@@ -264,13 +270,16 @@ def speculators_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: t
     autocast = device.type == "cuda"
 
     def step() -> float:
+        """Its loss read where trackside's step reads its own: after backward, before the
+        optimizer (whose GPU time then overlaps the next step's queueing, for both)."""
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             _, loss, _ = model(**kwargs)
         optimizer.zero_grad()
         loss.backward()
+        value = float(loss.detach())
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        return float(loss.detach())
+        return value
     return step
 
 
@@ -311,7 +320,7 @@ def child(args: argparse.Namespace) -> dict:
         times, losses = [], []
         for _ in range(args.steps):
             t0 = time.perf_counter()
-            losses.append(step())  # float(): waits for the step
+            losses.append(step())  # reads the step's loss (each trainer where its own does)
             times.append(time.perf_counter() - t0)
         if args.profile:
             profile_steps(step, args.profile)

@@ -4,7 +4,7 @@
 # call each (a machine taken back loses one).
 #   eagle3 (~530 s): fp8's GPU tests (every weight cast in one call; a frozen head's
 #     gradient in fp8: neither has run on a GPU in full yet) and DFlash's step queued with
-#     no read from the device (session 59), then EAGLE-3 llama3-8b
+#     no read from the device, as EAGLE-3's (session 59), then EAGLE-3 llama3-8b
 #     8192 x TTT 5 (head frozen): --fp8, bf16 and speculators 0.9.0 in one call, each
 #     profiled;
 #   dflash (~520 s): DFlash Qwen3-8B 8192, the verifier's tokens made in the step
@@ -22,7 +22,8 @@ nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | t
 case $part in
 eagle3)
   timeout 180 python3 -m pytest -m gpu -p no:cacheprovider -o addopts= -v tests/training/test_fp8.py \
-    "tests/training/test_dflash.py::test_a_dflash_step_queues_its_forward_and_backward_without_reading_the_device" \
+    tests/training/test_dflash.py::test_a_dflash_step_queues_its_forward_and_backward_without_reading_the_device \
+    tests/training/test_model.py::test_an_eagle3_step_queues_its_forward_and_backward_without_reading_the_device \
     > $OUT/fp8-gpu-tests.log 2>&1; tail -8 $OUT/fp8-gpu-tests.log
   timeout 380 python3 bench/train_step.py --cells llama3-8b:8192:5 --repeats 1 \
     --trainers trackside+frozen+fp8 trackside+frozen speculators --profile 40 --timeout 240 \

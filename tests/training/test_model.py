@@ -538,3 +538,42 @@ def test_rope_rotates_as_the_verifiers_llama_layers_do():
     want, _ = modeling_llama.apply_rotary_pos_emb(x, x, cos.double(), sin.double())
     got = rope(x.transpose(1, 2), *rotary_tables(positions, D, theta, torch.float64))
     torch.testing.assert_close(got.transpose(1, 2), want, rtol=1e-6, atol=1e-6)
+
+
+def test_positions_found_on_the_host_score_what_the_drafter_finds_itself(drafter, make_sample):
+    """The training step finds the scored positions on the host copy of the batch
+    (scored_positions) and hands them over: the same losses as a pass that finds its own."""
+    from training.drafters.eagle3.model import scored_positions
+    batch = collate([[make_sample(100, 0), make_sample(130, 1)], [make_sample(60, 2)]], 256)
+    positions = scored_positions(batch, TTT)
+    assert sum(positions.counts) == positions.index.shape[0]
+    own = drafter.step_losses(batch, TTT, loss_chunk=64)
+    given = drafter.step_losses(batch, TTT, loss_chunk=64,
+                                positions=positions.onto(torch.device("cpu")))
+    for a, b in zip(own, given):
+        assert torch.equal(a.index, b.index) and torch.equal(a.losses, b.losses)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True])
+def test_an_eagle3_step_queues_its_forward_and_backward_without_reading_the_device(
+        drafter, make_sample, fp8):
+    """Given its batch's host copy, a step's unrolled forward and backward are queued
+    with no read from the device (a read waits for all the GPU was given: the step
+    before's optimizer)."""
+    from training.drafters.eagle3.step import Unroll, forward_backward
+    from training.drafters.eagle3.model import Eagle3Drafter
+    model = Eagle3Drafter(drafter.cfg, fp8).cuda()
+    model.load_state_dict(drafter.state_dict())
+    host = collate([[make_sample(100, 0), make_sample(130, 1)], [make_sample(60, 2)]], 256)
+    host.aux_hidden, host.final_hidden = host.aux_hidden.float(), host.final_hidden.float()
+    batch = host.to("cuda")
+    unroll = Unroll(model)
+    forward_backward(unroll, batch, TTT, DECAY, 64, host=host)  # compiles: reads allowed
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        per_step, counts = forward_backward(unroll, batch, TTT, DECAY, 64, host=host)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(s.losses.isfinite().all() for s in per_step) and all(counts)

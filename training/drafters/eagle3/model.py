@@ -6,6 +6,7 @@ t2d) so an export is a rename-free copy of the state dict.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.utils.checkpoint
@@ -13,6 +14,7 @@ from torch import Tensor, nn
 
 from training.compiled import cuda_compiled
 from training.config import DrafterConfig
+from training.device import onto
 from training.drafters.eagle3.attention import DocLayout, ttt_attention
 from training.drafters.eagle3.loss import soft_cross_entropy, verifier_targets
 from training.flex import at_least_float32
@@ -136,6 +138,32 @@ def _shift(x: Tensor, s: int, fill) -> Tensor:
     return out
 
 
+def _same_docs(doc: Tensor, ttt_steps: int) -> list[Tensor]:
+    """Per TTT step s = 1.., [B, L] bool: position i and i + s lie in one sample."""
+    return [(_shift(doc, s, -1) == doc) & (doc >= 0) for s in range(1, ttt_steps + 1)]
+
+
+class Positions(NamedTuple):
+    """Every TTT step's scored positions: their sizes, which the CPU must know to queue
+    the unroll. Made on the device, counting them would wait for all the GPU was given
+    (the step before's optimizer): the training step makes them on the host, from the
+    batch as the loader made it, and hands them over (`onto`)."""
+    index: Tensor  # [P, 2] (row, column), TTT step by step
+    counts: list[int]  # positions scored at each TTT step
+
+    def onto(self, device: torch.device) -> Positions:
+        return Positions(onto(self.index, device), self.counts)
+
+
+def scored_positions(batch: PackedBatch, ttt_steps: int) -> Positions:
+    """Index i holds the chain whose step k reads token x_{i+k+1} and is scored against
+    the verifier at i+k+1; past its own sample nothing counts."""
+    scored = torch.stack([same & _shift(batch.loss_mask, s, False) for s, same in
+                          enumerate(_same_docs(batch.doc_ids, ttt_steps), 1)]).nonzero()
+    counts = torch.bincount(scored[:, 0], minlength=ttt_steps).tolist()
+    return Positions(scored[:, 1:], counts)
+
+
 class Eagle3Drafter(nn.Module):
     def __init__(self, cfg: DrafterConfig, fp8: bool = False):
         """fp8: the layer's matmuls in fp8 (training/fp8.py), and a frozen head's gradient."""
@@ -187,8 +215,12 @@ class Eagle3Drafter(nn.Module):
         self.lm_head.weight = nn.Parameter(self.target_head, requires_grad=False)
 
     def step_losses(self, batch: PackedBatch, ttt_steps: int, loss_chunk: int = 2048,
-                    checkpoint: int = 0) -> list[StepLoss]:
+                    checkpoint: int = 0, positions: Positions | None = None
+                    ) -> list[StepLoss]:
         """Unroll TTT over the batch and return each step's per-position losses.
+
+        positions: scored_positions of the batch, made where it was made (the training
+        step makes them on the host); None: made here.
 
         checkpoint: how many TTT steps, the first ones, keep only their inputs and outputs
         (hidden state, keys and values) for backward and recompute the rest of the layer
@@ -203,15 +235,9 @@ class Eagle3Drafter(nn.Module):
             raise ValueError(f"checkpoint counts TTT steps (0 or more), got {checkpoint!r}")
         ids, doc = batch.input_ids, batch.doc_ids
         layout = DocLayout(doc)
-        # Index i holds the chain whose step k reads token x_{i+k+1} and is scored against
-        # the verifier at i+k+1; past its own sample nothing counts. Every step's scored
-        # positions are found up front: counting them waits for the device, and one wait
-        # before the unroll costs less than one per step, each draining the GPU's queue.
-        same_docs = [(_shift(doc, s, -1) == doc) & (doc >= 0) for s in range(1, ttt_steps + 1)]
-        scored = torch.stack([same & _shift(batch.loss_mask, s, False)
-                              for s, same in enumerate(same_docs, 1)]).nonzero()
-        counts = torch.bincount(scored[:, 0], minlength=ttt_steps).tolist()
-        step_index = scored[:, 1:].split(counts)  # per step: [P, 2] (row, column)
+        same_docs = _same_docs(doc, ttt_steps)
+        index, counts = positions or scored_positions(batch, ttt_steps)
+        step_index = index.split(counts)  # per step: [P, 2] (row, column)
         aux = batch.aux_hidden
         if not torch.is_autocast_enabled(aux.device.type):
             aux = aux.to(self.fc.weight.dtype)  # stored hidden states may be bf16

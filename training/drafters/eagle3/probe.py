@@ -100,14 +100,15 @@ class Trainer:
         self.precision = precision(device)
         self.dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
 
-    def forward_backward(self, batch: PackedBatch, ttt_steps: int,
-                         loss_chunk: int) -> list[StepLoss]:
+    def forward_backward(self, batch: PackedBatch, ttt_steps: int, loss_chunk: int,
+                         host: PackedBatch | None = None) -> list[StepLoss]:
         per_step, _ = forward_backward(self.model, batch, ttt_steps, self.ttt_decay,
-                                            loss_chunk, checkpoint=self.checkpoint_ttt)
+                                       loss_chunk, checkpoint=self.checkpoint_ttt, host=host)
         return per_step
 
-    def optimizer_step(self) -> None:
-        optimizer_step(self.optimizer, self.params, GRAD_CLIP)
+    def optimizer_step(self, apply=None) -> None:
+        """apply: as optimizer_step takes it (the trainer's Verdict)."""
+        optimizer_step(self.optimizer, self.params, GRAD_CLIP, apply=apply)
 
     def measure(self, max_seq_len: int, ttt_steps: int, *, batch_rows: int = 1,
                 loss_chunk: int = 2048, steps: int = 2) -> StepPeak:

@@ -18,7 +18,8 @@ from training.device import autocast
 from training.distributed import all_reduce
 from training.drafters.drafter import Drafter, base_shape
 from training.drafters.eagle3.vocab import build_draft_vocab, default_draft_vocab_size
-from training.drafters.eagle3.model import Eagle3Drafter, StepLoss
+from training.drafters.eagle3.model import (Eagle3Drafter, Positions, StepLoss,
+                                            scored_positions)
 from training.offload import HostOffload
 from training.packing import PackedBatch
 from training.params import PARAMS
@@ -36,9 +37,10 @@ class Unroll(nn.Module):
         self.drafter = drafter
 
     def forward(self, batch: PackedBatch, ttt_steps: int, loss_chunk: int,
-                checkpoint: int = 0) -> tuple[torch.Tensor, ...]:
+                checkpoint: int = 0, positions: Positions | None = None
+                ) -> tuple[torch.Tensor, ...]:
         return tuple(t for s in self.drafter.step_losses(batch, ttt_steps, loss_chunk,
-                                                         checkpoint)
+                                                         checkpoint, positions)
                      for t in (s.total, s.losses, s.agree, s.index))
 
     @staticmethod
@@ -51,16 +53,20 @@ class Unroll(nn.Module):
 # own.
 def forward_backward(model: nn.Module, batch: PackedBatch, ttt_steps: int, ttt_decay: float,
                      loss_chunk: int, world: int = 1, checkpoint: int = 0,
-                     offload: bool = False) -> tuple[list[StepLoss], list[float]]:
+                     offload: bool = False, host: PackedBatch | None = None
+                     ) -> tuple[list[StepLoss], list[float]]:
     """Backward through Σ_k decay^k · (TTT step k's mean loss over the global batch).
     Returns each TTT step's losses and its scored positions over all ranks. `offload`:
     what backward keeps (the recomputed TTT steps' inputs, the loss's gradients) waits in
-    pinned host memory instead of on the device (training/offload.py)."""
+    pinned host memory instead of on the device (training/offload.py). host: the batch as
+    the loader made it, on the host (None: batch), where the scored positions are found."""
     device = batch.input_ids.device
+    positions = scored_positions(host or batch, ttt_steps).onto(device)
     kept_on_host = (HostOffload(resident=(batch.aux_hidden, batch.final_hidden)) if offload
                     else contextlib.nullcontext())
     with autocast(device), kept_on_host:
-        per_step = Unroll.step_losses(model(batch, ttt_steps, loss_chunk, checkpoint))
+        per_step = Unroll.step_losses(model(batch, ttt_steps, loss_chunk, checkpoint,
+                                            positions))
     counts = all_reduce([float(s.losses.shape[0]) for s in per_step], device, world)
     # Each rank's share of the global mean; DDP averages gradients over ranks.
     loss = sum(ttt_decay ** k * s.total * (world / max(n, 1))
@@ -101,7 +107,7 @@ class Eagle3(Drafter):
     def forward_backward(self, step: nn.Module, batch: PackedBatch, loss_chunk: int,
                          world: int, host: PackedBatch) -> tuple[list[StepLoss], list[float]]:
         return forward_backward(step, batch, self.ttt_steps, self.ttt_decay, loss_chunk,
-                                world, self.checkpoint_ttt, self.offload_saved)
+                                world, self.checkpoint_ttt, self.offload_saved, host)
 
     def step_fields(self, losses: list[float], accuracies: list[float], counts: list[float]
                     ) -> dict:
