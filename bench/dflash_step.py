@@ -121,7 +121,6 @@ def trackside_step(spec: dict, row: dict, device: torch.device):
     batch = PackedBatch(row["input_ids"], row["position_ids"], row["doc_ids"], row["loss_mask"],
                         row["aux_hidden"], row["final_hidden"], num_samples=row["num_samples"],
                         num_truncated=0, pad_tokens=0)
-    host = batch.to("cpu")  # as the trainer's loader makes it: the step's plan is drawn there
     if not spec.get("tokens_in_step"):  # the verifier's argmax, as `trackside extract` keeps it
         L = spec["max_seq_len"]
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -129,6 +128,7 @@ def trackside_step(spec: dict, row: dict, device: torch.device):
             row["final_hidden"].flatten(0, 1),
             torch.unique(torch.arange(L, device=device), return_inverse=True), drafter.lm_head,
             dtype, spec["loss_chunk"]).view(1, L)
+    host = batch.to("cpu")  # as the trainer's loader makes it: the step's plan is drawn there
 
     def step(mark=lambda name: None) -> float:
         """As the trainer steps (training/loop.py): the loss is read with the verdict on
@@ -136,7 +136,7 @@ def trackside_step(spec: dict, row: dict, device: torch.device):
         per_offset, counts = run.forward_backward(model, batch, cfg, training,
                                                   spec["loss_chunk"], host=host)
         mark("backward")
-        verdict = Verdict(per_offset, device, 1)
+        verdict = Verdict(per_offset, 1)
         optimizer_step(optimizer, params, 1.0, apply=verdict)
         mark("optimizer")
         return sum(verdict.sums[:len(per_offset)]) / max(sum(counts), 1)

@@ -204,7 +204,7 @@ def trackside_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: tor
         """As the trainer steps (training/loop.py): the loss is read with the verdict on
         the step's gradient, before the optimizer is queued, and nothing after it."""
         per_step = trainer.forward_backward(batch, ttt_steps, 2048, host)
-        verdict = Verdict(per_step, device, 1)
+        verdict = Verdict(per_step, 1)
         trainer.optimizer_step(apply=verdict)
         return verdict.sums[0] / max(per_step[0].losses.shape[0], 1)
     return step

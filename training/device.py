@@ -51,4 +51,6 @@ def onto(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     to finish."""
     if t.device == device:
         return t
-    return (t.pin_memory() if device.type == "cuda" else t).to(device, non_blocking=True)
+    if device.type == "cuda":  # contiguous: a strided copy would stage through pageable memory
+        t = t.contiguous().pin_memory()
+    return t.to(device, non_blocking=True)

@@ -56,9 +56,16 @@ def all_reduce(values: list[float], device: torch.device, world: int) -> list[fl
     """Each value summed over the ranks, in one float64 all-reduce."""
     if world == 1:
         return values
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return t.tolist()
+    return sum_over_ranks(torch.tensor(values, dtype=torch.float64, device=device),
+                          world).tolist()
+
+
+def sum_over_ranks(t: torch.Tensor, world: int) -> torch.Tensor:
+    """t summed over the ranks, in place, where it lies: values still on the device are
+    summed there, and read once after."""
+    if world > 1:
+        dist.all_reduce(t)
+    return t
 
 
 def spread(step_module: nn.Module, layers: Sequence[nn.Module], sharding: str,

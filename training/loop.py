@@ -287,7 +287,7 @@ def train(cfg: TrainConfig) -> int:
             # Positions are scored in units: TTT steps (EAGLE-3), block offsets (DFlash).
             scored, counts = drafting.forward_backward(unroll, batch, cfg.loss_chunk, world,
                                                        host)
-            verdict = Verdict(scored, device, world)
+            verdict = Verdict(scored, world)
             if state_offload is not None:
                 state_offload.to_device()
             optimizer_step(optimizer, trainable.values(), cfg.grad_clip, apply=verdict)

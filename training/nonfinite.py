@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from training.distributed import all_reduce
+from training.distributed import sum_over_ranks
 from training.drafters.drafter import Scored
 
 LOSS, GRAD_NORM = "loss", "grad_norm"  # the `nonfinite` event's `what`
@@ -27,12 +27,14 @@ class Verdict:
 
     The check is the step's one read from the device, and it reads with it what the step's
     event reports: each unit's loss and agreement sums (`sums`, summed over the ranks: the
-    units' losses, then their agreements) and the gradient norm (`grad_norm`). Nothing is
-    then read after the optimizer is queued, so the CPU goes on to queue the next step
-    while the GPU runs it."""
+    units' losses, then their agreements) and the gradient norm (`grad_norm`). On one
+    process nothing is then read after the optimizer is queued, so the CPU goes on to
+    queue the next step while the GPU runs it (over several ranks the loop's all-reduce of
+    its host values still waits for it, as the counts' all-reduce in forward_backward does
+    mid-step)."""
 
-    def __init__(self, scored: Sequence[Scored], device: torch.device, world: int):
-        self.scored, self.device, self.world = scored, device, world
+    def __init__(self, scored: Sequence[Scored], world: int):
+        self.scored, self.world = scored, world
         self.what: str | None = None
         self.sums: list[float] = []
         self.grad_norm = float("nan")
@@ -43,12 +45,12 @@ class Verdict:
         loss = torch.stack(sums[:len(self.scored)]).sum() if self.scored else None
         checks = [grad_norm] if loss is None else [loss, grad_norm]
         bad = [(~torch.isfinite(t.float())).double() for t in checks]
-        read = torch.stack([t.double() for t in (*bad, *sums, grad_norm)]).tolist()
         # Summed over the ranks: every rank skips the same steps (a loss is per rank; the
         # norm is the whole drafter's already, and stays out of the sum).
-        summed = all_reduce(read[:-1], self.device, self.world)
-        flags = summed[:len(bad)] if loss is not None else [0.0, *summed[:1]]
-        self.sums, self.grad_norm = summed[len(bad):], read[-1]
+        summed = sum_over_ranks(torch.stack([t.double() for t in (*bad, *sums)]), self.world)
+        read = torch.cat([summed, grad_norm.detach().double().reshape(1)]).tolist()
+        flags = read[:len(bad)] if loss is not None else [0.0, read[0]]
+        self.sums, self.grad_norm = read[len(bad):-1], read[-1]
         self.what = LOSS if flags[0] else GRAD_NORM if flags[1] else None
         return self.what is None
 

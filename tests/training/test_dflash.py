@@ -322,8 +322,10 @@ def test_a_plan_made_on_the_host_drafts_and_scores_what_the_drafter_draws_itself
     torch.manual_seed(5)
     plan = plan_blocks(batch, drafter.cfg.block_size, 12)
     assert plan.counts == own.counts and sum(plan.counts) == plan.offset.shape[0]
-    distinct, where = plan.distinct_verifier_rows
+    distinct, where = plan.distinct_verifier_rows  # the batch carries no verifier tokens
     assert torch.equal(distinct[where], plan.verifier_rows)
+    with_kl = plan_blocks(batch, drafter.cfg.block_size, 12, soft_kl=0.15)
+    assert with_kl.distinct_verifier_rows is None
     planned = drafter(batch, batch.aux_hidden, 12, gamma=2.0, loss_chunk=16,
                       plan=plan.onto(torch.device("cpu")))
     assert torch.equal(planned.offset, own.offset)

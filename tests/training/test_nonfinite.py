@@ -106,14 +106,14 @@ def test_a_refused_step_applies_nothing_and_drops_the_gradients(fused_clip):
     optimizer = torch.optim.AdamW([w], lr=0.1, fused=fused_clip)
     assert _folds_clip(optimizer) == fused_clip
     w.grad = torch.tensor([1.0, math.nan, 0.0, 2.0])
-    verdict = Verdict([unit()], torch.device("cpu"), 1)
+    verdict = Verdict([unit()], 1)
     norm = optimizer_step(optimizer, [w], 1.0, apply=verdict)
     assert verdict.what == "grad_norm" and math.isnan(norm.item())
     assert math.isnan(verdict.grad_norm)
     assert torch.equal(w.detach(), torch.ones(4)) and w.grad is None
     assert not optimizer.state
     w.grad = torch.ones(4)
-    verdict = Verdict([unit()], torch.device("cpu"), 1)
+    verdict = Verdict([unit()], 1)
     optimizer_step(optimizer, [w], 1.0, apply=verdict)
     assert verdict.what is None and not torch.equal(w.detach(), torch.ones(4))
 
@@ -126,11 +126,26 @@ def test_the_verdict_reads_the_events_sums_and_norm_with_its_check():
     """The step's one read: each unit's loss and agreement sums (losses first) and the
     gradient norm come back with the finite flags, so the loop reads nothing once the
     optimizer is queued."""
-    verdict = Verdict([unit((0.5, 1.5)), unit((2.0,), (False,))], torch.device("cpu"), 1)
+    verdict = Verdict([unit((0.5, 1.5)), unit((2.0,), (False,))], 1)
     assert verdict(torch.tensor(3.25))
     assert verdict.sums == [2.0, 2.0, 2.0, 0.0] and verdict.grad_norm == 3.25
-    verdict = Verdict([unit((math.inf,), (True,))], torch.device("cpu"), 1)
+    verdict = Verdict([unit((math.inf,), (True,))], 1)
     assert not verdict(torch.tensor(1.0)) and verdict.what == "loss"
+
+
+def test_over_ranks_the_verdict_sums_its_flags_and_sums_but_not_the_norm(monkeypatch):
+    """Two ranks as the sum over them sees it (each value twice): the flags and the units'
+    sums are summed, the norm (the whole drafter's already) is not; a rank whose loss is
+    not finite makes every rank skip."""
+    monkeypatch.setattr("training.nonfinite.sum_over_ranks", lambda t, world: t.mul_(world))
+    verdict = Verdict([unit((0.5, 1.5)), unit((2.0,), (False,))], 2)
+    assert verdict(torch.tensor(3.25))
+    assert verdict.sums == [4.0, 4.0, 4.0, 0.0] and verdict.grad_norm == 3.25
+    verdict = Verdict([unit((math.nan,))], 2)
+    assert not verdict(torch.tensor(1.0)) and verdict.what == "loss"
+    verdict = Verdict([], 2)  # a rank with no scored positions: the norm alone is checked
+    assert not verdict(torch.tensor(math.inf)) and verdict.what == "grad_norm"
+    assert verdict.sums == []
 
 
 def test_a_run_skipping_steps_is_an_alert_while_it_runs_and_none_once_it_trains_again(tmp_path, cache):

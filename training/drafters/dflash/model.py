@@ -151,18 +151,18 @@ class DFlashDrafter(nn.Module):
                 gamma: float, soft_kl: float = 0.0, loss_chunk: int = 2048,
                 share: tuple[int, int] = (0, 1), plan: BlockPlan | None = None
                 ) -> BlockLosses:
-        """Draw anchors, draft every block in one pass, score it.
+        """Draft every block of the batch's plan in one pass, score it.
 
         context_hidden [B, L, num_target_layers · H]: the verifier layers this drafter
         reads, concatenated (a selection of the data's aux_hidden). share: (rank, world
         size) of the process whose slice of the global batch this is (sample_anchors).
-        plan: plan_blocks of the batch, made where it was made (the training step makes it
-        on the host); None: made here, of max_anchors and share.
+        plan: plan_blocks of the batch, made where the batch was made (the training step
+        makes it on the host); None: drawn here, of max_anchors and share.
         """
         cfg, bs = self.cfg, self.cfg.block_size
         ids, doc = batch.input_ids, batch.doc_ids
         B, L = ids.shape
-        plan = plan or plan_blocks(batch, bs, max_anchors, share)
+        plan = plan or plan_blocks(batch, bs, max_anchors, share, soft_kl)
         anchors, offset, draft_rows, verifier_rows = (plan.anchors, plan.offset,
                                                       plan.draft_rows, plan.verifier_rows)
         offsets = torch.arange(bs, device=ids.device)
@@ -211,21 +211,23 @@ class BlockPlan(NamedTuple):
     offset: Tensor  # [P] long: each scored position's offset in its block, 1..bs - 1
     draft_rows: Tensor  # [P]: its row among the blocks' tokens, [B · A · bs]
     verifier_rows: Tensor  # [P]: the row of the verifier's state before it, [B · L]
-    distinct_verifier_rows: tuple[Tensor, Tensor]  # torch.unique's of verifier_rows
+    # torch.unique's of verifier_rows, where the step makes the verifier's tokens there
+    distinct_verifier_rows: tuple[Tensor, Tensor] | None
     counts: list[int]  # positions scored at each offset 1..bs - 1
 
     def onto(self, device: torch.device) -> BlockPlan:
+        distinct = self.distinct_verifier_rows
         return BlockPlan(*(onto(t, device) for t in self[:4]),
-                         tuple(onto(t, device) for t in self.distinct_verifier_rows),
-                         self.counts)
+                         distinct and tuple(onto(t, device) for t in distinct), self.counts)
 
 
 def plan_blocks(batch: PackedBatch, block_size: int, max_anchors: int,
-                share: tuple[int, int] = (0, 1)) -> BlockPlan:
+                share: tuple[int, int] = (0, 1), soft_kl: float = 0.0) -> BlockPlan:
     """Draw the batch's anchors (sample_anchors, on the batch's device) and place its
     scored positions. Offset k of a used block is scored where its token bears loss; the
     verifier's token there is its argmax at the position before (valid anchors keep the
-    whole block inside the sample)."""
+    whole block inside the sample). The step makes those tokens itself where it scores
+    no soft KL and the batch carries none."""
     B, L = batch.doc_ids.shape
     anchors, used = sample_anchors(batch.loss_mask, batch.doc_ids, block_size, max_anchors,
                                    share)
@@ -236,8 +238,11 @@ def plan_blocks(batch: PackedBatch, block_size: int, max_anchors: int,
     rows, slot, offset = scored.nonzero().unbind(1)
     counts = torch.bincount(offset, minlength=block_size)[1:].tolist()
     verifier_rows = rows * L + at[scored] - 1
+    makes_tokens = not soft_kl and batch.verifier_ids is None
     return BlockPlan(anchors, offset, (rows * anchors.shape[1] + slot) * block_size + offset,
-                     verifier_rows, torch.unique(verifier_rows, return_inverse=True), counts)
+                     verifier_rows,
+                     torch.unique(verifier_rows, return_inverse=True) if makes_tokens else None,
+                     counts)
 
 
 @functools.cache

@@ -76,7 +76,8 @@ def forward_backward(model: nn.Module, batch: PackedBatch, cfg: DFlashConfig,
     over all ranks. host: the batch as the loader made it, on the host (None: batch),
     where the step's anchors are drawn (plan_blocks) for this process's `share`."""
     device = batch.input_ids.device
-    plan = plan_blocks(host or batch, cfg.block_size, training.max_anchors, share).onto(device)
+    plan = plan_blocks(host or batch, cfg.block_size, training.max_anchors, share,
+                       training.soft_kl).onto(device)
     with autocast(device):
         out = model(batch, loss_chunk, plan)
     local = out.counts
