@@ -1,6 +1,6 @@
 """The trainer's processes and how they hold the drafter: the process group (one process
 per GPU under torchrun, gloo on CPU and NCCL on CUDA, or one process alone), the
-all-reduce every step's sums take, DDP or FSDP over the module a step runs, and the
+all-reduces every step's sums take, DDP or FSDP over the module a step runs, and the
 drafter's state gathered whole from its ranks and handed back to them.
 
 `sharding` says how ranks hold the drafter: "ddp" replicates it (DistributedDataParallel),
@@ -11,6 +11,7 @@ world size and either sharding (`restore_state`).
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 
@@ -49,15 +50,25 @@ def join_processes(device_type: str, sharding: str = "ddp") -> tuple[torch.devic
 def leave_processes() -> None:
     """Leave the process group, where this process joined one."""
     if dist.is_initialized():
+        _host_group.cache_clear()
         dist.destroy_process_group()
 
 
-def all_reduce(values: list[float], device: torch.device, world: int) -> list[float]:
-    """Each value summed over the ranks, in one float64 all-reduce."""
+@functools.cache
+def _host_group() -> dist.ProcessGroup:
+    """The ranks again, over gloo: host values summed there are never copied to a GPU
+    and read back, which would wait for all the GPU was given. Made at the first sum,
+    which every rank reaches in the same order."""
+    return dist.new_group(backend="gloo")
+
+
+def all_reduce(values: list[float], world: int) -> list[float]:
+    """Each host value summed over the ranks, in one float64 all-reduce on the host."""
     if world == 1:
         return values
-    return sum_over_ranks(torch.tensor(values, dtype=torch.float64, device=device),
-                          world).tolist()
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, group=_host_group())
+    return t.tolist()
 
 
 def sum_over_ranks(t: torch.Tensor, world: int) -> torch.Tensor:

@@ -304,7 +304,7 @@ def train(cfg: TrainConfig) -> int:
                 if streak.over:
                     status = contract.ENDED_NONFINITE
                     break
-                if all_reduce([float(stop.requested)], device, world)[0] > 0:
+                if all_reduce([float(stop.requested)], world)[0] > 0:
                     status = contract.STOPPED
                     stop.under_way()
                     break
@@ -318,11 +318,11 @@ def train(cfg: TrainConfig) -> int:
             # Each rank's peak in its own slot: the same all-reduce gathers them all.
             peaks = [0.0] * world
             peaks[rank] = peak_mem_gib(device)
-            # Host values, summed over the ranks (on one, no read from the device); every
-            # unit's loss and agreement sums came with the verdict's read
+            # Host values, summed over the ranks on the host; every unit's loss and
+            # agreement sums came with the verdict's read
             sums = all_reduce(
                 [tokens, batch.num_samples, batch.pad_tokens, float(stop.requested)] + peaks,
-                device, world)
+                world)
             peaks, stop_requested = sums[-world:], sums[-world - 1]
             K = len(scored)
             unit_loss = [verdict.sums[k] / max(counts[k], 1) for k in range(K)]

@@ -27,11 +27,9 @@ class Verdict:
 
     The check is the step's one read from the device, and it reads with it what the step's
     event reports: each unit's loss and agreement sums (`sums`, summed over the ranks: the
-    units' losses, then their agreements) and the gradient norm (`grad_norm`). On one
-    process nothing is then read after the optimizer is queued, so the CPU goes on to
-    queue the next step while the GPU runs it (over several ranks the loop's all-reduce of
-    its host values still waits for it, as the counts' all-reduce in forward_backward does
-    mid-step)."""
+    units' losses, then their agreements) and the gradient norm (`grad_norm`). Nothing is
+    then read after the optimizer is queued (the loop sums its host values over the ranks
+    on the host), so the CPU goes on to queue the next step while the GPU runs it."""
 
     def __init__(self, scored: Sequence[Scored], world: int):
         self.scored, self.world = scored, world

@@ -81,7 +81,7 @@ def forward_backward(model: nn.Module, batch: PackedBatch, cfg: DFlashConfig,
     with autocast(device):
         out = model(batch, loss_chunk, plan)
     local = out.counts
-    counts = all_reduce([float(n) for n in local], device, world)
+    counts = all_reduce([float(n) for n in local], world)
     norm = _weighted_count(counts, cfg, training)
     # Each rank's share of the global mean; DDP averages gradients over ranks.
     (out.total * (world / max(norm, 1e-12))).backward()

@@ -67,7 +67,7 @@ def forward_backward(model: nn.Module, batch: PackedBatch, ttt_steps: int, ttt_d
     with autocast(device), kept_on_host:
         per_step = Unroll.step_losses(model(batch, ttt_steps, loss_chunk, checkpoint,
                                             positions))
-    counts = all_reduce([float(s.losses.shape[0]) for s in per_step], device, world)
+    counts = all_reduce([float(s.losses.shape[0]) for s in per_step], world)
     # Each rank's share of the global mean; DDP averages gradients over ranks.
     loss = sum(ttt_decay ** k * s.total * (world / max(n, 1))
                for k, (s, n) in enumerate(zip(per_step, counts)))
