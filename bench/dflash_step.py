@@ -50,7 +50,7 @@ import torch  # noqa: E402
 
 from bench.random_data import prompt_len  # noqa: E402
 from bench.train_step import (profile_steps, sample_lengths,  # noqa: E402
-                              speculators_loss_implementation)
+                              speculators_loss_implementation, marks_lines, timeline)
 from training.config import DFLASH_PRESETS, DFLASH_TRAINING_PRESETS  # noqa: E402
 from training.memory.measured import unmodelled_fp8  # noqa: E402
 from training.params import PARAMS  # noqa: E402
@@ -143,46 +143,6 @@ def trackside_step(spec: dict, row: dict, device: torch.device):
     step.marked = {f"layer {i}": layer for i, layer in enumerate(drafter.layers)}
     step.marked["forward"] = model
     return step
-
-
-def timeline(step, steps: int) -> list[dict]:
-    """Where the CPU and the GPU are at points of a step (after each module of step.marked
-    has run forward, after backward, after the optimizer), in ms from its start, medians
-    over `steps`: each step here starts with the GPU idle (waited for), so the GPU's lag
-    behind the CPU at a point is the work queued ahead of it there. A lag near zero says
-    the GPU waits on the CPU queueing its kernels; a growing one, that the CPU is ahead.
-    On the CPU, its times alone (gpu_ms None)."""
-    gpu = torch.cuda.is_available()
-    marks: list[tuple[str, float, torch.cuda.Event | None]] = []
-
-    def mark(name: str) -> None:
-        event = torch.cuda.Event(enable_timing=True) if gpu else None
-        if event is not None:
-            event.record()
-        marks.append((name, time.perf_counter(), event))
-    hooks = [module.register_forward_hook(lambda *_, name=name: mark(name))
-             for name, module in step.marked.items()]
-    seen: dict[str, list[tuple[float, float | None]]] = {}
-    try:
-        for _ in range(steps):
-            if gpu:
-                torch.cuda.synchronize()
-            marks.clear()
-            mark("start")
-            step(mark)
-            mark("end")
-            if gpu:
-                torch.cuda.synchronize()
-            _, t0, e0 = marks[0]
-            for name, t, event in marks[1:]:
-                seen.setdefault(name, []).append(
-                    ((t - t0) * 1e3, e0.elapsed_time(event) if gpu else None))
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return [{"at": name, "cpu_ms": round(statistics.median(c for c, _ in times), 2),
-             "gpu_ms": round(statistics.median(g for _, g in times), 2) if gpu else None}
-            for name, times in seen.items()]
 
 
 def speculators_step(spec: dict, row: dict, device: torch.device):
@@ -359,10 +319,7 @@ def describe(r: dict) -> str:
     return (f"{head}: {r['tokens_per_s']:,.0f} tokens/s (median step {r['step_s'] * 1e3:.0f} "
             f"ms), first step {r['first_step_s']:.1f} s (set-up {r['setup_s']:.1f} s)"
             f"{peak}{predicted}, loss "
-            f"{r['loss_first']:.3f} -> {r['loss_last']:.3f}"
-            + "".join(f"\n  {m['at']:>10s}: CPU {m['cpu_ms']:7.2f} ms" + (
-                f", GPU {m['gpu_ms']:7.2f} ms (lag {m['gpu_ms'] - m['cpu_ms']:+.2f})"
-                if m["gpu_ms"] is not None else "") for m in r.get("marks", ())))
+            f"{r['loss_first']:.3f} -> {r['loss_last']:.3f}" + marks_lines(r))
 
 
 def export_check(export: Path, data: Path) -> dict:

@@ -200,13 +200,16 @@ def trackside_step(cfg: DrafterConfig, inputs: dict, ttt_steps: int, device: tor
 
     host = batch.to("cpu")  # as the trainer's loader makes it: its positions are found there
 
-    def step() -> float:
+    def step(mark=lambda name: None) -> float:
         """As the trainer steps (training/loop.py): the loss is read with the verdict on
         the step's gradient, before the optimizer is queued, and nothing after it."""
         per_step = trainer.forward_backward(batch, ttt_steps, 2048, host)
+        mark("backward")
         verdict = Verdict(per_step, 1)
         trainer.optimizer_step(apply=verdict)
+        mark("optimizer")
         return verdict.sums[0] / max(per_step[0].losses.shape[0], 1)
+    step.marked = {"ttt step": trainer.drafter.midlayer, "forward": trainer.model}
     return step
 
 
@@ -322,6 +325,8 @@ def child(args: argparse.Namespace) -> dict:
             t0 = time.perf_counter()
             losses.append(step())  # reads the step's loss (each trainer where its own does)
             times.append(time.perf_counter() - t0)
+        if args.timeline and args.trainer != "speculators":
+            result["marks"] = timeline(step, args.steps)
         if args.profile:
             profile_steps(step, args.profile)
     except torch.OutOfMemoryError as e:
@@ -362,6 +367,48 @@ def profile_steps(step, rows: int, steps: int = 2) -> None:
         cpu_ops = [e for e in events if e.get("cat") == "cpu_op" and "dur" in e]
         print("\n".join(kernel_summary(kernels, steps) + idle_gaps(kernels, cpu_ops)),
               file=sys.stderr, flush=True)
+
+
+def timeline(step, steps: int) -> list[dict]:
+    """Where the CPU and the GPU are at points of a step (after each module of step.marked
+    has run forward, its nth run in a step named "NAME #n"; after backward, after the
+    optimizer: step(mark) marks those), in ms from its start, medians over `steps`: each
+    step here starts with the GPU idle (waited for), so the GPU's lag behind the CPU at a
+    point is the work queued ahead of it there. A lag near zero says the GPU waits on the
+    CPU queueing its kernels; a growing one, that the CPU is ahead. On the CPU, its times
+    alone (gpu_ms None)."""
+    gpu = torch.cuda.is_available()
+    marks: list[tuple[str, float, torch.cuda.Event | None]] = []
+
+    def mark(name: str) -> None:
+        event = torch.cuda.Event(enable_timing=True) if gpu else None
+        if event is not None:
+            event.record()
+        runs = sum(1 for seen_name, *_ in marks if seen_name.split(" #")[0] == name)
+        marks.append((f"{name} #{runs + 1}" if runs else name, time.perf_counter(), event))
+    hooks = [module.register_forward_hook(lambda *_, name=name: mark(name))
+             for name, module in step.marked.items()]
+    seen: dict[str, list[tuple[float, float | None]]] = {}
+    try:
+        for _ in range(steps):
+            if gpu:
+                torch.cuda.synchronize()
+            marks.clear()
+            mark("start")
+            step(mark)
+            mark("end")
+            if gpu:
+                torch.cuda.synchronize()
+            _, t0, e0 = marks[0]
+            for name, t, event in marks[1:]:
+                seen.setdefault(name, []).append(
+                    ((t - t0) * 1e3, e0.elapsed_time(event) if gpu else None))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [{"at": name, "cpu_ms": round(statistics.median(c for c, _ in times), 2),
+             "gpu_ms": round(statistics.median(g for _, g in times), 2) if gpu else None}
+            for name, times in seen.items()]
 
 
 def kernel_kind(name: str) -> str:
@@ -438,6 +485,8 @@ def run_child(trainer: str, cell: Cell, args: argparse.Namespace) -> dict:
         cmd += ["--cap-gib", str(args.cap_gib)]
     if args.profile:
         cmd += ["--profile", str(args.profile)]
+    if args.timeline:
+        cmd += ["--timeline"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
@@ -462,7 +511,15 @@ def describe(r: dict, ceiling: float | None) -> str:
     mfu = (f" MFU {r['flops'] / r['step_s'] / 1e12 / ceiling:5.1%}" if ceiling else "")
     peak = f" {r['peak_gib']:6.2f} GiB" if r.get("peak_gib") is not None else ""
     return (f"{r['tokens_per_s']:9,.0f} tok/s {r['step_s'] * 1e3:8.1f} ms{peak}{mfu} "
-            f"first {r['first_step_s']:5.1f} s loss {r['loss_first']:.3g}→{r['loss_last']:.3g}")
+            f"first {r['first_step_s']:5.1f} s loss {r['loss_first']:.3g}→{r['loss_last']:.3g}"
+            + marks_lines(r))
+
+
+def marks_lines(r: dict) -> str:
+    """timeline's points of a result, a line each."""
+    return "".join(f"\n  {m['at']:>12s}: CPU {m['cpu_ms']:7.2f} ms" + (
+        f", GPU {m['gpu_ms']:7.2f} ms (lag {m['gpu_ms'] - m['cpu_ms']:+.2f})"
+        if m["gpu_ms"] is not None else "") for m in r.get("marks", ()))
 
 
 def summarise(results: list[dict], ceiling: float | None) -> list[str]:
@@ -515,6 +572,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=int, default=0, metavar="ROWS",
                    help="print the ROWS costliest kernels of 2 more steps after the timed "
                    "ones (each child's to $OUT/profile-TRAINER-CELL.txt)")
+    p.add_argument("--timeline", action="store_true",
+                   help="trackside's children also report where the CPU and the GPU are at "
+                        "points of a step (each TTT step's layer, backward, optimizer)")
     p.add_argument("--debug-checkpoint", action="store_true",
                    help="with --child: torch.utils.checkpoint's debug mode")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -6,7 +6,7 @@
 #     gradient in fp8: neither has run on a GPU in full yet) and DFlash's step queued with
 #     no read from the device, as EAGLE-3's (session 59), then EAGLE-3 llama3-8b
 #     8192 x TTT 5 (head frozen): --fp8, bf16 and speculators 0.9.0 in one call, each
-#     profiled;
+#     profiled, trackside's with where the CPU and the GPU are at each TTT step (--timeline);
 #   dflash (~520 s): DFlash Qwen3-8B 8192, the verifier's tokens made in the step
 #     (speculators' work): trackside --fp8 first, then speculators (its cold first step
 #     took 307 s on an H100 in session 58), each profiled, trackside's with where the CPU
@@ -26,7 +26,7 @@ eagle3)
     tests/training/test_model.py::test_an_eagle3_step_queues_its_forward_and_backward_without_reading_the_device \
     > $OUT/fp8-gpu-tests.log 2>&1; tail -8 $OUT/fp8-gpu-tests.log
   timeout 380 python3 bench/train_step.py --cells llama3-8b:8192:5 --repeats 1 \
-    --trainers trackside+frozen+fp8 trackside+frozen speculators --profile 40 --timeout 240 \
+    --trainers trackside+frozen+fp8 trackside+frozen speculators --profile 40 --timeline --timeout 240 \
     2>&1 | tee $OUT/eagle3.log | tail -12 ;;
 dflash)
   # speculators' child took 395 s of its 400 in session 58 (set-up 77 s, first step 307)

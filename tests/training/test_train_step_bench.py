@@ -78,13 +78,20 @@ def test_idle_gaps_lists_the_longest_first_with_their_neighbours_and_cpu_ops():
 
 @pytest.mark.slow
 def test_smoke_runs_both_trackside_modes_and_writes_its_report(tmp_path):
-    run_bench("train_step.py", "--smoke", "--trainers", "trackside", "trackside+ckpt",
-              out=tmp_path, timeout=300)
+    run_bench("train_step.py", "--smoke", "--timeline", "--trainers", "trackside",
+              "trackside+ckpt", out=tmp_path, timeout=300)
     report = json.loads((tmp_path / "train_step.json").read_text())
     results = {r["trainer"]: r for r in report["results"]}
     assert set(results) == {"trackside", "trackside+ckpt"}
     for r in results.values():
         assert r["tokens_per_s"] > 0 and r["finite"]
+    # --timeline: the layer's run in each of the cell's 3 TTT steps, then the forward,
+    # backward and the optimizer, in order (on the CPU, its times alone)
+    for r in results.values():
+        assert [m["at"] for m in r["marks"]] == [
+            "ttt step", "ttt step #2", "ttt step #3", "forward", "backward", "optimizer", "end"]
+        times = [m["cpu_ms"] for m in r["marks"]]
+        assert times == sorted(times) and all(m["gpu_ms"] is None for m in r["marks"])
     # Checkpointing recomputes the same step: the same first loss.
     assert results["trackside"]["loss_first"] == pytest.approx(
         results["trackside+ckpt"]["loss_first"], rel=1e-6)
