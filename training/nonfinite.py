@@ -45,7 +45,7 @@ class Verdict:
         bad = [(~torch.isfinite(t.float())).double() for t in checks]
         # Summed over the ranks: every rank skips the same steps (a loss is per rank; the
         # norm is the whole drafter's already, and stays out of the sum).
-        summed = sum_over_ranks(torch.stack([t.double() for t in (*bad, *sums)]), self.world)
+        summed = sum_over_ranks(torch.stack([*bad, *(t.double() for t in sums)]), self.world)
         read = torch.cat([summed, grad_norm.detach().double().reshape(1)]).tolist()
         flags = read[:len(bad)] if loss is not None else [0.0, read[0]]
         self.sums, self.grad_norm = read[len(bad):-1], read[-1]

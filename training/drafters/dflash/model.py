@@ -161,7 +161,6 @@ class DFlashDrafter(nn.Module):
         """
         cfg, bs = self.cfg, self.cfg.block_size
         ids, doc = batch.input_ids, batch.doc_ids
-        B, L = ids.shape
         plan = plan or plan_blocks(batch, bs, max_anchors, share, soft_kl)
         anchors, offset, draft_rows, verifier_rows = (plan.anchors, plan.offset,
                                                       plan.draft_rows, plan.verifier_rows)
@@ -228,7 +227,7 @@ def plan_blocks(batch: PackedBatch, block_size: int, max_anchors: int,
     verifier's token there is its argmax at the position before (valid anchors keep the
     whole block inside the sample). The step makes those tokens itself where it scores
     no soft KL and the batch carries none."""
-    B, L = batch.doc_ids.shape
+    L = batch.doc_ids.shape[1]
     anchors, used = sample_anchors(batch.loss_mask, batch.doc_ids, block_size, max_anchors,
                                    share)
     at = anchors[..., None] + torch.arange(block_size, device=anchors.device)
