@@ -100,6 +100,9 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="on the CPU, the tiny preset")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a call's `timeout`: the sets go back all the same
+    # held until the sets are aside and the finally below would put them back: a SIGTERM
+    # between the removal and the rename that put them back at the start lost them
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     if ASIDE.exists():
         shutil.rmtree(PACKAGE_FOLDER, ignore_errors=True)
         ASIDE.rename(PACKAGE_FOLDER)
@@ -108,6 +111,7 @@ def main() -> int:
         if PACKAGE_FOLDER.exists():
             PACKAGE_FOLDER.rename(ASIDE)
         try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
             for drafter in args.drafters:
                 report[drafter] = fresh_box(drafter, args.smoke, Path(work))
                 shutil.rmtree(PACKAGE_FOLDER, ignore_errors=True)  # each drafter's box is fresh
