@@ -258,7 +258,7 @@ def child(spec: dict) -> dict:
                                 if device.type == "cuda" else None))
         return result
     result.update(
-        step_s=statistics.median(times), step_s_spread=[min(times), max(times)],
+        step_s=statistics.median(times), step_s_each=[round(t, 5) for t in times],
         tokens_per_s=spec["max_seq_len"] / statistics.median(times),
         peak_gib=(torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None),
         reserved_gib=(torch.cuda.max_memory_reserved() / 2**30 if device.type == "cuda"

@@ -333,7 +333,7 @@ def child(args: argparse.Namespace) -> dict:
         result.update(oom=True, error=str(e).splitlines()[0])
         return result
     result.update(
-        step_s=statistics.median(times), step_s_spread=[min(times), max(times)],
+        step_s=statistics.median(times), step_s_each=[round(t, 5) for t in times],
         tokens_per_s=cell.max_seq_len / statistics.median(times),
         peak_gib=(torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda"
                   else None),
@@ -348,7 +348,9 @@ def child(args: argparse.Namespace) -> dict:
 
 def profile_steps(step, rows: int, steps: int = 2) -> None:
     """Print the kernels (or CPU ops) that took the most time over a few steps and, on a
-    GPU, kernel_summary of them."""
+    GPU, kernel_summary and idle_gaps of them; then idle_gaps of a few more steps traced
+    with Python's frames, which name a stretch the CPU spent outside any op (a guard, a
+    lock, the collector). Those run slower, so only their names are read from them."""
     from torch.profiler import ProfilerActivity, profile
     gpu = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
@@ -358,15 +360,34 @@ def profile_steps(step, rows: int, steps: int = 2) -> None:
     key = "cuda_time_total" if gpu else "cpu_time_total"
     print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60),
           file=sys.stderr, flush=True)
-    if gpu:
-        with tempfile.TemporaryDirectory() as tmp:
-            trace = Path(tmp, "trace.json")
-            prof.export_chrome_trace(str(trace))
-            events = json.loads(trace.read_text())["traceEvents"]
-        kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
-        cpu_ops = [e for e in events if e.get("cat") == "cpu_op" and "dur" in e]
-        print("\n".join(kernel_summary(kernels, steps) + idle_gaps(kernels, cpu_ops)),
-              file=sys.stderr, flush=True)
+    if not gpu:
+        return
+    kernels, host = trace_events(prof)
+    print("\n".join(kernel_summary(kernels, steps) + idle_gaps(kernels, host)),
+          file=sys.stderr, flush=True)
+    try:  # a failure of this pass must not cost the child the figures it has
+        with profile(activities=activities, with_stack=True) as prof:
+            for _ in range(steps):
+                step()
+        kernels, host = trace_events(prof)
+        lines = ["with Python's frames traced (slower):", *idle_gaps(kernels, host, 6)]
+    except Exception as e:
+        lines = [f"with Python's frames traced: failed, {type(e).__name__}: {e}"]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+HOST_EVENTS = ("cpu_op", "cuda_runtime", "python_function")  # a trace's CPU-side categories
+
+
+def trace_events(prof) -> tuple[list[dict], list[dict]]:
+    """A profile's kernels and its host events (HOST_EVENTS), as its chrome trace has them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp, "trace.json")
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    timed = [e for e in events if "dur" in e]
+    return ([e for e in timed if e.get("cat") == "kernel"],
+            [e for e in timed if e.get("cat") in HOST_EVENTS])
 
 
 def timeline(step, steps: int) -> list[dict]:
@@ -451,10 +472,11 @@ def kernel_summary(kernels: list[dict], steps: int) -> list[str]:
     return lines
 
 
-def idle_gaps(kernels: list[dict], cpu_ops: list[dict], count: int = 12) -> list[str]:
+def idle_gaps(kernels: list[dict], host: list[dict], count: int = 12) -> list[str]:
     """The longest stretches with no kernel running, where in the profile (ms from its
-    first kernel), the kernels either side and what the CPU started meanwhile: the GPU
-    waits there for the CPU to launch work, or for a sync."""
+    first kernel), the kernels either side, the ops the CPU started meanwhile and the
+    innermost host events (ops, CUDA calls, Python frames) that span most of it: the GPU
+    waits there for the CPU to launch work, or for a sync, and those say which."""
     kernels = sorted(kernels, key=lambda e: e["ts"])
     gaps, reached, last = [], kernels[0]["ts"] if kernels else 0, None
     for e in kernels:
@@ -466,13 +488,17 @@ def idle_gaps(kernels: list[dict], cpu_ops: list[dict], count: int = 12) -> list
     lines = [f"longest idle stretches ({len(gaps)} in all, {idle:.1f} ms):"]
     for length, start, before, after in sorted(gaps, key=lambda g: -g[0])[:count]:
         started: dict[str, int] = {}
-        for op in cpu_ops:
-            if start <= op["ts"] < start + length:
+        for op in host:
+            if op.get("cat") == "cpu_op" and start <= op["ts"] < start + length:
                 started[op["name"]] = started.get(op["name"], 0) + 1
         busiest = ", ".join(f"{name} x{n}" for name, n in
                             sorted(started.items(), key=lambda kv: -kv[1])[:4])
+        spanning = sorted((e for e in host if min(e["ts"] + e["dur"], start + length)
+                           - max(e["ts"], start) >= length / 2), key=lambda e: e["dur"])
+        inside = " < ".join(f"{e['name'][:50]} {e['dur'] / 1e3:.1f} ms" for e in spanning[:3])
         lines.append(f"  {length:8.0f} us at {(start - kernels[0]['ts']) / 1e3:7.1f} ms, after "
-                     f"{before['name'][:40]} before {after['name'][:40]}; CPU: {busiest or '-'}")
+                     f"{before['name'][:40]} before {after['name'][:40]}; CPU: {busiest or '-'}"
+                     + (f"; in: {inside}" if inside else ""))
     return lines
 
 

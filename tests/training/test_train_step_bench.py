@@ -60,20 +60,27 @@ def test_kernel_summary_counts_overlaps_once_and_sorts_kinds():
     assert kernel_kind("_chunk_losses_kernel") == "loss chunk (triton)"
 
 
-def test_idle_gaps_lists_the_longest_first_with_their_neighbours_and_cpu_ops():
+def test_idle_gaps_lists_the_longest_first_with_their_neighbours_and_what_the_cpu_was_in():
     kernels = [{"name": "mm", "ts": 0, "dur": 6000},
                {"name": "copy", "ts": 1000, "dur": 1000},  # inside mm: no gap after it
                {"name": "flex", "ts": 7000, "dur": 1000},  # 1 ms after mm
                {"name": "silu", "ts": 11000, "dur": 500}]  # 3 ms after flex
-    cpu_ops = [{"name": "aten::nonzero", "ts": 8200, "dur": 10},
-               {"name": "aten::empty", "ts": 8300, "dur": 1},
-               {"name": "aten::empty", "ts": 9000, "dur": 1},
-               {"name": "aten::mm", "ts": 500, "dur": 20}]  # before any gap
-    lines = idle_gaps(kernels, cpu_ops)
+    host = [{"cat": "cpu_op", "name": "aten::nonzero", "ts": 8200, "dur": 10},
+            {"cat": "cpu_op", "name": "aten::empty", "ts": 8300, "dur": 1},
+            {"cat": "cpu_op", "name": "aten::empty", "ts": 9000, "dur": 1},
+            {"cat": "cpu_op", "name": "aten::mm", "ts": 500, "dur": 20},  # before any gap
+            # the 3 ms gap: a frame spanning the whole step, one inside it spanning most
+            # of the gap, and a CUDA call inside that; a frame over a third of it is not named
+            {"cat": "python_function", "name": "train.py: step", "ts": 0, "dur": 12000},
+            {"cat": "python_function", "name": "fp8.py: __call__", "ts": 8100, "dur": 2500},
+            {"cat": "cuda_runtime", "name": "cudaHostAlloc", "ts": 8400, "dur": 2000},
+            {"cat": "python_function", "name": "model.py: rotary", "ts": 10600, "dur": 1000}]
+    lines = idle_gaps(kernels, host)
     assert lines == [
         "longest idle stretches (2 in all, 4.0 ms):",
-        "      3000 us at     8.0 ms, after flex before silu; CPU: aten::empty x2, aten::nonzero x1",
-        "      1000 us at     6.0 ms, after mm before flex; CPU: -"]
+        "      3000 us at     8.0 ms, after flex before silu; CPU: aten::empty x2, aten::nonzero x1;"
+        " in: cudaHostAlloc 2.0 ms < fp8.py: __call__ 2.5 ms < train.py: step 12.0 ms",
+        "      1000 us at     6.0 ms, after mm before flex; CPU: -; in: train.py: step 12.0 ms"]
 
 
 @pytest.mark.slow
