@@ -18,13 +18,10 @@ after it began, count.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import math
-import os
 import shlex
-import signal
 import statistics
 import time
 from collections import deque
@@ -33,7 +30,7 @@ from dataclasses import dataclass, field
 
 from backends import sanitize
 from backends.gpu import GpuReading
-from backends.hosts.local import reaped
+from backends.hosts.local import killed, started
 from backends.runs import RunInfo, RunPhase
 from backends.runs.status import RunStatus, signal_name, status_of
 from training.contract import EVENT_FIELDS, OOM
@@ -304,25 +301,19 @@ async def run_command(argv: Sequence[str], alert: Alert, raised: float, timeout_
     outlives `timeout_s` is killed with everything it started."""
     shown = shlex.join(argv)
     try:
-        process = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True,
-        )  # fmt: skip
+        process, pidfd = await started(
+            argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+        )
     except OSError as error:
         return f"alert command {shown} could not start: {error.strerror or error}"
-    finished = False
     try:
         async with asyncio.timeout(timeout_s):
             # An alert names runs and sessions, which are anyone's: its JSON holds none of their controls.
             _, stderr = await process.communicate(json.dumps(sanitize.value(alert.to_json(raised))).encode() + b"\n")
-        finished = True
     except TimeoutError:
         return f"alert command {shown} did not finish within {timeout_s:g}s: killed"
-    finally:
-        if not finished:  # timed out, or its watcher is quitting: nothing it started outlives it
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await reaped(process)
+    finally:  # timed out, or its watcher is quitting: nothing it started outlives it
+        await killed(process, pidfd)
     if process.returncode:
         said = [line for line in stderr.decode(errors="replace").splitlines() if line.strip()]
         return f"alert command {shown} exited {process.returncode}" + (f": {said[-1].strip()}" if said else "")

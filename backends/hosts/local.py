@@ -30,16 +30,14 @@ class LocalHost(Host):
         full = self.full_argv(argv)
         await self.reached()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *full,
+            proc, pidfd = await started(
+                full,
                 stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
             )
         except FileNotFoundError:
             return CommandResult(127, "", f"{full[0]}: command not found")
-        pidfd = _pidfd(proc)
         try:
             # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result of a
             # command that ended as the call was cancelled, losing the cancellation (a
@@ -51,29 +49,51 @@ class LocalHost(Host):
         finally:
             # Timed out or cancelled (a monitor stopping, the app quitting): the command
             # must not outlive the call, nor its pipes be left for the loop's close.
-            await _killed(proc, pidfd)
+            await killed(proc, pidfd)
         return CommandResult(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
     async def chunks(self, argv):
         full = self.full_argv(argv)
         await self.reached()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *full,
+            proc, pidfd = await started(
+                full,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.DEVNULL,
-                start_new_session=True,
             )
         except FileNotFoundError:
             raise HostError(self.name, f"{full[0]}: command not found")
-        pidfd = _pidfd(proc)
         try:
             assert proc.stdout is not None
             while chunk := await proc.stdout.read(CHUNK_BYTES):
                 yield chunk
         finally:
-            await _killed(proc, pidfd)
+            await killed(proc, pidfd)
+
+
+async def started(argv: Sequence[str], **pipes) -> tuple[asyncio.subprocess.Process, int | None]:
+    """argv run in a session of its own, its pipes as create_subprocess_exec takes them,
+    and a pidfd on it (`_pidfd`). A cancellation does not cut its start short: asyncio's
+    clean-up of a start cancelled midway kills the process alone (a shell's child lived
+    on) and waited for its pipes, which such a child holds for as long as it lives. A
+    cancellation meanwhile waits for the start, then kills what started (`killed`) and
+    is raised."""
+    start = asyncio.ensure_future(asyncio.create_subprocess_exec(*argv, start_new_session=True, **pipes))
+    try:
+        proc = await asyncio.shield(start)
+    except asyncio.CancelledError as error:
+        cancelled = error
+        while not start.done():
+            try:
+                await asyncio.wait({start})
+            except asyncio.CancelledError as again:
+                cancelled = again
+        if not start.cancelled() and start.exception() is None:
+            proc = start.result()
+            await killed(proc, _pidfd(proc))
+        raise cancelled from None
+    return proc, _pidfd(proc)
 
 
 def _pidfd(proc: asyncio.subprocess.Process) -> int | None:
@@ -86,19 +106,23 @@ def _pidfd(proc: asyncio.subprocess.Process) -> int | None:
         return None
 
 
-async def _killed(proc: asyncio.subprocess.Process, pidfd: int | None) -> None:
-    """Kill proc if it still runs, and reap it (`reaped`).
+async def killed(proc: asyncio.subprocess.Process, pidfd: int | None) -> None:
+    """Kill proc if it still runs, with the rest of its process group (the session it
+    leads: what a shell it runs started), and reap it (`reaped`); close pidfd.
 
     The signal is never sent through proc.kill(): Popen.send_signal polls first, and that
     poll reaps a process that has just ended ahead of asyncio's child watcher, which then
     logs "Unknown child process pid N, will report returncode 255" on stderr (and reports
     255). The watcher stays the only one to reap; a process it reaped already is not
-    signalled (ESRCH)."""
+    signalled (ESRCH). Its group is signalled only while it runs or is unreaped (the
+    pidfd's signal went through): its id is then this session's and no other's."""
     try:
-        if proc.returncode is None and pidfd is not None:
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        elif proc.returncode is None:  # no pidfd: the pid, as Popen would, without its poll
-            os.kill(proc.pid, signal.SIGKILL)
+        if proc.returncode is None:
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            else:  # no pidfd: the pid, as Popen would, without its poll
+                os.kill(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass  # it ended on its own; the watcher has its status
     finally:

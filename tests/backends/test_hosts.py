@@ -6,9 +6,13 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
+import uuid
+from pathlib import Path
 
 import pytest
 
+from backends import alerts
 from backends.hosts import HostError, LocalHost
 from training.handover import alive
 
@@ -48,6 +52,53 @@ async def test_a_command_does_not_outlive_its_call(tmp_path, how):
         await call
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid_file.read_text()), 0)
+
+
+def live_processes_marked(marker: str) -> list[int]:
+    """The processes not yet ended whose command line holds marker."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path("/proc", entry, "cmdline").read_bytes()
+            state = Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # not a process, or one that ended as it was read
+        if marker.encode() in cmdline and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+async def read_to_the_end(stream) -> None:
+    async for _ in stream:
+        pass
+
+
+CALLS = {  # every way the dashboard runs a command on this machine
+    "run": lambda argv: LocalHost().run(argv, timeout=60),
+    "lines": lambda argv: read_to_the_end(LocalHost().lines(argv)),
+    "alert command": lambda argv: alerts.run_command(argv, alerts.Alert("lost:h", "h lost"), 0.0),
+}
+
+
+@pytest.mark.parametrize("call", CALLS)
+async def test_a_command_cancelled_at_any_moment_of_its_start_ends_at_once_with_all_it_started(call):
+    # Cancelled while asyncio still connected its pipes, asyncio killed the shell alone and
+    # waited for its pipes, which the shell's child held for its 30 s; a turn later, the
+    # child lived on after the call had returned. Each turn of the loop is one moment.
+    for turns in range(16):
+        marker = f"trackside-test-{uuid.uuid4().hex}"
+        # the shell's child is a shell of its own named by the marker, which sleeps
+        task = asyncio.ensure_future(CALLS[call](["sh", "-c", 'sh -c "sleep 30; :" "$1" & wait', "sh", marker]))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        began = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert time.monotonic() - began < 5, f"cancelled after {turns} turns, it waited for the child"
+        async with asyncio.timeout(10):  # a SIGKILLed process ends within milliseconds
+            while live_processes_marked(marker):
+                await asyncio.sleep(0.02)
 
 
 # A command's own child that outlives it keeps its pipes open: a shell's command past a
