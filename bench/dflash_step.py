@@ -412,6 +412,23 @@ def export_check(export: Path, data: Path) -> dict:
             "hidden_max_abs_diff": diff, "positions_compared": int(scored.sum())}
 
 
+def against_speculators(results: list[dict], max_seq_len: int) -> list[str]:
+    """Each trackside child's tokens/s (and peak) over speculators', from the first
+    measurement of each at max_seq_len: as extracted, and with the verifier's tokens made
+    in the step, speculators' own work, each on a line of its own."""
+    first: dict[str, dict] = {}
+    for r in results:
+        if "tokens_per_s" in r and not r.get("loss_pass") and r["max_seq_len"] == max_seq_len:
+            first.setdefault(r["trainer"] + (", tokens in the step" if r.get("tokens_in_step") else ""), r)
+    s = first.pop("speculators", None)
+    if s is None:
+        return []
+    return [f"{name} / speculators: {t['tokens_per_s'] / s['tokens_per_s']:.2f}× tokens/s"
+            + (f", peak {t['peak_gib'] / s['peak_gib']:.2f}× speculators'"
+               if t.get("peak_gib") and s.get("peak_gib") else "")
+            for name, t in first.items()]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trainers", nargs="+", default=["trackside", "speculators"],
@@ -487,17 +504,8 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("OUT"):  # after every child: a run cut short keeps what it did
             Path(os.environ["OUT"], "dflash_step.json").write_text(json.dumps(report, indent=1))
         print(describe(result), flush=True)
-    done: dict[str, dict] = {}  # each trainer's first measurement at the base shape
-    for r in results:
-        if "tokens_per_s" in r and not r.get("loss_pass") and not r.get("tokens_in_step") \
-                and r["max_seq_len"] == base["max_seq_len"]:
-            done.setdefault(r["trainer"], r)
-    if not args.story and {"trackside", "speculators"} <= set(done):
-        t, s = done["trackside"], done["speculators"]
-        peaks = (f", peak {t['peak_gib'] / s['peak_gib']:.2f}× speculators'"
-                 if t.get("peak_gib") and s.get("peak_gib") else "")
-        print(f"trackside / speculators: {t['tokens_per_s'] / s['tokens_per_s']:.2f}× "
-              f"tokens/s{peaks}", flush=True)
+    for line in [] if args.story else against_speculators(results, base["max_seq_len"]):
+        print(line, flush=True)
     return 0
 
 

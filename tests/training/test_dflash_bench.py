@@ -64,3 +64,14 @@ def test_story_mode_runs_chunked_and_unchunked_with_the_prediction(tmp_path):
     assert unchunked["predicted_gib"] >= chunked["predicted_gib"]
     for r in (chunked, unchunked):  # the CPU has room
         assert "tokens_per_s" in r, r
+
+
+def test_each_trackside_child_is_set_against_speculators_on_a_line_of_its_own():
+    # session 60's H100 call: the one line it printed set the child as extracted against
+    # speculators, whose step makes the verifier's tokens itself
+    from bench.dflash_step import against_speculators
+    report = json.loads((Path(__file__).parents[2] / "bench/results/h200-fp8-s60-h100-dflash.json").read_text())
+    assert against_speculators(report["results"], 8192) == [
+        "trackside / speculators: 1.52× tokens/s, peak 0.59× speculators'",
+        "trackside, tokens in the step / speculators: 1.39× tokens/s, peak 0.59× speculators'"]
+    assert against_speculators([r for r in report["results"] if r["trainer"] == "trackside"], 8192) == []
