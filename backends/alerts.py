@@ -306,14 +306,16 @@ async def run_command(argv: Sequence[str], alert: Alert, raised: float, timeout_
         )
     except OSError as error:
         return f"alert command {shown} could not start: {error.strerror or error}"
+    done = False
     try:
         async with asyncio.timeout(timeout_s):
             # An alert names runs and sessions, which are anyone's: its JSON holds none of their controls.
             _, stderr = await process.communicate(json.dumps(sanitize.value(alert.to_json(raised))).encode() + b"\n")
+        done = True
     except TimeoutError:
         return f"alert command {shown} did not finish within {timeout_s:g}s: killed"
     finally:  # timed out, or its watcher is quitting: nothing it started outlives it
-        await killed(process, pidfd)
+        await killed(process, pidfd, early=not done)
     if process.returncode:
         said = [line for line in stderr.decode(errors="replace").splitlines() if line.strip()]
         return f"alert command {shown} exited {process.returncode}" + (f": {said[-1].strip()}" if said else "")

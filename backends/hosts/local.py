@@ -4,6 +4,7 @@ the call."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 import signal
@@ -38,18 +39,20 @@ class LocalHost(Host):
             )
         except FileNotFoundError:
             return CommandResult(127, "", f"{full[0]}: command not found")
+        done = False
         try:
             # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result of a
             # command that ended as the call was cancelled, losing the cancellation (a
             # Ctrl-C during `trackside demo`'s stop then waited out the whole grace).
             async with asyncio.timeout(timeout):
                 out, err = await proc.communicate(input.encode() if input is not None else None)
+            done = True
         except TimeoutError:
             raise HostError(self.name, f"command timed out after {timeout}s: {shlex.join(full)}") from None
         finally:
             # Timed out or cancelled (a monitor stopping, the app quitting): the command
             # must not outlive the call, nor its pipes be left for the loop's close.
-            await killed(proc, pidfd)
+            await killed(proc, pidfd, early=not done)
         return CommandResult(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
     async def chunks(self, argv):
@@ -64,12 +67,14 @@ class LocalHost(Host):
             )
         except FileNotFoundError:
             raise HostError(self.name, f"{full[0]}: command not found")
+        done = False
         try:
             assert proc.stdout is not None
             while chunk := await proc.stdout.read(CHUNK_BYTES):
                 yield chunk
+            done = True
         finally:
-            await killed(proc, pidfd)
+            await killed(proc, pidfd, early=not done)
 
 
 async def started(argv: Sequence[str], **pipes) -> tuple[asyncio.subprocess.Process, int | None]:
@@ -91,7 +96,7 @@ async def started(argv: Sequence[str], **pipes) -> tuple[asyncio.subprocess.Proc
                 cancelled = again
         if not start.cancelled() and start.exception() is None:
             proc = start.result()
-            await killed(proc, _pidfd(proc))
+            await killed(proc, _pidfd(proc), early=True)
         raise cancelled from None
     return proc, _pidfd(proc)
 
@@ -106,28 +111,32 @@ def _pidfd(proc: asyncio.subprocess.Process) -> int | None:
         return None
 
 
-async def killed(proc: asyncio.subprocess.Process, pidfd: int | None) -> None:
-    """Kill proc if it still runs, with the rest of its process group (the session it
-    leads: what a shell it runs started), and reap it (`reaped`); close pidfd.
+async def killed(proc: asyncio.subprocess.Process, pidfd: int | None, *, early: bool) -> None:
+    """Kill proc if it still runs and, where the call leaves before the command is done
+    (a timeout, a cancellation, a stream closed before its end), the rest of its process
+    group: what a shell it runs started. Then reap it (`reaped`) and close pidfd. A
+    command that is done keeps what it left running in the background.
 
     The signal is never sent through proc.kill(): Popen.send_signal polls first, and that
     poll reaps a process that has just ended ahead of asyncio's child watcher, which then
     logs "Unknown child process pid N, will report returncode 255" on stderr (and reports
     255). The watcher stays the only one to reap; a process it reaped already is not
-    signalled (ESRCH). Its group is signalled only while it runs or is unreaped (the
-    pidfd's signal went through): its id is then this session's and no other's."""
+    signalled (ESRCH). The group's id is the leader's pid (start_new_session), which the
+    kernel gives out again only once nothing of the group lives: as the call leaves early,
+    what holds its pipes still runs, or ended a moment before."""
     try:
-        if proc.returncode is None:
-            if pidfd is not None:
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            else:  # no pidfd: the pid, as Popen would, without its poll
-                os.kill(proc.pid, signal.SIGKILL)
-            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.returncode is None and pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        elif proc.returncode is None:  # no pidfd: the pid, as Popen would, without its poll
+            os.kill(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass  # it ended on its own; the watcher has its status
     finally:
         if pidfd is not None:
             os.close(pidfd)
+    if early:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     await reaped(proc)
 
 

@@ -68,6 +68,12 @@ def live_processes_marked(marker: str) -> list[int]:
     return found
 
 
+def sigkill_pending(pid: int) -> bool:
+    """Whether a SIGKILL sent to pid waits for it to run (it dies as it does)."""
+    status = dict(line.split(":", 1) for line in Path("/proc", str(pid), "status").read_text().splitlines() if ":" in line)
+    return any(int(status[mask], 16) & 1 << (signal.SIGKILL - 1) for mask in ("SigPnd", "ShdPnd"))
+
+
 async def read_to_the_end(stream) -> None:
     async for _ in stream:
         pass
@@ -99,6 +105,38 @@ async def test_a_command_cancelled_at_any_moment_of_its_start_ends_at_once_with_
         async with asyncio.timeout(10):  # a SIGKILLed process ends within milliseconds
             while live_processes_marked(marker):
                 await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("call", ["run", "alert command"])
+async def test_a_command_that_ended_leaving_a_child_on_its_pipes_has_that_child_killed_at_the_timeout(call):
+    marker = f"trackside-test-{uuid.uuid4().hex}"
+    argv = ["sh", "-c", 'sh -c "sleep 30; :" "$1" & exit 0', "sh", marker]  # the child holds stdout and stderr
+    try:
+        async with asyncio.timeout(20):
+            if call == "run":
+                with pytest.raises(HostError, match="timed out"):
+                    await LocalHost().run(argv, timeout=0.5)
+            else:
+                said = await alerts.run_command(argv, alerts.Alert("lost:h", "h lost"), 0.0, timeout_s=0.5)
+                assert said.endswith("did not finish within 0.5s: killed")
+            while live_processes_marked(marker):  # a SIGKILLed process ends within milliseconds
+                await asyncio.sleep(0.02)
+    finally:
+        for pid in live_processes_marked(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_stream_read_to_its_end_leaves_what_its_command_started_in_the_background():
+    marker = f"trackside-test-{uuid.uuid4().hex}"
+    argv = ["sh", "-c", 'echo hi; sh -c "sleep 30; :" "$1" >/dev/null 2>&1 &', "sh", marker]
+    try:
+        for _ in range(10):  # the shell's end and the stream's: either may come first
+            assert [line async for line in LocalHost().lines(argv)] == ["hi"]
+        untouched = [pid for pid in live_processes_marked(marker) if not sigkill_pending(pid)]
+        assert len(untouched) == 10
+    finally:
+        for pid in live_processes_marked(marker):
+            os.kill(pid, signal.SIGKILL)
 
 
 # A command's own child that outlives it keeps its pipes open: a shell's command past a
