@@ -57,13 +57,12 @@ async def test_a_command_does_not_outlive_its_call(tmp_path, how):
 def live_processes_marked(marker: str) -> list[int]:
     """The processes not yet ended whose command line holds marker."""
     found = []
-    for entry in os.listdir("/proc"):
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmdline = Path("/proc", entry, "cmdline").read_bytes()
-            state = Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue  # not a process, or one that ended as it was read
-        if marker.encode() in cmdline and state != "Z":
+        except OSError:
+            continue  # one that ended as it was read
+        if marker.encode() in cmdline and alive(int(entry)):
             found.append(int(entry))
     return found
 
