@@ -5,6 +5,7 @@ alert command; a command that fails or hangs, and a bad config, are one line eac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -93,7 +94,11 @@ async def test_failed_oom_nan_jumping_and_stalled_runs_each_alert_once(local, tm
         await until(lambda: wanted <= {alert["key"] for alert in sent(got)}, f"{wanted} sent", timeout=30)
         await asyncio.sleep(1.0)  # five more polls: nothing is sent twice
     finally:
+        # awaited here, not left to the loop's close: that cancels a command's start midway
+        # (backends/hosts/local.py, `started`), and a start cut there never ends
         watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
     keys = [alert["key"] for alert in sent(got)]
     assert sorted(keys) == sorted(wanted), keys
     by_key = {alert["key"]: alert for alert in sent(got)}
